@@ -1,0 +1,138 @@
+"""Record 39's deduplicating blob store: content saved per owner, stored once per reference generation.
+
+A blob id is the current reference generation plus the SHA-256 of the content, so the same content saved
+twice in one generation is stored once, and saved again in a later generation is stored anew. That is
+what lets the garbage collector delete a blob of generation g once the current generation is g+2 or
+later: no new reference to it can appear any more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..clock import Clock
+from ..errors import InvalidInput
+from ..model import BlobId
+from .store import BlobStore
+
+REFERENCE_GENERATION = "reference_generation"
+GC_ITERATION = "gc_iteration"
+_OWNER = re.compile(r"[!-~]{1,200}")
+
+
+class BlobTables(Protocol):
+    def transaction(self): ...
+    def current(self, kind: str) -> int | None: ...
+    def emit(self, kind: str, number: int, now: int) -> None: ...
+    def history(self, kind: str) -> list[tuple[int, int]]: ...
+    def add_reference(self, owner: str, blob_id: BlobId, size: int, now: int) -> bool: ...
+    def references_of(self, owner: str) -> list[BlobId]: ...
+    def release(self, owner: str, blob_ids: Iterable[BlobId], gc_iteration: int, now: int) -> int: ...
+    def forget(self, blob_ids: Iterable[BlobId]) -> None: ...
+    def referenced(self, blob_ids: Iterable[BlobId]) -> set[BlobId]: ...
+
+
+@dataclass(frozen=True)
+class Generation:
+    number: int
+    started_at: int
+
+
+class Generations:
+    """The reference generations and GC iterations, as events. `rotate()` is what the schedule calls."""
+
+    def __init__(self, tables: BlobTables, clock: Clock) -> None:
+        self.tables = tables
+        self.clock = clock
+        with tables.transaction():
+            if tables.current(REFERENCE_GENERATION) is None:
+                now = clock()
+                tables.emit(REFERENCE_GENERATION, 1, now)
+                tables.emit(GC_ITERATION, 1, now)
+
+    def current(self) -> int:
+        return self.tables.current(REFERENCE_GENERATION)
+
+    def current_gc_iteration(self) -> int:
+        return self.tables.current(GC_ITERATION)
+
+    def rotate(self) -> tuple[int, int]:
+        """Emit the next reference generation and the next GC iteration; returns both numbers."""
+        with self.tables.transaction():
+            now = self.clock()
+            generation = self.tables.current(REFERENCE_GENERATION) + 1
+            iteration = self.tables.current(GC_ITERATION) + 1
+            self.tables.emit(REFERENCE_GENERATION, generation, now)
+            self.tables.emit(GC_ITERATION, iteration, now)
+        return generation, iteration
+
+    def reference_generations(self) -> list[Generation]:
+        return [Generation(n, at) for n, at in self.tables.history(REFERENCE_GENERATION)]
+
+    def gc_iterations(self) -> list[Generation]:
+        return [Generation(n, at) for n, at in self.tables.history(GC_ITERATION)]
+
+    def eligible(self) -> list[int]:
+        """Generations the GC may collect: at least two behind the current one (record 39's n-2)."""
+        return list(range(1, self.current() - 1))
+
+
+def validate_owner(owner: str) -> str:
+    if not isinstance(owner, str) or not _OWNER.fullmatch(owner):
+        raise InvalidInput(f"invalid blob owner {owner!r}: 1-200 printable ASCII characters, no spaces")
+    return owner
+
+
+class DeduplicatingBlobStore:
+    def __init__(self, tables: BlobTables, content: BlobStore, clock: Clock) -> None:
+        self.tables = tables
+        self.content = content
+        self.clock = clock
+        self.generations = Generations(tables, clock)
+
+    def save(self, owner: str, data: bytes) -> BlobId:
+        """Store `data` for `owner`; returns its blob id. The owner's reference is recorded atomically."""
+        validate_owner(owner)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidInput(f"blob content must be bytes, not {type(data).__name__}")
+        digest = hashlib.sha256(data).hexdigest()
+        with self.tables.transaction():
+            # Read inside the write transaction: a rotation cannot slip between choosing the
+            # generation and recording the reference. The content is written before the commit,
+            # so a committed blob row always has its content.
+            blob_id = BlobId(self.generations.current(), digest)
+            if self.tables.add_reference(owner, blob_id, len(data), self.clock()):
+                self.content.put(blob_id, bytes(data))
+        return blob_id
+
+    def read(self, blob_id: BlobId | str) -> bytes:
+        return self.content.get(BlobId.parse(blob_id))
+
+    def references_of(self, owner: str) -> list[BlobId]:
+        return self.tables.references_of(validate_owner(owner))
+
+    def release(self, owner: str, blob_ids: Iterable[BlobId | str] | None = None) -> int:
+        """Remove the owner's references (all, or the given ones) and append a deletion for each.
+
+        Releasing an owner with no references left is a no-op, so clean-ups can be retried; naming a
+        blob the owner does not reference is an error and releases nothing.
+        """
+        validate_owner(owner)
+        with self.tables.transaction():
+            held = set(self.tables.references_of(owner))
+            if blob_ids is None:
+                chosen = held
+            else:
+                chosen = {BlobId.parse(b) for b in blob_ids}
+                foreign = chosen - held
+                if foreign:
+                    raise InvalidInput(f"owner {owner!r} holds no reference to {', '.join(map(str, sorted(foreign)))}")
+            if not chosen:
+                return 0
+            return self.tables.release(
+                owner, sorted(chosen), self.generations.current_gc_iteration(), self.clock()
+            )

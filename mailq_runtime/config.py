@@ -1,0 +1,75 @@
+"""The queue view configuration of record 31 (sliceWindow, bucketCount, updateBrowseStartPace), event-sourced.
+
+Every accepted change is appended to `configuration_events`; the current configuration is the last
+event. A change the rules forbid raises `ConfigurationRejected` naming the rule, and appends nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from .clock import MICROS_PER_SECOND, Clock
+from .errors import ConfigurationRejected, InvalidInput
+
+AGGREGATE = "mail_queue_view_configuration"
+
+
+@dataclass(frozen=True)
+class QueueViewConfiguration:
+    slice_window: int = 3600 * MICROS_PER_SECOND  # microseconds
+    bucket_count: int = 1
+    update_browse_start_pace: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("slice_window", "bucket_count", "update_browse_start_pace"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidInput(f"invalid {name} {value!r}: must be a positive integer")
+        if self.slice_window % MICROS_PER_SECOND:
+            raise InvalidInput(f"invalid slice_window {self.slice_window}us: must be a whole number of seconds")
+
+    def validate_change(self, new: QueueViewConfiguration) -> None:
+        if new.slice_window != self.slice_window and self.slice_window % new.slice_window:
+            raise ConfigurationRejected(
+                f"sliceWindow may only change to a divisor of the current one "
+                f"({self.slice_window // MICROS_PER_SECOND}s -> {new.slice_window // MICROS_PER_SECOND}s refused): "
+                "otherwise earlier slices would not be found"
+            )
+        if new.bucket_count < self.bucket_count:
+            raise ConfigurationRejected(
+                f"bucketCount may only grow ({self.bucket_count} -> {new.bucket_count} refused): "
+                "fewer buckets would lose the mails of the dropped ones"
+            )
+
+
+class ConfigurationEvents(Protocol):
+    def transaction(self): ...
+    def events(self, aggregate: str) -> list[str]: ...
+    def append_event(self, aggregate: str, event: str, now: int) -> None: ...
+
+
+class ConfigurationStore:
+    def __init__(self, events: ConfigurationEvents, clock: Clock) -> None:
+        self.events = events
+        self.clock = clock
+
+    def current(self) -> QueueViewConfiguration:
+        history = self.events.events(AGGREGATE)
+        return QueueViewConfiguration(**json.loads(history[-1])) if history else QueueViewConfiguration()
+
+    def history(self) -> list[QueueViewConfiguration]:
+        return [QueueViewConfiguration(**json.loads(e)) for e in self.events.events(AGGREGATE)]
+
+    def register(self, new: QueueViewConfiguration) -> bool:
+        """Apply `new` if the rules allow it; True if an event was appended, False if nothing changed."""
+        with self.events.transaction():
+            history = self.events.events(AGGREGATE)
+            if history:
+                current = QueueViewConfiguration(**json.loads(history[-1]))
+                if new == current:
+                    return False
+                current.validate_change(new)
+            self.events.append_event(AGGREGATE, json.dumps(asdict(new)), self.clock())
+            return True

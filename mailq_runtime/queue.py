@@ -1,0 +1,292 @@
+"""The mail queue of records 31 and 32: enqueue, dequeue, browse, size, remove, clear, flush, republish.
+
+Content goes to the deduplicating blob store (owner: the enqueue id), the mail's row to the time series
+`enqueued_mails` (queue, slice, bucket), the delivery to the broker. A dequeue is a broker delivery
+checked against `deleted_mails`; browse and size read the view from `browse_start` on.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import TracebackType
+
+from .blobs.dedup import DeduplicatingBlobStore
+from .brokers.base import Broker, Delivery
+from .clock import Clock, to_datetime
+from .config import QueueViewConfiguration
+from .errors import BlobNotFound, InvalidInput
+from .model import EnqueueId, Mail, MailAddress, QueueName, clamp_priority, delivery_time, parse_duration
+from .queue_view import EnqueuedMail, QueueView
+
+Delay = timedelta | int | float | str | None
+
+
+def split_message(message: bytes) -> tuple[bytes, bytes]:
+    """Headers (up to and including the blank line) and body; joining them gives the message back."""
+    for separator in (b"\r\n\r\n", b"\n\n"):
+        index = message.find(separator)
+        if index >= 0:
+            cut = index + len(separator)
+            return message[:cut], message[cut:]
+    return message, b""
+
+
+def slice_of(moment: int, window: int) -> int:
+    return moment - moment % window
+
+
+@dataclass
+class BrowseItem:
+    enqueue_id: EnqueueId
+    name: str
+    sender: str | None
+    recipients: list[str]
+    enqueued_time: datetime
+    next_delivery: datetime
+    _row: EnqueuedMail = field(repr=False)
+    _queue: MailQueue = field(repr=False)
+
+    @property
+    def mail(self) -> Mail:
+        return self._queue._load(self._row)
+
+
+class MailQueueItem:
+    """A dequeued mail, leased to this consumer until `done()`, `retry()` or `reject()`."""
+
+    def __init__(self, queue: MailQueue, delivery: Delivery, row: EnqueuedMail, mail: Mail) -> None:
+        self._queue = queue
+        self._delivery = delivery
+        self._row = row
+        self.mail = mail
+        self.enqueue_id = row.enqueue_id
+        self.attempts = delivery.attempts
+        self.settled = False
+
+    def _settle(self) -> None:
+        if self.settled:
+            raise InvalidInput(f"mail {self.enqueue_id} was already acknowledged")
+        self.settled = True
+
+    def done(self) -> None:
+        """Delivered: mark it deleted, acknowledge it, release its content."""
+        self._settle()
+        self._queue._done(self._delivery, self._row)
+
+    def retry(self, delay: Delay = None) -> None:
+        """Not delivered this time: deliver it again, after `delay` if given."""
+        self._settle()
+        self._queue.broker.nack(self._delivery, delivery_time(self._queue.clock(), delay))
+
+    def reject(self, reason: str = "rejected") -> None:
+        """Never deliverable: move it to the dead letters, which keep its content."""
+        self._settle()
+        self._queue._dead_letter(self._delivery, self._row, reason)
+
+    def __enter__(self) -> MailQueueItem:
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        if self.settled:
+            return
+        if error is None:
+            self.done()
+        else:
+            self.retry()
+
+
+class MailQueue:
+    def __init__(
+        self,
+        name: QueueName,
+        view: QueueView,
+        broker: Broker,
+        blobs: DeduplicatingBlobStore,
+        configuration: QueueViewConfiguration,
+        clock: Clock,
+        max_message_size: int,
+        clock_skew_grace: int,
+    ) -> None:
+        self.name = name
+        self.view = view
+        self.broker = broker
+        self.blobs = blobs
+        self.configuration = configuration
+        self.clock = clock
+        self.max_message_size = max_message_size
+        self.clock_skew_grace = clock_skew_grace
+        self._random = random.Random()
+
+    def __repr__(self) -> str:
+        return f"MailQueue({self.name!r})"
+
+    # enqueue / dequeue
+    def enqueue(self, mail: Mail, delay: Delay = None, priority: int | None = None) -> EnqueueId:
+        if not isinstance(mail, Mail):
+            raise InvalidInput(f"enqueue takes a Mail, not {type(mail).__name__}")
+        if len(mail.message) > self.max_message_size:
+            raise InvalidInput(
+                f"message of {len(mail.message)} bytes exceeds the maximum size of {self.max_message_size} bytes"
+            )
+        priority = clamp_priority(priority)
+        now = self.clock()
+        next_delivery = delivery_time(now, delay)
+        enqueue_id = EnqueueId.generate(now)
+        header, body = split_message(mail.message)
+        window = self.configuration.slice_window
+        bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
+        # One transaction on the embedded store: content references, view row and broker message
+        # commit together or not at all.
+        with self.view.transaction():
+            row = EnqueuedMail.of(
+                mail, self.name, enqueue_id, now, next_delivery, priority, slice_of(now, window), bucket,
+                self.blobs.save(enqueue_id, header), self.blobs.save(enqueue_id, body),
+            )
+            self.view.insert(row)
+            self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
+        return enqueue_id
+
+    def dequeue(self, timeout: float | None = None) -> MailQueueItem | None:
+        """The next deliverable mail; blocks while there is none, or returns None after `timeout` seconds."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0):
+            raise InvalidInput(f"invalid dequeue timeout {timeout!r}: expected seconds >= 0 or None")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            delivery = self.broker.receive(self.name, remaining)
+            if delivery is None:
+                return None
+            row = EnqueuedMail.from_payload(delivery.payload)
+            if self.view.is_deleted(self.name, row.enqueue_id):
+                self.broker.ack(delivery)  # removed or cleared while waiting in the broker
+                continue
+            try:
+                mail = self._load(row)
+            except BlobNotFound as error:
+                self.broker.dead_letter(delivery, f"content missing: {error}")
+                continue
+            return MailQueueItem(self, delivery, row, mail)
+
+    def _load(self, row: EnqueuedMail) -> Mail:
+        return row.to_mail(self.blobs.read(row.header_blob_id) + self.blobs.read(row.body_blob_id))
+
+    def _done(self, delivery: Delivery, row: EnqueuedMail) -> None:
+        with self.view.transaction():
+            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
+            self.blobs.release(row.enqueue_id)
+            self.broker.ack(delivery)
+        self._maybe_update_browse_start()
+
+    def _dead_letter(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:
+        with self.view.transaction():
+            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
+            self.broker.dead_letter(delivery, reason)
+        self._maybe_update_browse_start()
+
+    # browse / size
+    def browse(self) -> Iterator[BrowseItem]:
+        """The mails still enqueued, in enqueue order, read from `browse_start` on."""
+        for slice_start in self.view.slices_from(self.name, self.view.browse_start(self.name)):
+            for row in self.view.live_mails(self.name, slice_start):
+                yield BrowseItem(
+                    row.enqueue_id, row.name, row.sender, row.recipient_list, to_datetime(row.enqueued_time),
+                    to_datetime(row.next_delivery), row, self,
+                )
+
+    def size(self) -> int:
+        """Read from the per-slice counters: the cost does not grow with the queue's history."""
+        return self.view.size(self.name, self.view.browse_start(self.name))
+
+    # management
+    def remove(self, *, name: str | None = None, sender: str | None = None, recipient: str | None = None) -> int:
+        """Delete the mails matching exactly one criterion; a multi-recipient mail goes if any recipient matches."""
+        criteria = {k: v for k, v in (("name", name), ("sender", sender), ("recipient", recipient)) if v is not None}
+        if len(criteria) != 1:
+            raise InvalidInput(f"remove takes exactly one of name, sender or recipient, got {sorted(criteria) or 'none'}")
+        if sender is not None:
+            sender = MailAddress(sender)
+        if recipient is not None:
+            recipient = MailAddress(recipient)
+        return self._delete_where(
+            lambda row: (name is not None and row.name == name)
+            or (sender is not None and row.sender == sender)
+            or (recipient is not None and recipient in row.recipient_list)
+        )
+
+    def clear(self) -> int:
+        return self._delete_where(lambda row: True)
+
+    def _delete_where(self, matches) -> int:
+        deleted = 0
+        for item in list(self.browse()):
+            if matches(item._row):
+                with self.view.transaction():
+                    if self.view.mark_deleted(self.name, item.enqueue_id, item._row.slice_start):
+                        self.blobs.release(item.enqueue_id)
+                        deleted += 1
+        self._maybe_update_browse_start()
+        return deleted
+
+    def flush(self) -> int:
+        """Make every delayed mail deliverable now; returns how many the broker held back."""
+        now = self.clock()
+        delayed = [item.enqueue_id for item in self.browse() if item._row.next_delivery > now]
+        with self.view.transaction():
+            self.view.reschedule(self.name, delayed, now)
+            return self.broker.flush(self.name)
+
+    def republish(self, older_than: Delay) -> int:
+        """Publish again the mails older than `older_than` that the view holds but the broker lost."""
+        cutoff = self.clock() - parse_duration(older_than)
+        candidates = [item._row for item in self.browse() if item._row.enqueued_time < cutoff]
+        held = self.broker.published(self.name, [row.enqueue_id for row in candidates])
+        republished = 0
+        for row in candidates:
+            if row.enqueue_id not in held:
+                self.broker.publish(self.name, row.enqueue_id, row.to_payload(), row.priority, row.next_delivery)
+                republished += 1
+        return republished
+
+    def dead_letters(self):
+        return self.broker.dead_letters(self.name)
+
+    # record 31's browse_start and record 32's content clean-up
+    def _maybe_update_browse_start(self) -> None:
+        # Random piggy-backing (record 31): no coordination between nodes, and liveness on average.
+        if self._random.random() * self.configuration.update_browse_start_pace < 1:
+            self.update_browse_start()
+
+    def update_browse_start(self) -> int:
+        """Advance browse_start to the first slice holding a live mail (never past the current slice minus
+        the clock-skew grace), then clean content_start .. browse_start. Returns the new browse_start."""
+        current = self.view.browse_start(self.name)
+        limit = slice_of(self.clock() - self.clock_skew_grace, self.configuration.slice_window)
+        new_start = limit
+        for slice_start in self.view.slices_from(self.name, current):
+            if slice_start >= limit:
+                break
+            if self.view.live_mails(self.name, slice_start):
+                new_start = slice_start
+                break
+        if new_start > current:
+            self.view.advance_browse_start(self.name, new_start)
+        self.clean_content()
+        return self.view.browse_start(self.name)
+
+    def clean_content(self) -> int:
+        """Record 32: release and delete what lies between content_start and browse_start, then move
+        content_start. A failure leaves content_start behind, so the next call redoes the work."""
+        content_start = self.view.content_start(self.name)
+        browse_start = self.view.browse_start(self.name)
+        if content_start >= browse_start:
+            return 0
+        for enqueue_id in self.view.mails_before(self.name, content_start, browse_start):
+            self.blobs.release(enqueue_id)
+        removed = self.view.delete_slices(self.name, content_start, browse_start)
+        self.view.advance_content_start(self.name, browse_start)
+        return removed

@@ -1,0 +1,77 @@
+"""Builds the whole runtime (store, broker, blob stores, queues, mailboxes) from one settings URL."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from .blobs.dedup import DeduplicatingBlobStore, Generations
+from .blobs.sqlite_store import SqliteBlobStore
+from .brokers.embedded import EmbeddedBroker
+from .clock import Clock, system_clock
+from .config import ConfigurationStore
+from .errors import UnknownQueue
+from .model import QueueName
+from .queue import MailQueue, slice_of
+from .settings import Settings
+from .stores.embedded import EmbeddedStore
+from .stores.embedded_blobs import EmbeddedBlobTables
+from .stores.embedded_queue_view import EmbeddedQueueView
+
+
+class Runtime:
+    def __init__(self, settings: Settings, clock: Clock = system_clock) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.store = EmbeddedStore(settings.data_dir, settings.durability)
+        self.view = EmbeddedQueueView(self.store)
+        self.broker = EmbeddedBroker(self.store, clock, settings.visibility_timeout)
+        self.blob_tables = EmbeddedBlobTables(self.store)
+        self.content = SqliteBlobStore(self.store)
+        self.blobs = DeduplicatingBlobStore(self.blob_tables, self.content, clock)
+        self.configuration = ConfigurationStore(self.view, clock)
+        if settings.view_configuration is not None:
+            self.configuration.register(settings.view_configuration)
+        # Read once: the rules on changes make a stale value safe (old slices are multiples of new ones,
+        # old buckets are a subset of new ones), as with James reading it at start-up.
+        self.view_configuration = self.configuration.current()
+        self._queues: dict[str, MailQueue] = {}
+
+    @classmethod
+    def open(cls, url: str | None = None, *, clock: Clock = system_clock) -> Runtime:
+        """Open the runtime of `url`, or of $MAILQ_URL, or the embedded default `embedded://.mailq`."""
+        return cls(Settings.from_url(url), clock)
+
+    @property
+    def generations(self) -> Generations:
+        return self.blobs.generations
+
+    def queue(self, name: str, *, create: bool = True) -> MailQueue:
+        """The named queue, created on first use unless `create=False` (then an unknown name raises)."""
+        name = QueueName(name)
+        queue = self._queues.get(name)
+        if queue is not None:
+            return queue
+        if not self.view.queue_exists(name):
+            if not create:
+                raise UnknownQueue(f"unknown queue {name!r}: known queues are {self.queues()}")
+            now = self.clock()
+            self.view.create_queue(name, slice_of(now, self.view_configuration.slice_window), now)
+        queue = MailQueue(
+            name, self.view, self.broker, self.blobs, self.view_configuration, self.clock,
+            self.settings.max_message_size, self.settings.clock_skew_grace,
+        )
+        self._queues[name] = queue
+        return queue
+
+    def queues(self) -> list[str]:
+        return self.view.queue_names()
+
+    def close(self) -> None:
+        self.broker.close()
+        self.store.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self.close()

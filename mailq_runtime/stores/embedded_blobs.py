@@ -1,0 +1,81 @@
+"""Record 39's tables on the embedded store: generations, blobs, blob_references, blob_deletions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..model import BlobId
+from .embedded import EmbeddedStore
+
+REFERENCE_GENERATION = "reference_generation"
+GC_ITERATION = "gc_iteration"
+
+
+class EmbeddedBlobTables:
+    def __init__(self, store: EmbeddedStore) -> None:
+        self.store = store
+
+    def transaction(self):
+        return self.store.transaction()
+
+    # generations: an append-only event log of reference generations and GC iterations
+    def current(self, kind: str) -> int | None:
+        row = self.store.read_one("SELECT MAX(number) FROM generations WHERE kind = ?", (kind,))
+        return row[0]
+
+    def emit(self, kind: str, number: int, now: int) -> None:
+        with self.store.transaction() as db:
+            db.execute("INSERT INTO generations (kind, number, started_at) VALUES (?, ?, ?)", (kind, number, now))
+
+    def history(self, kind: str) -> list[tuple[int, int]]:
+        return self.store.read(
+            "SELECT number, started_at FROM generations WHERE kind = ? ORDER BY number", (kind,)
+        )
+
+    # blobs and references
+    def add_reference(self, owner: str, blob_id: BlobId, size: int, now: int) -> bool:
+        """Record the blob (if new) and the owner's reference to it; True if the blob is new."""
+        with self.store.transaction() as db:
+            new = db.execute(
+                "INSERT OR IGNORE INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
+                (str(blob_id), blob_id.generation, size, now),
+            ).rowcount
+            db.execute(
+                "INSERT OR IGNORE INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
+                (owner, str(blob_id), blob_id.generation),
+            )
+        return bool(new)
+
+    def references_of(self, owner: str) -> list[BlobId]:
+        rows = self.store.read("SELECT blob_id FROM blob_references WHERE owner = ? ORDER BY blob_id", (owner,))
+        return [BlobId.parse(blob_id) for (blob_id,) in rows]
+
+    def release(self, owner: str, blob_ids: Iterable[BlobId], gc_iteration: int, now: int) -> int:
+        """Remove the owner's references to `blob_ids` and append one deletion for each."""
+        released = 0
+        with self.store.transaction() as db:
+            for blob_id in blob_ids:
+                cursor = db.execute(
+                    "DELETE FROM blob_references WHERE owner = ? AND blob_id = ?", (owner, str(blob_id))
+                )
+                if cursor.rowcount:
+                    db.execute(
+                        "INSERT INTO blob_deletions (blob_id, generation, deleted_at, gc_iteration) "
+                        "VALUES (?, ?, ?, ?)",
+                        (str(blob_id), blob_id.generation, now, gc_iteration),
+                    )
+                    released += 1
+        return released
+
+    def forget(self, blob_ids: Iterable[BlobId]) -> None:
+        """Drop collected blobs from `blobs` and `blob_deletions` (their content is already gone)."""
+        with self.store.transaction() as db:
+            db.executemany("DELETE FROM blob_deletions WHERE blob_id = ?", [(str(b),) for b in blob_ids])
+            db.executemany("DELETE FROM blobs WHERE blob_id = ?", [(str(b),) for b in blob_ids])
+
+    def referenced(self, blob_ids: Iterable[BlobId]) -> set[BlobId]:
+        found = set()
+        for blob_id in blob_ids:
+            if self.store.read_one("SELECT 1 FROM blob_references WHERE blob_id = ? LIMIT 1", (str(blob_id),)):
+                found.add(blob_id)
+        return found

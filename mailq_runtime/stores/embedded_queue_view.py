@@ -1,0 +1,161 @@
+"""Records 31 and 32 on the embedded store: enqueued_mails, deleted_mails, browse_start, content_start,
+the per-slice counters and the configuration event log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..queue_view import EnqueuedMail
+from .embedded import EmbeddedStore
+
+_COLUMNS = (
+    "queue, slice_start, bucket, enqueue_id, enqueued_time, next_delivery, priority, name, sender, "
+    "recipients, header_blob_id, body_blob_id, metadata"
+)
+
+
+class EmbeddedQueueView:
+    def __init__(self, store: EmbeddedStore) -> None:
+        self.store = store
+
+    def transaction(self):
+        return self.store.transaction()
+
+    # queues
+    def create_queue(self, queue: str, slice_start: int, now: int) -> None:
+        with self.store.transaction() as db:
+            if db.execute("INSERT OR IGNORE INTO queues VALUES (?, ?)", (queue, now)).rowcount:
+                db.execute("INSERT INTO browse_start VALUES (?, ?)", (queue, slice_start))
+                db.execute("INSERT INTO content_start VALUES (?, ?)", (queue, slice_start))
+
+    def queue_names(self) -> list[str]:
+        return [name for (name,) in self.store.read("SELECT queue FROM queues ORDER BY queue")]
+
+    def queue_exists(self, queue: str) -> bool:
+        return self.store.read_one("SELECT 1 FROM queues WHERE queue = ?", (queue,)) is not None
+
+    # enqueued_mails and deleted_mails
+    def insert(self, mail: EnqueuedMail) -> None:
+        with self.store.transaction() as db:
+            db.execute(f"INSERT INTO enqueued_mails ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", mail.row())
+            db.execute(
+                "INSERT INTO slice_counters (queue, slice_start, enqueued) VALUES (?, ?, 1) "
+                "ON CONFLICT (queue, slice_start) DO UPDATE SET enqueued = enqueued + 1",
+                (mail.queue, mail.slice_start),
+            )
+
+    def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int) -> bool:
+        """Record the mail as deleted; True only the first time, so counters count each mail once."""
+        with self.store.transaction() as db:
+            if not db.execute("INSERT OR IGNORE INTO deleted_mails VALUES (?, ?)", (queue, enqueue_id)).rowcount:
+                return False
+            db.execute(
+                "UPDATE slice_counters SET deleted = deleted + 1 WHERE queue = ? AND slice_start = ?",
+                (queue, slice_start),
+            )
+            return True
+
+    def is_deleted(self, queue: str, enqueue_id: str) -> bool:
+        return (
+            self.store.read_one("SELECT 1 FROM deleted_mails WHERE queue = ? AND enqueue_id = ?", (queue, enqueue_id))
+            is not None
+        )
+
+    def slices_from(self, queue: str, start: int) -> list[int]:
+        """Slice starts holding mails, from `start` on. (Cassandra steps through every slice instead.)"""
+        return [
+            s
+            for (s,) in self.store.read(
+                "SELECT slice_start FROM slice_counters WHERE queue = ? AND slice_start >= ? ORDER BY slice_start",
+                (queue, start),
+            )
+        ]
+
+    def live_mails(self, queue: str, slice_start: int) -> list[EnqueuedMail]:
+        """The slice's mails not in deleted_mails, in enqueue order (all buckets)."""
+        rows = self.store.read(
+            f"SELECT {', '.join('e.' + c.strip() for c in _COLUMNS.split(','))} FROM enqueued_mails e "
+            "WHERE e.queue = ? AND e.slice_start = ? AND NOT EXISTS "
+            "(SELECT 1 FROM deleted_mails d WHERE d.queue = e.queue AND d.enqueue_id = e.enqueue_id) "
+            "ORDER BY e.enqueued_time, e.enqueue_id",
+            (queue, slice_start),
+        )
+        return [EnqueuedMail.from_row(row) for row in rows]
+
+    def reschedule(self, queue: str, enqueue_ids: Iterable[str], next_delivery: int) -> None:
+        with self.store.transaction() as db:
+            db.executemany(
+                "UPDATE enqueued_mails SET next_delivery = ? WHERE queue = ? AND enqueue_id = ? AND next_delivery > ?",
+                [(next_delivery, queue, e, next_delivery) for e in enqueue_ids],
+            )
+
+    def size(self, queue: str, start: int) -> int:
+        row = self.store.read_one(
+            "SELECT COALESCE(SUM(enqueued - deleted), 0) FROM slice_counters WHERE queue = ? AND slice_start >= ?",
+            (queue, start),
+        )
+        return row[0]
+
+    def slice_counts(self, queue: str) -> list[tuple[int, int, int]]:
+        return self.store.read(
+            "SELECT slice_start, enqueued, deleted FROM slice_counters WHERE queue = ? ORDER BY slice_start", (queue,)
+        )
+
+    # browse_start / content_start
+    def browse_start(self, queue: str) -> int:
+        return self.store.read_one("SELECT browse_start FROM browse_start WHERE queue = ?", (queue,))[0]
+
+    def content_start(self, queue: str) -> int:
+        return self.store.read_one("SELECT content_start FROM content_start WHERE queue = ?", (queue,))[0]
+
+    def advance_browse_start(self, queue: str, new_start: int) -> bool:
+        with self.store.transaction() as db:
+            return bool(
+                db.execute(
+                    "UPDATE browse_start SET browse_start = ? WHERE queue = ? AND browse_start < ?",
+                    (new_start, queue, new_start),
+                ).rowcount
+            )
+
+    def mails_before(self, queue: str, start: int, end: int) -> list[str]:
+        """Enqueue ids of every mail (deleted or not) in the slices [start, end)."""
+        return [
+            e
+            for (e,) in self.store.read(
+                "SELECT enqueue_id FROM enqueued_mails WHERE queue = ? AND slice_start >= ? AND slice_start < ?",
+                (queue, start, end),
+            )
+        ]
+
+    def delete_slices(self, queue: str, start: int, end: int) -> int:
+        """Record 32: drop the rows of slices [start, end) from enqueued_mails, deleted_mails and counters."""
+        with self.store.transaction() as db:
+            db.execute(
+                "DELETE FROM deleted_mails WHERE queue = ? AND enqueue_id IN (SELECT enqueue_id FROM enqueued_mails "
+                "WHERE queue = ? AND slice_start >= ? AND slice_start < ?)",
+                (queue, queue, start, end),
+            )
+            removed = db.execute(
+                "DELETE FROM enqueued_mails WHERE queue = ? AND slice_start >= ? AND slice_start < ?",
+                (queue, start, end),
+            ).rowcount
+            db.execute(
+                "DELETE FROM slice_counters WHERE queue = ? AND slice_start >= ? AND slice_start < ?",
+                (queue, start, end),
+            )
+            return removed
+
+    def advance_content_start(self, queue: str, new_start: int) -> None:
+        with self.store.transaction() as db:
+            db.execute(
+                "UPDATE content_start SET content_start = ? WHERE queue = ? AND content_start < ?",
+                (new_start, queue, new_start),
+            )
+
+    # configuration events
+    def events(self, aggregate: str) -> list[str]:
+        return [e for (e,) in self.store.read("SELECT event FROM configuration_events WHERE aggregate = ? ORDER BY seq", (aggregate,))]
+
+    def append_event(self, aggregate: str, event: str, now: int) -> None:
+        with self.store.transaction() as db:
+            db.execute("INSERT INTO configuration_events (aggregate, event, at) VALUES (?, ?, ?)", (aggregate, event, now))
