@@ -11,23 +11,35 @@ from .errors import (
     UnknownMailbox,
     UnknownQueue,
 )
+from .faults import FaultInjector, InjectedFault
+from .mailbox import Counters, Mailbox, Mailboxes, MailboxName, MessageEntry
 from .model import BlobId, EnqueueId, Mail, MailAddress, MailboxId, MessageId, PerRecipientHeader, QueueName
 from .runtime import Runtime
+from .worker import WorkerStats, run_worker
 
 __all__ = [
     "BlobId",
     "BlobNotFound",
     "ConfigurationRejected",
+    "Counters",
     "EnqueueId",
+    "FaultInjector",
+    "InjectedFault",
     "InvalidInput",
     "Mail",
     "MailAddress",
+    "Mailbox",
     "MailboxId",
+    "MailboxName",
+    "Mailboxes",
     "MailqError",
+    "MessageEntry",
     "MessageId",
     "PerRecipientHeader",
     "QueueName",
     "Runtime",
     "UnknownMailbox",
     "UnknownQueue",
+    "WorkerStats",
+    "run_worker",
 ]

@@ -28,13 +28,16 @@ class QueueViewConfiguration:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InvalidInput(f"invalid {name} {value!r}: must be a positive integer")
         if self.slice_window % MICROS_PER_SECOND:
-            raise InvalidInput(f"invalid slice_window {self.slice_window}us: must be a whole number of seconds")
+            raise InvalidInput(
+                f"invalid slice_window {self.slice_window}us: must be a whole number of seconds"
+            )
 
     def validate_change(self, new: QueueViewConfiguration) -> None:
         if new.slice_window != self.slice_window and self.slice_window % new.slice_window:
             raise ConfigurationRejected(
                 f"sliceWindow may only change to a divisor of the current one "
-                f"({self.slice_window // MICROS_PER_SECOND}s -> {new.slice_window // MICROS_PER_SECOND}s refused): "
+                f"({self.slice_window // MICROS_PER_SECOND}s -> "
+                f"{new.slice_window // MICROS_PER_SECOND}s refused): "
                 "otherwise earlier slices would not be found"
             )
         if new.bucket_count < self.bucket_count:

@@ -7,6 +7,7 @@ checked against `deleted_mails`; browse and size read the view from `browse_star
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import zlib
@@ -24,6 +25,7 @@ from .model import EnqueueId, Mail, MailAddress, QueueName, clamp_priority, deli
 from .queue_view import EnqueuedMail, QueueView
 
 Delay = timedelta | int | float | str | None
+log = logging.getLogger(__name__)
 
 
 def split_message(message: bytes) -> tuple[bytes, bytes]:
@@ -80,8 +82,9 @@ class MailQueueItem:
 
     def retry(self, delay: Delay = None) -> None:
         """Not delivered this time: deliver it again, after `delay` if given."""
+        deliver_at = delivery_time(self._queue.clock(), delay)  # a malformed delay leaves the item unsettled
         self._settle()
-        self._queue.broker.nack(self._delivery, delivery_time(self._queue.clock(), delay))
+        self._queue.broker.nack(self._delivery, deliver_at)
 
     def reject(self, reason: str = "rejected") -> None:
         """Never deliverable: move it to the dead letters, which keep its content."""
@@ -131,7 +134,8 @@ class MailQueue:
             raise InvalidInput(f"enqueue takes a Mail, not {type(mail).__name__}")
         if len(mail.message) > self.max_message_size:
             raise InvalidInput(
-                f"message of {len(mail.message)} bytes exceeds the maximum size of {self.max_message_size} bytes"
+                f"message of {len(mail.message)} bytes exceeds the maximum size "
+                f"of {self.max_message_size} bytes"
             )
         priority = clamp_priority(priority)
         now = self.clock()
@@ -153,7 +157,10 @@ class MailQueue:
 
     def dequeue(self, timeout: float | None = None) -> MailQueueItem | None:
         """The next deliverable mail; blocks while there is none, or returns None after `timeout` seconds."""
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0):
+        # `not timeout >= 0` also refuses NaN, which compares false with everything.
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+        ):
             raise InvalidInput(f"invalid dequeue timeout {timeout!r}: expected seconds >= 0 or None")
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -161,8 +168,13 @@ class MailQueue:
             delivery = self.broker.receive(self.name, remaining)
             if delivery is None:
                 return None
-            row = EnqueuedMail.from_payload(delivery.payload)
-            if self.view.is_deleted(self.name, row.enqueue_id):
+            try:
+                row = EnqueuedMail.from_payload(delivery.payload)
+            except (ValueError, TypeError) as error:
+                # Requeued, it would come back after every visibility timeout and fail every time.
+                self.broker.dead_letter(delivery, f"unreadable message: {error}")
+                continue
+            if not self._still_enqueued(row):
                 self.broker.ack(delivery)  # removed or cleared while waiting in the broker
                 continue
             try:
@@ -171,6 +183,17 @@ class MailQueue:
                 self.broker.dead_letter(delivery, f"content missing: {error}")
                 continue
             return MailQueueItem(self, delivery, row, mail)
+
+    def _still_enqueued(self, row: EnqueuedMail) -> bool:
+        """Whether a broker message still stands for a live mail.
+
+        Behind browse_start, record 32's clean-up drops a deleted mail's deleted_mails mark together with
+        its row while the broker may still hold its message: there, only a row still present and unmarked
+        is live (a writer lagging behind browse_start adds such a row, and its mail must not be lost).
+        """
+        if row.slice_start >= self.view.browse_start(self.name):
+            return not self.view.is_deleted(self.name, row.enqueue_id)
+        return self.view.is_enqueued(row)
 
     def _load(self, row: EnqueuedMail) -> Mail:
         return row.to_mail(self.blobs.read(row.header_blob_id) + self.blobs.read(row.body_blob_id))
@@ -203,11 +226,17 @@ class MailQueue:
         return self.view.size(self.name, self.view.browse_start(self.name))
 
     # management
-    def remove(self, *, name: str | None = None, sender: str | None = None, recipient: str | None = None) -> int:
-        """Delete the mails matching exactly one criterion; a multi-recipient mail goes if any recipient matches."""
-        criteria = {k: v for k, v in (("name", name), ("sender", sender), ("recipient", recipient)) if v is not None}
+    def remove(
+        self, *, name: str | None = None, sender: str | None = None, recipient: str | None = None
+    ) -> int:
+        """Delete the mails matching exactly one criterion; a multi-recipient mail goes if any recipient
+        matches."""
+        given = (("name", name), ("sender", sender), ("recipient", recipient))
+        criteria = {k: v for k, v in given if v is not None}
         if len(criteria) != 1:
-            raise InvalidInput(f"remove takes exactly one of name, sender or recipient, got {sorted(criteria) or 'none'}")
+            raise InvalidInput(
+                f"remove takes exactly one of name, sender or recipient, got {sorted(criteria) or 'none'}"
+            )
         if sender is not None:
             sender = MailAddress(sender)
         if recipient is not None:
@@ -248,7 +277,9 @@ class MailQueue:
         republished = 0
         for row in candidates:
             if row.enqueue_id not in held:
-                self.broker.publish(self.name, row.enqueue_id, row.to_payload(), row.priority, row.next_delivery)
+                self.broker.publish(
+                    self.name, row.enqueue_id, row.to_payload(), row.priority, row.next_delivery
+                )
                 republished += 1
         return republished
 
@@ -256,10 +287,32 @@ class MailQueue:
         return self.broker.dead_letters(self.name)
 
     # record 31's browse_start and record 32's content clean-up
+    def browse_start(self) -> int:
+        return self.view.browse_start(self.name)
+
+    def content_start(self) -> int:
+        return self.view.content_start(self.name)
+
+    def maintenance_due(self) -> bool:
+        """A clean-up is unfinished, or browse_start lags the newest slice it may reach by two slices."""
+        browse_start = self.browse_start()
+        reachable = slice_of(self.clock() - self.clock_skew_grace, self.configuration.slice_window)
+        lag = reachable - browse_start
+        return self.content_start() < browse_start or lag >= 2 * self.configuration.slice_window
+
     def _maybe_update_browse_start(self) -> None:
         # Random piggy-backing (record 31): no coordination between nodes, and liveness on average.
+        # It runs after the operation that triggered it has committed, so its failure must not fail
+        # that operation; content_start stays behind and the next update redoes the clean-up.
         if self._random.random() * self.configuration.update_browse_start_pace < 1:
-            self.update_browse_start()
+            try:
+                self.update_browse_start()
+            except Exception:
+                log.warning(
+                    "browse_start update of queue %s failed; the next one retries it",
+                    self.name,
+                    exc_info=True,
+                )
 
     def update_browse_start(self) -> int:
         """Advance browse_start to the first slice holding a live mail (never past the current slice minus
@@ -285,8 +338,11 @@ class MailQueue:
         browse_start = self.view.browse_start(self.name)
         if content_start >= browse_start:
             return 0
+        # Dead letters keep their content: they were marked deleted, but are not gone.
+        dead = {letter.enqueue_id for letter in self.broker.dead_letters(self.name)}
         for enqueue_id in self.view.mails_before(self.name, content_start, browse_start):
-            self.blobs.release(enqueue_id)
+            if enqueue_id not in dead:
+                self.blobs.release(enqueue_id)
         removed = self.view.delete_slices(self.name, content_start, browse_start)
         self.view.advance_content_start(self.name, browse_start)
         return removed

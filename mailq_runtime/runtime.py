@@ -10,11 +10,13 @@ from .brokers.embedded import EmbeddedBroker
 from .clock import Clock, system_clock
 from .config import ConfigurationStore
 from .errors import UnknownQueue
+from .mailbox import Mailboxes
 from .model import QueueName
 from .queue import MailQueue, slice_of
 from .settings import Settings
 from .stores.embedded import EmbeddedStore
 from .stores.embedded_blobs import EmbeddedBlobTables
+from .stores.embedded_mailboxes import EmbeddedMailboxTables
 from .stores.embedded_queue_view import EmbeddedQueueView
 
 
@@ -28,6 +30,9 @@ class Runtime:
         self.blob_tables = EmbeddedBlobTables(self.store)
         self.content = SqliteBlobStore(self.store)
         self.blobs = DeduplicatingBlobStore(self.blob_tables, self.content, clock)
+        self.mailboxes = Mailboxes(
+            EmbeddedMailboxTables(self.store), self.blobs, clock, settings.max_message_size
+        )
         self.configuration = ConfigurationStore(self.view, clock)
         if settings.view_configuration is not None:
             self.configuration.register(settings.view_configuration)

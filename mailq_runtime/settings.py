@@ -33,10 +33,13 @@ class Settings:
         url = url or os.environ.get(URL_VARIABLE) or DEFAULT_URL
         parts = urlsplit(url)
         if parts.scheme != "embedded":
-            raise InvalidInput(f"unsupported mailq URL scheme {parts.scheme!r} in {url!r}: expected 'embedded://<data dir>'")
+            raise InvalidInput(
+                f"unsupported mailq URL scheme {parts.scheme!r} in {url!r}: expected 'embedded://<data dir>'"
+            )
         data_dir = Path(parts.netloc + parts.path) if parts.netloc + parts.path else Path(".mailq")
         options = dict(parse_qsl(parts.query, strict_parsing=False))
-        known = {"visibility_timeout", "clock_skew_grace", "max_message_size", "durability"} | _CONFIGURATION_OPTIONS
+        known = {"visibility_timeout", "clock_skew_grace", "max_message_size", "durability"}
+        known |= _CONFIGURATION_OPTIONS
         unknown = set(options) - known
         if unknown:
             raise InvalidInput(f"unknown mailq URL option(s) {sorted(unknown)}: known are {sorted(known)}")
@@ -50,7 +53,9 @@ class Settings:
             values["max_message_size"] = _positive_int("max_message_size", options["max_message_size"])
         if "durability" in options:
             if options["durability"] not in ("process", "power", "fsync"):
-                raise InvalidInput(f"invalid durability {options['durability']!r}: expected process, power or fsync")
+                raise InvalidInput(
+                    f"invalid durability {options['durability']!r}: expected process, power or fsync"
+                )
             values["durability"] = options["durability"]
         if _CONFIGURATION_OPTIONS & set(options):
             values["view_configuration"] = QueueViewConfiguration(

@@ -32,8 +32,19 @@ class BlobTables(Protocol):
     def add_reference(self, owner: str, blob_id: BlobId, size: int, now: int) -> bool: ...
     def references_of(self, owner: str) -> list[BlobId]: ...
     def release(self, owner: str, blob_ids: Iterable[BlobId], gc_iteration: int, now: int) -> int: ...
+    def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple: ...
+    def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]: ...
     def forget(self, blob_ids: Iterable[BlobId]) -> None: ...
-    def referenced(self, blob_ids: Iterable[BlobId]) -> set[BlobId]: ...
+
+
+@dataclass(frozen=True)
+class DeletionBacklog:
+    """Deletions in eligible generations that appeared since a point: what a GC iteration would process."""
+
+    count: int
+    oldest: int | None
+    newest: int | None
+    current_generation: int
 
 
 @dataclass(frozen=True)
@@ -130,9 +141,38 @@ class DeduplicatingBlobStore:
                 chosen = {BlobId.parse(b) for b in blob_ids}
                 foreign = chosen - held
                 if foreign:
-                    raise InvalidInput(f"owner {owner!r} holds no reference to {', '.join(map(str, sorted(foreign)))}")
+                    names = ", ".join(map(str, sorted(foreign)))
+                    raise InvalidInput(f"owner {owner!r} holds no reference to {names}")
             if not chosen:
                 return 0
             return self.tables.release(
                 owner, sorted(chosen), self.generations.current_gc_iteration(), self.clock()
             )
+
+    def collect(self, blob_ids: Iterable[BlobId | str]) -> dict[BlobId, int]:
+        """Garbage collection: delete the content of blobs found unreferenced, then their rows in `blobs`
+        and `blob_deletions`. Returns the size of each blob collected (those already gone are left out).
+
+        Content goes first: a failure in between leaves rows that the next iteration collects again,
+        never a row whose content is gone. Only eligible generations are accepted, whatever the caller.
+        """
+        chosen = sorted({BlobId.parse(b) for b in blob_ids})
+        current = self.generations.current()
+        young = [b for b in chosen if b.generation > current - 2]
+        if young:
+            raise InvalidInput(
+                f"refusing to collect {len(young)} blob(s) of generations not yet eligible "
+                f"(current generation {current}), e.g. {young[0]}"
+            )
+        sizes = self.tables.sizes(chosen)
+        for blob_id in chosen:
+            self.content.delete(blob_id)
+        self.tables.forget(chosen)
+        return sizes
+
+    def deletion_backlog(self, since_generation: int = 0, since: int = 0) -> DeletionBacklog:
+        """Deletions of eligible generations appended after `since`, or eligible only since the current
+        generation moved past `since_generation`."""
+        current = self.generations.current()
+        count, oldest, newest = self.tables.deletion_backlog(current - 2, since_generation - 2, since)
+        return DeletionBacklog(count, oldest, newest, current)

@@ -14,17 +14,26 @@ class SqliteBlobStore:
 
     def put(self, blob_id: BlobId | str, data: bytes) -> None:
         with self.store.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO blob_content (blob_id, data) VALUES (?, ?)", (str(BlobId.parse(blob_id)), data))
+            db.execute(
+                "INSERT OR REPLACE INTO blob_content (blob_id, data) VALUES (?, ?)",
+                (str(BlobId.parse(blob_id)), data),
+            )
 
     def get(self, blob_id: BlobId | str) -> bytes:
-        row = self.store.read_one("SELECT data FROM blob_content WHERE blob_id = ?", (str(BlobId.parse(blob_id)),))
+        row = self.store.read_one(
+            "SELECT data FROM blob_content WHERE blob_id = ?", (str(BlobId.parse(blob_id)),)
+        )
         if row is None:
             raise BlobNotFound(f"blob {blob_id} not found in {self.store.path}")
         return row[0]
 
     def delete(self, blob_id: BlobId | str) -> bool:
         with self.store.transaction() as db:
-            return bool(db.execute("DELETE FROM blob_content WHERE blob_id = ?", (str(BlobId.parse(blob_id)),)).rowcount)
+            deleted = db.execute("DELETE FROM blob_content WHERE blob_id = ?", (str(BlobId.parse(blob_id)),))
+            return bool(deleted.rowcount)
 
     def exists(self, blob_id: BlobId | str) -> bool:
-        return self.store.read_one("SELECT 1 FROM blob_content WHERE blob_id = ?", (str(BlobId.parse(blob_id)),)) is not None
+        row = self.store.read_one(
+            "SELECT 1 FROM blob_content WHERE blob_id = ?", (str(BlobId.parse(blob_id)),)
+        )
+        return row is not None

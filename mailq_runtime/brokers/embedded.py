@@ -35,7 +35,8 @@ class EmbeddedBroker:
     def publish(self, queue: str, enqueue_id: str, payload: str, priority: int, deliver_at: int) -> None:
         with self.store.transaction() as db:
             db.execute(
-                "INSERT INTO broker_messages (queue, enqueue_id, priority, available_at, payload) VALUES (?,?,?,?,?)",
+                "INSERT INTO broker_messages (queue, enqueue_id, priority, available_at, payload) "
+                "VALUES (?,?,?,?,?)",
                 (queue, enqueue_id, priority, deliver_at, payload),
             )
         self._notify()
@@ -46,7 +47,8 @@ class EmbeddedBroker:
         with self.store.transaction() as db:
             row = db.execute(
                 "UPDATE broker_messages SET lease = ?, available_at = ?, attempts = attempts + 1 WHERE id = "
-                "(SELECT id FROM broker_messages INDEXED BY broker_ready WHERE queue = ? AND available_at <= ? "
+                "(SELECT id FROM broker_messages INDEXED BY broker_ready "
+                "WHERE queue = ? AND available_at <= ? "
                 "ORDER BY priority DESC, id LIMIT 1) RETURNING id, enqueue_id, payload, attempts",
                 (lease, now + self.visibility_timeout, queue, now),
             ).fetchone()
@@ -55,7 +57,9 @@ class EmbeddedBroker:
         return Delivery(queue, row[0], lease, row[1], row[2], row[3])
 
     def _seconds_until_next(self, queue: str) -> float | None:
-        (next_at,) = self.store.read_one("SELECT MIN(available_at) FROM broker_messages WHERE queue = ?", (queue,))
+        (next_at,) = self.store.read_one(
+            "SELECT MIN(available_at) FROM broker_messages WHERE queue = ?", (queue,)
+        )
         return None if next_at is None else max(0.0, (next_at - self.clock()) / MICROS_PER_SECOND)
 
     def receive(self, queue: str, timeout: float | None) -> Delivery | None:
@@ -75,7 +79,7 @@ class EmbeddedBroker:
                     return None
                 wait = min(wait, remaining)
             with self._signal:
-                self._signal.wait_for(lambda: self._version != seen, timeout=max(wait, 0.001))
+                self._signal.wait_for(lambda seen=seen: self._version != seen, timeout=max(wait, 0.001))
 
     def ack(self, delivery: Delivery) -> bool:
         with self.store.transaction() as db:
@@ -106,7 +110,8 @@ class EmbeddedBroker:
         now = self.clock()
         with self.store.transaction() as db:
             flushed = db.execute(
-                "UPDATE broker_messages SET available_at = ? WHERE queue = ? AND lease IS NULL AND available_at > ?",
+                "UPDATE broker_messages SET available_at = ? "
+                "WHERE queue = ? AND lease IS NULL AND available_at > ?",
                 (now, queue, now),
             ).rowcount
         self._notify()
@@ -114,12 +119,14 @@ class EmbeddedBroker:
 
     def published(self, queue: str, enqueue_ids: list[str]) -> set[str]:
         # One scan of the queue's messages: republishing is rare and an index would tax every publish.
-        held = {e for (e,) in self.store.read("SELECT enqueue_id FROM broker_messages WHERE queue = ?", (queue,))}
+        rows = self.store.read("SELECT enqueue_id FROM broker_messages WHERE queue = ?", (queue,))
+        held = {e for (e,) in rows}
         return held & set(enqueue_ids)
 
     def dead_letters(self, queue: str) -> list[DeadLetter]:
         rows = self.store.read(
-            "SELECT queue, enqueue_id, reason, died_at, payload FROM dead_letters WHERE queue = ? ORDER BY id",
+            "SELECT queue, enqueue_id, reason, died_at, payload FROM dead_letters "
+            "WHERE queue = ? ORDER BY id",
             (queue,),
         )
         return [DeadLetter(*row) for row in rows]

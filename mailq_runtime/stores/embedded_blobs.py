@@ -7,9 +7,6 @@ from collections.abc import Iterable
 from ..model import BlobId
 from .embedded import EmbeddedStore
 
-REFERENCE_GENERATION = "reference_generation"
-GC_ITERATION = "gc_iteration"
-
 
 class EmbeddedBlobTables:
     def __init__(self, store: EmbeddedStore) -> None:
@@ -25,7 +22,9 @@ class EmbeddedBlobTables:
 
     def emit(self, kind: str, number: int, now: int) -> None:
         with self.store.transaction() as db:
-            db.execute("INSERT INTO generations (kind, number, started_at) VALUES (?, ?, ?)", (kind, number, now))
+            db.execute(
+                "INSERT INTO generations (kind, number, started_at) VALUES (?, ?, ?)", (kind, number, now)
+            )
 
     def history(self, kind: str) -> list[tuple[int, int]]:
         return self.store.read(
@@ -47,7 +46,9 @@ class EmbeddedBlobTables:
         return bool(new)
 
     def references_of(self, owner: str) -> list[BlobId]:
-        rows = self.store.read("SELECT blob_id FROM blob_references WHERE owner = ? ORDER BY blob_id", (owner,))
+        rows = self.store.read(
+            "SELECT blob_id FROM blob_references WHERE owner = ? ORDER BY blob_id", (owner,)
+        )
         return [BlobId.parse(blob_id) for (blob_id,) in rows]
 
     def release(self, owner: str, blob_ids: Iterable[BlobId], gc_iteration: int, now: int) -> int:
@@ -69,13 +70,22 @@ class EmbeddedBlobTables:
 
     def forget(self, blob_ids: Iterable[BlobId]) -> None:
         """Drop collected blobs from `blobs` and `blob_deletions` (their content is already gone)."""
+        blob_ids = list(blob_ids)
         with self.store.transaction() as db:
             db.executemany("DELETE FROM blob_deletions WHERE blob_id = ?", [(str(b),) for b in blob_ids])
             db.executemany("DELETE FROM blobs WHERE blob_id = ?", [(str(b),) for b in blob_ids])
 
-    def referenced(self, blob_ids: Iterable[BlobId]) -> set[BlobId]:
-        found = set()
+    def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:
+        return self.store.read_one(
+            "SELECT COUNT(*), MIN(deleted_at), MAX(deleted_at) FROM blob_deletions "
+            "WHERE generation <= ? AND (deleted_at > ? OR generation > ?)",
+            (max_generation, since, newly_eligible_above),
+        )
+
+    def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]:
+        sizes = {}
         for blob_id in blob_ids:
-            if self.store.read_one("SELECT 1 FROM blob_references WHERE blob_id = ? LIMIT 1", (str(blob_id),)):
-                found.add(blob_id)
-        return found
+            row = self.store.read_one("SELECT size FROM blobs WHERE blob_id = ?", (str(blob_id),))
+            if row is not None:
+                sizes[blob_id] = row[0]
+        return sizes

@@ -37,7 +37,9 @@ class EmbeddedQueueView:
     # enqueued_mails and deleted_mails
     def insert(self, mail: EnqueuedMail) -> None:
         with self.store.transaction() as db:
-            db.execute(f"INSERT INTO enqueued_mails ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", mail.row())
+            db.execute(
+                f"INSERT INTO enqueued_mails ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", mail.row()
+            )
             db.execute(
                 "INSERT INTO slice_counters (queue, slice_start, enqueued) VALUES (?, ?, 1) "
                 "ON CONFLICT (queue, slice_start) DO UPDATE SET enqueued = enqueued + 1",
@@ -47,7 +49,8 @@ class EmbeddedQueueView:
     def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int) -> bool:
         """Record the mail as deleted; True only the first time, so counters count each mail once."""
         with self.store.transaction() as db:
-            if not db.execute("INSERT OR IGNORE INTO deleted_mails VALUES (?, ?)", (queue, enqueue_id)).rowcount:
+            marked = db.execute("INSERT OR IGNORE INTO deleted_mails VALUES (?, ?)", (queue, enqueue_id))
+            if not marked.rowcount:
                 return False
             db.execute(
                 "UPDATE slice_counters SET deleted = deleted + 1 WHERE queue = ? AND slice_start = ?",
@@ -57,7 +60,21 @@ class EmbeddedQueueView:
 
     def is_deleted(self, queue: str, enqueue_id: str) -> bool:
         return (
-            self.store.read_one("SELECT 1 FROM deleted_mails WHERE queue = ? AND enqueue_id = ?", (queue, enqueue_id))
+            self.store.read_one(
+                "SELECT 1 FROM deleted_mails WHERE queue = ? AND enqueue_id = ?", (queue, enqueue_id)
+            )
+            is not None
+        )
+
+    def is_enqueued(self, mail: EnqueuedMail) -> bool:
+        """The mail's row is in enqueued_mails and not marked in deleted_mails (one primary-key read)."""
+        return (
+            self.store.read_one(
+                "SELECT 1 FROM enqueued_mails e WHERE e.queue = ? AND e.slice_start = ? AND e.bucket = ? "
+                "AND e.enqueue_id = ? AND NOT EXISTS "
+                "(SELECT 1 FROM deleted_mails d WHERE d.queue = e.queue AND d.enqueue_id = e.enqueue_id)",
+                (mail.queue, mail.slice_start, mail.bucket, mail.enqueue_id),
+            )
             is not None
         )
 
@@ -66,7 +83,8 @@ class EmbeddedQueueView:
         return [
             s
             for (s,) in self.store.read(
-                "SELECT slice_start FROM slice_counters WHERE queue = ? AND slice_start >= ? ORDER BY slice_start",
+                "SELECT slice_start FROM slice_counters WHERE queue = ? AND slice_start >= ? "
+                "ORDER BY slice_start",
                 (queue, start),
             )
         ]
@@ -85,20 +103,23 @@ class EmbeddedQueueView:
     def reschedule(self, queue: str, enqueue_ids: Iterable[str], next_delivery: int) -> None:
         with self.store.transaction() as db:
             db.executemany(
-                "UPDATE enqueued_mails SET next_delivery = ? WHERE queue = ? AND enqueue_id = ? AND next_delivery > ?",
+                "UPDATE enqueued_mails SET next_delivery = ? "
+                "WHERE queue = ? AND enqueue_id = ? AND next_delivery > ?",
                 [(next_delivery, queue, e, next_delivery) for e in enqueue_ids],
             )
 
     def size(self, queue: str, start: int) -> int:
         row = self.store.read_one(
-            "SELECT COALESCE(SUM(enqueued - deleted), 0) FROM slice_counters WHERE queue = ? AND slice_start >= ?",
+            "SELECT COALESCE(SUM(enqueued - deleted), 0) FROM slice_counters "
+            "WHERE queue = ? AND slice_start >= ?",
             (queue, start),
         )
         return row[0]
 
     def slice_counts(self, queue: str) -> list[tuple[int, int, int]]:
         return self.store.read(
-            "SELECT slice_start, enqueued, deleted FROM slice_counters WHERE queue = ? ORDER BY slice_start", (queue,)
+            "SELECT slice_start, enqueued, deleted FROM slice_counters WHERE queue = ? ORDER BY slice_start",
+            (queue,),
         )
 
     # browse_start / content_start
@@ -122,7 +143,8 @@ class EmbeddedQueueView:
         return [
             e
             for (e,) in self.store.read(
-                "SELECT enqueue_id FROM enqueued_mails WHERE queue = ? AND slice_start >= ? AND slice_start < ?",
+                "SELECT enqueue_id FROM enqueued_mails "
+                "WHERE queue = ? AND slice_start >= ? AND slice_start < ?",
                 (queue, start, end),
             )
         ]
@@ -131,7 +153,8 @@ class EmbeddedQueueView:
         """Record 32: drop the rows of slices [start, end) from enqueued_mails, deleted_mails and counters."""
         with self.store.transaction() as db:
             db.execute(
-                "DELETE FROM deleted_mails WHERE queue = ? AND enqueue_id IN (SELECT enqueue_id FROM enqueued_mails "
+                "DELETE FROM deleted_mails WHERE queue = ? AND enqueue_id IN "
+                "(SELECT enqueue_id FROM enqueued_mails "
                 "WHERE queue = ? AND slice_start >= ? AND slice_start < ?)",
                 (queue, queue, start, end),
             )
@@ -154,8 +177,14 @@ class EmbeddedQueueView:
 
     # configuration events
     def events(self, aggregate: str) -> list[str]:
-        return [e for (e,) in self.store.read("SELECT event FROM configuration_events WHERE aggregate = ? ORDER BY seq", (aggregate,))]
+        rows = self.store.read(
+            "SELECT event FROM configuration_events WHERE aggregate = ? ORDER BY seq", (aggregate,)
+        )
+        return [e for (e,) in rows]
 
     def append_event(self, aggregate: str, event: str, now: int) -> None:
         with self.store.transaction() as db:
-            db.execute("INSERT INTO configuration_events (aggregate, event, at) VALUES (?, ?, ?)", (aggregate, event, now))
+            db.execute(
+                "INSERT INTO configuration_events (aggregate, event, at) VALUES (?, ?, ?)",
+                (aggregate, event, now),
+            )

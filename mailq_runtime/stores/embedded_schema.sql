@@ -110,6 +110,8 @@ CREATE TABLE IF NOT EXISTS blob_deletions (
     deleted_at INTEGER NOT NULL,
     gc_iteration INTEGER NOT NULL
 );
+-- The collector removes the deletions of the blobs it collected.
+CREATE INDEX IF NOT EXISTS blob_deletions_blob ON blob_deletions (blob_id);
 
 -- Record 23: mailboxes, the message projections and their counters.
 CREATE TABLE IF NOT EXISTS mailboxes (

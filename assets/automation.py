@@ -1,0 +1,80 @@
+"""What starts the maintenance work: sensors on its conditions, and the schedule that rotates generations.
+
+Sensors read the live runtime cheaply (indexed queries, a small sample) and request the Spark jobs; they
+never do the work themselves. Thresholds come from the environment so an operator tunes them without code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import dagster as dg
+
+from mailq_runtime.clock import MICROS_PER_SECOND
+from mailq_runtime.model import parse_duration
+from resources import MailqRuntime
+
+from .jobs import blob_gc_job, mailbox_counters_job, queue_cleanup_job, rotate_generation_job
+
+
+def _setting(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+@dg.sensor(job=blob_gc_job, minimum_interval_seconds=60)
+def deletions_waiting_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
+    """Deletions waiting in an eligible generation, beyond a count (MAILQ_GC_MIN_DELETIONS, default 1000)
+    or an age (MAILQ_GC_MAX_WAIT, default 1d), start a GC iteration."""
+    threshold = int(_setting("MAILQ_GC_MIN_DELETIONS", "1000"))
+    max_wait = parse_duration(_setting("MAILQ_GC_MAX_WAIT", "1d"))
+    cursor = json.loads(context.cursor) if context.cursor else {"generation": 0, "deleted_at": 0}
+    with mailq.session() as runtime:
+        backlog = runtime.blobs.deletion_backlog(since_generation=cursor["generation"], since=cursor["deleted_at"])
+        now = runtime.clock()
+    if backlog.count == 0:
+        return dg.SensorResult(skip_reason="no deletion waiting in an eligible generation")
+    waited = now - backlog.oldest
+    if backlog.count < threshold and waited < max_wait:
+        return dg.SensorResult(
+            skip_reason=f"{backlog.count} deletion(s) waiting for {waited // MICROS_PER_SECOND}s: below the thresholds"
+        )
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(run_key=f"gc-{backlog.current_generation}-{backlog.newest}")],
+        cursor=json.dumps({"generation": backlog.current_generation, "deleted_at": backlog.newest}),
+    )
+
+
+@dg.sensor(job=queue_cleanup_job, minimum_interval_seconds=60)
+def queue_cleanup_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
+    """A queue whose browse_start is ahead of content_start (a clean-up to finish), or whose browse_start
+    lags the current slice by more than two slices (a browse_start update to make), gets cleaned."""
+    with mailq.session() as runtime:
+        due = [name for name in runtime.queues() if runtime.queue(name).maintenance_due()]
+        states = [(name, runtime.queue(name).browse_start(), runtime.queue(name).content_start()) for name in due]
+    if not due:
+        return dg.SensorResult(skip_reason="every queue's browse_start and content_start are current")
+    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"cleanup-{json.dumps(states)}", tags={"queues": ",".join(due)})])
+
+
+@dg.sensor(job=mailbox_counters_job, minimum_interval_seconds=300)
+def counter_drift_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
+    """Recounts a random sample of mailboxes (MAILQ_COUNTER_SAMPLE, default 50) from the source of truth;
+    any drift starts the full recomputation."""
+    sample = int(_setting("MAILQ_COUNTER_SAMPLE", "50"))
+    with mailq.session() as runtime:
+        drifting = runtime.mailboxes.sample_drift(sample)
+    if not drifting:
+        return dg.SensorResult(skip_reason=f"no drift in a sample of {sample} mailboxes")
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(run_key=f"counters-{'-'.join(sorted(drifting))[:200]}-{context.cursor or 0}")],
+        cursor=str(int(context.cursor or 0) + 1),
+    )
+
+
+rotate_generation_schedule = dg.ScheduleDefinition(
+    name="rotate_generation_schedule",
+    job=rotate_generation_job,
+    cron_schedule=_setting("MAILQ_GENERATION_CRON", "0 3 1 * *"),  # James's default: a 30-day generation
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+)

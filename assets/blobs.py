@@ -1,0 +1,221 @@
+"""Record 39's blob garbage collector as Spark-materialised assets, with the n-2 rule made explicit:
+
+reference_generations -> deletion_sets -> live_reference_filter -> collected_blobs, and orphan_blobs.
+
+Deletions of generation g are collected only once the current generation is at least g+2: by then no
+save can add a reference to a blob of g, so a blob absent from a filter of g's references is garbage.
+A Bloom filter has no false negatives, so a live blob is never collected; a false positive only keeps
+garbage until a later iteration, whose new salt gives different false positives.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from mailq_runtime.clock import to_datetime
+from resources import MailqRuntime
+
+from .spark.bloom import absent_from_filter, build_filters, exact_absent
+from .spark.collect import collect_blobs
+from .spark.table_source import read_table
+
+GROUP = "blob_gc"
+
+
+@dg.asset(group_name=GROUP, kinds={"python"})
+def reference_generations(mailq: MailqRuntime) -> dg.Output[dict]:
+    """The reference generations and GC iterations, and which generations this iteration may collect."""
+    generations = mailq.runtime.generations
+    current = generations.current()
+    eligible = generations.eligible()
+    rows = "\n".join(
+        f"| rg{g.number} | {to_datetime(g.started_at):%Y-%m-%d %H:%M:%S} | "
+        f"{'eligible' if g.number in eligible else 'current' if g.number == current else 'protected'} |"
+        for g in generations.reference_generations()
+    )
+    value = {"current": current, "gc_iteration": generations.current_gc_iteration(), "eligible": eligible}
+    return dg.Output(
+        value,
+        metadata={
+            "current_generation": current,
+            "gc_iteration": value["gc_iteration"],
+            "eligible_generations": dg.MetadataValue.json(eligible),
+            "generations": dg.MetadataValue.md("| generation | started | state |\n|---|---|---|\n" + rows),
+        },
+    )
+
+
+@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
+def deletion_sets(
+    reference_generations: dict, mailq: MailqRuntime, pyspark: LazyPySparkResource
+) -> dg.Output[DataFrame]:
+    """The concerned blobs: distinct blob ids of the deletions in eligible generations."""
+    spark = pyspark.spark_session
+    eligible = reference_generations["eligible"]
+    deletions = read_table(spark, mailq.url, "blob_deletions").where(F.col("generation").isin(eligible))
+    concerned = (
+        deletions.groupBy("generation", "blob_id")
+        .agg(F.count("*").alias("deletions"), F.min("deleted_at").alias("first_deleted_at"))
+        .cache()
+    )
+    per_generation = concerned.groupBy("generation").agg(
+        F.count("*").alias("blobs"), F.sum("deletions").alias("deletions")
+    ).orderBy("generation").collect()
+    return dg.Output(
+        concerned,
+        metadata={
+            "concerned_blobs": sum(r["blobs"] for r in per_generation),
+            "deletions": sum(r["deletions"] for r in per_generation),
+            "per_generation": dg.MetadataValue.md(
+                "| generation | concerned blobs | deletions |\n|---|---|---|\n"
+                + "\n".join(f"| rg{r['generation']} | {r['blobs']} | {r['deletions']} |" for r in per_generation)
+            ),
+        },
+    )
+
+
+class BloomFilterConfig(dg.Config):
+    false_positive_probability: float = 0.01
+    expected_references: int = 0  # 0: size each generation's filter from its reference count
+
+
+@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
+def live_reference_filter(
+    config: BloomFilterConfig,
+    deletion_sets: DataFrame,
+    mailq: MailqRuntime,
+    pyspark: LazyPySparkResource,
+) -> dg.Output[DataFrame]:
+    """Per eligible generation with deletions, a Bloom filter of its live references, salted for this run."""
+    spark = pyspark.spark_session
+    generations = [r["generation"] for r in deletion_sets.select("generation").distinct().collect()]
+    references = read_table(spark, mailq.url, "blob_references").where(F.col("generation").isin(generations))
+    salt = uuid.uuid4().hex
+    started = time.monotonic()
+    filters = build_filters(
+        references, salt, config.false_positive_probability, config.expected_references or None
+    ).cache()
+    summary = filters.select("generation", "references", "expected_references", "bits").collect()
+    return dg.Output(
+        filters,
+        metadata={
+            "salt": salt,
+            "false_positive_probability": config.false_positive_probability,
+            "references": sum(r["references"] for r in summary),
+            "filter_bytes": sum(r["bits"] for r in summary) // 8,
+            "build_seconds": round(time.monotonic() - started, 3),
+            "per_generation": dg.MetadataValue.md(
+                "| generation | references | expected | bits |\n|---|---|---|---|\n"
+                + "\n".join(
+                    f"| rg{r['generation']} | {r['references']} | {r['expected_references']} | {r['bits']} |"
+                    for r in summary
+                )
+            ),
+        },
+    )
+
+
+class CollectConfig(dg.Config):
+    dry_run: bool = False
+    exact: bool = False  # an anti-join against the references instead of the Bloom filter
+
+
+@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
+def collected_blobs(
+    context: dg.AssetExecutionContext,
+    config: CollectConfig,
+    deletion_sets: DataFrame,
+    live_reference_filter: DataFrame,
+    mailq: MailqRuntime,
+    pyspark: LazyPySparkResource,
+) -> dg.Output[DataFrame]:
+    """The concerned blobs absent from the filter, deleted from the blob store, `blobs` and `blob_deletions`."""
+    spark = pyspark.spark_session
+    started = time.monotonic()
+    references = read_table(spark, mailq.url, "blob_references")
+    if config.exact:
+        candidates = exact_absent(references, deletion_sets, "blob_id")
+    else:
+        candidates = absent_from_filter(live_reference_filter, deletion_sets, "blob_id")
+    candidates = candidates.select("blob_id", "generation").cache()
+    kept = deletion_sets.join(candidates, ["blob_id", "generation"], "left_anti")
+    # An exact look at what the filter kept: live blobs, and false positives left for a later run.
+    kept_live = kept.join(references.select("blob_id").distinct(), "blob_id", "left_semi").count()
+    concerned = deletion_sets.count()
+    collected = collect_blobs(candidates, mailq.url, dry_run=config.dry_run).cache()
+    totals = collected.agg(
+        F.count(F.when(F.col("error").isNull(), 1)).alias("deleted"),
+        F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"),
+        F.count(F.col("error")).alias("errors"),
+    ).first()
+    for row in collected.where(F.col("error").isNotNull()).limit(20).collect():
+        context.log.warning(f"could not collect {row['blob_id']}: {row['error']}")
+    return dg.Output(
+        collected,
+        metadata={
+            "mode": "exact" if config.exact else "bloom",
+            "dry_run": config.dry_run,
+            "concerned": concerned,
+            "deleted": 0 if config.dry_run else totals["deleted"],
+            "would_delete": totals["deleted"] if config.dry_run else 0,
+            "kept_as_live": kept_live,
+            "kept_as_false_positive": concerned - totals["deleted"] - totals["errors"] - kept_live,
+            "bytes_reclaimed": 0 if config.dry_run else totals["bytes"],
+            "errors": totals["errors"],
+            "seconds": round(time.monotonic() - started, 3),
+        },
+    )
+
+
+@dg.asset_check(asset=collected_blobs, blocking=True)
+def no_live_blob_collected(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.AssetCheckResult:
+    """Every reference still points at a blob that exists: the collector never took a live blob."""
+    spark = pyspark.spark_session
+    references = read_table(spark, mailq.url, "blob_references")
+    blobs = read_table(spark, mailq.url, "blobs")
+    dangling = references.join(blobs, "blob_id", "left_anti")
+    count = dangling.count()
+    sample = [r["blob_id"] for r in dangling.select("blob_id").limit(10).collect()]
+    return dg.AssetCheckResult(
+        passed=count == 0, metadata={"dangling_references": count, "sample": dg.MetadataValue.json(sample)}
+    )
+
+
+class OrphanSweepConfig(dg.Config):
+    dry_run: bool = False
+
+
+@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
+def orphan_blobs(
+    config: OrphanSweepConfig, reference_generations: dict, mailq: MailqRuntime, pyspark: LazyPySparkResource
+) -> dg.Output[DataFrame]:
+    """The full sweep: blobs of eligible generations with neither a reference nor a deletion (left by a
+    failed write, say), which no deletion set would ever name."""
+    spark = pyspark.spark_session
+    eligible = reference_generations["eligible"]
+    blobs = read_table(spark, mailq.url, "blobs").where(F.col("generation").isin(eligible))
+    references = read_table(spark, mailq.url, "blob_references").select("blob_id")
+    deletions = read_table(spark, mailq.url, "blob_deletions").select("blob_id")
+    orphans = blobs.join(references, "blob_id", "left_anti").join(deletions, "blob_id", "left_anti")
+    collected = collect_blobs(orphans.select("blob_id", "generation"), mailq.url, dry_run=config.dry_run).cache()
+    totals = collected.agg(
+        F.count(F.when(F.col("error").isNull(), 1)).alias("deleted"),
+        F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"),
+        F.count(F.col("error")).alias("errors"),
+    ).first()
+    return dg.Output(
+        collected,
+        metadata={
+            "dry_run": config.dry_run,
+            "orphans": totals["deleted"] + totals["errors"],
+            "deleted": 0 if config.dry_run else totals["deleted"],
+            "bytes_reclaimed": 0 if config.dry_run else totals["bytes"],
+            "errors": totals["errors"],
+        },
+    )

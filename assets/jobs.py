@@ -1,0 +1,42 @@
+"""The maintenance jobs. They run in one process so that every Spark step shares one session."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from resources import MailqRuntime
+
+from . import blobs, mailboxes, queue
+
+blob_gc_job = dg.define_asset_job(
+    "blob_gc",
+    selection=dg.AssetSelection.assets(
+        blobs.reference_generations, blobs.deletion_sets, blobs.live_reference_filter, blobs.collected_blobs
+    ),
+    description="One GC iteration of record 39 over the eligible generations.",
+)
+orphan_sweep_job = dg.define_asset_job(
+    "orphan_sweep",
+    selection=dg.AssetSelection.assets(blobs.orphan_blobs),
+    description="The full sweep of unreferenced blobs that no deletion names.",
+)
+mailbox_counters_job = dg.define_asset_job(
+    "mailbox_counters", selection=dg.AssetSelection.groups(mailboxes.GROUP)
+)
+queue_cleanup_job = dg.define_asset_job("queue_cleanup", selection=dg.AssetSelection.groups(queue.GROUP))
+maintenance_job = dg.define_asset_job(
+    "maintenance", selection=dg.AssetSelection.all(), description="Every maintenance asset, in lineage order."
+)
+
+
+@dg.op
+def rotate_reference_generation(context: dg.OpExecutionContext, mailq: MailqRuntime) -> None:
+    """Emit the next reference generation and GC iteration (record 39's events)."""
+    generation, iteration = mailq.runtime.generations.rotate()
+    context.log.info(f"reference generation rg{generation}, GC iteration gci{iteration}")
+    context.add_output_metadata({"reference_generation": generation, "gc_iteration": iteration})
+
+
+@dg.job(description="Rotate the reference generation; the GC sensor picks up what becomes eligible.")
+def rotate_generation_job() -> None:
+    rotate_reference_generation()

@@ -1,0 +1,126 @@
+"""Record 23's counter recomputation as a Spark-materialised asset.
+
+The projection (`message_id_table`) is checked against the source of truth (`imap_uid_table`) in one
+distributed join: entries that disagree are healed from the source of truth (as James's message
+inconsistency task does), then each mailbox's count and unseen are computed and the counters that differ
+are reset. Resets are compare-and-set on the values read, so a counter that moved meanwhile is left for
+the next run, which converges (record 23's consequence, without its lost updates).
+"""
+
+from __future__ import annotations
+
+import time
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from resources import MailqRuntime
+
+from .spark.table_source import read_table
+
+GROUP = "mailboxes"
+SEEN = "\\Seen"
+
+
+def _unseen(flags: str) -> F.Column:
+    return F.when(F.array_contains(F.split(F.col(flags), " "), SEEN), 0).otherwise(1)
+
+
+def projection_inconsistencies(spark: SparkSession, url: str) -> DataFrame:
+    """(mailbox_id, message_id, kind) for every projection entry that disagrees with the source of truth."""
+    projection = read_table(spark, url, "message_id_table").select(
+        "mailbox_id", "message_id", F.col("uid").alias("p_uid"), F.col("flags").alias("p_flags")
+    )
+    truth = read_table(spark, url, "imap_uid_table").select(
+        "mailbox_id", "message_id", F.col("uid").alias("t_uid"), F.col("flags").alias("t_flags")
+    )
+    joined = projection.join(truth, ["mailbox_id", "message_id"], "full_outer")
+    kind = (
+        F.when(F.col("t_uid").isNull(), "orphan_projection_entry")
+        .when(F.col("p_uid").isNull(), "missing_projection_entry")
+        .when((F.col("p_uid") != F.col("t_uid")) | (F.col("p_flags") != F.col("t_flags")), "outdated_projection_entry")
+    )
+    return joined.select("mailbox_id", "message_id", kind.alias("kind")).where(F.col("kind").isNotNull())
+
+
+def counter_drift(spark: SparkSession, url: str) -> DataFrame:
+    """(mailbox_id, count, unseen, observed_count, observed_unseen) where the counters differ from the truth."""
+    truth = read_table(spark, url, "imap_uid_table")
+    expected = truth.groupBy("mailbox_id").agg(
+        F.count("*").alias("count"), F.sum(_unseen("flags")).alias("unseen")
+    )
+    counters = read_table(spark, url, "mailbox_counters").select(
+        "mailbox_id", F.col("count").alias("observed_count"), F.col("unseen").alias("observed_unseen")
+    )
+    mailboxes = read_table(spark, url, "mailboxes").select("mailbox_id")
+    compared = (
+        mailboxes.join(expected, "mailbox_id", "left")
+        .fillna(0, ["count", "unseen"])
+        .join(counters, "mailbox_id", "left")
+    )
+    return compared.where(
+        F.col("observed_count").isNull()
+        | (F.col("observed_count") != F.col("count"))
+        | (F.col("observed_unseen") != F.col("unseen"))
+    )
+
+
+def _table(rows: list, columns: list[str]) -> dg.MetadataValue:
+    header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    return dg.MetadataValue.md(header + "\n".join("| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows))
+
+
+@dg.asset(group_name=GROUP, kinds={"spark"})
+def mailbox_counters(
+    context: dg.AssetExecutionContext, mailq: MailqRuntime, pyspark: LazyPySparkResource
+) -> dg.MaterializeResult:
+    """Recomputed mailbox counters and the corrections applied (record 23)."""
+    spark = pyspark.spark_session
+    started = time.monotonic()
+    mailboxes = mailq.runtime.mailboxes
+    failed: set[str] = set()
+    healed = {"orphan_projection_entry": 0, "missing_projection_entry": 0, "outdated_projection_entry": 0}
+    for row in projection_inconsistencies(spark, mailq.url).toLocalIterator():
+        try:
+            mailboxes.heal_projection(row["mailbox_id"], row["message_id"])
+            healed[row["kind"]] += 1
+        except Exception as error:  # one mailbox's failure must not stop the others
+            context.log.warning(f"could not heal {row['message_id']} in {row['mailbox_id']}: {error}")
+            failed.add(row["mailbox_id"])
+    corrected = []
+    for row in counter_drift(spark, mailq.url).toLocalIterator():
+        if row["mailbox_id"] in failed:
+            continue
+        try:
+            observed = None if row["observed_count"] is None else (row["observed_count"], row["observed_unseen"])
+            if mailboxes.reset_counters(row["mailbox_id"], row["count"], row["unseen"], observed=observed):
+                corrected.append(row.asDict())
+        except Exception as error:
+            context.log.warning(f"could not reset the counters of {row['mailbox_id']}: {error}")
+            failed.add(row["mailbox_id"])
+    processed = read_table(spark, mailq.url, "mailboxes").count()
+    return dg.MaterializeResult(
+        metadata={
+            "processed_mailboxes": processed,
+            "failed_mailboxes": dg.MetadataValue.json(sorted(failed)),
+            "corrected_counters": len(corrected),
+            "projection_inconsistencies": sum(healed.values()),
+            **healed,
+            "corrections": _table(
+                corrected[:20], ["mailbox_id", "observed_count", "count", "observed_unseen", "unseen"]
+            ),
+            "seconds": round(time.monotonic() - started, 3),
+        }
+    )
+
+
+@dg.asset_check(asset=mailbox_counters, blocking=True)
+def counters_match_source_of_truth(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.AssetCheckResult:
+    drift = counter_drift(pyspark.spark_session, mailq.url)
+    sample = [r.asDict() for r in drift.limit(10).collect()]
+    count = drift.count()
+    return dg.AssetCheckResult(
+        passed=count == 0, metadata={"drifting_mailboxes": count, "sample": dg.MetadataValue.json(sample)}
+    )

@@ -1,0 +1,111 @@
+"""The mail queue's maintenance (records 31 and 32): per-slice statistics and the content clean-up."""
+
+from __future__ import annotations
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from mailq_runtime.clock import to_datetime
+from resources import MailqRuntime
+
+from .spark.table_source import read_table
+
+GROUP = "mail_queue"
+
+
+def slice_recount(spark: SparkSession, url: str) -> DataFrame:
+    """Per queue and slice: enqueued, deleted and live mails counted from the rows themselves."""
+    enqueued = read_table(spark, url, "enqueued_mails").select("queue", "slice_start", "enqueue_id")
+    deleted = read_table(spark, url, "deleted_mails").withColumn("is_deleted", F.lit(1))
+    return (
+        enqueued.join(deleted, ["queue", "enqueue_id"], "left")
+        .groupBy("queue", "slice_start")
+        .agg(F.count("*").alias("enqueued"), F.count("is_deleted").alias("deleted"))
+        .withColumn("live", F.col("enqueued") - F.col("deleted"))
+    )
+
+
+@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
+def mail_queue_slices(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.Output[DataFrame]:
+    """Per queue and slice: enqueued, deleted and live counts beside the counters, browse_start and
+    content_start."""
+    spark = pyspark.spark_session
+    counters = read_table(spark, mailq.url, "slice_counters").select(
+        "queue", "slice_start", F.col("enqueued").alias("counted_enqueued"), F.col("deleted").alias("counted_deleted")
+    )
+    starts = read_table(spark, mailq.url, "browse_start").join(read_table(spark, mailq.url, "content_start"), "queue")
+    slices = (
+        slice_recount(spark, mailq.url)
+        .join(counters, ["queue", "slice_start"], "full_outer")
+        .fillna(0, ["enqueued", "deleted", "live", "counted_enqueued", "counted_deleted"])
+        .join(starts, "queue", "left")
+        .orderBy("queue", "slice_start")
+        .cache()
+    )
+    queues = slices.groupBy("queue", "browse_start", "content_start").agg(
+        F.count("*").alias("slices"), F.sum("enqueued").alias("enqueued"), F.sum("live").alias("live")
+    ).orderBy("queue").collect()
+    rows = "\n".join(
+        f"| {q['queue']} | {q['slices']} | {q['enqueued']} | {q['live']} | "
+        f"{to_datetime(q['browse_start']):%Y-%m-%d %H:%M:%S} | {to_datetime(q['content_start']):%Y-%m-%d %H:%M:%S} |"
+        for q in queues
+        if q["browse_start"] is not None
+    )
+    return dg.Output(
+        slices,
+        metadata={
+            "queues": len(queues),
+            "slices": sum(q["slices"] for q in queues),
+            "live_mails": sum(q["live"] for q in queues),
+            "per_queue": dg.MetadataValue.md(
+                "| queue | slices | enqueued | live | browse_start | content_start |\n|---|---|---|---|---|---|\n" + rows
+            ),
+        },
+    )
+
+
+@dg.asset_check(asset=mail_queue_slices, blocking=True)
+def slice_counters_match_recount(mail_queue_slices: DataFrame) -> dg.AssetCheckResult:
+    wrong = mail_queue_slices.where(
+        (F.col("counted_enqueued") != F.col("enqueued")) | (F.col("counted_deleted") != F.col("deleted"))
+    )
+    sample = [r.asDict() for r in wrong.select("queue", "slice_start", "enqueued", "counted_enqueued",
+                                                "deleted", "counted_deleted").limit(10).collect()]
+    return dg.AssetCheckResult(passed=not sample, metadata={"sample": dg.MetadataValue.json(sample)})
+
+
+@dg.asset_check(asset=mail_queue_slices, blocking=True)
+def browse_start_not_ahead_of_live_mail(mail_queue_slices: DataFrame) -> dg.AssetCheckResult:
+    ahead = mail_queue_slices.where((F.col("live") > 0) & (F.col("slice_start") < F.col("browse_start")))
+    sample = [r.asDict() for r in ahead.select("queue", "slice_start", "live", "browse_start").limit(10).collect()]
+    return dg.AssetCheckResult(passed=not sample, metadata={"hidden_live_slices": dg.MetadataValue.json(sample)})
+
+
+@dg.asset(group_name=GROUP, kinds={"python"}, deps=[mail_queue_slices])
+def mail_queue_cleanup(mailq: MailqRuntime) -> dg.MaterializeResult:
+    """Record 32 for every queue: advance browse_start, then delete and release content_start .. browse_start."""
+    runtime = mailq.runtime
+    report = []
+    for name in runtime.queues():
+        queue = runtime.queue(name)
+        before = (queue.view.browse_start(name), queue.view.content_start(name))
+        queue.update_browse_start()
+        after = (queue.view.browse_start(name), queue.view.content_start(name))
+        report.append((name, before, after))
+    moved = [r for r in report if r[1] != r[2]]
+    return dg.MaterializeResult(
+        metadata={
+            "queues": len(report),
+            "queues_cleaned": len(moved),
+            "cleanup": dg.MetadataValue.md(
+                "| queue | browse_start | content_start |\n|---|---|---|\n"
+                + "\n".join(
+                    f"| {name} | {to_datetime(b[0]):%H:%M:%S} -> {to_datetime(a[0]):%H:%M:%S} | "
+                    f"{to_datetime(b[1]):%H:%M:%S} -> {to_datetime(a[1]):%H:%M:%S} |"
+                    for name, b, a in report
+                )
+            ),
+        }
+    )

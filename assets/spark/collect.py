@@ -1,0 +1,66 @@
+"""The sweep of the garbage collector: Spark partitions delete their share of blobs in batches, each
+executor through its own runtime connection, and report per blob what was reclaimed or what failed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from .table_source import read_table
+
+BATCH = 1000
+RESULT_SCHEMA = StructType(
+    [
+        StructField("blob_id", StringType(), False),
+        StructField("generation", LongType(), False),
+        StructField("bytes", LongType(), True),
+        StructField("error", StringType(), True),
+    ]
+)
+
+
+def _collect_partition(url: str, rows: Iterator) -> Iterator[tuple]:
+    from mailq_runtime import Runtime  # imported on the executor
+
+    batch: list[tuple[str, int]] = []
+    with Runtime.open(url) as runtime:
+        for row in rows:
+            batch.append((row["blob_id"], row["generation"]))
+            if len(batch) == BATCH:
+                yield from _collect_batch(runtime, batch)
+                batch = []
+        if batch:
+            yield from _collect_batch(runtime, batch)
+
+
+def _collect_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
+    try:
+        sizes = {str(blob_id): size for blob_id, size in runtime.blobs.collect(b for b, _ in batch).items()}
+    except Exception as error:  # reported per blob and counted as errors; the next iteration retries
+        for blob_id, generation in batch:
+            yield blob_id, generation, None, f"{type(error).__name__}: {error}"
+        return
+    for blob_id, generation in batch:
+        yield blob_id, generation, sizes.get(blob_id, 0), None
+
+
+def collect_blobs(candidates: DataFrame, url: str, *, dry_run: bool) -> DataFrame:
+    """Delete `candidates` (blob_id, generation); returns blob_id, generation, bytes, error per blob.
+
+    The result is checkpointed eagerly: the deletions run exactly once, whatever reads it afterwards.
+    """
+    spark = candidates.sparkSession
+    if dry_run:
+        sizes = read_table(spark, url, "blobs").select("blob_id", F.col("size").alias("bytes"))
+        return (
+            candidates.join(sizes, "blob_id", "left")
+            .select("blob_id", "generation", "bytes", F.lit(None).cast("string").alias("error"))
+            .localCheckpoint()
+        )
+    deleted = candidates.select("blob_id", "generation").rdd.mapPartitions(
+        lambda rows: _collect_partition(url, rows)
+    )
+    return spark.createDataFrame(deleted, RESULT_SCHEMA).localCheckpoint()

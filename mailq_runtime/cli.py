@@ -1,0 +1,439 @@
+"""The `mailq` command: operate the mail queues of a data dir (James's webadmin queue routes), run the demo.
+
+Each subcommand registers itself through an `add_*_parser` function listed in `SUBCOMMANDS`; its handler
+returns a `Report` that `main` prints as text, or as one JSON document with `--json`. Bad input (a
+`MailqError`, a usage error, an unreadable file) exits with status 2 and one `mailq: error: ...` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+from .clock import MICROS_PER_SECOND, to_datetime
+from .config import QueueViewConfiguration
+from .errors import InvalidInput, MailqError
+from .model import Mail, parse_duration
+from .queue import BrowseItem, MailQueue
+from .runtime import Runtime
+from .settings import DEFAULT_URL, URL_VARIABLE
+
+EXIT_BAD_INPUT = 2
+# Below this many items a bar would only flicker.
+_PROGRESS_MINIMUM = 500
+_PROGRESS_WIDTH = 30
+
+
+@dataclass
+class Report:
+    """What a subcommand did: `data` is the JSON document, `lines` the human rendering of it."""
+
+    data: Any
+    lines: list[str] = field(default_factory=list)
+
+
+class _UsageError(Exception):
+    """argparse's complaint, turned into an exception so that `main` prints it like any other bad input."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# Progress ---------------------------------------------------------------------------------------------------
+
+
+Advance = Callable[[int], None]
+
+
+@contextmanager
+def progress_bar(label: str, total: int, stream: TextIO | None = None) -> Iterator[Advance]:
+    """A one-line bar on stderr, redrawn at most ten times a second; silent unless stderr is a terminal."""
+    stream = stream if stream is not None else sys.stderr
+    if total < _PROGRESS_MINIMUM or not stream.isatty():
+        yield lambda count=1: None
+        return
+    done = 0
+    drawn_at = 0.0
+    drawn = ""
+
+    def draw() -> None:
+        nonlocal drawn
+        filled = _PROGRESS_WIDTH * min(done, total) // total
+        drawn = f"{label} [{'#' * filled}{'-' * (_PROGRESS_WIDTH - filled)}] {done}/{total}"
+        stream.write("\r" + drawn)
+        stream.flush()
+
+    def advance(count: int = 1) -> None:
+        nonlocal done, drawn_at
+        done += count
+        now = time.monotonic()
+        if now - drawn_at >= 0.1:
+            drawn_at = now
+            draw()
+
+    try:
+        yield advance
+    finally:
+        draw()
+        # Erase the bar so that the command's own output starts on a clean line.
+        stream.write("\r" + " " * len(drawn) + "\r")
+        stream.flush()
+
+
+# Shared helpers ---------------------------------------------------------------------------------------------
+
+
+def _existing_queue(runtime: Runtime, name: str) -> MailQueue:
+    # Operator commands act on queues that exist: a typo must not create an empty queue.
+    return runtime.queue(name, create=False)
+
+
+def _time(micros_or_moment: int | datetime) -> str:
+    moment = micros_or_moment if isinstance(micros_or_moment, datetime) else to_datetime(micros_or_moment)
+    return moment.astimezone(UTC).isoformat(timespec="seconds")
+
+
+def _duration_text(micros: int) -> str:
+    seconds = micros // MICROS_PER_SECOND
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in (header, *rows)]
+
+
+def _null_sender(sender: str) -> str | None:
+    # SMTP writes the null (bounce) sender as MAIL FROM:<>; accept that spelling and the empty string.
+    return None if sender in ("", "<>") else sender
+
+
+# Subcommands ------------------------------------------------------------------------------------------------
+
+
+def _queues(args: argparse.Namespace) -> Report:
+    with Runtime.open(args.url) as runtime:
+        queues = [{"name": name, "size": _existing_queue(runtime, name).size()} for name in runtime.queues()]
+    if not queues:
+        return Report(queues, ["no queues"])
+    return Report(queues, _table(("QUEUE", "SIZE"), [(q["name"], str(q["size"])) for q in queues]))
+
+
+def add_queues_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("queues", help="list the queues and their sizes")
+    parser.set_defaults(handler=_queues)
+
+
+def _size(args: argparse.Namespace) -> Report:
+    with Runtime.open(args.url) as runtime:
+        size = _existing_queue(runtime, args.queue).size()
+    return Report({"name": args.queue, "size": size}, [f"{args.queue}: {size} mails"])
+
+
+def add_size_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("size", help="how many mails a queue holds (from the per-slice counters)")
+    parser.add_argument("queue", metavar="QUEUE")
+    parser.set_defaults(handler=_size)
+
+
+def _browse_entry(item: BrowseItem, now: datetime) -> dict[str, Any]:
+    return {
+        "enqueue_id": item.enqueue_id,
+        "name": item.name,
+        "sender": item.sender,
+        "recipients": item.recipients,
+        "enqueued_time": _time(item.enqueued_time),
+        "next_delivery": _time(item.next_delivery),
+        "delayed": item.next_delivery > now,
+    }
+
+
+def _browse(args: argparse.Namespace) -> Report:
+    if args.limit is not None and args.limit <= 0:
+        raise InvalidInput(f"invalid limit {args.limit}: must be positive")
+    entries: list[dict[str, Any]] = []
+    with Runtime.open(args.url) as runtime:
+        queue = _existing_queue(runtime, args.queue)
+        now = to_datetime(runtime.clock())
+        # The bar counts scanned mails; with --delayed most of them may be skipped, so size() is the total.
+        total = queue.size() if args.delayed or args.limit is None else min(args.limit, queue.size())
+        with progress_bar(f"browse {args.queue}", total) as advance:
+            for item in queue.browse():
+                advance(1)
+                if args.delayed and item.next_delivery <= now:
+                    continue
+                entries.append(_browse_entry(item, now))
+                if args.limit is not None and len(entries) >= args.limit:
+                    break
+    rows = [
+        (e["enqueued_time"], e["next_delivery"] + (" (delayed)" if e["delayed"] else ""),
+         e["sender"] or "<>", ",".join(e["recipients"]), e["name"])
+        for e in entries
+    ]
+    lines = _table(("ENQUEUED", "NEXT DELIVERY", "SENDER", "RECIPIENTS", "NAME"), rows) if rows else []
+    lines.append(f"{len(entries)} mails shown")
+    return Report(entries, lines)
+
+
+def add_browse_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("browse", help="list the mails of a queue in enqueue order")
+    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("--limit", type=int, metavar="N", help="show at most N mails")
+    parser.add_argument("--delayed", action="store_true", help="only mails whose next delivery is to come")
+    parser.set_defaults(handler=_browse)
+
+
+def _remove(args: argparse.Namespace) -> Report:
+    given = (("sender", args.sender), ("name", args.name), ("recipient", args.recipient))
+    criterion = {kind: value for kind, value in given if value is not None}
+    with Runtime.open(args.url) as runtime:
+        queue = _existing_queue(runtime, args.queue)
+        initial = queue.size()
+        removed = queue.remove(**criterion)
+        remaining = queue.size()
+    [(kind, value)] = criterion.items()
+    data = {"queue": args.queue, kind: value, "removed": removed, "initial_count": initial,
+            "remaining_count": remaining}
+    return Report(data, [f"removed {removed} mails from {args.queue} ({kind} {value}); {remaining} remain"])
+
+
+def add_remove_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("remove", help="delete the mails matching one criterion")
+    parser.add_argument("queue", metavar="QUEUE")
+    criterion = parser.add_mutually_exclusive_group(required=True)
+    criterion.add_argument("--sender", metavar="ADDR")
+    criterion.add_argument("--name", metavar="NAME")
+    criterion.add_argument("--recipient", metavar="ADDR", help="a mail goes if any of its recipients matches")
+    parser.set_defaults(handler=_remove)
+
+
+def _clear(args: argparse.Namespace) -> Report:
+    with Runtime.open(args.url) as runtime:
+        queue = _existing_queue(runtime, args.queue)
+        initial = queue.size()
+        removed = queue.clear()
+        remaining = queue.size()
+    data = {"queue": args.queue, "removed": removed, "initial_count": initial, "remaining_count": remaining}
+    return Report(data, [f"cleared {args.queue}: removed {removed} mails; {remaining} remain"])
+
+
+def add_clear_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("clear", help="delete every mail of a queue")
+    parser.add_argument("queue", metavar="QUEUE")
+    parser.set_defaults(handler=_clear)
+
+
+def _flush(args: argparse.Namespace) -> Report:
+    with Runtime.open(args.url) as runtime:
+        flushed = _existing_queue(runtime, args.queue).flush()
+    return Report({"queue": args.queue, "flushed": flushed},
+                  [f"flushed {args.queue}: {flushed} delayed mails are deliverable now"])
+
+
+def add_flush_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("flush", help="make every delayed mail of a queue deliverable now")
+    parser.add_argument("queue", metavar="QUEUE")
+    parser.set_defaults(handler=_flush)
+
+
+def _republish(args: argparse.Namespace) -> Report:
+    parse_duration(args.older_than)  # before opening: a bad duration must fail alone
+    with Runtime.open(args.url) as runtime:
+        republished = _existing_queue(runtime, args.queue).republish(args.older_than)
+    data = {"queue": args.queue, "older_than": args.older_than, "republished": republished}
+    return Report(data, [f"republished {republished} mails of {args.queue} older than {args.older_than}"])
+
+
+def add_republish_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "republish",
+        help="publish again the mails the view holds but the broker lost (RepublishNotProcessedMails)",
+    )
+    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 1h, 30m, 2d")
+    parser.set_defaults(handler=_republish)
+
+
+def _read_message(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise InvalidInput(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+
+
+def _enqueue(args: argparse.Namespace) -> Report:
+    message = _read_message(args.file)
+    # Build (and so validate) the mail before opening the queue: bad input must not create a queue.
+    mail_fields: dict[str, Any] = {"name": args.name} if args.name is not None else {}
+    mail = Mail(recipients=tuple(args.rcpt), message=message, sender=_null_sender(args.sender), **mail_fields)
+    if args.delay is not None:
+        parse_duration(args.delay)  # before runtime.queue() creates the queue
+    with Runtime.open(args.url) as runtime:
+        enqueue_id = runtime.queue(args.queue).enqueue(mail, delay=args.delay, priority=args.priority)
+    data = {"queue": args.queue, "enqueue_id": enqueue_id, "name": mail.name, "size": len(message)}
+    return Report(data, [f"enqueued {mail.name} ({len(message)} bytes) in {args.queue} as {enqueue_id}"])
+
+
+def add_enqueue_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("enqueue", help="enqueue an RFC 5322 message (creates the queue if new)")
+    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("file", type=Path, metavar="FILE.eml")
+    parser.add_argument("--sender", required=True, metavar="ADDR", help="'' or '<>' for the null sender")
+    parser.add_argument("--rcpt", required=True, action="append", metavar="ADDR", help="repeat it for more")
+    parser.add_argument("--delay", metavar="DURATION", help="not deliverable before this delay, e.g. 10m")
+    parser.add_argument("--priority", type=int, metavar="N", help="0 (lowest) to 9 (highest), default 5")
+    parser.add_argument("--name", help="the mail's name (default: a random one)")
+    parser.set_defaults(handler=_enqueue)
+
+
+def _update_browse_start(args: argparse.Namespace) -> Report:
+    with Runtime.open(args.url) as runtime:
+        queue = _existing_queue(runtime, args.queue)
+        browse_start = queue.update_browse_start()
+        content_start = queue.content_start()
+    data = {"queue": args.queue, "browse_start": _time(browse_start), "content_start": _time(content_start)}
+    line = f"{args.queue}: browse_start {data['browse_start']}, content_start {data['content_start']}"
+    return Report(data, [line])
+
+
+def add_update_browse_start_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "update-browse-start", help="advance browse_start and clean the content before it (records 31, 32)"
+    )
+    parser.add_argument("queue", metavar="QUEUE")
+    parser.set_defaults(handler=_update_browse_start)
+
+
+def _configuration_report(configuration: QueueViewConfiguration, changes: int, **extra: Any) -> Report:
+    data = {
+        "slice_window_seconds": configuration.slice_window // MICROS_PER_SECOND,
+        "bucket_count": configuration.bucket_count,
+        "update_browse_start_pace": configuration.update_browse_start_pace,
+        "changes": changes,
+        **extra,
+    }
+    lines = [
+        f"slice window:             {_duration_text(configuration.slice_window)}",
+        f"bucket count:             {configuration.bucket_count}",
+        f"update browse start pace: {configuration.update_browse_start_pace}",
+        f"changes recorded:         {changes}",
+    ]
+    return Report(data, lines)
+
+
+def _config_show(args: argparse.Namespace) -> Report:
+    with Runtime.open(args.url) as runtime:
+        return _configuration_report(runtime.configuration.current(), len(runtime.configuration.history()))
+
+
+def _config_set(args: argparse.Namespace) -> Report:
+    if args.slice_window is None and args.bucket_count is None and args.pace is None:
+        raise InvalidInput("config set needs at least one of --slice-window, --bucket-count, --pace")
+    with Runtime.open(args.url) as runtime:
+        current = runtime.configuration.current()
+        # Unspecified values keep the current ones: changing the pace alone must not reset the slice
+        # window and bucket count to their defaults, a change the rules may well refuse.
+        wanted = QueueViewConfiguration(
+            slice_window=(current.slice_window if args.slice_window is None
+                          else parse_duration(args.slice_window)),
+            bucket_count=current.bucket_count if args.bucket_count is None else args.bucket_count,
+            update_browse_start_pace=current.update_browse_start_pace if args.pace is None else args.pace,
+        )
+        changed = runtime.configuration.register(wanted)
+        report = _configuration_report(runtime.configuration.current(), len(runtime.configuration.history()),
+                                       changed=changed)
+    report.lines.insert(0, "configuration changed" if changed else "configuration unchanged")
+    return report
+
+
+def add_config_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("config", help="show or change the queue view configuration (record 31)")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = actions.add_parser("show", help="the current configuration")
+    show.set_defaults(handler=_config_show)
+    change = actions.add_parser(
+        "set", help="change it: the slice window only to a divisor, the bucket count only upwards"
+    )
+    change.add_argument("--slice-window", metavar="DURATION", help="e.g. 30m")
+    change.add_argument("--bucket-count", type=int, metavar="N")
+    change.add_argument("--pace", type=int, metavar="N", help="update browse_start on 1 in N dequeues")
+    change.set_defaults(handler=_config_set)
+
+
+def _demo(args: argparse.Namespace) -> Report:
+    # Imported here: the demo's traffic generator is only needed by this subcommand.
+    from . import demo
+
+    summary = demo.run(args.data_dir, mails=args.mails, progress=progress_bar)
+    return Report(summary, demo.describe(summary))
+
+
+def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="enqueue, deliver and remove generated mails in a fresh data dir, then show the state"
+    )
+    parser.add_argument("--data-dir", type=Path, default=Path(".mailq-demo"),
+                        help="wiped at start (default: .mailq-demo); --url is not used")
+    parser.add_argument("--mails", type=int, default=3000, metavar="N", help="how many mails to generate")
+    parser.set_defaults(handler=_demo)
+
+
+# A new subcommand joins by adding its `add_*_parser` here.
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    add_queues_parser,
+    add_size_parser,
+    add_browse_parser,
+    add_remove_parser,
+    add_clear_parser,
+    add_flush_parser,
+    add_republish_parser,
+    add_enqueue_parser,
+    add_update_browse_start_parser,
+    add_config_parser,
+    add_demo_parser,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mailq", description="Operate mailq's mail queues.")
+    parser.add_argument(
+        "--url", help=f"the runtime to act on (default: ${URL_VARIABLE}, else {DEFAULT_URL})"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_parser in SUBCOMMANDS:
+        add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        report = args.handler(args)
+    except (MailqError, _UsageError) as error:
+        print(f"mailq: error: {' '.join(str(error).split())}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SystemExit as exit:  # argparse's --help
+        return exit.code if isinstance(exit.code, int) else 0
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        print(json.dumps(report.data, indent=2))
+    else:
+        print("\n".join(report.lines))
+    return 0

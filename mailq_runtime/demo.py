@@ -1,0 +1,407 @@
+"""`mailq demo`: two hours of generated mail traffic through a fresh embedded queue, then its state.
+
+The steps are plain functions on one runtime (`generate_traffic`, `deliver`, `remove_by_sender`,
+`queue_state`), run in order by `run`; later steps (mailbox delivery, the maintenance pipeline) join the
+same way. Time is simulated so that the traffic spreads over many slices in a few seconds: that is what
+lets the demo show browse_start moving and record 32's clean-up dropping the rows of finished slices.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from email.utils import format_datetime
+from pathlib import Path
+from typing import Any
+
+from .clock import MICROS_PER_SECOND, system_clock, to_datetime
+from .config import QueueViewConfiguration
+from .errors import InvalidInput
+from .model import Mail
+from .queue import MailQueue
+from .runtime import Runtime
+from .settings import Settings
+from .stores.embedded import DATABASE_FILE
+
+QUEUE = "outbound"
+SPAN = 2 * 3600 * MICROS_PER_SECOND
+# Delivery runs over simulated time too, so that short delays and retries fall due while it runs.
+DELIVERY_SPAN = 1800 * MICROS_PER_SECOND
+# Small slices and a fast pace, so that two simulated hours show browse_start advancing several times.
+CONFIGURATION = QueueViewConfiguration(
+    slice_window=600 * MICROS_PER_SECOND, bucket_count=4, update_browse_start_pace=50
+)
+DELIVERED_SHARE = 0.8
+RETRY_DELAY = "5m"
+
+SPAM_SENDER = "promo@deals.example"
+NEWSLETTER_SENDER = "news@shop.example"
+UNKNOWN_USER = "nobody@invalid.example"  # its mails are rejected to the dead letters
+GREYLISTING = "ops@slow.example"  # its server answers 'try again later' once: the mail is retried
+PEOPLE = [
+    ("Alice Martin", "alice@example.com"),
+    ("Bob Chen", "bob@example.org"),
+    ("Carol Diaz", "carol@mail.example.net"),
+    ("Dmitri Ivanov", "dmitri@example.com"),
+    ("Erin O'Neil", "erin@corp.example"),
+    ("Farah Haddad", "farah@corp.example"),
+]
+RECIPIENTS = [
+    "gus@example.org", "hana@example.net", "ivan@corp.example", "jade@mail.example.net", "kofi@example.com",
+    "lena@example.org", "mo@example.net", "nina@corp.example", "oscar@example.com", "pia@mail.example.net",
+    "quinn@example.org", "ravi@example.net", "sara@corp.example", "tom@example.com", "uma@example.org",
+]
+WORDS = (
+    "meeting report invoice schedule quarter budget draft review release server deploy customer order "
+    "shipment contract lunch agenda notes update figures minutes proposal travel ticket question answer "
+    "thanks please attached below tomorrow friday monday week month plan team project status"
+).split()
+
+Advance = Callable[[int], None]
+Progress = Callable[[str, int], AbstractContextManager[Advance]]
+
+
+@contextmanager
+def no_progress(label: str, total: int) -> Iterator[Advance]:
+    yield lambda count=1: None
+
+
+class SimulatedClock:
+    """Demo time, moved forward by the steps. It starts SPAN + DELIVERY_SPAN before the real time and
+    ends about at it, so that `mailq` commands run afterwards on the real clock find a consistent queue."""
+
+    def __init__(self, start: int) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def fresh_data_dir(path: Path) -> None:
+    """Wipe `path`, refusing to when it exists, is not empty and does not look like a mailq data dir."""
+    if path.is_file():
+        raise InvalidInput(f"demo data dir {str(path)!r} is a file")
+    if path.is_dir() and any(path.iterdir()) and not (path / DATABASE_FILE).exists():
+        raise InvalidInput(f"refusing to wipe {str(path)!r}: it is not a mailq data dir (no {DATABASE_FILE})")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# Messages ---------------------------------------------------------------------------------------------------
+
+
+def _sentence(rng: random.Random) -> str:
+    words = rng.choices(WORDS, k=rng.randint(6, 14))
+    return " ".join(words).capitalize() + "."
+
+
+def _paragraph(rng: random.Random) -> str:
+    return " ".join(_sentence(rng) for _ in range(rng.randint(1, 4)))
+
+
+def _headers(sender: str, recipients: list[str], subject: str, moment: int, extra: str = "") -> str:
+    domain = sender.rsplit("@", 1)[1] if "@" in sender else "mx.example.net"
+    return (
+        f"From: {sender}\r\n"
+        f"To: {', '.join(recipients)}\r\n"
+        f"Subject: {subject}\r\n"
+        f"Date: {format_datetime(to_datetime(moment))}\r\n"
+        f"Message-ID: <{os.urandom(12).hex()}@{domain}>\r\n"
+        "MIME-Version: 1.0\r\n"
+        f"{extra}"
+    )
+
+
+def personal_message(
+    rng: random.Random, sender: tuple[str, str], recipients: list[str], moment: int
+) -> bytes:
+    """A person's mail: a few paragraphs, one in ten with an attachment (base64, so lines of 76)."""
+    name, address = sender
+    text = "\r\n\r\n".join(_paragraph(rng) for _ in range(rng.randint(1, 5)))
+    subject = " ".join(rng.choices(WORDS, k=3)).capitalize()
+    if rng.random() >= 0.1:
+        headers = _headers(f"{name} <{address}>", recipients, subject, moment,
+                           "Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n")
+        return f"{headers}\r\n{text}\r\n".encode()
+    boundary = f"=_{os.urandom(8).hex()}"
+    attachment = base64.encodebytes(os.urandom(rng.randint(2_000, 20_000))).decode().replace("\n", "\r\n")
+    headers = _headers(f"{name} <{address}>", recipients, subject, moment,
+                       f'Content-Type: multipart/mixed; boundary="{boundary}"\r\n')
+    return (
+        f"{headers}\r\n--{boundary}\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{text}\r\n"
+        f"--{boundary}\r\nContent-Type: application/pdf\r\n"
+        'Content-Disposition: attachment; filename="report.pdf"\r\n'
+        f"Content-Transfer-Encoding: base64\r\n\r\n{attachment}--{boundary}--\r\n"
+    ).encode()
+
+
+# The same body for every subscriber: the deduplicating blob store keeps it once per generation.
+_NEWSLETTER_BODY = (
+    "This week at the shop: new arrivals, a spring sale and free shipping over 50 EUR.\r\n\r\n"
+    + "\r\n".join(f"* Item {n}: {' '.join(WORDS[n:n + 5])}" for n in range(20))
+    + "\r\n\r\nTo unsubscribe, reply with 'unsubscribe'.\r\n"
+)
+
+
+def newsletter_message(recipient: str, moment: int) -> bytes:
+    headers = _headers(
+        f"Shop News <{NEWSLETTER_SENDER}>", [recipient], "This week at the shop", moment,
+        f"Content-Type: text/plain; charset=utf-8\r\nList-Unsubscribe: <mailto:{NEWSLETTER_SENDER}>\r\n",
+    )
+    return f"{headers}\r\n{_NEWSLETTER_BODY}".encode()
+
+
+def spam_message(recipient: str, moment: int) -> bytes:
+    headers = _headers(f"Deals <{SPAM_SENDER}>", [recipient], "You have WON a prize!!!", moment,
+                       "Content-Type: text/plain; charset=utf-8\r\n")
+    return f"{headers}\r\nClaim your prize now: http://deals.example/{os.urandom(6).hex()}\r\n".encode()
+
+
+def bounce_message(rng: random.Random, recipient: str, moment: int) -> bytes:
+    """A delivery status notification, sent with the null sender (MAIL FROM:<>)."""
+    boundary = f"=_{os.urandom(8).hex()}"
+    failed = f"{rng.choice(WORDS)}@unreachable.example"
+    headers = _headers(
+        "Mail Delivery System <MAILER-DAEMON@mx.example.net>", [recipient],
+        "Undelivered Mail Returned to Sender", moment,
+        f'Content-Type: multipart/report; report-type=delivery-status; boundary="{boundary}"\r\n',
+    )
+    return (
+        f"{headers}\r\n--{boundary}\r\nContent-Type: text/plain\r\n\r\n"
+        f"Your message to <{failed}> could not be delivered: host unreachable.\r\n"
+        f"--{boundary}\r\nContent-Type: message/delivery-status\r\n\r\n"
+        f"Final-Recipient: rfc822; {failed}\r\nAction: failed\r\nStatus: 5.4.4\r\n--{boundary}--\r\n"
+    ).encode()
+
+
+# Steps ------------------------------------------------------------------------------------------------------
+
+
+def generate_traffic(
+    queue: MailQueue, clock: SimulatedClock, mails: int, rng: random.Random, progress: Progress = no_progress
+) -> dict[str, Any]:
+    """Enqueue `mails` mails spread evenly over SPAN of simulated time, moving `clock` forward.
+
+    The mix: people's mails (some with several recipients, some delayed like retries), a newsletter,
+    bounces with the null sender, and a spam run in the last fifth of the span, sent at low priority.
+    """
+    started = time.perf_counter()
+    step = SPAN // mails
+    start = clock.now
+    senders: Counter[str] = Counter()
+    delayed = size = 0
+    with progress("enqueue", mails) as advance:
+        for index in range(mails):
+            clock.now = start + index * step + rng.randrange(step)
+            late = index >= 0.8 * mails
+            delay = priority = None
+            recipient = rng.choice(RECIPIENTS)
+            roll = rng.random()
+            if late and rng.random() < 0.4:
+                mail = Mail(recipients=(recipient,), sender=SPAM_SENDER,
+                            message=spam_message(recipient, clock.now))
+                priority = 2
+            elif roll < 0.15:
+                mail = Mail(recipients=(recipient,), sender=NEWSLETTER_SENDER,
+                            message=newsletter_message(recipient, clock.now))
+            elif roll < 0.2:
+                mail = Mail(recipients=(recipient,), sender=None,
+                            message=bounce_message(rng, recipient, clock.now))
+            else:
+                person = rng.choice(PEOPLE)
+                recipients = rng.sample(RECIPIENTS, k=rng.choice((1, 1, 1, 2, 3)))
+                special = rng.random()
+                if special < 0.01:
+                    recipients = [UNKNOWN_USER]
+                elif special < 0.03:
+                    recipients.append(GREYLISTING)
+                mail = Mail(recipients=tuple(recipients), sender=person[1],
+                            message=personal_message(rng, person, recipients, clock.now))
+                if rng.random() < 0.12:
+                    # Mostly short waits; late in the span some long ones, still pending at the end.
+                    long_wait = late and rng.random() < 0.5
+                    delay = f"{rng.randint(1, 3)}h" if long_wait else f"{rng.randint(5, 45)}m"
+            queue.enqueue(mail, delay=delay, priority=priority)
+            senders[mail.sender or "<>"] += 1
+            delayed += delay is not None
+            size += len(mail.message)
+            advance(1)
+    clock.now = start + SPAN
+    return {
+        "enqueued": mails,
+        "delayed": delayed,
+        "bytes": size,
+        "senders": dict(senders.most_common()),
+        "simulated_span_hours": SPAN // (3600 * MICROS_PER_SECOND),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def deliver(
+    queue: MailQueue, clock: SimulatedClock, count: int, progress: Progress = no_progress
+) -> dict[str, Any]:
+    """Dequeue up to `count` mails over DELIVERY_SPAN of simulated time: reject those to an unknown user,
+    retry the greylisted ones once after RETRY_DELAY, acknowledge the others (the item's context manager
+    calls `done()`). The low-priority spam waits behind everything else, so most of it is still queued."""
+    started = time.perf_counter()
+    step = DELIVERY_SPAN // count
+    delivered = retried = rejected = 0
+    with progress("deliver", count) as advance:
+        for _ in range(count):
+            clock.now += step
+            item = queue.dequeue(timeout=0)
+            advance(1)
+            if item is None:
+                continue  # nothing due at this moment; retries and delays fall due as the clock moves
+            with item:
+                if UNKNOWN_USER in item.mail.recipients:
+                    item.reject(f"550 5.1.1 <{UNKNOWN_USER}>: user unknown")
+                    rejected += 1
+                elif GREYLISTING in item.mail.recipients and item.attempts == 1:
+                    item.retry(delay=RETRY_DELAY)
+                    retried += 1
+                else:
+                    delivered += 1
+    return {
+        "delivered": delivered,
+        "retried": retried,
+        "rejected": rejected,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def remove_by_sender(queue: MailQueue, sender: str) -> dict[str, Any]:
+    """The operator's answer to the spam run: what `mailq remove QUEUE --sender ADDR` does."""
+    before = queue.size()
+    removed = queue.remove(sender=sender)
+    return {"sender": sender, "removed": removed, "initial_count": before, "remaining_count": queue.size()}
+
+
+def _iso(moment: int | datetime) -> str:
+    return (moment if isinstance(moment, datetime) else to_datetime(moment)).isoformat(timespec="seconds")
+
+
+_TABLES = (
+    "enqueued_mails", "deleted_mails", "slice_counters", "broker_messages", "dead_letters",
+    "blobs", "blob_references", "blob_deletions", "blob_content",
+)
+
+
+def queue_state(runtime: Runtime, queue: MailQueue, sample: int = 5) -> dict[str, Any]:
+    """Size (from the counters) checked against a browse, browse_start/content_start, the slices and
+    the row count of each table."""
+    now = to_datetime(runtime.clock())
+    browsed = list(queue.browse())
+    return {
+        "size": queue.size(),
+        "browse_count": len(browsed),
+        "delayed": sum(1 for item in browsed if item.next_delivery > now),
+        "browse_start": _iso(queue.browse_start()),
+        "content_start": _iso(queue.content_start()),
+        "slices": [
+            {"slice_start": _iso(start), "enqueued": enqueued, "deleted": deleted}
+            for start, enqueued, deleted in queue.view.slice_counts(queue.name)
+        ],
+        "dead_letters": len(queue.dead_letters()),
+        "sample": [
+            {
+                "name": item.name,
+                "sender": item.sender,
+                "recipients": item.recipients,
+                "enqueued_time": _iso(item.enqueued_time),
+                "next_delivery": _iso(item.next_delivery),
+            }
+            for item in browsed[:sample]
+        ],
+        # Table names are this module's constants, never input.
+        "tables": {table: runtime.store.read_one(f"SELECT COUNT(*) FROM {table}")[0] for table in _TABLES},
+    }
+
+
+def run(data_dir: Path, mails: int = 3000, progress: Progress = no_progress) -> dict[str, Any]:
+    """The whole demo on a wiped `data_dir`; returns what it did and the queue's final state."""
+    if mails < 10:
+        raise InvalidInput(f"invalid demo size {mails}: at least 10 mails")
+    fresh_data_dir(data_dir)
+    rng = random.Random()
+    clock = SimulatedClock(system_clock() - SPAN - DELIVERY_SPAN)
+    settings = Settings(backend="embedded", data_dir=data_dir, view_configuration=CONFIGURATION)
+    with Runtime(settings, clock) as runtime:
+        queue = runtime.queue(QUEUE)
+        traffic = generate_traffic(queue, clock, mails, rng, progress)
+        delivery = deliver(queue, clock, round(mails * DELIVERED_SHARE), progress)
+        removal = remove_by_sender(queue, SPAM_SENDER)
+        # As `mailq update-browse-start` would: the random updates may not have run since the removal.
+        queue.update_browse_start()
+        state = queue_state(runtime, queue)
+    url = f"embedded://{data_dir}"
+    return {
+        "data_dir": str(data_dir),
+        "queue": QUEUE,
+        "configuration": {
+            "slice_window_seconds": CONFIGURATION.slice_window // MICROS_PER_SECOND,
+            "bucket_count": CONFIGURATION.bucket_count,
+            "update_browse_start_pace": CONFIGURATION.update_browse_start_pace,
+        },
+        "traffic": traffic,
+        "delivery": delivery,
+        "removal": removal,
+        "state": state,
+        "next": [
+            f"mailq --url {url} browse {QUEUE} --delayed --limit 10",
+            f"mailq --url {url} remove {QUEUE} --sender {NEWSLETTER_SENDER}",
+            f"mailq --url {url} flush {QUEUE}",
+        ],
+    }
+
+
+def describe(summary: dict[str, Any]) -> list[str]:
+    """The summary as text for a person."""
+    traffic, delivery, removal, state = (summary[k] for k in ("traffic", "delivery", "removal", "state"))
+    configuration = summary["configuration"]
+    tables = state["tables"]
+    return [
+        f"mailq demo in {summary['data_dir']}, queue {summary['queue']!r} "
+        f"(slice window {configuration['slice_window_seconds'] // 60}m, "
+        f"{configuration['bucket_count']} buckets, "
+        f"browse_start pace 1/{configuration['update_browse_start_pace']})",
+        "",
+        f"enqueued   {traffic['enqueued']} mails ({traffic['bytes'] / 1e6:.1f} MB, "
+        f"{traffic['delayed']} delayed) over {traffic['simulated_span_hours']} simulated hours "
+        f"in {traffic['seconds']} s",
+        "           by sender: " + ", ".join(f"{s} {n}" for s, n in traffic["senders"].items()),
+        f"delivered  {delivery['delivered']} acknowledged, {delivery['retried']} retried after "
+        f"{RETRY_DELAY}, {delivery['rejected']} rejected to the dead letters, in {delivery['seconds']} s",
+        f"removed    {removal['removed']} mails from {removal['sender']} "
+        f"({removal['initial_count']} -> {removal['remaining_count']})",
+        "",
+        f"size       {state['size']} (per-slice counters); browse finds {state['browse_count']}, "
+        f"{state['delayed']} of them delayed",
+        f"browse_start  {state['browse_start']}",
+        f"content_start {state['content_start']}  (rows of earlier slices were cleaned up, record 32)",
+        f"dead letters  {state['dead_letters']}",
+        "",
+        "slices still stored (enqueued / deleted):",
+        *(f"  {s['slice_start']}  {s['enqueued']:>5} / {s['deleted']:>5}" for s in state["slices"]),
+        "",
+        "first mails in the queue:",
+        *(
+            f"  {m['enqueued_time']}  next {m['next_delivery']}  "
+            f"{m['sender'] or '<>'} -> {', '.join(m['recipients'])}"
+            for m in state["sample"]
+        ),
+        "",
+        "rows per table:",
+        *(f"  {table:<16} {count}" for table, count in tables.items()),
+        f"  ({tables['blobs']} blobs for {2 * traffic['enqueued']} headers and bodies: identical newsletter "
+        f"bodies are stored once; {tables['blob_deletions']} deletions wait for the blob garbage collector)",
+        "",
+        "try:",
+        *(f"  {command}" for command in summary["next"]),
+    ]

@@ -1,0 +1,81 @@
+"""The mailbox part of `mailq demo`: deliver the queue into INBOXes, then use the mailboxes a little.
+
+Reading, flagging, archiving and expunging go through record 23's three writes each; expunging releases
+blob references and appends deletions; the rotation gives the next reference generation and GC iteration,
+which is what lets the garbage collector of record 39 look at this generation two rotations later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from .errors import UnknownMailbox
+from .mailbox import INBOX, SEEN
+from .model import MailAddress
+from .worker import run_worker
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+ARCHIVE = "Archive"
+# The worker stops once no mail has come for this long: the queue is drained (delayed mails aside).
+_IDLE_SECONDS = 1.0
+_TABLES = (
+    "mailboxes", "messages", "imap_uid_table", "message_id_table", "mailbox_counters",
+    "blobs", "blob_references", "blob_deletions", "generations",
+)
+
+
+def deliver_and_maintain(
+    runtime: Runtime, queue_name: str, users: Collection[str], report: Callable[[str], None]
+) -> dict:
+    """Deliver `queue_name` to the local users (their domains are the local ones), then per user: mark
+    half the INBOX read, flag the first message, archive the last, expunge the one before it. Rotates the
+    reference generation and returns the figures, with the row count of each table under "tables"."""
+    users = [MailAddress(MailAddress(user).lower()) for user in users]
+    stats = run_worker(
+        runtime, queue_name, local_domains={user.domain for user in users}, idle_timeout=_IDLE_SECONDS
+    )
+    report(
+        f"delivered {stats.delivered} mail(s) as {stats.appended} message(s); {stats.dead_lettered} "
+        f"dead-lettered, {stats.retried} retried; {runtime.queue(queue_name).size()} left in {queue_name}"
+    )
+    mailboxes = runtime.mailboxes
+    seen = flagged = archived = expunged = 0
+    for user in users:
+        try:
+            inbox = mailboxes.get(user, INBOX)
+        except UnknownMailbox:  # no mail came for this user
+            continue
+        messages = mailboxes.list_messages(inbox)
+        for entry in messages[: len(messages) // 2]:
+            mailboxes.set_flags(inbox, entry.uid, add=[SEEN])
+            seen += 1
+        if messages:
+            mailboxes.set_flags(inbox, messages[0].uid, add=["\\Flagged"])
+            flagged += 1
+        if len(messages) >= 2:
+            mailboxes.move(inbox, messages[-1].uid, mailboxes.get_or_create(user, ARCHIVE))
+            archived += 1
+        if len(messages) >= 3:
+            expunged += mailboxes.expunge(inbox, [messages[-2].uid])
+        counters = mailboxes.counters(inbox)
+        report(f"{user}: INBOX holds {counters.count} message(s), {counters.unseen} unseen")
+    report(f"marked {seen} read, flagged {flagged}, archived {archived}, expunged {expunged}")
+    generation, iteration = runtime.generations.rotate()
+    report(f"rotated to reference generation {generation}, GC iteration {iteration}")
+    # The embedded store's tables, counted directly: the figures a person compares with the steps above.
+    tables = {table: runtime.store.read_one(f"SELECT COUNT(*) FROM {table}")[0] for table in _TABLES}
+    report("rows: " + ", ".join(f"{table} {count}" for table, count in tables.items()))
+    return {
+        "worker": asdict(stats),
+        "seen": seen,
+        "flagged": flagged,
+        "archived": archived,
+        "expunged": expunged,
+        "reference_generation": generation,
+        "gc_iteration": iteration,
+        "tables": tables,
+    }

@@ -1,0 +1,450 @@
+"""Mailboxes, their messages, flags and counters: the denormalised tables of record 23.
+
+Every operation writes, in this order and as SEPARATE commits, deliberately:
+
+1. `imap_uid_table`, the source of truth (message id, mailbox -> uid, flags);
+2. `message_id_table`, the projection that lists a mailbox's messages by uid;
+3. `mailbox_counters`, the projection of count and unseen (messages without \\Seen).
+
+That is what the Cassandra store (no multi-table transactions) will do, and a process dying between the
+commits leaves exactly the inconsistencies record 23 is about: a projection row missing or outdated, a
+counter off by the messages in flight. The counter recomputation repairs them from the source of truth;
+`faults.FaultInjector` reproduces them in tests. Projection rows are written as copies of the source of
+truth at the time of writing, so concurrent flag changes converge instead of racing.
+
+What commits *with* the source of truth is the content: a message's blobs (saved through the
+deduplicating store, owner = the message id) and its `messages` row commit together with its first
+`imap_uid_table` entry, and are released in the same commit that removes its last one. A fault thus
+never leaks blob references, and the rule "a message's blobs are referenced while it is in a mailbox"
+holds at every commit. UIDs come from an atomic `UPDATE ... RETURNING` on `mailboxes.next_uid`, in the
+same commit as the entry that uses them, so they strictly increase in commit order, across threads and
+processes. A message is in one mailbox at a time: there is move, not copy.
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from .blobs.dedup import DeduplicatingBlobStore
+from .clock import Clock
+from .errors import InvalidInput, UnknownMailbox
+from .faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH, FaultInjector
+from .model import MailAddress, MailboxId, MessageId
+from .queue import split_message
+
+INBOX = "INBOX"
+DELIMITER = "."
+SEEN = "\\Seen"
+SYSTEM_FLAGS = ("\\Answered", "\\Deleted", "\\Draft", "\\Flagged", SEEN)
+_SYSTEM_FLAGS = {flag.lower(): flag for flag in SYSTEM_FLAGS}
+# RFC 3501 flag-keyword = atom: printable ASCII except the atom-specials ( ) { SP % * " \ ]
+_KEYWORD = re.compile(r"[!#$&'+,\-./0-9:;<=>?@A-Z\[^_`a-z|}~]{1,100}")
+# RFC 5322 field name (printable ASCII but ':'), then the colon; obsolete syntax allows blanks before it.
+_HEADER_FIELD = re.compile(rb"[!-9;-~]+[ \t]*:")
+_MAX_NAME_LENGTH = 200
+
+
+class MailboxName(str):
+    """An IMAP mailbox name: segments joined by '.', none empty or padded with blanks, no control
+    characters, no LIST wildcards ('%', '*'), no namespace prefix ('#'). INBOX is case-insensitive and
+    always spelled INBOX (RFC 3501)."""
+
+    def __new__(cls, value: str) -> MailboxName:
+        if not isinstance(value, str) or not value:
+            raise InvalidInput(f"invalid mailbox name {value!r}: expected a non-empty string")
+        problem = None
+        if len(value) > _MAX_NAME_LENGTH:
+            problem = f"longer than {_MAX_NAME_LENGTH} characters"
+        elif not value.isprintable():
+            problem = "control characters are not allowed"
+        elif "%" in value or "*" in value:
+            problem = "'%' and '*' are IMAP LIST wildcards"
+        elif value.startswith("#"):
+            problem = "'#' starts a namespace"
+        segments = value.split(DELIMITER)
+        if problem is None and any(not s or s != s.strip() for s in segments):
+            problem = f"empty segment or blanks around a {DELIMITER!r}-separated segment"
+        if problem is not None:
+            raise InvalidInput(f"invalid mailbox name {value!r}: {problem}")
+        if segments[0].upper() == INBOX:
+            segments[0] = INBOX
+        return super().__new__(cls, DELIMITER.join(segments))
+
+
+def parse_flags(flags: Iterable[str]) -> frozenset[str]:
+    """Validated flags: the IMAP system flags (any case, stored canonically) and keywords (atoms)."""
+    if isinstance(flags, str | bytes):
+        raise InvalidInput(f"flags are a collection of flag names, not the single string {flags!r}")
+    try:
+        names = list(flags)
+    except TypeError:
+        raise InvalidInput(f"flags are a collection of flag names, not {type(flags).__name__}") from None
+    parsed = set()
+    for flag in names:
+        if not isinstance(flag, str):
+            raise InvalidInput(f"invalid flag {flag!r}: expected a string")
+        if flag.startswith("\\"):
+            canonical = _SYSTEM_FLAGS.get(flag.lower())
+            if canonical is None:
+                raise InvalidInput(
+                    f"invalid flag {flag!r}: system flags are {', '.join(SYSTEM_FLAGS)} "
+                    "(\\Recent is the server's to set)"
+                )
+            parsed.add(canonical)
+        elif _KEYWORD.fullmatch(flag):
+            parsed.add(flag)
+        else:
+            raise InvalidInput(
+                f"invalid flag {flag!r}: a keyword is 1-100 printable ASCII characters without "
+                "blanks or any of ( ) {{ % * \" \\ ]"
+            )
+    return frozenset(parsed)
+
+
+def _stored(flags: frozenset[str]) -> str:
+    return " ".join(sorted(flags))
+
+
+def _loaded(flags: str) -> frozenset[str]:
+    return frozenset(flags.split())
+
+
+def _unseen(flags: frozenset[str]) -> int:
+    return 0 if SEEN in flags else 1
+
+
+def check_message(message: bytes, max_size: int | None = None) -> bytes:
+    """The message as bytes, if it is one: RFC 5322 bytes opening with a header field."""
+    if not isinstance(message, bytes | bytearray | memoryview):
+        raise InvalidInput(f"a message is raw RFC 5322 bytes, not {type(message).__name__}")
+    message = bytes(message)
+    if max_size is not None and len(message) > max_size:
+        raise InvalidInput(f"message of {len(message)} bytes exceeds the maximum size of {max_size} bytes")
+    if not _HEADER_FIELD.match(message):
+        first_line = message.splitlines()[0][:60] if message else b""
+        raise InvalidInput(
+            f"malformed message: no header section, its first line {first_line!r} is not a header field "
+            "(name: value)"
+        )
+    return message
+
+
+def _uid(uid: int) -> int:
+    if isinstance(uid, bool) or not isinstance(uid, int) or uid < 1:
+        raise InvalidInput(f"invalid uid {uid!r}: expected a positive integer")
+    return uid
+
+
+def _user(user: str) -> MailAddress:
+    # Users are compared case-insensitively, as the delivery worker addresses them: one INBOX per person.
+    return MailAddress(MailAddress(user).lower())
+
+
+@dataclass(frozen=True)
+class Mailbox:
+    id: MailboxId
+    user: MailAddress
+    name: MailboxName
+
+
+@dataclass(frozen=True)
+class Counters:
+    count: int
+    unseen: int
+
+
+@dataclass(frozen=True)
+class MessageEntry:
+    uid: int
+    message_id: MessageId
+    flags: frozenset[str]
+
+
+class Appended(NamedTuple):
+    message_id: MessageId
+    uid: int
+
+
+MailboxRef = Mailbox | MailboxId | str
+
+
+class MailboxTables(Protocol):
+    """Record 23's tables, one implementation per store (see stores/embedded_mailboxes.py)."""
+
+    def transaction(self): ...
+    def create_mailbox(self, mailbox_id: str, user: str, name: str) -> bool: ...
+    def find_mailbox(self, user: str, name: str) -> tuple[str, str, str] | None: ...
+    def mailbox(self, mailbox_id: str) -> tuple[str, str, str] | None: ...
+    def mailboxes(self, user: str | None) -> list[tuple[str, str, str]]: ...
+    def allocate_uid(self, mailbox_id: str) -> int | None: ...
+    def delete_mailbox(self, mailbox_id: str) -> bool: ...
+    def save_message(
+        self, message_id: str, header_blob_id: str, body_blob_id: str, size: int, now: int
+    ) -> None: ...
+    def message(self, message_id: str) -> tuple[str, str] | None: ...
+    def delete_message(self, message_id: str) -> None: ...
+    def placements(self, message_id: str) -> list[tuple[str, int]]: ...
+    def entry(self, mailbox_id: str, uid: int) -> tuple[str, str] | None: ...
+    def uids(self, mailbox_id: str) -> list[int]: ...
+    def add_to_source_of_truth(self, message_id: str, mailbox_id: str, uid: int, flags: str) -> bool: ...
+    def set_source_flags(self, message_id: str, mailbox_id: str, flags: str) -> None: ...
+    def remove_from_source_of_truth(self, mailbox_id: str, uid: int) -> tuple[str, str] | None: ...
+    def project(self, message_id: str, mailbox_id: str) -> None: ...
+    def unproject(self, mailbox_id: str, uid: int) -> None: ...
+    def projection(self, mailbox_id: str) -> list[tuple[int, str, str]]: ...
+    def add_to_counters(self, mailbox_id: str, count: int, unseen: int) -> None: ...
+    def counters(self, mailbox_id: str) -> tuple[int, int] | None: ...
+    def heal_projection(self, mailbox_id: str, message_id: str) -> None: ...
+    def reset_counters(self, mailbox_id: str, count: int, unseen: int, observed: tuple[int, int] | None) -> bool: ...
+    def sample_mailboxes(self, size: int) -> builtins.list[str]: ...
+    def recount(self, mailbox_id: str) -> tuple[int, int]: ...
+
+
+class Mailboxes:
+    """The mailbox API. Bad input (an unknown mailbox or uid, an invalid name, flag or message) raises
+    before anything is written."""
+
+    def __init__(
+        self, tables: MailboxTables, blobs: DeduplicatingBlobStore, clock: Clock, max_message_size: int
+    ) -> None:
+        self.tables = tables
+        self.blobs = blobs
+        self.clock = clock
+        self.max_message_size = max_message_size
+        self.faults = FaultInjector()
+
+    # mailboxes
+    def create(self, user: str, name: str) -> MailboxId:
+        user, name = _user(user), MailboxName(name)
+        mailbox_id = MailboxId.generate(self.clock())
+        if not self.tables.create_mailbox(mailbox_id, user, name):
+            raise InvalidInput(f"mailbox {name!r} of {user} already exists")
+        return mailbox_id
+
+    def get(self, user: str, name: str) -> Mailbox:
+        user, name = _user(user), MailboxName(name)
+        row = self.tables.find_mailbox(user, name)
+        if row is None:
+            raise UnknownMailbox(f"unknown mailbox {name!r} of {user}")
+        return _mailbox(row)
+
+    def get_or_create(self, user: str, name: str) -> MailboxId:
+        """The mailbox's id, creating it if missing; safe when several workers race to create it."""
+        user, name = _user(user), MailboxName(name)
+        row = self.tables.find_mailbox(user, name)
+        if row is None:
+            # A loser of the race finds the winner's mailbox on the second look.
+            self.tables.create_mailbox(MailboxId.generate(self.clock()), user, name)
+            row = self.tables.find_mailbox(user, name)
+        return MailboxId(row[0])
+
+    # builtins.list in this class: its own `list` method would shadow the type for a type checker.
+    def list(self, user: str | None = None) -> builtins.list[Mailbox]:
+        return [_mailbox(row) for row in self.tables.mailboxes(None if user is None else _user(user))]
+
+    def delete_mailbox(self, mailbox: MailboxRef) -> int:
+        """Expunge every message, then drop the mailbox and its counters; returns how many were expunged.
+
+        Half done (a fault while expunging), it can be called again."""
+        mailbox_id = self._existing(mailbox)
+        expunged = 0
+        # The drop happens only in a commit that sees no message left, so a concurrent append either
+        # lands before it (and is expunged by the next round) or finds no mailbox to allocate a uid in.
+        while not self.tables.delete_mailbox(mailbox_id):
+            expunged += self._expunge(mailbox_id, self.tables.uids(mailbox_id), strict=False)
+        return expunged
+
+    # messages
+    def append(
+        self, mailbox: MailboxRef, message: bytes, flags: Iterable[str] = (), *, message_id: str | None = None
+    ) -> Appended:
+        """Store the message in the mailbox with the next uid.
+
+        With `message_id`, appending is idempotent: if that message is in the mailbox already, nothing is
+        written and its existing uid is returned. (A message in another mailbox is an error: no copies.)
+        """
+        mailbox_id = self._existing(mailbox)
+        flags = parse_flags(flags)
+        message = check_message(message, self.max_message_size)
+        message_id = MessageId.generate(self.clock()) if message_id is None else MessageId(message_id)
+        header, body = split_message(message)
+        with self.tables.transaction():
+            for placed_in, uid in self.tables.placements(message_id):
+                if placed_in == mailbox_id:
+                    return Appended(message_id, uid)
+                raise InvalidInput(f"message {message_id} is already in mailbox {placed_in}")
+            uid = self.tables.allocate_uid(mailbox_id)
+            if uid is None:
+                raise UnknownMailbox(f"mailbox {mailbox_id} was deleted")
+            header_blob_id = self.blobs.save(message_id, header)
+            body_blob_id = self.blobs.save(message_id, body)
+            self.tables.save_message(
+                message_id, str(header_blob_id), str(body_blob_id), len(message), self.clock()
+            )
+            self.tables.add_to_source_of_truth(message_id, mailbox_id, uid, _stored(flags))
+        self.faults.reached(AFTER_SOURCE_OF_TRUTH)
+        with self.tables.transaction():
+            self.tables.project(message_id, mailbox_id)
+        self.faults.reached(AFTER_PROJECTION)
+        with self.tables.transaction():
+            self.tables.add_to_counters(mailbox_id, 1, _unseen(flags))
+        return Appended(message_id, uid)
+
+    def set_flags(
+        self, mailbox: MailboxRef, uid: int, add: Iterable[str] = (), remove: Iterable[str] = ()
+    ) -> frozenset[str]:
+        """Add then remove flags of the message at `uid`; returns its new flags."""
+        mailbox_id = self._existing(mailbox)
+        uid = _uid(uid)
+        add, remove = parse_flags(add), parse_flags(remove)
+        if add & remove:
+            raise InvalidInput(f"flags both added and removed: {', '.join(sorted(add & remove))}")
+        with self.tables.transaction():
+            # Read and write in one commit: the unseen delta below is exact even under concurrent changes.
+            message_id, stored = self._entry(mailbox_id, uid)
+            old = _loaded(stored)
+            new = (old | add) - remove
+            if new == old:
+                return new
+            self.tables.set_source_flags(message_id, mailbox_id, _stored(new))
+        self.faults.reached(AFTER_SOURCE_OF_TRUTH)
+        with self.tables.transaction():
+            self.tables.project(message_id, mailbox_id)
+        self.faults.reached(AFTER_PROJECTION)
+        with self.tables.transaction():
+            self.tables.add_to_counters(mailbox_id, 0, _unseen(new) - _unseen(old))
+        return new
+
+    def move(self, source: MailboxRef, uid: int, target: MailboxRef) -> int:
+        """Move the message at `uid` of `source` to `target`, flags kept; returns its uid in `target`."""
+        source_id, target_id = self._existing(source), self._existing(target)
+        uid = _uid(uid)
+        if source_id == target_id:
+            raise InvalidInput(f"cannot move a message of mailbox {source_id} to itself")
+        with self.tables.transaction():
+            # One commit: in the source of truth the message is never in both mailboxes, nor in neither.
+            message_id, stored = self._entry(source_id, uid)
+            new_uid = self.tables.allocate_uid(target_id)
+            if new_uid is None:
+                raise UnknownMailbox(f"mailbox {target_id} was deleted")
+            self.tables.remove_from_source_of_truth(source_id, uid)
+            self.tables.add_to_source_of_truth(message_id, target_id, new_uid, stored)
+        self.faults.reached(AFTER_SOURCE_OF_TRUTH)
+        with self.tables.transaction():
+            self.tables.unproject(source_id, uid)
+            self.tables.project(message_id, target_id)
+        self.faults.reached(AFTER_PROJECTION)
+        unseen = _unseen(_loaded(stored))
+        with self.tables.transaction():
+            self.tables.add_to_counters(source_id, -1, -unseen)
+            self.tables.add_to_counters(target_id, 1, unseen)
+        return new_uid
+
+    def expunge(self, mailbox: MailboxRef, uids: Iterable[int]) -> int:
+        """Remove the messages at `uids`; a message in no mailbox any more releases its blobs.
+        Returns how many were removed. An unknown uid among them removes none."""
+        mailbox_id = self._existing(mailbox)
+        if isinstance(uids, int):
+            raise InvalidInput("expunge takes a collection of uids; wrap a single uid in a list")
+        return self._expunge(mailbox_id, [_uid(uid) for uid in uids], strict=True)
+
+    def _expunge(self, mailbox_id: MailboxId, uids: builtins.list[int], *, strict: bool) -> int:
+        removed: builtins.list[tuple[int, frozenset[str]]] = []
+        with self.tables.transaction():
+            for uid in sorted(set(uids)):
+                entry = self.tables.remove_from_source_of_truth(mailbox_id, uid)
+                if entry is None:
+                    if strict:  # raised inside the transaction: the removals above roll back
+                        raise UnknownMailbox(f"no message with uid {uid} in mailbox {mailbox_id}")
+                    continue
+                message_id, stored = entry
+                removed.append((uid, _loaded(stored)))
+                if not self.tables.placements(message_id):
+                    self.blobs.release(message_id)
+                    self.tables.delete_message(message_id)
+        if not removed:
+            return 0
+        self.faults.reached(AFTER_SOURCE_OF_TRUTH)
+        with self.tables.transaction():
+            for uid, _ in removed:
+                self.tables.unproject(mailbox_id, uid)
+        self.faults.reached(AFTER_PROJECTION)
+        unseen = sum(_unseen(flags) for _, flags in removed)
+        with self.tables.transaction():
+            self.tables.add_to_counters(mailbox_id, -len(removed), -unseen)
+        return len(removed)
+
+    # reads
+    def counters(self, mailbox: MailboxRef) -> Counters:
+        mailbox_id = self._existing(mailbox)
+        row = self.tables.counters(mailbox_id)
+        if row is None:  # dropped between the two reads
+            raise UnknownMailbox(f"unknown mailbox {mailbox_id}")
+        return Counters(*row)
+
+    def list_messages(self, mailbox: MailboxRef) -> builtins.list[MessageEntry]:
+        """The mailbox's messages by uid, as the projection `message_id_table` lists them."""
+        mailbox_id = self._existing(mailbox)
+        return [
+            MessageEntry(uid, MessageId(message_id), _loaded(flags))
+            for uid, message_id, flags in self.tables.projection(mailbox_id)
+        ]
+
+    def read(self, mailbox: MailboxRef, uid: int) -> bytes:
+        mailbox_id = self._existing(mailbox)
+        message_id, _ = self._entry(mailbox_id, _uid(uid))
+        row = self.tables.message(message_id)
+        if row is None:  # expunged between the two reads
+            raise UnknownMailbox(f"no message with uid {uid} in mailbox {mailbox_id}")
+        return self.blobs.read(row[0]) + self.blobs.read(row[1])
+
+    def locate(self, message_id: str) -> dict[MailboxId, int]:
+        """Where the source of truth has the message: mailbox id -> uid (empty if nowhere)."""
+        return {MailboxId(m): uid for m, uid in self.tables.placements(MessageId(message_id))}
+
+    # repairs (record 23): the counter recomputation calls these with what it found
+    def heal_projection(self, mailbox: MailboxRef, message_id: str) -> None:
+        """Rewrite the projection entry of `message_id` in `mailbox` from the source of truth."""
+        self.tables.heal_projection(self._existing(mailbox), MessageId(message_id))
+
+    def reset_counters(
+        self, mailbox: MailboxRef, count: int, unseen: int, *, observed: tuple[int, int] | None
+    ) -> bool:
+        """Set the counters if they still hold `observed` (None: the row is missing); False if they moved
+        meanwhile, which the next recomputation settles."""
+        if count < 0 or not 0 <= unseen <= count:
+            raise InvalidInput(f"invalid counters count={count} unseen={unseen}")
+        return self.tables.reset_counters(self._existing(mailbox), count, unseen, observed)
+
+    def recount(self, mailbox: MailboxRef) -> Counters:
+        """Count and unseen as the source of truth has them."""
+        return Counters(*self.tables.recount(self._existing(mailbox)))
+
+    def sample_drift(self, size: int) -> builtins.list[MailboxId]:
+        """Mailboxes, among a random sample of `size`, whose counters differ from a recount."""
+        drifting = []
+        for mailbox_id in self.tables.sample_mailboxes(size):
+            observed = self.tables.counters(mailbox_id)
+            if observed is None or Counters(*observed) != Counters(*self.tables.recount(mailbox_id)):
+                drifting.append(MailboxId(mailbox_id))
+        return drifting
+
+    def _existing(self, mailbox: MailboxRef) -> MailboxId:
+        mailbox_id = mailbox.id if isinstance(mailbox, Mailbox) else MailboxId(mailbox)
+        if self.tables.mailbox(mailbox_id) is None:
+            raise UnknownMailbox(f"unknown mailbox {mailbox_id}")
+        return mailbox_id
+
+    def _entry(self, mailbox_id: MailboxId, uid: int) -> tuple[str, str]:
+        entry = self.tables.entry(mailbox_id, uid)
+        if entry is None:
+            raise UnknownMailbox(f"no message with uid {uid} in mailbox {mailbox_id}")
+        return entry
+
+
+def _mailbox(row: tuple[str, str, str]) -> Mailbox:
+    return Mailbox(MailboxId(row[0]), MailAddress(row[1]), MailboxName(row[2]))

@@ -1,0 +1,44 @@
+"""The mailq runtime as a Dagster resource: assets and sensors get the queues, blobs and mailboxes from it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from mailq_runtime import Runtime
+from mailq_runtime.settings import DEFAULT_URL
+
+
+class MailqRuntime(dg.ConfigurableResource):
+    """Opens the runtime of `url` (from MAILQ_URL through EnvVar, so a URL with credentials stays hidden)."""
+
+    url: str = DEFAULT_URL
+
+    _runtime: Runtime | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._runtime = Runtime.open(self.url)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._runtime is not None:
+            self._runtime.close()
+            self._runtime = None
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            # Sensors build resources without an execution context: open on first use.
+            self._runtime = Runtime.open(self.url)
+        return self._runtime
+
+    @contextmanager
+    def session(self) -> Iterator[Runtime]:
+        """A runtime for one sensor tick or one call, closed afterwards."""
+        runtime = Runtime.open(self.url)
+        try:
+            yield runtime
+        finally:
+            runtime.close()

@@ -1,0 +1,196 @@
+"""The low-level blob stores (file system and SQLite) against one contract: put is atomic, an id that is
+not a blob id never reaches the storage, a missing blob is BlobNotFound, delete is idempotent."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from mailq_runtime import BlobId, BlobNotFound, InvalidInput
+from mailq_runtime.blobs.sqlite_store import SqliteBlobStore
+from mailq_runtime.blobs.store import FileBlobStore
+from mailq_runtime.stores.embedded import EmbeddedStore, _Transaction
+
+
+def blob_id(content: bytes, generation: int = 1) -> BlobId:
+    return BlobId(generation, hashlib.sha256(content).hexdigest())
+
+
+class Crash(Exception):
+    """The process dying half-way through a put."""
+
+
+@pytest.fixture(params=["file", "sqlite"])
+def store(request, tmp_path, monkeypatch) -> Iterator:
+    """The store under test, with `.crash_next_put()`: a context in which a put dies after writing."""
+    if request.param == "file":
+        blobs = FileBlobStore(tmp_path / "blobs")
+        replace = os.replace
+
+        def crash_after_writing(source, target):
+            raise Crash(f"died before renaming {source} to {target}")
+
+        @contextmanager
+        def crash_next_put():
+            monkeypatch.setattr(os, "replace", crash_after_writing)
+            try:
+                yield
+            finally:
+                monkeypatch.setattr(os, "replace", replace)
+
+        blobs.crash_next_put = crash_next_put
+        yield blobs
+        return
+    embedded = EmbeddedStore(tmp_path / "db")
+    blobs = SqliteBlobStore(embedded)
+    exit_transaction = _Transaction.__exit__
+
+    def crash_before_commit(self, kind, error, trace):
+        exit_transaction(self, Crash, Crash(), None)  # the commit never happens: rolled back
+        raise Crash("died before committing")
+
+    @contextmanager
+    def crash_next_put():
+        monkeypatch.setattr(_Transaction, "__exit__", crash_before_commit)
+        try:
+            yield
+        finally:
+            monkeypatch.setattr(_Transaction, "__exit__", exit_transaction)
+
+    blobs.crash_next_put = crash_next_put
+    yield blobs
+    embedded.close()
+
+
+def tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_put_then_get(store):
+    content = b"hello \x00 world"
+    store.put(blob_id(content), content)
+    assert store.get(blob_id(content)) == content
+    assert store.get(str(blob_id(content))) == content
+    assert store.exists(blob_id(content))
+
+
+def test_empty_and_large_contents(store):
+    large = os.urandom(3 * 1024 * 1024)
+    for content in (b"", large):
+        store.put(blob_id(content), content)
+        assert store.get(blob_id(content)) == content
+
+
+def test_a_put_that_dies_leaves_nothing_behind(store, tmp_path):
+    content = b"never stored"
+    before = tree(tmp_path)
+    with store.crash_next_put(), pytest.raises(Crash):
+        store.put(blob_id(content), content)
+    assert not store.exists(blob_id(content))
+    with pytest.raises(BlobNotFound):
+        store.get(blob_id(content))
+    new_files = set(tree(tmp_path)) - set(before)
+    assert not [f for f in new_files if Path(tmp_path, f).is_file() and not f.endswith(("-wal", "-shm"))]
+
+
+def test_a_put_that_dies_keeps_the_previous_content(store):
+    target = blob_id(b"the id")
+    store.put(target, b"first")
+    with store.crash_next_put(), pytest.raises(Crash):
+        store.put(target, b"second, never complete")
+    assert store.get(target) == b"first"
+
+
+def test_a_reader_never_sees_a_torn_write(store):
+    target = blob_id(b"contended")
+    versions = [bytes([n]) * (256 * 1024) for n in (1, 2)]
+    store.put(target, versions[0])
+    stop = threading.Event()
+    errors = []
+
+    def rewrite():
+        n = 0
+        while not stop.is_set() and n < 200:
+            n += 1
+            store.put(target, versions[n % 2])
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        for _ in range(200):
+            if store.get(target) not in versions:
+                errors.append("torn")
+    finally:
+        stop.set()
+        writer.join(30)
+    assert not errors
+
+
+@pytest.mark.parametrize(
+    "bad_id",
+    [
+        "../../etc/passwd",
+        "g1_../../../../tmp/x",
+        "g1_" + "a" * 63 + "/",
+        "g1_" + "A" * 64,
+        "g-1_" + "a" * 64,
+        "/g1_" + "a" * 64,
+        "g1_" + "a" * 64 + "\x00",
+        "",
+        None,
+        42,
+    ],
+)
+def test_an_id_that_is_not_a_blob_id_is_refused_everywhere(store, tmp_path, bad_id):
+    before = tree(tmp_path)
+    for operation in (
+        lambda: store.put(bad_id, b"x"),
+        lambda: store.get(bad_id),
+        lambda: store.delete(bad_id),
+        lambda: store.exists(bad_id),
+    ):
+        with pytest.raises(InvalidInput, match="invalid blob id"):
+            operation()
+    assert tree(tmp_path) == before
+
+
+def test_a_missing_blob_is_not_found(store):
+    missing = blob_id(b"never put")
+    with pytest.raises(BlobNotFound, match=str(missing)):
+        store.get(missing)
+    assert not store.exists(missing)
+
+
+def test_delete_is_idempotent(store):
+    content = b"short-lived"
+    store.put(blob_id(content), content)
+    assert store.delete(blob_id(content)) is True
+    assert store.delete(blob_id(content)) is False
+    assert store.delete(blob_id(b"never put")) is False
+    with pytest.raises(BlobNotFound):
+        store.get(blob_id(content))
+
+
+def test_generations_are_distinct_blobs(store):
+    content = b"same content"
+    store.put(blob_id(content, 1), content)
+    assert not store.exists(blob_id(content, 2))
+    store.put(blob_id(content, 2), content)
+    store.delete(blob_id(content, 1))
+    assert store.get(blob_id(content, 2)) == content
+
+
+def test_file_blobs_stay_under_the_root(tmp_path):
+    root = tmp_path / "blobs"
+    store = FileBlobStore(root)
+    content = b"placed"
+    store.put(blob_id(content), content)
+    (path,) = [p for p in root.rglob("*") if p.is_file()]
+    assert path.resolve().is_relative_to(root.resolve())
+    assert path.name == blob_id(content).hash

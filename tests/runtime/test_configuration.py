@@ -1,0 +1,141 @@
+"""Record 31's configuration rules: sliceWindow only to a divisor, bucketCount only up, the pace freely.
+A rejected change is a clear error naming the rule, and appends nothing to the event log."""
+
+from __future__ import annotations
+
+import pytest
+
+from mailq_runtime import ConfigurationRejected, InvalidInput
+from mailq_runtime.clock import MICROS_PER_SECOND
+from mailq_runtime.config import QueueViewConfiguration
+
+from .conftest import QUEUE
+from .helpers import make_mail
+
+BASE = {"slice_window": "4s", "bucket_count": 2, "update_browse_start_pace": 10**9}
+
+
+def history(backend) -> list[QueueViewConfiguration]:
+    return backend.open().configuration.history()
+
+
+def drain(queue) -> list[str]:
+    received = []
+    while (item := queue.dequeue(timeout=0)) is not None:
+        received.append(item.mail.name)
+        item.done()
+        assert len(received) < 100
+    return received
+
+
+def test_the_first_configuration_is_recorded(backend):
+    runtime = backend.open(**BASE)
+    assert runtime.view_configuration == QueueViewConfiguration(4 * MICROS_PER_SECOND, 2, 10**9)
+    assert history(backend) == [runtime.view_configuration]
+
+
+def test_reopening_with_the_same_configuration_appends_nothing(backend):
+    backend.open(**BASE)
+    backend.open(**BASE)
+    assert backend.count("configuration_events") == 1
+
+
+def test_slice_window_may_shrink_to_a_divisor_and_old_mails_stay_browsable(backend, clock):
+    first = backend.open(clock, clock_skew_grace="0s", **BASE).queue(QUEUE)
+    t0 = clock()
+    first.enqueue(make_mail("old1"))
+    clock.advance(5)
+    first.enqueue(make_mail("old2"))  # slice t0 + 4 s
+    clock.advance(1)
+    second = backend.open(clock, clock_skew_grace="0s", **{**BASE, "slice_window": "2s"}).queue(QUEUE)
+    assert second.configuration.slice_window == 2 * MICROS_PER_SECOND
+    second.enqueue(make_mail("new"))  # t0 + 6 s, a 2 s slice
+    assert [item.name for item in second.browse()] == ["old1", "old2", "new"]
+    assert second.size() == 3
+    clock.advance(10)
+    item = second.dequeue(timeout=0)
+    assert item.mail.name == "old1"
+    item.done()
+    assert second.update_browse_start() == t0 + 4 * MICROS_PER_SECOND
+    assert [item.name for item in second.browse()] == ["old2", "new"]
+    assert drain(second) == ["old2", "new"]
+    assert second.update_browse_start() == t0 + 16 * MICROS_PER_SECOND
+    assert backend.count("enqueued_mails") == 0
+    assert [c.slice_window for c in history(backend)] == [4 * MICROS_PER_SECOND, 2 * MICROS_PER_SECOND]
+
+
+@pytest.mark.parametrize(
+    "change, rule",
+    [
+        ({"slice_window": "3s"}, "sliceWindow"),
+        ({"slice_window": "8s"}, "sliceWindow"),
+        ({"slice_window": "1h"}, "sliceWindow"),
+        ({"bucket_count": 1}, "bucketCount"),
+    ],
+    ids=["slice-non-divisor", "slice-increase", "slice-default", "bucket-shrink"],
+)
+def test_a_forbidden_change_is_rejected_and_changes_nothing(backend, change, rule):
+    queue = backend.open(**BASE).queue(QUEUE)
+    queue.enqueue(make_mail("kept"))
+    before = backend.counts()
+    with pytest.raises(ConfigurationRejected, match=rule):
+        backend.open(**{**BASE, **change})
+    assert backend.counts() == before
+    assert history(backend) == [QueueViewConfiguration(4 * MICROS_PER_SECOND, 2, 10**9)]
+    assert [item.name for item in backend.open().queue(QUEUE).browse()] == ["kept"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"bucket_count": 5},
+        {"update_browse_start_pace": 1},
+        {"update_browse_start_pace": 5000},
+        {"slice_window": "1s"},
+    ],
+)
+def test_an_allowed_change_is_appended(backend, change):
+    backend.open(**BASE).queue(QUEUE).enqueue(make_mail("kept"))
+    runtime = backend.open(**{**BASE, **change})
+    assert len(history(backend)) == 2
+    assert history(backend)[-1] == runtime.view_configuration
+    assert [item.mail.name for item in runtime.queue(QUEUE).browse()] == ["kept"]
+
+
+def test_the_pace_may_go_down_and_up_again(backend):
+    for pace in (10**9, 1, 10**9):
+        backend.open(**{**BASE, "update_browse_start_pace": pace})
+    assert [c.update_browse_start_pace for c in history(backend)] == [10**9, 1, 10**9]
+
+
+def test_more_buckets_keep_every_mail_browsable_and_deliverable(backend):
+    queue = backend.open(**BASE).queue(QUEUE)
+    for i in range(6):
+        queue.enqueue(make_mail(f"before{i}"))
+    grown = backend.open(**{**BASE, "bucket_count": 7}).queue(QUEUE)
+    for i in range(6):
+        grown.enqueue(make_mail(f"after{i}"))
+    expected = [f"before{i}" for i in range(6)] + [f"after{i}" for i in range(6)]
+    assert [item.name for item in grown.browse()] == expected
+    assert len({bucket for (bucket,) in backend.rows("SELECT bucket FROM enqueued_mails")}) > 2
+    assert drain(grown) == expected
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"slice_window": "0s"},
+        {"slice_window": "1.5s"},
+        {"slice_window": "soon"},
+        {"bucket_count": 0},
+        {"bucket_count": "x"},
+        {"update_browse_start_pace": 0},
+        {"update_browse_start_pace": -1},
+    ],
+)
+def test_an_invalid_value_is_refused_and_appends_nothing(backend, option):
+    backend.open(**BASE)
+    before = backend.counts()
+    with pytest.raises(InvalidInput):
+        backend.open(**{**BASE, **option})
+    assert backend.counts() == before

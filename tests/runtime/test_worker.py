@@ -1,0 +1,230 @@
+"""Local delivery: workers (threads or processes) drain a queue into INBOXes exactly once per recipient,
+dead-letter what can never be delivered, retry what failed, survive redelivery, and stop gracefully."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from mailq_runtime import Counters, InvalidInput, Mail, Runtime, WorkerStats, run_worker
+from mailq_runtime.demo_mailboxes import deliver_and_maintain
+from mailq_runtime.mailbox import INBOX
+from mailq_runtime.worker import deliver, delivery_message_id
+
+from .mailbox_checks import agent, assert_message_blobs_referenced, inconsistencies, references, results, rows
+
+QUEUE = "spool"
+DOMAIN = "example.org"
+USERS = ("alice@example.org", "bob@example.org", "carol@example.org")
+
+
+def message(subject: str) -> bytes:
+    return f"Subject: {subject}\r\nFrom: sender@example.net\r\n\r\nHello {subject}.\r\n".encode()
+
+
+def enqueue(runtime: Runtime, *recipients: str, raw: bytes | None = None, subject: str = "hello") -> str:
+    mail = Mail(recipients=recipients, message=raw or message(subject), sender="sender@example.net")
+    return runtime.queue(QUEUE).enqueue(mail)
+
+
+def run_threads(runtime: Runtime, count: int, **options: object) -> list[WorkerStats]:
+    stats: list[WorkerStats] = []
+
+    def work() -> None:
+        stats.append(run_worker(runtime, QUEUE, local_domains=[DOMAIN], **options))
+
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(stats) == count, "a worker did not return"
+    return stats
+
+
+def total(stats: list[WorkerStats]) -> WorkerStats:
+    return WorkerStats(
+        *(sum(getattr(s, f) for s in stats) for f in ("delivered", "retried", "dead_lettered", "appended"))
+    )
+
+
+def inbox_of(runtime: Runtime, user: str):
+    return runtime.mailboxes.get(user, INBOX)
+
+
+def assert_delivered_state(runtime: Runtime, delivered_ids: list[str], dead_ids: list[str]) -> None:
+    data_dir = runtime.settings.data_dir
+    assert not inconsistencies(data_dir), inconsistencies(data_dir)
+    assert_message_blobs_referenced(data_dir)
+    held = references(data_dir)
+    assert not held.keys() & set(delivered_ids), "a delivered mail's enqueue id still holds references"
+    # Dead letters keep their content: their enqueue ids still hold their references.
+    assert all(dead in held for dead in dead_ids)
+    assert runtime.queue(QUEUE).size() == 0
+
+
+def test_two_worker_threads_deliver_everything_once(runtime: Runtime) -> None:
+    plain = [enqueue(runtime, USERS[n % 3], subject=f"mail {n}") for n in range(12)]
+    shared = enqueue(runtime, "Bob@Example.org", "carol@example.org", "BOB@example.org", subject="shared")
+    mixed = enqueue(runtime, "alice@example.org", "eve@elsewhere.net", subject="mixed")
+    unknown = enqueue(runtime, "dave@elsewhere.net", subject="unknown")
+    malformed = enqueue(runtime, "alice@example.org", raw=b"not a header line\r\n\r\nbody\r\n")
+
+    stats = total(run_threads(runtime, 2, idle_timeout=1.0))
+
+    assert stats == WorkerStats(delivered=13, retried=0, dead_lettered=3, appended=12 + 2 + 1)
+    dead = {letter.enqueue_id: letter.reason for letter in runtime.queue(QUEUE).dead_letters()}
+    assert set(dead) == {mixed, unknown, malformed}
+    assert dead[mixed] == "unknown recipients: eve@elsewhere.net"
+    assert dead[unknown] == "unknown recipients: dave@elsewhere.net"
+    assert "malformed message" in dead[malformed]
+    expected = {"alice@example.org": 4 + 1, "bob@example.org": 4 + 1, "carol@example.org": 4 + 1}
+    for user, count in expected.items():
+        assert runtime.mailboxes.counters(inbox_of(runtime, user)) == Counters(count, count)
+    assert [m.user for m in runtime.mailboxes.list()] == sorted(expected)  # no mailbox for unknown users
+    # Each copy is named by (enqueue id, recipient) and holds the mail's bytes.
+    carol = inbox_of(runtime, "carol@example.org")
+    copy_id = delivery_message_id(shared, "carol@example.org")
+    (copy,) = [m for m in runtime.mailboxes.list_messages(carol) if m.message_id == copy_id]
+    assert runtime.mailboxes.read(carol, copy.uid) == message("shared")
+    assert_delivered_state(runtime, plain + [shared], [mixed, unknown, malformed])
+    # Delivered in the generation it was enqueued in, the content is stored once: the copies add no blob
+    # to those the queue saved, and share them with the dead letters' content where it is the same.
+    data_dir = runtime.settings.data_dir
+    queued = {
+        b for row in rows(data_dir, "SELECT header_blob_id, body_blob_id FROM enqueued_mails") for b in row
+    }
+    assert {b for (b,) in rows(data_dir, "SELECT blob_id FROM blobs")} == queued
+
+
+def test_two_worker_processes_deliver_everything_once(runtime: Runtime) -> None:
+    users = [f"user{n}@{DOMAIN}" for n in range(4)]
+    ids = [enqueue(runtime, users[n % 4], subject=f"mail {n}") for n in range(40)]
+    start_at = time.time() + 2.0  # both start together, whatever their import times
+    processes = [agent(runtime.settings.data_dir, "worker", QUEUE, DOMAIN, 1.0, start_at) for _ in range(2)]
+    stats = [WorkerStats(**json.loads(out)) for out in results(processes, timeout=60)]
+    assert total(stats) == WorkerStats(delivered=40, retried=0, dead_lettered=0, appended=40)
+    assert all(s.delivered for s in stats), f"one process did all the work: {stats}"
+    for user in users:
+        inbox = inbox_of(runtime, user)
+        assert [m.uid for m in runtime.mailboxes.list_messages(inbox)] == list(range(1, 11))
+    assert_delivered_state(runtime, ids, [])
+
+
+def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(runtime: Runtime) -> None:
+    enqueue_id = enqueue(runtime, "alice@example.org", "bob@example.org")
+    item = runtime.queue(QUEUE).dequeue(timeout=5)
+    deliver(runtime.mailboxes, item.enqueue_id, item.mail, [DOMAIN])
+    # Alice files her copy before the redelivery: it must not come back to her INBOX either.
+    alice = inbox_of(runtime, "alice@example.org")
+    runtime.mailboxes.move(alice, 1, runtime.mailboxes.create("alice@example.org", "Archive"))
+    item.retry()  # the worker died before done(): the broker delivers the mail again
+
+    (stats,) = run_threads(runtime, 1, idle_timeout=0.5)
+
+    assert stats == WorkerStats(delivered=1, retried=0, dead_lettered=0, appended=0)
+    assert runtime.mailboxes.counters(alice) == Counters(0, 0)
+    assert runtime.mailboxes.counters(inbox_of(runtime, "bob@example.org")) == Counters(1, 1)
+    assert len(rows(runtime.settings.data_dir, "SELECT * FROM messages")) == 2
+    assert_delivered_state(runtime, [enqueue_id], [])
+
+
+def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flaky, broken = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
+    append = runtime.mailboxes.append
+    failures = {"alice@example.org": 1, "bob@example.org": 99}
+
+    def failing_append(mailbox, raw, flags=(), *, message_id=None):
+        owner = next(m.user for m in runtime.mailboxes.list() if m.id == mailbox)
+        if failures[owner]:
+            failures[owner] -= 1
+            raise OSError("disk hiccup")
+        return append(mailbox, raw, flags, message_id=message_id)
+
+    monkeypatch.setattr(runtime.mailboxes, "append", failing_append)
+    (stats,) = run_threads(runtime, 1, idle_timeout=0.5, retry_delay=0, max_attempts=3)
+
+    assert stats == WorkerStats(delivered=1, retried=1 + 2, dead_lettered=1, appended=1)
+    (letter,) = runtime.queue(QUEUE).dead_letters()
+    assert letter.enqueue_id == broken
+    assert letter.reason == "gave up after 3 attempts: OSError: disk hiccup"
+    assert runtime.mailboxes.counters(inbox_of(runtime, "alice@example.org")) == Counters(1, 1)
+    assert_delivered_state(runtime, [flaky], [broken])
+
+
+def test_stop_finishes_the_mail_in_hand_then_returns(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
+    stop = threading.Event()
+    append = runtime.mailboxes.append
+
+    def append_then_stop(*arguments, **options):
+        stop.set()  # SIGTERM arrives while the first mail is being delivered
+        return append(*arguments, **options)
+
+    monkeypatch.setattr(runtime.mailboxes, "append", append_then_stop)
+    (stats,) = run_threads(runtime, 1, stop=stop)
+
+    assert stats == WorkerStats(delivered=1, retried=0, dead_lettered=0, appended=1)
+    assert runtime.queue(QUEUE).size() == 1
+    assert [item.enqueue_id for item in runtime.queue(QUEUE).browse()] == [second]
+    assert_message_blobs_referenced(runtime.settings.data_dir)
+    assert first not in references(runtime.settings.data_dir)
+
+
+def test_an_idle_worker_stops_promptly(runtime: Runtime) -> None:
+    stop = threading.Event()
+    stats: list[WorkerStats] = []
+    worker = threading.Thread(
+        target=lambda: stats.append(run_worker(runtime, QUEUE, local_domains=[DOMAIN], stop=stop))
+    )
+    worker.start()
+    time.sleep(0.3)
+    stopped_at = time.monotonic()
+    stop.set()
+    worker.join(timeout=5)
+    assert not worker.is_alive() and time.monotonic() - stopped_at < 1.0
+    assert stats == [WorkerStats()]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"local_domains": DOMAIN}, "non-empty collection of domains"),
+        ({"local_domains": []}, "non-empty collection of domains"),
+        ({"local_domains": ["not a domain"]}, "invalid mail address"),
+        ({"local_domains": [DOMAIN], "max_attempts": 0}, "invalid max_attempts"),
+        ({"local_domains": [DOMAIN], "retry_delay": "soon"}, "invalid duration"),
+        ({"local_domains": [DOMAIN], "idle_timeout": -1}, "invalid idle_timeout"),
+    ],
+)
+def test_bad_worker_options_are_refused(runtime: Runtime, options: dict, match: str) -> None:
+    with pytest.raises(InvalidInput, match=match):
+        run_worker(runtime, QUEUE, **options)
+
+
+def test_the_demo_delivers_then_flags_archives_expunges_and_rotates(runtime: Runtime) -> None:
+    for n in range(9):
+        enqueue(runtime, USERS[n % 3], subject=f"mail {n}")
+    enqueue(runtime, "dave@elsewhere.net")
+    lines: list[str] = []
+
+    figures = deliver_and_maintain(runtime, QUEUE, USERS, lines.append)
+
+    assert figures["worker"] == {"delivered": 9, "retried": 0, "dead_lettered": 1, "appended": 9}
+    assert (figures["seen"], figures["flagged"], figures["archived"], figures["expunged"]) == (3, 3, 3, 3)
+    assert (figures["reference_generation"], figures["gc_iteration"]) == (2, 2)
+    data_dir = runtime.settings.data_dir
+    assert figures["tables"] == {
+        table: rows(data_dir, f"SELECT COUNT(*) FROM {table}")[0][0] for table in figures["tables"]
+    }
+    assert figures["tables"]["messages"] == 9 - 3
+    assert not inconsistencies(data_dir)
+    assert_message_blobs_referenced(data_dir)
+    assert any("alice@example.org: INBOX holds 1 message(s), 0 unseen" in line for line in lines)
