@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import TracebackType
 
 from .blobs.dedup import DeduplicatingBlobStore, Generations
@@ -25,6 +26,13 @@ class Runtime:
         self.settings = settings
         self.clock = clock
         self.store = EmbeddedStore(settings.data_dir, settings.durability)
+        try:
+            self._build(settings, clock)
+        except BaseException:
+            self.store.close()
+            raise
+
+    def _build(self, settings: Settings, clock: Clock) -> None:
         self.view = EmbeddedQueueView(self.store)
         self.broker = EmbeddedBroker(self.store, clock, settings.visibility_timeout)
         self.blob_tables = EmbeddedBlobTables(self.store)
@@ -35,7 +43,7 @@ class Runtime:
         )
         self.configuration = ConfigurationStore(self.view, clock)
         if settings.view_configuration is not None:
-            self.configuration.register(settings.view_configuration)
+            self.configuration.register(replace(self.configuration.current(), **settings.view_configuration))
         # Read once: the rules on changes make a stale value safe (old slices are multiples of new ones,
         # old buckets are a subset of new ones), as with James reading it at start-up.
         self.view_configuration = self.configuration.current()

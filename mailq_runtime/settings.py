@@ -25,8 +25,9 @@ class Settings:
     clock_skew_grace: int = 60 * MICROS_PER_SECOND
     max_message_size: int = 32 * 1024 * 1024
     durability: str = "process"  # see stores/embedded.py: process | power | fsync
-    # The view configuration to register at open, as James does at start-up; None keeps the stored one.
-    view_configuration: QueueViewConfiguration | None = None
+    # View configuration values to register at open, as James does at start-up; the others keep
+    # their stored values.
+    view_configuration: dict[str, int] | None = None
 
     @classmethod
     def from_url(cls, url: str | None = None) -> Settings:
@@ -57,14 +58,15 @@ class Settings:
                     f"invalid durability {options['durability']!r}: expected process, power or fsync"
                 )
             values["durability"] = options["durability"]
-        if _CONFIGURATION_OPTIONS & set(options):
-            values["view_configuration"] = QueueViewConfiguration(
-                slice_window=parse_duration(options.get("slice_window", "1h")),
-                bucket_count=_positive_int("bucket_count", options.get("bucket_count", "1")),
-                update_browse_start_pace=_positive_int(
-                    "update_browse_start_pace", options.get("update_browse_start_pace", "1000")
-                ),
-            )
+        changes: dict[str, int] = {}
+        if "slice_window" in options:
+            changes["slice_window"] = parse_duration(options["slice_window"])
+        for name in ("bucket_count", "update_browse_start_pace"):
+            if name in options:
+                changes[name] = _positive_int(name, options[name])
+        if changes:
+            QueueViewConfiguration(**changes)  # validates the values; the rules on changes apply at open
+            values["view_configuration"] = changes
         return cls(backend=parts.scheme, data_dir=data_dir, **values)
 
 

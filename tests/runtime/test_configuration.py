@@ -102,6 +102,13 @@ def test_an_allowed_change_is_appended(backend, change):
     assert [item.mail.name for item in runtime.queue(QUEUE).browse()] == ["kept"]
 
 
+def test_options_left_out_of_the_url_keep_their_stored_values(backend):
+    backend.open(**BASE)
+    runtime = backend.open(bucket_count=3)
+    assert runtime.view_configuration == QueueViewConfiguration(4 * MICROS_PER_SECOND, 3, 10**9)
+    assert backend.open().view_configuration == runtime.view_configuration
+
+
 def test_the_pace_may_go_down_and_up_again(backend):
     for pace in (10**9, 1, 10**9):
         backend.open(**{**BASE, "update_browse_start_pace": pace})
