@@ -28,4 +28,4 @@ ui: setup
 	DAGSTER_HOME=$(abspath .dagster) $(BIN)/dagster dev -w workspace.yaml
 
 clean:
-	rm -rf $(VENV) .mailq .dagster
+	rm -rf $(VENV) .mailq .mailq-demo .dagster

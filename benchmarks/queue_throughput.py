@@ -4,8 +4,10 @@
                                                     [--profile enqueue|dequeue]
 
 Measures, on a fresh data dir next to the repository (same disk, removed at the end):
-  1. enqueue of N mails of ~10 KiB, each with a random body so that nothing deduplicates;
-  2. dequeue + done() of each;
+  1. enqueue of N mails of ~10 KiB, each with a random body so that nothing deduplicates, from
+     `--threads` concurrent callers (as an MTA's SMTP sessions are; they share commits), and of N/4 from
+     one thread for comparison;
+  2. dequeue + done() of each, likewise;
   3. size() on a queue with a long history (`--history` processed mails over 30 days of 1h slices,
      browse_start left at its start: the worst case) and `--live` live mails, checked against the live
      count;
@@ -26,6 +28,7 @@ import shutil
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from contextlib import closing
@@ -78,31 +81,52 @@ def profiled(enabled: bool, phase: Callable[[], list[float]]) -> list[float]:
     return latencies
 
 
-def enqueue_phase(runtime: Runtime, mails: int, size: int) -> list[float]:
-    queue = runtime.queue("throughput")
-    latencies = []
-    for _ in range(mails):
-        # Built outside the timed call: the generator is not what is measured.
-        mail = bench_mail(size)
-        started = time.perf_counter()
-        queue.enqueue(mail)
-        latencies.append(time.perf_counter() - started)
-    return latencies
+def _run_threads(threads: int, mails: int, operation: Callable[[int], None]) -> tuple[list[float], float]:
+    """Run `operation(i)` for i in range(mails) on `threads` threads; per-call latencies and wall time."""
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+
+    def work(lane: int) -> None:
+        try:
+            for i in range(lane, mails, threads):
+                started = time.perf_counter()
+                operation(i)
+                latencies[lane].append(time.perf_counter() - started)
+        except BaseException as error:
+            errors.append(error)
+
+    workers = [threading.Thread(target=work, args=(lane,)) for lane in range(threads)]
+    started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    wall = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return [latency for lane in latencies for latency in lane], wall
 
 
-def dequeue_phase(runtime: Runtime, mails: int) -> list[float]:
-    queue = runtime.queue("throughput")
-    latencies = []
-    for _ in range(mails):
-        started = time.perf_counter()
-        item = queue.dequeue(timeout=0)
+def enqueue_phase(runtime: Runtime, mails: int, size: int, threads: int) -> tuple[list[float], float]:
+    queue = runtime.queue(f"throughput-{threads}")
+    # Built before the clock starts: the generator is not what is measured.
+    prepared = [bench_mail(size) for _ in range(mails)]
+    return _run_threads(threads, mails, lambda i: queue.enqueue(prepared[i]))
+
+
+def dequeue_phase(runtime: Runtime, mails: int, threads: int) -> tuple[list[float], float]:
+    queue = runtime.queue(f"throughput-{threads}")
+
+    def take(_: int) -> None:
+        item = queue.dequeue(timeout=5)
         if item is None:
             raise AssertionError("the queue ran dry before every enqueued mail was dequeued")
         item.done()
-        latencies.append(time.perf_counter() - started)
+
+    measured = _run_threads(threads, mails, take)
     if queue.size() != 0:
         raise AssertionError(f"{queue.size()} mails left after dequeuing all of them")
-    return latencies
+    return measured
 
 
 def build_history(runtime: Runtime, history: int) -> int:
@@ -187,6 +211,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=10_240, help="bytes per mail")
     parser.add_argument("--history", type=int, default=1_000_000, help="processed mails behind size()")
     parser.add_argument("--live", type=int, default=1000, help="live mails counted by size()")
+    parser.add_argument("--threads", type=int, default=8, help="concurrent callers, as SMTP sessions are")
     parser.add_argument("--profile", choices=("enqueue", "dequeue"), help="print a phase's top costs")
     args = parser.parse_args()
 
@@ -196,9 +221,14 @@ def main() -> None:
         synchronous = SYNCHRONOUS[settings.durability]
         print(f"data dir {work} (durability {settings.durability}: synchronous={synchronous})")
         with Runtime(settings) as runtime:
-            enqueue = profiled(args.profile == "enqueue",
-                               lambda: enqueue_phase(runtime, args.mails, args.size))
-            dequeue = profiled(args.profile == "dequeue", lambda: dequeue_phase(runtime, args.mails))
+            single_enqueue = enqueue_phase(runtime, args.mails // 4, args.size, 1)
+            single_dequeue = dequeue_phase(runtime, args.mails // 4, 1)
+            enqueue, enqueue_wall = profiled(
+                args.profile == "enqueue", lambda: enqueue_phase(runtime, args.mails, args.size, args.threads)
+            )
+            dequeue, dequeue_wall = profiled(
+                args.profile == "dequeue", lambda: dequeue_phase(runtime, args.mails, args.threads)
+            )
         with Runtime(Settings(backend="embedded", data_dir=work / "history")) as runtime:
             started = time.perf_counter()
             slices = build_history(runtime, args.history)
@@ -208,10 +238,13 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    enqueue_rate, dequeue_rate = args.mails / sum(enqueue), args.mails / sum(dequeue)
+    enqueue_rate, dequeue_rate = args.mails / enqueue_wall, args.mails / dequeue_wall
     figures = {
+        "threads": args.threads,
         "enqueue_per_s": round(enqueue_rate),
         "dequeue_ack_per_s": round(dequeue_rate),
+        "single_thread_enqueue_per_s": round(args.mails // 4 / single_enqueue[1]),
+        "single_thread_dequeue_ack_per_s": round(args.mails // 4 / single_dequeue[1]),
         "enqueue_p50_ms": ms(enqueue, 0.5),
         "enqueue_p99_ms": ms(enqueue, 0.99),
         "dequeue_p50_ms": ms(dequeue, 0.5),
@@ -233,9 +266,10 @@ def main() -> None:
     }
     f = figures
     print(f"enqueue          {f['enqueue_per_s']:6} mails/s  p50 {f['enqueue_p50_ms']} ms"
-          f"  p99 {f['enqueue_p99_ms']} ms  ({args.mails} mails of {args.size} bytes)")
+          f"  p99 {f['enqueue_p99_ms']} ms  ({args.mails} mails of {args.size} bytes, {args.threads} threads;"
+          f" one thread: {f['single_thread_enqueue_per_s']} mails/s)")
     print(f"dequeue + done() {f['dequeue_ack_per_s']:6} mails/s  p50 {f['dequeue_p50_ms']} ms"
-          f"  p99 {f['dequeue_p99_ms']} ms")
+          f"  p99 {f['dequeue_p99_ms']} ms  (one thread: {f['single_thread_dequeue_ack_per_s']} mails/s)")
     print(f"history          {args.history} processed mails in {slices} slices, inserted with SQL "
           f"in {history_seconds:.1f} s")
     print(f"size()           {answer} (live: {args.live})  p50 {f['size_p50_ms']} ms"

@@ -335,9 +335,14 @@ def _configuration_report(configuration: QueueViewConfiguration, changes: int, *
     return Report(data, lines)
 
 
+def _changes(runtime: Runtime) -> int:
+    """Changes after the first event, which records the configuration the data dir started with."""
+    return len(runtime.configuration.history()) - 1
+
+
 def _config_show(args: argparse.Namespace) -> Report:
     with Runtime.open(args.url) as runtime:
-        return _configuration_report(runtime.configuration.current(), len(runtime.configuration.history()))
+        return _configuration_report(runtime.configuration.current(), _changes(runtime))
 
 
 def _config_set(args: argparse.Namespace) -> Report:
@@ -354,7 +359,7 @@ def _config_set(args: argparse.Namespace) -> Report:
             update_browse_start_pace=current.update_browse_start_pace if args.pace is None else args.pace,
         )
         changed = runtime.configuration.register(wanted)
-        report = _configuration_report(runtime.configuration.current(), len(runtime.configuration.history()),
+        report = _configuration_report(runtime.configuration.current(), _changes(runtime),
                                        changed=changed)
     report.lines.insert(0, "configuration changed" if changed else "configuration unchanged")
     return report

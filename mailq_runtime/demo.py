@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict
 from datetime import datetime
 from email.utils import format_datetime
 from pathlib import Path
@@ -331,7 +332,7 @@ def run(data_dir: Path, mails: int = 3000, progress: Progress = no_progress) -> 
     fresh_data_dir(data_dir)
     rng = random.Random()
     clock = SimulatedClock(system_clock() - SPAN - DELIVERY_SPAN)
-    settings = Settings(backend="embedded", data_dir=data_dir, view_configuration=CONFIGURATION)
+    settings = Settings(backend="embedded", data_dir=data_dir, view_configuration=asdict(CONFIGURATION))
     with Runtime(settings, clock) as runtime:
         queue = runtime.queue(QUEUE)
         traffic = generate_traffic(queue, clock, mails, rng, progress)

@@ -144,15 +144,19 @@ class MailQueue:
         header, body = split_message(mail.message)
         window = self.configuration.slice_window
         bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
-        # One transaction on the embedded store: content references, view row and broker message
-        # commit together or not at all.
-        with self.view.transaction():
+
+
+        def write() -> None:
             row = EnqueuedMail.of(
                 mail, self.name, enqueue_id, now, next_delivery, priority, slice_of(now, window), bucket,
                 self.blobs.save(enqueue_id, header), self.blobs.save(enqueue_id, body),
             )
             self.view.insert(row)
             self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
+
+        # On the embedded store the content references, the view row and the broker message commit
+        # together or not at all, in a commit shared with concurrent enqueuers.
+        self.view.atomically(write)
         return enqueue_id
 
     def dequeue(self, timeout: float | None = None) -> MailQueueItem | None:
@@ -199,10 +203,12 @@ class MailQueue:
         return row.to_mail(self.blobs.read(row.header_blob_id) + self.blobs.read(row.body_blob_id))
 
     def _done(self, delivery: Delivery, row: EnqueuedMail) -> None:
-        with self.view.transaction():
+        def write() -> None:
             self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
             self.blobs.release(row.enqueue_id)
             self.broker.ack(delivery)
+
+        self.view.atomically(write)
         self._maybe_update_browse_start()
 
     def _dead_letter(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from .clock import from_datetime, to_datetime
 from .model import BlobId, EnqueueId, Mail, PerRecipientHeader
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class QueueView(Protocol):
     """The tables of records 31 and 32, one implementation per store."""
 
     def transaction(self): ...
+    def atomically(self, work: Callable[[], T]) -> T: ...
     def create_queue(self, queue: str, slice_start: int, now: int) -> None: ...
     def queue_names(self) -> list[str]: ...
     def queue_exists(self, queue: str) -> bool: ...

@@ -42,8 +42,9 @@ class Runtime:
             EmbeddedMailboxTables(self.store), self.blobs, clock, settings.max_message_size
         )
         self.configuration = ConfigurationStore(self.view, clock)
-        if settings.view_configuration is not None:
-            self.configuration.register(replace(self.configuration.current(), **settings.view_configuration))
+        # Registered even when nothing is asked, so the configuration in effect is an event that every
+        # later change is checked against.
+        self.configuration.register(replace(self.configuration.current(), **(settings.view_configuration or {})))
         # Read once: the rules on changes make a stale value safe (old slices are multiples of new ones,
         # old buckets are a subset of new ones), as with James reading it at start-up.
         self.view_configuration = self.configuration.current()

@@ -21,6 +21,9 @@ class EmbeddedQueueView:
     def transaction(self):
         return self.store.transaction()
 
+    def atomically(self, work):
+        return self.store.atomically(work)
+
     # queues
     def create_queue(self, queue: str, slice_start: int, now: int) -> None:
         with self.store.transaction() as db:

@@ -211,11 +211,6 @@ def test_config_set_rejected_changes_nothing(mailq, mailq_json, args, words):
     assert mailq_json("config", "show") == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ConfigurationStore.register validates only against a stored event: the implicit default (1h) "
-    "is never one, so the first change from it is accepted unchecked",
-)
 def test_first_change_from_the_default_configuration_is_checked(mailq, mailq_json, eml):
     enqueue(mailq, eml)  # a slice of the default 1h window now holds a mail
 

@@ -1,0 +1,55 @@
+"""Shared by the Spark tests: one local[2] session for the whole run, and empty embedded stores."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from mailq_runtime.stores.embedded import DATABASE_FILE
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # Every Python worker, data source planning included, runs this interpreter (the one with pyarrow):
+    # the variable is read when the session starts, the spark.pyspark.python setting is not.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("mailq-pipeline-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@dataclass
+class Store:
+    data_dir: Path
+    connection: sqlite3.Connection  # autocommit, kept open while Spark reads, as the runtime would
+
+    @property
+    def url(self) -> str:
+        return f"embedded://{self.data_dir}"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """An embedded store with the runtime's schema and no rows."""
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
+    yield Store(tmp_path, connection)
+    connection.close()
