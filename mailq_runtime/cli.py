@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -25,6 +27,7 @@ from .model import Mail, parse_duration
 from .queue import BrowseItem, MailQueue
 from .runtime import Runtime
 from .settings import DEFAULT_URL, URL_VARIABLE
+from .worker import run_worker
 
 EXIT_BAD_INPUT = 2
 # Below this many items a bar would only flicker.
@@ -310,6 +313,32 @@ def _update_browse_start(args: argparse.Namespace) -> Report:
     return Report(data, [line])
 
 
+def _worker(args: argparse.Namespace) -> Report:
+    stop = threading.Event()
+    # SIGTERM and Ctrl-C ask for a graceful stop: the mail in hand is finished, then the worker returns.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    with Runtime.open(args.url) as runtime:
+        stats = run_worker(
+            runtime, args.queue, local_domains=args.domain, stop=stop, idle_timeout=args.idle_exit,
+            retry_delay=args.retry_delay, max_attempts=args.max_attempts,
+        )
+    data = asdict(stats)
+    return Report(data, [f"{args.queue}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in data.items())])
+
+
+def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("worker", help="deliver a queue's mails to the local recipients' INBOXes")
+    parser.add_argument("--queue", default="spool", help="the queue to serve (default: spool)")
+    parser.add_argument("--domain", action="append", required=True, metavar="DOMAIN",
+                        help="a local domain; repeat it for more (other recipients are dead-lettered)")
+    parser.add_argument("--idle-exit", type=float, metavar="SECONDS",
+                        help="return once the queue stayed empty this long (default: serve until stopped)")
+    parser.add_argument("--retry-delay", default="5m", metavar="DURATION", help="delay before a retry")
+    parser.add_argument("--max-attempts", type=int, default=5, metavar="N", help="then dead-letter")
+    parser.set_defaults(handler=_worker)
+
+
 def add_update_browse_start_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "update-browse-start", help="advance browse_start and clean the content before it (records 31, 32)"
@@ -409,6 +438,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_enqueue_parser,
     add_update_browse_start_parser,
     add_config_parser,
+    add_worker_parser,
     add_demo_parser,
 ]
 

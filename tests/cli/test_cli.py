@@ -313,3 +313,22 @@ def test_progress_bar_only_on_a_terminal():
     drawn = terminal.getvalue()
     assert "browse spool [" + "#" * 30 + "] 1000/1000" in drawn
     assert drawn.endswith("\r")  # erased, so the command's own output starts on a clean line
+
+
+def test_worker_delivers_local_recipients_and_dead_letters_the_rest(mailq, mailq_json, eml, url):
+    enqueue(mailq, eml, rcpt=(BOB, DAVE))
+    enqueue(mailq, eml, rcpt=(CAROL,))
+
+    stats = mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+
+    assert stats == {"delivered": 1, "retried": 0, "dead_lettered": 1, "appended": 2}
+    assert mailq_json("size", "spool")["size"] == 0
+    with Runtime.open(url) as runtime:
+        inboxes = {m.user: runtime.mailboxes.counters(m.id).count for m in runtime.mailboxes.list()}
+        assert inboxes == {BOB: 1, DAVE: 1}
+        (dead,) = runtime.queue("spool").dead_letters()
+        assert CAROL in dead.reason
+
+
+def test_worker_needs_a_local_domain(mailq):
+    assert_bad_input(mailq("worker"), "--domain")
