@@ -4,7 +4,6 @@ Sensors read the live runtime cheaply (indexed queries, a small sample) and requ
 never do the work themselves. Thresholds come from the environment so an operator tunes them without code.
 """
 
-from __future__ import annotations
 
 import json
 import os

@@ -8,7 +8,6 @@ A Bloom filter has no false negatives, so a live blob is never collected; a fals
 garbage until a later iteration, whose new salt gives different false positives.
 """
 
-from __future__ import annotations
 
 import time
 import uuid
@@ -21,7 +20,7 @@ from pyspark.sql import functions as F
 from mailq_runtime.clock import to_datetime
 from resources import MailqRuntime
 
-from .spark.bloom import absent_from_filter, build_filters, exact_absent
+from .spark.bloom import FILTER_COLUMN, bloom_filter, exact_absent, filter_bits, not_in_filter
 from .spark.collect import collect_blobs
 from .spark.table_source import read_table
 
@@ -94,31 +93,54 @@ def live_reference_filter(
 ) -> dg.Output[DataFrame]:
     """Per eligible generation with deletions, a Bloom filter of its live references, salted for this run."""
     spark = pyspark.spark_session
-    generations = [r["generation"] for r in deletion_sets.select("generation").distinct().collect()]
-    references = read_table(spark, mailq.url, "blob_references").where(F.col("generation").isin(generations))
+    generations = sorted(r["generation"] for r in deletion_sets.select("generation").distinct().collect())
+    references = read_table(spark, mailq.url, "blob_references", columns=["blob_id", "generation"])
     salt = uuid.uuid4().hex
     started = time.monotonic()
-    filters = build_filters(
-        references, salt, config.false_positive_probability, config.expected_references or None
-    ).cache()
-    summary = filters.select("generation", "references", "expected_references", "bits").collect()
+    filters, summary = [], []
+    for generation in generations:
+        live = references.where(F.col("generation") == generation)
+        expected = config.expected_references or max(live.count(), 1)
+        bits = filter_bits(expected, config.false_positive_probability)
+        filters.append(
+            bloom_filter(live, "blob_id", expected, config.false_positive_probability, salt).select(
+                F.lit(generation).cast("long").alias("generation"),
+                F.lit(salt).alias("salt"),
+                F.lit(expected).cast("long").alias("expected_references"),
+                F.lit(bits).cast("long").alias("bits"),
+                FILTER_COLUMN,
+            )
+        )
+        summary.append(f"| rg{generation} | {expected} | {bits} |")
+    result = filters[0] if filters else spark.createDataFrame([], FILTER_SCHEMA)
+    for more in filters[1:]:
+        result = result.unionByName(more)
+    result = result.localCheckpoint()  # built here, eagerly, so that the time below is the build's
     return dg.Output(
-        filters,
+        result,
         metadata={
             "salt": salt,
             "false_positive_probability": config.false_positive_probability,
-            "references": sum(r["references"] for r in summary),
-            "filter_bytes": sum(r["bits"] for r in summary) // 8,
+            "generations": dg.MetadataValue.json(generations),
             "build_seconds": round(time.monotonic() - started, 3),
             "per_generation": dg.MetadataValue.md(
-                "| generation | references | expected | bits |\n|---|---|---|---|\n"
-                + "\n".join(
-                    f"| rg{r['generation']} | {r['references']} | {r['expected_references']} | {r['bits']} |"
-                    for r in summary
-                )
+                "| generation | expected references | bits |\n|---|---|---|\n" + "\n".join(summary)
             ),
         },
     )
+
+
+FILTER_SCHEMA = "generation long, salt string, expected_references long, bits long, bloom_filter binary"
+
+
+def _absent_from_filters(filters: DataFrame, concerned: DataFrame) -> DataFrame:
+    """The concerned blobs that their generation's filter does not contain."""
+    absent = concerned.limit(0)
+    for row in filters.select("generation", "salt").collect():
+        bloom = filters.where(F.col("generation") == row["generation"]).select(FILTER_COLUMN)
+        in_generation = concerned.where(F.col("generation") == row["generation"])
+        absent = absent.unionByName(not_in_filter(bloom, in_generation, "blob_id", row["salt"]))
+    return absent
 
 
 class CollectConfig(dg.Config):
@@ -142,7 +164,7 @@ def collected_blobs(
     if config.exact:
         candidates = exact_absent(references, deletion_sets, "blob_id")
     else:
-        candidates = absent_from_filter(live_reference_filter, deletion_sets, "blob_id")
+        candidates = _absent_from_filters(live_reference_filter, deletion_sets)
     candidates = candidates.select("blob_id", "generation").cache()
     kept = deletion_sets.join(candidates, ["blob_id", "generation"], "left_anti")
     # An exact look at what the filter kept: live blobs, and false positives left for a later run.

@@ -1,6 +1,5 @@
 """The code location: every asset, check, job, sensor and schedule of mailq's maintenance pipeline."""
 
-from __future__ import annotations
 
 import os
 

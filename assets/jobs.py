@@ -1,6 +1,5 @@
 """The maintenance jobs. They run in one process so that every Spark step shares one session."""
 
-from __future__ import annotations
 
 import dagster as dg
 

@@ -7,7 +7,6 @@ are reset. Resets are compare-and-set on the values read, so a counter that move
 the next run, which converges (record 23's consequence, without its lost updates).
 """
 
-from __future__ import annotations
 
 import time
 

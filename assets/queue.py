@@ -1,6 +1,5 @@
 """The mail queue's maintenance (records 31 and 32): per-slice statistics and the content clean-up."""
 
-from __future__ import annotations
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource

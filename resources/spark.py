@@ -1,7 +1,6 @@
 """Spark for the maintenance assets: `local[*]` by default; MAILQ_SPARK_MASTER and MAILQ_SPARK_CONF
 (`key=value,key=value`) point the same code at a cluster."""
 
-from __future__ import annotations
 
 import os
 import sys
@@ -18,9 +17,6 @@ def spark_config(environ: dict[str, str] | None = None) -> dict[str, str]:
         "spark.sql.shuffle.partitions": "8",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
-        # Executors run the data source's Python code: use this interpreter, where mailq is installed.
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
     }
     for pair in filter(None, environ.get("MAILQ_SPARK_CONF", "").split(",")):
         key, _, value = pair.partition("=")
@@ -30,4 +26,7 @@ def spark_config(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def spark_resource() -> LazyPySparkResource:
     """Lazy: sensors and the assets that need no Spark never pay for starting a session."""
+    # Python workers (the data source's readers included) run this interpreter, where mailq is installed.
+    # PySpark reads the variable when the context starts; the spark.pyspark.python setting it ignores.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return LazyPySparkResource(spark_config=spark_config())

@@ -1,13 +1,13 @@
 """The Bloom-filter building block of the blob GC (record 39), computed by Spark, never by a Python loop.
 
-`absent_from_filter` keeps the candidate rows whose key is not in a Bloom filter of the references: the
-filter is built by Spark's `BloomFilterAggregate` (partial filters on the executors, merged in one task),
-handed to the probing tasks as the value of a scalar subquery, and tested by `BloomFilterMightContain`
-on the executors. Both expressions ship with Spark but PySpark 4.3 exposes neither, so
-`register_bloom_functions` puts them into the session's function registry as `bloom_filter_agg` and
-`might_contain`. (The other route, `df._jdf.stat().bloomFilter(...)`, builds the same filter into the
-driver's JVM, from where it can only be tested key by key through py4j, or sent back to the executors as
-a literal: slower, and eager.)
+`absent_from_filter` keeps the candidate rows whose key is not in a Bloom filter of the references
+(`bloom_filter` then `not_in_filter`, for a filter kept between the two). The filter is built by Spark's
+`BloomFilterAggregate` (partial filters on the executors, merged in one task), handed to the probing
+tasks as the value of a scalar subquery, and tested by `BloomFilterMightContain` on the executors.
+Both expressions ship with Spark but PySpark 4.3 exposes neither: `register_bloom_functions` puts them
+into the session's function registry as `bloom_filter_agg` and `might_contain`. (The other route,
+`df._jdf.stat().bloomFilter(...)`, builds the same filter into the driver's JVM, from where it can only
+be tested key by key through py4j, or sent back to the executors as a literal: slower, and eager.)
 
 Keys are strings. `might_contain` only takes a long, so a key enters the filter as
 xxhash64(salt + key): equal keys give equal hashes, so there are still no false negatives; a hash
@@ -21,7 +21,7 @@ import math
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType
+from pyspark.sql.types import BinaryType, StringType
 
 _EXPRESSIONS = {
     "bloom_filter_agg": "org.apache.spark.sql.catalyst.expressions.aggregate.BloomFilterAggregate",
@@ -88,6 +88,27 @@ def bloom_filter(references: DataFrame, key: str, expected_count: int, fpp: floa
     )
 
 
+def not_in_filter(bloom: DataFrame, candidates: DataFrame, key: str, salt: str) -> DataFrame:
+    """The candidate rows whose key is not in `bloom`, a `bloom_filter` result (one row, with the column
+    `bloom_filter`) built with the same salt. Candidates with a NULL key are left out."""
+    _check_key(candidates, key, "candidates")
+    _check_salt(salt)
+    column = next((field for field in bloom.schema.fields if field.name == FILTER_COLUMN), None)
+    if column is None or not isinstance(column.dataType, BinaryType):
+        raise ValueError(f"the filter needs a binary column {FILTER_COLUMN!r}: {bloom.schema.simpleString()}")
+    register_bloom_functions(candidates.sparkSession)
+    # Exactly one row, or the query fails: no row at all would read as NULL, the filter of no reference,
+    # and every candidate would be collected.
+    single = bloom.agg(
+        F.when(F.count(F.lit(1)) == 1, F.first(FILTER_COLUMN)).otherwise(
+            F.raise_error(F.lit(f"a Bloom filter must be one row, the {FILTER_COLUMN!r} of bloom_filter()"))
+        )
+    )
+    might_contain = F.call_function("might_contain", single.scalar(), _salted_hash(key, salt))
+    # The filter of no reference is NULL, and so is might_contain: such a key is absent.
+    return candidates.where(F.col(key).isNotNull() & ~F.coalesce(might_contain, F.lit(False)))
+
+
 def absent_from_filter(
     references: DataFrame, candidates: DataFrame, key: str, expected_count: int, fpp: float, salt: str
 ) -> DataFrame:
@@ -98,10 +119,7 @@ def absent_from_filter(
     are left out. Lazy: every action on the result builds the filter again, so cache it to use it twice.
     """
     _check_key(candidates, key, "candidates")
-    bloom = bloom_filter(references, key, expected_count, fpp, salt)
-    might_contain = F.call_function("might_contain", bloom.scalar(), _salted_hash(key, salt))
-    # No reference at all: the aggregate of no rows is NULL, and so is might_contain; such a key is absent.
-    return candidates.where(F.col(key).isNotNull() & ~F.coalesce(might_contain, F.lit(False)))
+    return not_in_filter(bloom_filter(references, key, expected_count, fpp, salt), candidates, key, salt)
 
 
 def exact_absent(references: DataFrame, candidates: DataFrame, key: str) -> DataFrame:

@@ -53,3 +53,11 @@ def store(tmp_path: Path) -> Iterator[Store]:
     connection.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
     yield Store(tmp_path, connection)
     connection.close()
+
+
+@pytest.fixture
+def pipeline_resources(spark: SparkSession):
+    """Dagster resources on a data dir, sharing the session's Spark (getOrCreate finds it)."""
+    from .pipeline import resources_for
+
+    return lambda data_dir: resources_for(Path(data_dir), {"spark.master": "local[2]"})

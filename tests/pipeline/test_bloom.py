@@ -9,7 +9,14 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from assets.spark.bloom import absent_from_filter, bloom_filter, exact_absent, filter_bits
+from assets.spark.bloom import (
+    FILTER_COLUMN,
+    absent_from_filter,
+    bloom_filter,
+    exact_absent,
+    filter_bits,
+    not_in_filter,
+)
 
 REFERENCED = 200_000
 FPP = 0.01
@@ -68,6 +75,22 @@ def test_another_salt_keeps_back_other_garbage(references: DataFrame, candidates
     assert other and len(first & other) < len(first) / 10  # independent: about FPP of them in common
 
 
+def test_a_kept_filter_probes_like_a_fresh_one(references: DataFrame, candidates: DataFrame) -> None:
+    kept = bloom_filter(references, "blob_id", REFERENCED, FPP, "run-1:").localCheckpoint()
+    fresh = absent_from_filter(references, candidates, "blob_id", REFERENCED, FPP, "run-1:")
+    assert ids(not_in_filter(kept, candidates, "blob_id", "run-1:")) == ids(fresh)
+
+
+@pytest.mark.parametrize("rows", [0, 2])
+def test_a_filter_that_is_not_one_row_fails_the_query(
+    references: DataFrame, candidates: DataFrame, rows: int
+) -> None:
+    one = bloom_filter(references, "blob_id", REFERENCED, FPP, "s")
+    bloom = one.limit(0) if rows == 0 else one.unionByName(one)
+    with pytest.raises(Exception, match="a Bloom filter must be one row"):
+        not_in_filter(bloom, candidates, "blob_id", "s").count()
+
+
 def test_without_references_every_candidate_is_absent(spark: SparkSession, candidates: DataFrame) -> None:
     nothing = blob_ids(spark, 0, 0).select("blob_id")
     assert bloom_filter(nothing, "blob_id", 10, FPP, "s").first()[0] is None
@@ -117,3 +140,5 @@ def test_invalid_keys_and_salts_are_clear_errors(references: DataFrame, candidat
         exact_absent(candidates, candidates, "id")
     with pytest.raises(ValueError, match="salt must be a non-empty string"):
         absent_from_filter(references, candidates, "blob_id", 10, FPP, "")
+    with pytest.raises(ValueError, match=f"the filter needs a binary column '{FILTER_COLUMN}'"):
+        not_in_filter(references, candidates, "blob_id", "s")

@@ -1,0 +1,64 @@
+"""Helpers of the pipeline tests: resources on a temporary data dir, asset runs, tables in the record's words."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from assets import blobs
+from mailq_runtime import Runtime
+from resources import MailqRuntime
+from resources.parquet_io import SparkParquetIOManager
+
+GC_ASSETS = [
+    blobs.reference_generations,
+    blobs.deletion_sets,
+    blobs.live_reference_filter,
+    blobs.collected_blobs,
+    blobs.no_live_blob_collected,
+]
+
+
+def resources_for(data_dir: Path, spark_config: dict[str, str]) -> dict:
+    pyspark = LazyPySparkResource(spark_config=spark_config)
+    return {
+        "mailq": MailqRuntime(url=f"embedded://{data_dir}"),
+        "pyspark": pyspark,
+        "spark_parquet": SparkParquetIOManager(base_path=str(data_dir / "pipeline"), pyspark=pyspark),
+    }
+
+
+def materialized(result: dg.ExecuteInProcessResult, asset: str) -> dict:
+    """The metadata of the asset's materialization, as plain values."""
+    (event,) = result.asset_materializations_for_node(asset)
+    return {key: value.value for key, value in event.metadata.items()}
+
+
+def checks_passed(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
+    return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+
+
+def run_gc(resources: dict, **collect_config: object) -> dict:
+    """One GC iteration; returns the figures of `collected_blobs`, after its check passed."""
+    run_config = {"ops": {"collected_blobs": {"config": collect_config}}} if collect_config else None
+    result = dg.materialize(GC_ASSETS, resources=resources, run_config=run_config)
+    assert result.success
+    assert checks_passed(result) == {"no_live_blob_collected": True}
+    return materialized(result, "collected_blobs")
+
+
+def blob_tables(runtime: Runtime, labels: dict[str, str]) -> dict[str, list]:
+    """`blobs`, `blob_references` and `blob_deletions` in the record's words (b1.., rgN, gciN)."""
+    read = runtime.store.read
+    return {
+        "blobs": sorted((labels[b], f"rg{g}") for b, g in read("SELECT blob_id, generation FROM blobs")),
+        "references": sorted(
+            (owner, labels[b], f"rg{g}") for owner, b, g in read("SELECT owner, blob_id, generation FROM blob_references")
+        ),
+        "deletions": sorted(
+            (labels[b], f"rg{g}", f"gci{i}")
+            for b, g, i in read("SELECT blob_id, generation, gc_iteration FROM blob_deletions")
+        ),
+    }
