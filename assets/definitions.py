@@ -6,10 +6,9 @@ import os
 import dagster as dg
 
 from mailq_runtime.settings import DEFAULT_URL, URL_VARIABLE
-from resources import MailqRuntime, spark_resource
-from resources.parquet_io import SparkParquetIOManager
 
-from . import automation, blobs, jobs, mailboxes, queue
+from . import automation, jobs
+from .runner import ASSETS, CHECKS, build_resources
 
 
 def _runtime_url() -> str | dg.EnvVar:
@@ -17,15 +16,9 @@ def _runtime_url() -> str | dg.EnvVar:
     return dg.EnvVar(URL_VARIABLE) if URL_VARIABLE in os.environ else DEFAULT_URL
 
 
-def _pipeline_dir() -> str:
-    return os.environ.get("MAILQ_PIPELINE_DIR", os.path.abspath(".mailq/pipeline"))
-
-
-pyspark = spark_resource()
-
 defs = dg.Definitions(
-    assets=dg.load_assets_from_modules([blobs, mailboxes, queue]),
-    asset_checks=dg.load_asset_checks_from_modules([blobs, mailboxes, queue]),
+    assets=ASSETS,
+    asset_checks=CHECKS,
     jobs=[
         jobs.blob_gc_job,
         jobs.orphan_sweep_job,
@@ -36,10 +29,6 @@ defs = dg.Definitions(
     ],
     sensors=[automation.deletions_waiting_sensor, automation.queue_cleanup_sensor, automation.counter_drift_sensor],
     schedules=[automation.rotate_generation_schedule],
-    resources={
-        "mailq": MailqRuntime(url=_runtime_url()),
-        "pyspark": pyspark,
-        "spark_parquet": SparkParquetIOManager(base_path=_pipeline_dir(), pyspark=pyspark),
-    },
+    resources=build_resources(_runtime_url(), os.environ.get(URL_VARIABLE, DEFAULT_URL)),
     executor=dg.in_process_executor,
 )

@@ -8,23 +8,23 @@ from resources import MailqRuntime
 from . import blobs, mailboxes, queue
 
 blob_gc_job = dg.define_asset_job(
-    "blob_gc",
+    "blob_gc_job",
     selection=dg.AssetSelection.assets(
         blobs.reference_generations, blobs.deletion_sets, blobs.live_reference_filter, blobs.collected_blobs
     ),
     description="One GC iteration of record 39 over the eligible generations.",
 )
 orphan_sweep_job = dg.define_asset_job(
-    "orphan_sweep",
+    "orphan_sweep_job",
     selection=dg.AssetSelection.assets(blobs.orphan_blobs),
     description="The full sweep of unreferenced blobs that no deletion names.",
 )
 mailbox_counters_job = dg.define_asset_job(
-    "mailbox_counters", selection=dg.AssetSelection.groups(mailboxes.GROUP)
+    "mailbox_counters_job", selection=dg.AssetSelection.groups(mailboxes.GROUP)
 )
-queue_cleanup_job = dg.define_asset_job("queue_cleanup", selection=dg.AssetSelection.groups(queue.GROUP))
+queue_cleanup_job = dg.define_asset_job("queue_cleanup_job", selection=dg.AssetSelection.groups(queue.GROUP))
 maintenance_job = dg.define_asset_job(
-    "maintenance", selection=dg.AssetSelection.all(), description="Every maintenance asset, in lineage order."
+    "maintenance_job", selection=dg.AssetSelection.all(), description="Every maintenance asset, in lineage order."
 )
 
 

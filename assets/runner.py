@@ -1,0 +1,59 @@
+"""Runs the pipeline's jobs in-process on a given runtime URL: what `mailq gc`, `mailq counters recompute`,
+`mailq queue cleanup` and the demo call, so the command line materialises the very assets the UI shows."""
+
+import os
+from pathlib import Path
+
+import dagster as dg
+
+from mailq_runtime.settings import Settings
+from resources import MailqRuntime, spark_resource
+from resources.parquet_io import SparkParquetIOManager
+
+from . import blobs, mailboxes, queue
+
+ASSETS = dg.load_assets_from_modules([blobs, mailboxes, queue])
+CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, queue])
+
+
+def pipeline_dir(url: str) -> str:
+    """Where the assets' Parquet outputs go: MAILQ_PIPELINE_DIR, else `<data dir>/pipeline`."""
+    return os.environ.get("MAILQ_PIPELINE_DIR") or str(Path(Settings.from_url(url).data_dir, "pipeline").resolve())
+
+
+def build_resources(url: str | dg.EnvVar, data_dir_url: str) -> dict:
+    """The resources of every asset: the runtime at `url`, Spark, and the Parquet hand-over."""
+    pyspark = spark_resource()
+    return {
+        "mailq": MailqRuntime(url=url),
+        "pyspark": pyspark,
+        "spark_parquet": SparkParquetIOManager(base_path=pipeline_dir(data_dir_url), pyspark=pyspark),
+    }
+
+
+def instance() -> dg.DagsterInstance:
+    """The instance of DAGSTER_HOME when set, so runs from the command line show in the UI; else ephemeral."""
+    return dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+
+
+def materialize(
+    selection: dg.AssetSelection, url: str, run_config: dict | None = None
+) -> dg.ExecuteInProcessResult:
+    """Materialise `selection` (and run its checks) on the runtime at `url`; raises if a step fails."""
+    return dg.materialize(
+        [*ASSETS, *CHECKS],
+        selection=selection,
+        resources=build_resources(url, url),
+        run_config=run_config,
+        instance=instance(),
+    )
+
+
+def figures(result: dg.ExecuteInProcessResult, asset: str) -> dict:
+    """The metadata of the asset's materialisation in this run, as plain values."""
+    (event,) = result.asset_materializations_for_node(asset)
+    return {key: value.value for key, value in event.metadata.items()}
+
+
+def checks(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
+    return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
