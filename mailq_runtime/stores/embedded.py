@@ -99,15 +99,12 @@ class EmbeddedStore:
             batch, self._pending = self._pending[:_GROUP_LIMIT], self._pending[_GROUP_LIMIT:]
         try:
             with self.transaction() as connection:
-                for item in batch:
-                    connection.execute("SAVEPOINT work")
-                    try:
-                        item.value = item.work()
-                    except BaseException as error:
-                        connection.execute("ROLLBACK TO work")
-                        item.error = error
-                    connection.execute("RELEASE work")
-        except BaseException as error:  # the commit itself failed: nothing of the batch is durable
+                if len(batch) == 1:  # alone, a failure rolls the whole transaction back: no savepoint
+                    batch[0].value = batch[0].work()
+                else:
+                    for item in batch:
+                        _run_in_savepoint(connection, item)
+        except BaseException as error:  # the lone work or the commit failed: nothing of the batch is durable
             for item in batch:
                 item.error, item.value = error, None
         for item in batch:
@@ -152,6 +149,16 @@ class _Transaction:
         local.depth -= 1
         if self.outermost:
             self.connection.execute("ROLLBACK" if kind is not None else "COMMIT")
+
+
+def _run_in_savepoint(connection: sqlite3.Connection, item: _Work) -> None:
+    connection.execute("SAVEPOINT work")
+    try:
+        item.value = item.work()
+    except BaseException as error:
+        connection.execute("ROLLBACK TO work")
+        item.error = error
+    connection.execute("RELEASE work")
 
 
 class _Work:
