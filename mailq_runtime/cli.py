@@ -472,3 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print("\n".join(report.lines))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
