@@ -15,7 +15,16 @@ $(BIN)/mailq: pyproject.toml
 
 setup: $(BIN)/mailq
 
-demo: setup
+# The demo's runs are recorded in a persistent Dagster instance, which `make ui` opens on the demo's data.
+DAGSTER_DIR := $(abspath .dagster)
+DEMO_DIR := $(abspath .mailq-demo)
+
+$(DAGSTER_DIR)/dagster.yaml:
+	mkdir -p $(DAGSTER_DIR)
+	touch $@
+
+demo: export DAGSTER_HOME := $(DAGSTER_DIR)
+demo: setup $(DAGSTER_DIR)/dagster.yaml
 	$(BIN)/mailq demo
 
 test: setup
@@ -24,8 +33,11 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 
-ui: setup
-	DAGSTER_HOME=$(abspath .dagster) $(BIN)/dagster dev -w workspace.yaml
+ui: export DAGSTER_HOME := $(DAGSTER_DIR)
+ui: export MAILQ_URL := embedded://$(DEMO_DIR)
+ui: setup $(DAGSTER_DIR)/dagster.yaml
+	@test -f $(DEMO_DIR)/mailq.db || { echo "no demo data in $(DEMO_DIR): run 'make demo' first" >&2; exit 1; }
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1
 
 clean:
 	rm -rf $(VENV) .mailq .mailq-demo .dagster

@@ -38,9 +38,12 @@ def deletions_waiting_sensor(context: dg.SensorEvaluationContext, mailq: MailqRu
         return dg.SensorResult(
             skip_reason=f"{backlog.count} deletion(s) waiting for {waited // MICROS_PER_SECOND}s: below the thresholds"
         )
+    # A newly eligible generation's deletions may be older than the cursor: moving it back to them would
+    # count the deletions already requested for again at the next tick.
+    newest = max(backlog.newest, cursor["deleted_at"])
     return dg.SensorResult(
-        run_requests=[dg.RunRequest(run_key=f"gc-{backlog.current_generation}-{backlog.newest}")],
-        cursor=json.dumps({"generation": backlog.current_generation, "deleted_at": backlog.newest}),
+        run_requests=[dg.RunRequest(run_key=f"gc-{backlog.current_generation}-{newest}")],
+        cursor=json.dumps({"generation": backlog.current_generation, "deleted_at": newest}),
     )
 
 

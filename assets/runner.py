@@ -37,15 +37,23 @@ def instance() -> dg.DagsterInstance:
 
 
 def materialize(
-    selection: dg.AssetSelection, url: str, run_config: dict | None = None
+    selection: dg.AssetSelection,
+    url: str,
+    run_config: dict | None = None,
+    *,
+    raise_on_error: bool = True,
+    tags: dict[str, str] | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """Materialise `selection` (and run its checks) on the runtime at `url`; raises if a step fails."""
+    """Materialise `selection` (and run its checks) on the runtime at `url`; raises if a step fails,
+    unless `raise_on_error` is False (then `result.success` says)."""
     return dg.materialize(
         [*ASSETS, *CHECKS],
         selection=selection,
         resources=build_resources(url, url),
         run_config=run_config,
         instance=instance(),
+        raise_on_error=raise_on_error,
+        tags=tags,
     )
 
 
@@ -57,3 +65,36 @@ def figures(result: dg.ExecuteInProcessResult, asset: str) -> dict:
 
 def checks(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
     return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+
+
+# The console logger at WARNING: the command line prints its own report, while every event of the run
+# (DEBUG included) still goes to the instance, where the UI shows it.
+QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def summarise(result: dg.ExecuteInProcessResult) -> dict:
+    """The run as plain values: its id, success, every materialisation's figures, every check's result
+    and metadata, and the failed steps with their error."""
+    assets = {}
+    for event in result.get_asset_materialization_events():
+        name = event.asset_key.to_user_string()
+        assets[name] = figures(result, name)
+    evaluations = {
+        e.check_name: {
+            "asset": e.asset_key.to_user_string(),
+            "passed": e.passed,
+            "metadata": {key: value.value for key, value in e.metadata.items()},
+        }
+        for e in result.get_asset_check_evaluations()
+    }
+    failures = [
+        {"step": e.step_key, "error": (e.step_failure_data.error.message or "").strip()}
+        for e in result.get_step_failure_events()
+    ]
+    return {
+        "run_id": result.run_id,
+        "success": result.success and all(c["passed"] for c in evaluations.values()),
+        "assets": assets,
+        "checks": evaluations,
+        "failures": failures,
+    }

@@ -37,10 +37,12 @@ _PROGRESS_WIDTH = 30
 
 @dataclass
 class Report:
-    """What a subcommand did: `data` is the JSON document, `lines` the human rendering of it."""
+    """What a subcommand did: `data` is the JSON document, `lines` the human rendering of it, `status` the
+    exit status once it is printed (non-zero when the work ran but failed, e.g. a failed asset check)."""
 
     data: Any
     lines: list[str] = field(default_factory=list)
+    status: int = 0
 
 
 class _UsageError(Exception):
@@ -426,8 +428,11 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_demo)
 
 
-# A new subcommand joins by adding its `add_*_parser` here.
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+AddParser = Callable[[argparse._SubParsersAction], None]
+
+# A new subcommand joins by adding its `add_*_parser` here. (The maintenance pipeline's commands live in
+# `assets.commands`, which adds its own to these: this package imports neither Dagster nor Spark.)
+SUBCOMMANDS: list[AddParser] = [
     add_queues_parser,
     add_size_parser,
     add_browse_parser,
@@ -443,20 +448,22 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(subcommands: Sequence[AddParser] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="mailq", description="Operate mailq's mail queues.")
     parser.add_argument(
         "--url", help=f"the runtime to act on (default: ${URL_VARIABLE}, else {DEFAULT_URL})"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add_parser in SUBCOMMANDS:
+    for add_parser in SUBCOMMANDS if subcommands is None else subcommands:
         add_parser(subparsers)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, subcommands: Sequence[AddParser] | None = None) -> int:
+    """Run one `mailq` command; `subcommands` replaces SUBCOMMANDS (the console script passes the
+    pipeline's commands too). Returns the exit status."""
+    parser = build_parser(subcommands)
     try:
         args = parser.parse_args(argv)
         report = args.handler(args)
@@ -471,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report.data, indent=2))
     else:
         print("\n".join(report.lines))
-    return 0
+    return report.status
 
 
 if __name__ == "__main__":

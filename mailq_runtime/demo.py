@@ -1,9 +1,11 @@
-"""`mailq demo`: two hours of generated mail traffic through a fresh embedded queue, then its state.
+"""The traffic of `mailq demo`: two hours of generated mail through a fresh embedded queue.
 
 The steps are plain functions on one runtime (`generate_traffic`, `deliver`, `remove_by_sender`,
-`queue_state`), run in order by `run`; later steps (mailbox delivery, the maintenance pipeline) join the
-same way. Time is simulated so that the traffic spreads over many slices in a few seconds: that is what
-lets the demo show browse_start moving and record 32's clean-up dropping the rows of finished slices.
+`queue_state`). `simulate` runs the traffic part on a runtime from `open_demo`; `run` is the queue-only
+demo (traffic, then the queue's state). The full demo, `assets.demo`, goes on from `simulate` with the
+mailboxes (`demo_mailboxes`) and the maintenance pipeline. Time is simulated so that the traffic spreads
+over many slices in a few seconds: that is what lets the demo show browse_start moving and record 32's
+clean-up dropping the rows of finished slices.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from typing import Any
 from .clock import MICROS_PER_SECOND, system_clock, to_datetime
 from .config import QueueViewConfiguration
 from .errors import InvalidInput
+from .mailbox import Mailboxes
 from .model import Mail
 from .queue import MailQueue
 from .runtime import Runtime
 from .settings import Settings
 from .stores.embedded import DATABASE_FILE
+from .worker import WorkerStats, handle, normalise_domains
 
 QUEUE = "outbound"
 SPAN = 2 * 3600 * MICROS_PER_SECOND
@@ -41,11 +45,12 @@ CONFIGURATION = QueueViewConfiguration(
 )
 DELIVERED_SHARE = 0.8
 RETRY_DELAY = "5m"
+MAX_ATTEMPTS = 5
 
 SPAM_SENDER = "promo@deals.example"
 NEWSLETTER_SENDER = "news@shop.example"
-UNKNOWN_USER = "nobody@invalid.example"  # its mails are rejected to the dead letters
-GREYLISTING = "ops@slow.example"  # its server answers 'try again later' once: the mail is retried
+UNKNOWN_USER = "nobody@invalid.example"  # not a local domain: its mails are rejected to the dead letters
+GREYLISTING = "ops@slow.example"  # its first delivery attempt fails ('try again later'): the mail is retried
 PEOPLE = [
     ("Alice Martin", "alice@example.com"),
     ("Bob Chen", "bob@example.org"),
@@ -59,6 +64,9 @@ RECIPIENTS = [
     "lena@example.org", "mo@example.net", "nina@corp.example", "oscar@example.com", "pia@mail.example.net",
     "quinn@example.org", "ravi@example.net", "sara@corp.example", "tom@example.com", "uma@example.org",
 ]
+# The users whose INBOXes the queue delivers to; their domains are the local ones.
+LOCAL_USERS = (*RECIPIENTS, GREYLISTING)
+LOCAL_DOMAINS = normalise_domains({user.rsplit("@", 1)[1] for user in LOCAL_USERS})
 WORDS = (
     "meeting report invoice schedule quarter budget draft review release server deploy customer order "
     "shipment contract lunch agenda notes update figures minutes proposal travel ticket question answer "
@@ -245,14 +253,20 @@ def generate_traffic(
 
 
 def deliver(
-    queue: MailQueue, clock: SimulatedClock, count: int, progress: Progress = no_progress
+    queue: MailQueue,
+    mailboxes: Mailboxes,
+    clock: SimulatedClock,
+    count: int,
+    progress: Progress = no_progress,
 ) -> dict[str, Any]:
-    """Dequeue up to `count` mails over DELIVERY_SPAN of simulated time: reject those to an unknown user,
-    retry the greylisted ones once after RETRY_DELAY, acknowledge the others (the item's context manager
-    calls `done()`). The low-priority spam waits behind everything else, so most of it is still queued."""
+    """Dequeue up to `count` mails over DELIVERY_SPAN of simulated time and hand each to the worker's
+    delivery (`worker.handle`): a copy in the INBOX of every local recipient, then `done()`; a mail with
+    a recipient outside LOCAL_DOMAINS goes to the dead letters. The greylisted mails fail their first
+    attempt and are retried after RETRY_DELAY. The low-priority spam waits behind everything else, so most
+    of it is still queued."""
     started = time.perf_counter()
     step = DELIVERY_SPAN // count
-    delivered = retried = rejected = 0
+    stats = WorkerStats()
     with progress("deliver", count) as advance:
         for _ in range(count):
             clock.now += step
@@ -260,19 +274,16 @@ def deliver(
             advance(1)
             if item is None:
                 continue  # nothing due at this moment; retries and delays fall due as the clock moves
-            with item:
-                if UNKNOWN_USER in item.mail.recipients:
-                    item.reject(f"550 5.1.1 <{UNKNOWN_USER}>: user unknown")
-                    rejected += 1
-                elif GREYLISTING in item.mail.recipients and item.attempts == 1:
-                    item.retry(delay=RETRY_DELAY)
-                    retried += 1
-                else:
-                    delivered += 1
+            if GREYLISTING in item.mail.recipients and item.attempts == 1:
+                item.retry(delay=RETRY_DELAY)
+                stats.retried += 1
+            else:
+                handle(mailboxes, item, LOCAL_DOMAINS, RETRY_DELAY, MAX_ATTEMPTS, stats)
     return {
-        "delivered": delivered,
-        "retried": retried,
-        "rejected": rejected,
+        "delivered": stats.delivered,
+        "retried": stats.retried,
+        "rejected": stats.dead_lettered,
+        "appended": stats.appended,
         "seconds": round(time.perf_counter() - started, 2),
     }
 
@@ -325,19 +336,46 @@ def queue_state(runtime: Runtime, queue: MailQueue, sample: int = 5) -> dict[str
     }
 
 
-def run(data_dir: Path, mails: int = 3000, progress: Progress = no_progress) -> dict[str, Any]:
-    """The whole demo on a wiped `data_dir`; returns what it did and the queue's final state."""
+def open_demo(
+    data_dir: Path, mails: int, configuration: QueueViewConfiguration = CONFIGURATION, later: int = 0
+) -> tuple[Runtime, SimulatedClock]:
+    """Check the demo's size, wipe `data_dir` and open a runtime on it whose clock the steps move. The
+    clock starts so that SPAN + DELIVERY_SPAN + `later` (microseconds the caller's later steps move it
+    on) end about at the real time."""
     if mails < 10:
         raise InvalidInput(f"invalid demo size {mails}: at least 10 mails")
     fresh_data_dir(data_dir)
-    rng = random.Random()
-    clock = SimulatedClock(system_clock() - SPAN - DELIVERY_SPAN)
-    settings = Settings(backend="embedded", data_dir=data_dir, view_configuration=asdict(CONFIGURATION))
-    with Runtime(settings, clock) as runtime:
+    clock = SimulatedClock(system_clock() - SPAN - DELIVERY_SPAN - later)
+    settings = Settings(backend="embedded", data_dir=data_dir, view_configuration=asdict(configuration))
+    return Runtime(settings, clock), clock
+
+
+def describe_configuration(configuration: QueueViewConfiguration = CONFIGURATION) -> dict[str, int]:
+    return {
+        "slice_window_seconds": configuration.slice_window // MICROS_PER_SECOND,
+        "bucket_count": configuration.bucket_count,
+        "update_browse_start_pace": configuration.update_browse_start_pace,
+    }
+
+
+def simulate(
+    runtime: Runtime, clock: SimulatedClock, mails: int, progress: Progress = no_progress
+) -> dict[str, Any]:
+    """The traffic: `mails` generated mails enqueued, most delivered to the local INBOXes, the spam run
+    removed by the operator. Returns the figures of each step."""
+    queue = runtime.queue(QUEUE)
+    traffic = generate_traffic(queue, clock, mails, random.Random(), progress)
+    delivery = deliver(queue, runtime.mailboxes, clock, round(mails * DELIVERED_SHARE), progress)
+    removal = remove_by_sender(queue, SPAM_SENDER)
+    return {"traffic": traffic, "delivery": delivery, "removal": removal}
+
+
+def run(data_dir: Path, mails: int = 3000, progress: Progress = no_progress) -> dict[str, Any]:
+    """The queue demo on a wiped `data_dir`; returns what it did and the queue's final state."""
+    runtime, clock = open_demo(data_dir, mails)
+    with runtime:
+        steps = simulate(runtime, clock, mails, progress)
         queue = runtime.queue(QUEUE)
-        traffic = generate_traffic(queue, clock, mails, rng, progress)
-        delivery = deliver(queue, clock, round(mails * DELIVERED_SHARE), progress)
-        removal = remove_by_sender(queue, SPAM_SENDER)
         # As `mailq update-browse-start` would: the random updates may not have run since the removal.
         queue.update_browse_start()
         state = queue_state(runtime, queue)
@@ -345,14 +383,8 @@ def run(data_dir: Path, mails: int = 3000, progress: Progress = no_progress) -> 
     return {
         "data_dir": str(data_dir),
         "queue": QUEUE,
-        "configuration": {
-            "slice_window_seconds": CONFIGURATION.slice_window // MICROS_PER_SECOND,
-            "bucket_count": CONFIGURATION.bucket_count,
-            "update_browse_start_pace": CONFIGURATION.update_browse_start_pace,
-        },
-        "traffic": traffic,
-        "delivery": delivery,
-        "removal": removal,
+        "configuration": describe_configuration(),
+        **steps,
         "state": state,
         "next": [
             f"mailq --url {url} browse {QUEUE} --delayed --limit 10",
@@ -377,8 +409,9 @@ def describe(summary: dict[str, Any]) -> list[str]:
         f"{traffic['delayed']} delayed) over {traffic['simulated_span_hours']} simulated hours "
         f"in {traffic['seconds']} s",
         "           by sender: " + ", ".join(f"{s} {n}" for s, n in traffic["senders"].items()),
-        f"delivered  {delivery['delivered']} acknowledged, {delivery['retried']} retried after "
-        f"{RETRY_DELAY}, {delivery['rejected']} rejected to the dead letters, in {delivery['seconds']} s",
+        f"delivered  {delivery['delivered']} to {delivery['appended']} INBOX copies, {delivery['retried']} "
+        f"retried after {RETRY_DELAY}, {delivery['rejected']} rejected to the dead letters, "
+        f"in {delivery['seconds']} s",
         f"removed    {removal['removed']} mails from {removal['sender']} "
         f"({removal['initial_count']} -> {removal['remaining_count']})",
         "",

@@ -132,12 +132,12 @@ def run_worker(
         item = queue.dequeue(timeout=wait)
         if item is None:
             continue
-        _handle(runtime.mailboxes, item, domains, retry_delay, max_attempts, stats)
+        handle(runtime.mailboxes, item, domains, retry_delay, max_attempts, stats)
         idle_since = time.monotonic()
     return stats
 
 
-def _handle(
+def handle(
     mailboxes: Mailboxes,
     item: MailQueueItem,
     domains: frozenset[str],
@@ -145,6 +145,9 @@ def _handle(
     max_attempts: int,
     stats: WorkerStats,
 ) -> None:
+    """Deliver one dequeued mail and settle it as `run_worker` does, counting the outcome in `stats`.
+    `domains` are normalised (`normalise_domains`); the caller that drives its own dequeues (the demo, on
+    simulated time) gets exactly the worker's behaviour."""
     try:
         report = deliver(mailboxes, item.enqueue_id, item.mail, domains)
     except InvalidInput as error:

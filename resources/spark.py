@@ -4,8 +4,11 @@
 
 import os
 import sys
+from pathlib import Path
 
 from dagster_pyspark import LazyPySparkResource
+
+_LOG4J = Path(__file__).with_name("log4j2.properties").resolve()
 
 
 def spark_config(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -14,6 +17,10 @@ def spark_config(environ: dict[str, str] | None = None) -> dict[str, str]:
         "spark.master": environ.get("MAILQ_SPARK_MASTER", "local[*]"),
         "spark.app.name": "mailq-maintenance",
         "spark.ui.enabled": "false",
+        # No progress bars on the console and no start-up chatter: the command line prints its report,
+        # the runs' events are in Dagster.
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={_LOG4J.as_uri()}",
         "spark.sql.shuffle.partitions": "8",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",

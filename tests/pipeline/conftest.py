@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from mailq_runtime import Runtime
 from mailq_runtime.stores.embedded import DATABASE_FILE
 
 
@@ -53,6 +54,14 @@ def store(tmp_path: Path) -> Iterator[Store]:
     connection.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
     yield Store(tmp_path, connection)
     connection.close()
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[Runtime]:
+    """A runtime on an empty data dir, `tmp_path / "data"` (its url: `runtime.settings.data_dir`)."""
+    opened = Runtime.open(f"embedded://{tmp_path / 'data'}")
+    yield opened
+    opened.close()
 
 
 @pytest.fixture

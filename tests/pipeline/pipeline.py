@@ -1,4 +1,5 @@
-"""Helpers of the pipeline tests: resources on a temporary data dir, asset runs, tables in the record's words."""
+"""Helpers of the pipeline tests: resources on a temporary data dir, asset runs, tables in the record's
+words."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def blob_tables(runtime: Runtime, labels: dict[str, str]) -> dict[str, list]:
     return {
         "blobs": sorted((labels[b], f"rg{g}") for b, g in read("SELECT blob_id, generation FROM blobs")),
         "references": sorted(
-            (owner, labels[b], f"rg{g}") for owner, b, g in read("SELECT owner, blob_id, generation FROM blob_references")
+            (owner, labels[b], f"rg{g}")
+            for owner, b, g in read("SELECT owner, blob_id, generation FROM blob_references")
         ),
         "deletions": sorted(
             (labels[b], f"rg{g}", f"gci{i}")

@@ -1,0 +1,335 @@
+"""The `mailq` console script: the runtime's commands (`mailq_runtime.cli`) plus the maintenance pipeline's.
+
+    mailq gc [--dry-run] [--exact] [--orphans]   one GC iteration: the blob_gc assets (and the orphan sweep)
+    mailq counters recompute                     the mailboxes group: counters and projection repaired
+    mailq queue cleanup                          the mail_queue group: slice statistics, then the clean-up
+    mailq generation rotate                      the next reference generation and GC iteration
+    mailq demo                                   traffic through the runtime, then every asset (assets.demo)
+
+The pipeline commands materialise the very assets of the code location, through `runner.materialize`,
+and print the figures of each materialisation and each check's result, as text or, with --json, as one
+JSON document. Dagster's console log is kept at WARNING; the run's events all go to the instance (the one
+of DAGSTER_HOME when it is set, so the UI shows the runs). The runtime package imports neither Dagster
+nor Spark, so these commands live here and `main` hands `mailq_runtime.cli.main` the whole set.
+"""
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import dagster as dg
+
+from mailq_runtime import cli
+from mailq_runtime.cli import Report
+from mailq_runtime.errors import InvalidInput
+from mailq_runtime.runtime import Runtime
+from mailq_runtime.settings import DEFAULT_URL, URL_VARIABLE, Settings
+from mailq_runtime.stores.embedded import DATABASE_FILE
+
+from . import jobs, runner
+
+EXIT_RUN_FAILED = 1
+
+
+# Shared helpers ---------------------------------------------------------------------------------------------
+
+
+def pipeline_url(url: str | None) -> str:
+    """The runtime URL the Spark jobs read: the data dir made absolute, the options kept. The data dir
+    must hold a store: maintenance of a directory that has none is a mistake, not an empty run."""
+    settings = Settings.from_url(url)  # a bad URL is bad input before anything runs
+    data_dir = settings.data_dir.resolve()
+    if not (data_dir / DATABASE_FILE).is_file():
+        raise InvalidInput(f"no mailq data in {str(settings.data_dir)!r}: give --url embedded://<data dir>")
+    query = urlsplit(url or os.environ.get(URL_VARIABLE) or DEFAULT_URL).query
+    return f"embedded://{data_dir}" + (f"?{query}" if query else "")
+
+
+def check_dagster_home() -> None:
+    """Runs are recorded in DAGSTER_HOME's instance when it is set: it must then be an existing directory."""
+    home = os.environ.get("DAGSTER_HOME")
+    if home and not (os.path.isabs(os.path.expanduser(home)) and os.path.isdir(os.path.expanduser(home))):
+        raise InvalidInput(f"DAGSTER_HOME {home!r} is not an existing directory given by its absolute path")
+
+
+def run_pipeline(
+    selection: dg.AssetSelection, url: str, command: str, run_config: dict | None = None
+) -> dict:
+    """Materialise `selection` on `url` and return `runner.summarise`'s figures, with the run's duration
+    and where it was recorded."""
+    check_dagster_home()
+    started = time.monotonic()
+    result = runner.materialize(
+        selection,
+        url,
+        {**runner.QUIET_CONSOLE, **(run_config or {})},
+        raise_on_error=False,
+        tags={"mailq/command": command},
+    )
+    summary = runner.summarise(result)
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    summary["instance"] = os.environ.get("DAGSTER_HOME") or None
+    return summary
+
+
+def human_bytes(count: int) -> str:
+    size = float(count)
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{count} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def _markdown_table(text: str, indent: str = "    ") -> list[str]:
+    """A metadata table (Markdown, for the UI) as aligned text."""
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.strip().splitlines()
+    ]
+    rows = [row for row in rows if not all(set(cell) <= {"-", ":"} for cell in row)]
+    if len(rows) < 2:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _generations(f: dict) -> list[str]:
+    eligible = ", ".join(f"rg{g}" for g in f["eligible_generations"])
+    return [
+        f"generations  current rg{f['current_generation']}, GC iteration gci{f['gc_iteration']}; eligible: "
+        + (eligible or "none (generation g is collected once the current one is g+2)")
+    ]
+
+
+def _deletions(f: dict) -> list[str]:
+    return [
+        f"deletions    {f['deletions']} deletion(s) in eligible generations, {f['concerned_blobs']} blob(s)"
+    ]
+
+
+def _filter(f: dict) -> list[str]:
+    return [
+        f"filter       {len(f['generations'])} Bloom filter(s) of the live references, false positive "
+        f"probability {f['false_positive_probability']}, built in {f['build_seconds']} s"
+    ]
+
+
+def _collected(f: dict) -> list[str]:
+    kept = (
+        f"kept {f['kept_as_live']} live, {f['kept_as_false_positive']} false positive(s); "
+        f"{f['errors']} error(s); {f['mode']} mode"
+    )
+    if f["dry_run"]:
+        return [f"collected    dry run: would delete {f['would_delete']} of {f['concerned']} blob(s); {kept}"]
+    return [
+        f"collected    {f['deleted']} of {f['concerned']} blob(s) deleted, "
+        f"{human_bytes(f['bytes_reclaimed'])} reclaimed; {kept}"
+    ]
+
+
+def _orphans(f: dict) -> list[str]:
+    if f["dry_run"]:
+        return [f"orphans      dry run: {f['orphans']} orphan blob(s) would be deleted"]
+    return [
+        f"orphans      {f['orphans']} orphan blob(s), {f['deleted']} deleted, "
+        f"{human_bytes(f['bytes_reclaimed'])} reclaimed"
+    ]
+
+
+def _counters(f: dict) -> list[str]:
+    healed = f["projection_inconsistencies"]
+    lines = [
+        f"counters     {f['processed_mailboxes']} mailbox(es) processed, "
+        f"{f['corrected_counters']} counter(s) corrected, {len(f['failed_mailboxes'])} failed",
+        f"projection   {healed} entr{'y' if healed == 1 else 'ies'} healed from the source of truth "
+        f"({f['orphan_projection_entry']} orphan, {f['missing_projection_entry']} missing, "
+        f"{f['outdated_projection_entry']} outdated)",
+    ]
+    if f["corrected_counters"]:
+        lines += _markdown_table(f["corrections"])
+    return lines
+
+
+def _slices(f: dict) -> list[str]:
+    return [f"slices       {f['queues']} queue(s), {f['slices']} slice(s), {f['live_mails']} live mail(s)"]
+
+
+def _cleanup(f: dict) -> list[str]:
+    return [
+        f"cleanup      {f['queues_cleaned']} of {f['queues']} queue(s) advanced",
+        *_markdown_table(f["cleanup"]),
+    ]
+
+
+# In lineage order. An asset without a renderer is shown as its scalar figures.
+RENDERERS = {
+    "reference_generations": _generations,
+    "deletion_sets": _deletions,
+    "live_reference_filter": _filter,
+    "collected_blobs": _collected,
+    "orphan_blobs": _orphans,
+    "mailbox_counters": _counters,
+    "mail_queue_slices": _slices,
+    "mail_queue_cleanup": _cleanup,
+}
+
+
+def describe_run(summary: dict) -> list[str]:
+    """The run's figures as text: a line or two per materialisation, one per check, then the run."""
+    lines = []
+    order = [*RENDERERS, *sorted(set(summary["assets"]) - set(RENDERERS))]
+    for name in order:
+        figures = summary["assets"].get(name)
+        if figures is None:
+            continue
+        render = RENDERERS.get(name)
+        if render is not None:
+            lines += render(figures)
+        else:
+            scalars = ", ".join(f"{k} {v}" for k, v in figures.items() if isinstance(v, int | float | str))
+            lines.append(f"{name:<12} {scalars}")
+    for name, check in sorted(summary["checks"].items()):
+        lines.append(f"check        {name}: {'passed' if check['passed'] else 'FAILED'}")
+        if not check["passed"]:
+            lines += [f"    {key}: {value}" for key, value in check["metadata"].items()]
+    for failure in summary["failures"]:
+        first = failure["error"].splitlines()[0] if failure["error"] else "failed"
+        lines.append(f"FAILED       step {failure['step']}: {first}")
+    recorded = (
+        f"recorded in {summary['instance']}"
+        if summary["instance"]
+        else "ephemeral: set DAGSTER_HOME to keep it"
+    )
+    lines.append(f"run          {summary['run_id']} in {summary['seconds']} s ({recorded})")
+    return lines
+
+
+def _report(summary: dict, heading: list[str] | None = None) -> Report:
+    return Report(
+        summary, [*(heading or []), *describe_run(summary)], 0 if summary["success"] else EXIT_RUN_FAILED
+    )
+
+
+# Subcommands ------------------------------------------------------------------------------------------------
+
+
+def _gc(args: argparse.Namespace) -> Report:
+    url = pipeline_url(args.url)
+    selection = jobs.blob_gc_job.selection
+    ops: dict[str, Any] = {"collected_blobs": {"config": {"dry_run": args.dry_run, "exact": args.exact}}}
+    if args.orphans:
+        selection = selection | jobs.orphan_sweep_job.selection
+        ops["orphan_blobs"] = {"config": {"dry_run": args.dry_run}}
+    return _report(run_pipeline(selection, url, "gc", {"ops": ops}))
+
+
+def add_gc_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "gc", help="one blob GC iteration (record 39) over the generations two behind the current one"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="an exact anti-join against the references instead of the Bloom filter",
+    )
+    parser.add_argument(
+        "--orphans",
+        action="store_true",
+        help="also sweep the blobs that neither a reference nor a deletion names",
+    )
+    parser.set_defaults(handler=_gc)
+
+
+def _counters_recompute(args: argparse.Namespace) -> Report:
+    return _report(
+        run_pipeline(jobs.mailbox_counters_job.selection, pipeline_url(args.url), "counters recompute")
+    )
+
+
+def add_counters_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("counters", help="mailbox counters (record 23)")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    recompute = actions.add_parser(
+        "recompute", help="heal the projection from the source of truth and reset the counters that differ"
+    )
+    recompute.set_defaults(handler=_counters_recompute)
+
+
+def _queue_cleanup(args: argparse.Namespace) -> Report:
+    return _report(run_pipeline(jobs.queue_cleanup_job.selection, pipeline_url(args.url), "queue cleanup"))
+
+
+def add_queue_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("queue", help="mail queue maintenance (records 31 and 32)")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    cleanup = actions.add_parser(
+        "cleanup", help="per-slice statistics, then advance browse_start and clean the content before it"
+    )
+    cleanup.set_defaults(handler=_queue_cleanup)
+
+
+def _generation_rotate(args: argparse.Namespace) -> Report:
+    url = pipeline_url(args.url)
+    with Runtime.open(url) as runtime:
+        generation, iteration = runtime.generations.rotate()
+        eligible = runtime.generations.eligible()
+    data = {"reference_generation": generation, "gc_iteration": iteration, "eligible_generations": eligible}
+    names = ", ".join(f"rg{g}" for g in eligible) or "none"
+    return Report(
+        data,
+        [
+            f"rotated to reference generation rg{generation}, GC iteration gci{iteration}; "
+            f"eligible for collection: {names}"
+        ],
+    )
+
+
+def add_generation_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("generation", help="reference generations of the blob store (record 39)")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    rotate = actions.add_parser("rotate", help="start the next reference generation and GC iteration")
+    rotate.set_defaults(handler=_generation_rotate)
+
+
+def _demo(args: argparse.Namespace) -> Report:
+    # Imported here: only this subcommand generates traffic.
+    from . import demo
+
+    check_dagster_home()  # before the data dir is wiped
+    summary = demo.run(args.data_dir, mails=args.mails)
+    return Report(summary, demo.describe(summary), 0 if summary["pipeline"]["success"] else EXIT_RUN_FAILED)
+
+
+def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="traffic through a fresh data dir, counter faults and rotations, then every maintenance asset",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".mailq-demo"),
+        help="wiped at start (default: .mailq-demo); --url is not used",
+    )
+    parser.add_argument("--mails", type=int, default=3000, metavar="N", help="how many mails to generate")
+    parser.set_defaults(handler=_demo)
+
+
+PIPELINE_SUBCOMMANDS = [add_gc_parser, add_counters_parser, add_queue_parser, add_generation_parser]
+SUBCOMMANDS = [
+    *(add for add in cli.SUBCOMMANDS if add is not cli.add_demo_parser),
+    *PIPELINE_SUBCOMMANDS,
+    add_demo_parser,  # replaces the runtime's queue-only demo
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.main(argv, SUBCOMMANDS)

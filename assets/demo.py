@@ -1,0 +1,202 @@
+"""`mailq demo`: mail traffic through the runtime, then the whole maintenance pipeline on what it left.
+
+1. traffic (`mailq_runtime.demo.simulate`): two simulated hours of generated mail through the queue,
+   most of it delivered to the local INBOXes by the worker's delivery, the spam run removed;
+2. mailboxes (`demo_mailboxes.deliver_and_maintain`): the worker drains the queue (the delayed mails
+   stay), people read, flag, archive and expunge; the reference generation rotates;
+3. faults (`demo_mailboxes.inject_counter_faults`): a few mailbox operations die between their writes,
+   leaving counters and projection entries for the recomputation to repair;
+4. a second rotation: the traffic's generation rg1 is now two behind the current one, so eligible (n-2);
+5. every asset of the maintenance job, in lineage order, in one Dagster run with its checks.
+
+The report says what was collected (blobs, bytes), repaired (counters, projection entries) and cleaned
+(queues). With DAGSTER_HOME set (`make demo` sets it), the run is recorded there for `make ui`.
+"""
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mailq_runtime import demo as traffic
+from mailq_runtime.cli import progress_bar
+from mailq_runtime.clock import MICROS_PER_SECOND, to_datetime
+from mailq_runtime.demo_mailboxes import deliver_and_maintain, inject_counter_faults
+from mailq_runtime.model import parse_duration
+from mailq_runtime.runtime import Runtime
+
+from . import jobs
+from .commands import describe_run, human_bytes, run_pipeline
+
+PHASES = 5
+# James's default pace: the runtime advances browse_start on 1 in 1000 dequeues, so what the traffic leaves
+# behind is record 32's clean-up for the pipeline's mail_queue_cleanup (the queue demo's 1 in 50 would
+# leave it nothing to do).
+CONFIGURATION = replace(traffic.CONFIGURATION, update_browse_start_pace=1000)
+# Simulated time between the traffic and the worker's drain: the retries of the traffic's last minutes
+# fall due, so the drain leaves only the delayed mails in the queue.
+SETTLE = 2 * parse_duration(traffic.RETRY_DELAY)
+_TABLES = (
+    "blobs",
+    "blob_references",
+    "blob_deletions",
+    "enqueued_mails",
+    "deleted_mails",
+    "mailbox_counters",
+)
+
+
+def _say(text: str) -> None:
+    # Progress goes to stderr: stdout carries the report (or the JSON document).
+    print(text, file=sys.stderr, flush=True)
+
+
+def _queues(runtime: Runtime) -> dict[str, dict[str, int]]:
+    """browse_start, content_start and the stored rows of each queue: what the clean-up moves and deletes."""
+    return {
+        name: {
+            "browse_start": runtime.queue(name).browse_start(),
+            "content_start": runtime.queue(name).content_start(),
+            "rows": runtime.store.read_one("SELECT COUNT(*) FROM enqueued_mails WHERE queue = ?", (name,))[0],
+        }
+        for name in runtime.queues()
+    }
+
+
+def _tables(runtime: Runtime) -> dict[str, int]:
+    # Table names are this module's constants, never input.
+    return {table: runtime.store.read_one(f"SELECT COUNT(*) FROM {table}")[0] for table in _TABLES}
+
+
+def run(data_dir: Path, mails: int = 3000, say: Callable[[str], None] = _say) -> dict[str, Any]:
+    """The whole demo on a wiped `data_dir`; returns its figures (see `describe`)."""
+    started = time.monotonic()
+    runtime, clock = traffic.open_demo(data_dir, mails, CONFIGURATION, later=SETTLE)
+    url = f"embedded://{data_dir.resolve()}"
+    details: list[str] = []
+    with runtime:
+        say(
+            f"[1/{PHASES}] traffic: {mails} mails over {traffic.SPAN // (3600 * MICROS_PER_SECOND)} "
+            f"simulated hours through queue {traffic.QUEUE!r} in {data_dir}"
+        )
+        steps = traffic.simulate(runtime, clock, mails, progress_bar)
+        clock.now += SETTLE
+        say(
+            f"[2/{PHASES}] mailboxes: the worker drains the queue into {len(traffic.LOCAL_USERS)} INBOXes; "
+            "people read, flag, archive, expunge"
+        )
+        mailboxes = deliver_and_maintain(runtime, traffic.QUEUE, traffic.LOCAL_USERS, details.append)
+        say(f"[3/{PHASES}] faults: mailbox operations die between their writes")
+        faults = inject_counter_faults(runtime, traffic.LOCAL_USERS, details.append)
+        generation, iteration = runtime.generations.rotate()
+        generations = {
+            "current": generation,
+            "gc_iteration": iteration,
+            "eligible": runtime.generations.eligible(),
+        }
+        say(
+            f"[4/{PHASES}] generations: rotated twice, now rg{generation}; eligible for collection: "
+            + ", ".join(f"rg{g}" for g in generations["eligible"])
+        )
+        left = runtime.queue(traffic.QUEUE).size()
+    # The pipeline and the reads around it run on the real clock, as `mailq` commands would.
+    with Runtime.open(url) as live:
+        queues_before, tables_before = _queues(live), _tables(live)
+    say(
+        f"[5/{PHASES}] pipeline: every maintenance asset in lineage order, with its checks "
+        "(Spark starts first)"
+    )
+    pipeline = run_pipeline(jobs.maintenance_job.selection, url, "demo")
+    with Runtime.open(url) as live:
+        queues_after, tables_after = _queues(live), _tables(live)
+    assets = pipeline["assets"]
+    collected, orphans = assets.get("collected_blobs", {}), assets.get("orphan_blobs", {})
+    counters = assets.get("mailbox_counters", {})
+    return {
+        "data_dir": str(data_dir),
+        "queue": traffic.QUEUE,
+        "configuration": traffic.describe_configuration(CONFIGURATION),
+        **steps,
+        "mailboxes": {**mailboxes, "queue_size_after": left, "details": details},
+        "faults": faults,
+        "generations": generations,
+        "pipeline": pipeline,
+        "collected": {
+            "blobs": collected.get("deleted", 0) + orphans.get("deleted", 0),
+            "bytes": collected.get("bytes_reclaimed", 0) + orphans.get("bytes_reclaimed", 0),
+            "kept_as_live": collected.get("kept_as_live", 0),
+            "kept_as_false_positive": collected.get("kept_as_false_positive", 0),
+            "orphans": orphans.get("deleted", 0),
+        },
+        "repaired": {
+            "mailboxes": counters.get("processed_mailboxes", 0),
+            "counters": counters.get("corrected_counters", 0),
+            "projection_entries": counters.get("projection_inconsistencies", 0),
+        },
+        "cleaned": {
+            name: {
+                "browse_start": [_iso(before["browse_start"]), _iso(queues_after[name]["browse_start"])],
+                "content_start": [_iso(before["content_start"]), _iso(queues_after[name]["content_start"])],
+                "rows_deleted": before["rows"] - queues_after[name]["rows"],
+            }
+            for name, before in queues_before.items()
+        },
+        "tables": {"before": tables_before, "after": tables_after},
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def _iso(micros: int) -> str:
+    return to_datetime(micros).isoformat(timespec="seconds")
+
+
+def _hm(iso: str) -> str:
+    return iso[11:16]
+
+
+def describe(summary: dict[str, Any]) -> list[str]:
+    """The summary as text for a person: the runtime's part, the run's figures, then the outcome."""
+    t, d, r, m = (summary[k] for k in ("traffic", "delivery", "removal", "mailboxes"))
+    worker, pipeline, g = m["worker"], summary["pipeline"], summary["generations"]
+    checks, repaired = pipeline["checks"], summary["repaired"]
+    passed = sum(c["passed"] for c in checks.values())
+    cleaned = [
+        f"{name}: browse_start {_hm(c['browse_start'][0])} -> {_hm(c['browse_start'][1])}, content_start "
+        f"{_hm(c['content_start'][0])} -> {_hm(c['content_start'][1])}, {c['rows_deleted']} row(s) deleted"
+        for name, c in summary["cleaned"].items()
+    ]
+    before, after = summary["tables"]["before"], summary["tables"]["after"]
+    return [
+        f"mailq demo in {summary['data_dir']}: {t['enqueued']} mails through queue {summary['queue']!r}, "
+        f"then the maintenance pipeline ({summary['seconds']} s)",
+        "",
+        f"traffic      {t['enqueued']} mails enqueued ({human_bytes(t['bytes'])}, {t['delayed']} delayed) "
+        f"over {t['simulated_span_hours']} simulated hours; {r['removed']} spam mails removed by sender",
+        f"delivery     {d['delivered'] + worker['delivered']} mails delivered as "
+        f"{d['appended'] + worker['appended']} INBOX messages, {d['retried'] + worker['retried']} retried, "
+        f"{d['rejected'] + worker['dead_lettered']} dead-lettered; {m['queue_size_after']} mails "
+        "still queued (delayed)",
+        f"mailboxes    {m['seen']} marked read, {m['flagged']} flagged, {m['archived']} archived, "
+        f"{m['expunged']} expunged",
+        f"faults       {len(summary['faults'])} operations died between their writes: "
+        + ", ".join(f"{f['operation']} ({f['point'].replace('_', ' ')})" for f in summary["faults"]),
+        f"generations  rotated twice: current rg{g['current']}; eligible: "
+        + (", ".join(f"rg{n}" for n in g["eligible"]) or "none"),
+        "",
+        "pipeline (every asset of maintenance_job, in lineage order):",
+        *(f"  {line}" for line in describe_run(pipeline)),
+        "",
+        f"collected    {summary['collected']['blobs']} blobs, {human_bytes(summary['collected']['bytes'])} "
+        f"(blobs {before['blobs']} -> {after['blobs']}, blob_deletions {before['blob_deletions']} -> "
+        f"{after['blob_deletions']})",
+        f"repaired     {repaired['counters']} counters, {repaired['projection_entries']} projection entries, "
+        f"in {repaired['mailboxes']} mailboxes",
+        f"cleaned      {'; '.join(cleaned) or 'no queue'}",
+        f"checks       {passed} of {len(checks)} passed"
+        + ("" if pipeline["success"] else "; the run FAILED"),
+        "",
+        "next: make ui, then open http://127.0.0.1:3000 (Assets > lineage, each materialisation's metadata, "
+        "checks, sensors)",
+    ]

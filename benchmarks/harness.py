@@ -1,0 +1,132 @@
+"""What the Spark maintenance benchmarks (gc.py, counters.py) share: a fresh embedded data dir next to the
+repository, bulk generation inside SQLite, Spark sessions at a given master, and timing.
+
+Not a benchmark itself; imported by the scripts of this directory (run as `.venv/bin/python benchmarks/X.py`,
+which puts this directory on sys.path).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from importlib.resources import files
+from pathlib import Path
+from typing import TypeVar
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# The interpreter of every Python worker (the data source's readers) comes from this variable when the
+# session starts: it must be this one, where mailq and pyarrow are installed.
+os.environ["PYSPARK_PYTHON"] = sys.executable
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+from mailq_runtime.stores.embedded import DATABASE_FILE  # noqa: E402
+from resources.spark import spark_config  # noqa: E402
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+# A numbers table of 4096 rows: `SEQUENCE` cross-joins it with itself, which SQLite walks as a nested loop
+# in C, about 30x cheaper a row than a recursive CTE (measured: 1M rows in 0.02 s against 0.6 s).
+_DIGITS = 4096
+SEQUENCE = (
+    f"(SELECT i FROM (SELECT (a.k * {_DIGITS} + b.k) * {_DIGITS} + c.k AS i FROM temp.k AS a, temp.k AS b, "
+    f"temp.k AS c WHERE a.k <= :n / {_DIGITS * _DIGITS} AND a.k * {_DIGITS} + b.k <= :n / {_DIGITS}) "
+    "WHERE i < :n)"
+)
+"""A subquery of the rows (i) for i in 0 .. n - 1, in order; bind `n`."""
+
+
+@contextmanager
+def data_dir(label: str) -> Iterator[Path]:
+    """A fresh embedded data dir inside the repository (same disk as a real one; .gitignore'd), removed at
+    the end whatever happens."""
+    path = Path(tempfile.mkdtemp(prefix=f".bench-{label}-", dir=REPOSITORY))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def bulk_connection(path: Path) -> Iterator[sqlite3.Connection]:
+    """A connection to a new store at `path` with the runtime's schema, set up for bulk loading: no journal
+    (nothing to roll back into: a failed generation is thrown away), no syncs, a 4 GiB page cache so the
+    indexes being built stay in memory. The database is left in WAL mode, as the runtime keeps it."""
+    with closing(sqlite3.connect(path / DATABASE_FILE, isolation_level=None)) as connection:
+        connection.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
+        connection.execute("PRAGMA journal_mode=OFF")
+        connection.execute("PRAGMA synchronous=OFF")
+        connection.execute("PRAGMA cache_size=-4000000")
+        connection.execute("PRAGMA temp_store=MEMORY")
+        connection.execute("CREATE TEMP TABLE k (k INTEGER PRIMARY KEY)")
+        connection.executemany("INSERT INTO temp.k VALUES (?)", ((i,) for i in range(_DIGITS)))
+        yield connection
+        connection.execute("PRAGMA journal_mode=WAL")
+
+
+def insert(connection: sqlite3.Connection, label: str, sql: str, **parameters: int) -> float:
+    """Run one INSERT ... SELECT in its own transaction; print and return its seconds."""
+    start = time.perf_counter()
+    connection.execute("BEGIN")
+    rows = connection.execute(sql, parameters).rowcount
+    connection.execute("COMMIT")
+    seconds = time.perf_counter() - start
+    print(f"  {label:<18} {rows:>12,} rows in {seconds:6.1f} s ({rows / max(seconds, 1e-9):,.0f} rows/s)")
+    return seconds
+
+
+def spark_session(master: str, driver_memory: str) -> SparkSession:
+    """A session at `master` with the pipeline's own settings (resources/spark.py, environment overrides
+    left out so that runs are comparable). The driver memory only takes effect in the first session of the
+    process, which starts the JVM; later sessions share it."""
+    builder = SparkSession.builder
+    for key, value in spark_config({}).items():
+        builder = builder.config(key, value)
+    spark = (
+        builder.master(master)
+        .appName("mailq-benchmark")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def timed(action: Callable[[], T]) -> tuple[float, T]:
+    start = time.perf_counter()
+    result = action()
+    return time.perf_counter() - start, result
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def ratio(slow: float, fast: float) -> float:
+    """How many times faster `fast` is than `slow` (> 1: faster)."""
+    return slow / fast if fast > 0 else float("inf")
+
+
+def rounded(value: object) -> object:
+    """JSON-friendly figures: floats to 3 decimals, containers recursively."""
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {key: rounded(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [rounded(item) for item in value]
+    return value
+
+
+def load_average() -> float:
+    """The 1-minute load average: on a shared 2-core machine, what else ran during a measure."""
+    return os.getloadavg()[0]

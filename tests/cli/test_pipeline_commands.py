@@ -1,0 +1,268 @@
+"""The maintenance commands of the `mailq` console script (`assets.commands`), run in-process with Spark
+local[2] on small data dirs: what each run reports, what it changes, its JSON shape, its errors."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from assets import demo
+from assets.commands import describe_run, main
+from mailq_runtime import Mail, Runtime
+from mailq_runtime.clock import MICROS_PER_SECOND, system_clock
+from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH
+from mailq_runtime.mailbox import INBOX, SEEN
+from mailq_runtime.settings import Settings
+from mailq_runtime.stores.embedded import DATABASE_FILE
+from mailq_runtime.worker import run_worker
+
+LOCAL = "example.org"
+USERS = ("alice@example.org", "bob@example.org", "carol@example.org")
+SPAMMER = "promo@deals.example"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spark_environment():
+    """Spark on two local cores, bound to the loopback; runs on an ephemeral Dagster instance."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+        patch.setenv("MAILQ_SPARK_CONF", "spark.master=local[2]")
+        for name in ("DAGSTER_HOME", "MAILQ_URL", "MAILQ_PIPELINE_DIR"):
+            patch.delenv(name, raising=False)
+        yield
+
+
+def message(sender: str, recipient: str, body: str) -> bytes:
+    return f"From: {sender}\r\nTo: {recipient}\r\nSubject: test\r\n\r\n{body}\r\n".encode()
+
+
+def traffic(url: str) -> None:
+    """Nine mails delivered to three INBOXes, one expunged, three spam mails removed from the queue: the
+    spam's and the expunged message's blobs have no reference left; the others live in the mailboxes."""
+    with Runtime.open(url) as runtime:
+        queue = runtime.queue("spool")
+        for n in range(9):
+            user = USERS[n % 3]
+            mail = Mail(recipients=(user,), sender="dave@example.net", message=message("dave", user, f"m{n}"))
+            queue.enqueue(mail)
+        run_worker(runtime, "spool", local_domains=[LOCAL], idle_timeout=0.2)
+        for n in range(3):
+            spam = Mail(recipients=(USERS[0],), sender=SPAMMER, message=message(SPAMMER, USERS[0], f"s{n}"))
+            queue.enqueue(spam)
+        assert queue.remove(sender=SPAMMER) == 3
+        inbox = runtime.mailboxes.get(USERS[1], INBOX)
+        assert runtime.mailboxes.expunge(inbox, [runtime.mailboxes.list_messages(inbox)[0].uid]) == 1
+
+
+def rows(url: str, sql: str) -> list[tuple]:
+    with sqlite3.connect(Settings.from_url(url).data_dir / DATABASE_FILE) as connection:
+        return connection.execute(sql).fetchall()
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"embedded://{tmp_path / 'data'}"
+
+
+@pytest.fixture
+def mailq(url: str, capsys: pytest.CaptureFixture[str]):
+    """Run `mailq --url <tmp> ...`; returns (exit status, stdout, stderr)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        status = main(["--url", url, *args])
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err
+
+    return run
+
+
+@pytest.fixture
+def mailq_json(mailq):
+    def run(*args: str) -> dict:
+        status, out, err = mailq("--json", *args)
+        assert status == 0, (out, err)
+        return json.loads(out)
+
+    return run
+
+
+def assert_bad_input(result: tuple[int, str, str], *words: str) -> None:
+    status, out, err = result
+    assert (status, out) == (2, "")
+    assert err.startswith("mailq: error: ") and err.count("\n") == 1, err
+    for word in words:
+        assert word in err
+
+
+def test_gc_dry_run_then_collect_after_two_rotations(url, mailq, mailq_json):
+    traffic(url)
+    blobs = rows(url, "SELECT COUNT(*) FROM blobs")[0][0]
+
+    assert mailq_json("generation", "rotate") == {
+        "reference_generation": 2, "gc_iteration": 2, "eligible_generations": []
+    }
+    status, out, _ = mailq("generation", "rotate")
+    assert status == 0
+    assert out == "rotated to reference generation rg3, GC iteration gci3; eligible for collection: rg1\n"
+
+    dry = mailq_json("gc", "--dry-run")
+
+    assert set(dry) == {"run_id", "success", "assets", "checks", "failures", "seconds", "instance"}
+    assert list(dry["assets"]) == [
+        "reference_generations", "deletion_sets", "live_reference_filter", "collected_blobs"
+    ]
+    assert dry["assets"]["reference_generations"]["eligible_generations"] == [1]
+    figures = dry["assets"]["collected_blobs"]
+    # The spam's header (the same for all three: stored once) and bodies, the expunged message's body.
+    assert figures["dry_run"] is True and figures["deleted"] == 0 and figures["would_delete"] == 5
+    assert figures["kept_as_live"] > 0  # the queue's deletions of blobs the INBOX copies still use
+    assert dry["checks"]["no_live_blob_collected"]["passed"] is True
+    assert (dry["success"], dry["failures"], dry["instance"]) == (True, [], None)
+    assert rows(url, "SELECT COUNT(*) FROM blobs")[0][0] == blobs
+
+    status, out, err = mailq("gc")
+
+    assert status == 0, err
+    collected = blobs - rows(url, "SELECT COUNT(*) FROM blobs")[0][0]
+    assert collected == figures["would_delete"]
+    assert f"collected    {collected} of " in out and "check        no_live_blob_collected: passed" in out
+    assert out.splitlines()[-1].startswith("run          ") and "ephemeral" in out
+    with Runtime.open(url) as runtime:  # every message is still readable
+        for mailbox in runtime.mailboxes.list():
+            for entry in runtime.mailboxes.list_messages(mailbox):
+                assert runtime.mailboxes.read(mailbox, entry.uid).startswith(b"From: ")
+
+
+def test_exact_gc_with_orphans_and_a_failed_check_exits_1(url, mailq, capsys):
+    traffic(url)
+    for _ in range(2):
+        assert mailq("generation", "rotate")[0] == 0
+    # A referenced blob gone, which the collector must never cause; and a blob nothing names.
+    with sqlite3.connect(Settings.from_url(url).data_dir / DATABASE_FILE) as connection:
+        connection.execute("DELETE FROM blobs WHERE blob_id = (SELECT blob_id FROM blob_references LIMIT 1)")
+        connection.execute("INSERT INTO blobs VALUES (?, 1, 10, 0)", ("g1_" + "0" * 64,))
+
+    status, out, _ = mailq("--json", "gc", "--dry-run", "--exact", "--orphans")
+
+    report = json.loads(out)
+    assert status == 1 and report["success"] is False
+    assert report["assets"]["collected_blobs"]["mode"] == "exact"
+    assert report["assets"]["orphan_blobs"]["orphans"] == 1
+    check = report["checks"]["no_live_blob_collected"]
+    assert check["passed"] is False and check["metadata"]["dangling_references"] == 1
+    text = "\n".join(describe_run(report))
+    assert "check        no_live_blob_collected: FAILED" in text and "dangling_references: 1" in text
+    assert "orphans      dry run: 1 orphan blob(s) would be deleted" in text
+
+
+def test_counters_recompute_repairs_what_a_fault_left(url, mailq, mailq_json):
+    traffic(url)
+    with Runtime.open(url) as runtime:
+        mailboxes = runtime.mailboxes
+        alice, carol = mailboxes.get(USERS[0], INBOX), mailboxes.get(USERS[2], INBOX)
+        for inbox, point in ((alice, AFTER_PROJECTION), (carol, AFTER_SOURCE_OF_TRUTH)):
+            mailboxes.faults.arm(point)
+            with pytest.raises(RuntimeError, match="fault injected"):
+                mailboxes.set_flags(inbox, mailboxes.list_messages(inbox)[0].uid, add=[SEEN])
+        assert mailboxes.counters(alice) != mailboxes.recount(alice)
+
+    report = mailq_json("counters", "recompute")
+
+    figures = report["assets"]["mailbox_counters"]
+    assert (figures["processed_mailboxes"], figures["corrected_counters"]) == (3, 2)
+    assert (figures["projection_inconsistencies"], figures["outdated_projection_entry"]) == (1, 1)
+    assert report["checks"]["counters_match_source_of_truth"]["passed"] is True
+    with Runtime.open(url) as runtime:
+        for mailbox in runtime.mailboxes.list():
+            assert runtime.mailboxes.counters(mailbox) == runtime.mailboxes.recount(mailbox)
+
+    text = describe_run(report)
+    assert "counters     3 mailbox(es) processed, 2 counter(s) corrected, 0 failed" in text
+    assert "projection   1 entry healed from the source of truth (0 orphan, 0 missing, 1 outdated)" in text
+
+
+def test_queue_cleanup_advances_browse_start_and_deletes_old_slices(url, mailq_json):
+    # Mails enqueued and delivered three hours ago; browse_start stayed where they were.
+    three_hours_ago = system_clock() - 3 * 3600 * MICROS_PER_SECOND
+    with Runtime(Settings.from_url(url), lambda: three_hours_ago) as runtime:
+        queue = runtime.queue("spool")
+        for n in range(4):
+            queue.enqueue(Mail(recipients=(USERS[0],), message=message("d", USERS[0], f"{n}")))
+        while (item := queue.dequeue(timeout=0)) is not None:
+            item.done()
+        before = queue.browse_start()
+    assert rows(url, "SELECT COUNT(*) FROM enqueued_mails")[0][0] == 4
+
+    report = mailq_json("queue", "cleanup")
+
+    assert list(report["assets"]) == ["mail_queue_slices", "mail_queue_cleanup"]
+    assert report["assets"]["mail_queue_slices"]["live_mails"] == 0
+    assert report["assets"]["mail_queue_cleanup"]["queues_cleaned"] == 1
+    assert {name for name, check in report["checks"].items() if check["passed"]} == {
+        "slice_counters_match_recount", "browse_start_not_ahead_of_live_mail"
+    }
+    assert rows(url, "SELECT COUNT(*) FROM enqueued_mails")[0][0] == 0
+    with Runtime.open(url) as runtime:
+        assert runtime.queue("spool").browse_start() > before
+
+
+def test_demo_end_to_end(tmp_path, capsys):
+    data_dir = tmp_path / "demo"
+
+    assert main(["--json", "demo", "--mails", "200", "--data-dir", str(data_dir)]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+
+    assert "[5/5] pipeline" in captured.err
+    assert summary["generations"]["eligible"] == [1]
+    assert summary["collected"]["blobs"] > 0 and summary["collected"]["bytes"] > 0
+    assert summary["collected"]["kept_as_live"] > 0
+    assert len(summary["faults"]) == 4
+    assert summary["repaired"]["counters"] >= 4 and summary["repaired"]["projection_entries"] >= 2
+    pipeline = summary["pipeline"]
+    assert pipeline["success"] is True
+    assert set(pipeline["assets"]) == {
+        "reference_generations", "deletion_sets", "live_reference_filter", "collected_blobs", "orphan_blobs",
+        "mailbox_counters", "mail_queue_slices", "mail_queue_cleanup",
+    }
+    assert len(pipeline["checks"]) == 4 and all(c["passed"] for c in pipeline["checks"].values())
+    tables = summary["tables"]
+    assert tables["after"]["blobs"] == tables["before"]["blobs"] - summary["collected"]["blobs"]
+    text = "\n".join(demo.describe(summary))
+    for heading in ("collected    ", "repaired     ", "cleaned      ", "checks       4 of 4 passed"):
+        assert heading in text
+
+
+def test_bad_input_exits_2_with_one_line_and_changes_nothing(tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "missing"
+
+    def run(*args: str) -> tuple[int, str, str]:
+        status = main(list(args))
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err
+
+    assert_bad_input(run("--url", f"embedded://{missing}", "gc"), "no mailq data")
+    assert_bad_input(run("--url", f"embedded://{missing}", "generation", "rotate"), "no mailq data")
+    assert not missing.exists()
+    assert_bad_input(run("--url", "cassandra://nowhere", "counters", "recompute"), "unsupported mailq URL")
+    assert_bad_input(run("generation"), "required")
+    assert_bad_input(run("queue", "purge"), "invalid choice")
+    assert_bad_input(run("demo", "--mails", "5", "--data-dir", str(tmp_path / "d")), "at least 10 mails")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "no-such-home"))
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "precious.txt").write_text("keep me")
+    assert_bad_input(run("demo", "--data-dir", str(tmp_path / "keep")), "DAGSTER_HOME")
+    assert (tmp_path / "keep" / "precious.txt").read_text() == "keep me"
+
+
+def test_the_runtime_commands_are_all_still_there(url, mailq, mailq_json, capsys):
+    assert main(["--help"]) == 0
+    help_text = capsys.readouterr().out
+    for command in ("queues", "enqueue", "worker", "config", "gc", "counters", "queue", "generation", "demo"):
+        assert f"    {command} " in help_text or f"    {command}\n" in help_text
+    traffic(url)
+    assert mailq_json("queues") == [{"name": "spool", "size": 0}]
+    assert_bad_input(mailq("size", "nope"), "unknown queue")

@@ -1,0 +1,256 @@
+"""The blob GC under live traffic, and its exact, dry-run and orphan-sweep modes.
+
+Writer threads keep saving and releasing the same few contents under many owners while GC iterations
+run, so every iteration sees blobs gaining and losing references around it. Whatever the interleaving,
+no referenced blob may lose its row or its content; once the writers stop and two more generations
+have passed, every unreferenced blob must be gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+
+import dagster as dg
+
+from assets import blobs
+from mailq_runtime import Runtime
+from mailq_runtime.model import BlobId
+
+from .pipeline import materialized, run_gc
+
+# Owners that live for the whole test only ever save the first two contents: their blobs stay live in
+# every generation (the filter must keep them). The last two are only ever held by short-lived owners:
+# their blobs turn into garbage a little after each generation ends (the collector must take them).
+CONTENTS = [b"Subject: shared part %d\r\n\r\n" % n + bytes([65 + n]) * (100 * (n + 1)) for n in range(4)]
+KEPT_CONTENTS = CONTENTS[:2]
+WRITERS = 3
+ROUNDS = 4
+WRITER_DEADLINE_S = 240  # a bound on the writers whatever happens to the main thread
+EXTRA_ROUNDS = 2  # a false positive keeps garbage one more round; a fresh salt makes another unlikely
+
+
+class Writer(threading.Thread):
+    """Saves and releases through the runtime until told to stop; remembers what each owner holds."""
+
+    def __init__(self, runtime: Runtime, number: int, stop: threading.Event) -> None:
+        super().__init__(name=f"writer-{number}", daemon=True)
+        self.runtime = runtime
+        self.number = number
+        self.stop = stop
+        self.random = random.Random(number)
+        self.kept: dict[str, list[tuple[BlobId, bytes]]] = {}
+        self.transient: dict[str, list[tuple[BlobId, bytes]]] = {}
+        self.released: list[str] = []
+        self.operations = 0
+        self.error: BaseException | None = None
+
+    def _save(self, owner: str, contents: list[bytes]) -> list[tuple[BlobId, bytes]]:
+        return [(self.runtime.blobs.save(owner, data), data) for data in contents]
+
+    def _release(self, owner: str) -> None:
+        self.runtime.blobs.release(owner)
+        del self.transient[owner]
+        self.released.append(owner)
+
+    def run(self) -> None:
+        deadline = time.monotonic() + WRITER_DEADLINE_S
+        try:
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                owner = f"w{self.number}-{self.operations}"
+                draw = self.random.random()
+                if draw < 0.1:
+                    self.kept[owner] = self._save(owner, [self.random.choice(KEPT_CONTENTS)])
+                elif self.transient and (draw < 0.55 or len(self.transient) > 40):
+                    self._release(self.random.choice(list(self.transient)))
+                else:
+                    contents = self.random.sample(CONTENTS, self.random.randint(1, 2))
+                    self.transient[owner] = self._save(owner, contents)
+                self.operations += 1
+                time.sleep(0.03)  # a steady trickle, leaving the CPU to Spark
+        except BaseException as error:  # reported by the main thread
+            self.error = error
+
+    def release_transient(self) -> None:
+        for owner in list(self.transient):
+            self._release(owner)
+
+
+def assert_no_referenced_blob_lost(runtime: Runtime) -> set[str]:
+    """Every referenced blob has its `blobs` row and its content, which hashes to its id; returns them."""
+    # One statement, so one snapshot, even while writers commit.
+    dangling = runtime.store.read(
+        "SELECT r.owner, r.blob_id, b.blob_id IS NULL, c.blob_id IS NULL FROM blob_references r "
+        "LEFT JOIN blobs b ON b.blob_id = r.blob_id LEFT JOIN blob_content c ON c.blob_id = r.blob_id "
+        "WHERE b.blob_id IS NULL OR c.blob_id IS NULL"
+    )
+    assert dangling == []
+    referenced = {b for (b,) in runtime.store.read("SELECT DISTINCT blob_id FROM blob_references")}
+    for blob_id in referenced:  # nothing but the GC (run by this thread) deletes blobs
+        assert hashlib.sha256(runtime.blobs.read(blob_id)).hexdigest() == BlobId.parse(blob_id).hash
+    return referenced
+
+
+def unreferenced_eligible_blobs(runtime: Runtime) -> list[str]:
+    oldest_protected = runtime.generations.current() - 1
+    return [
+        blob_id
+        for (blob_id,) in runtime.store.read(
+            "SELECT blob_id FROM blobs WHERE generation < ? "
+            "AND blob_id NOT IN (SELECT blob_id FROM blob_references)",
+            (oldest_protected,),
+        )
+    ]
+
+
+def wait_for_operations(writers: list[Writer], count: int) -> None:
+    started = time.monotonic()
+    while sum(w.operations for w in writers) < count:
+        assert time.monotonic() - started < 60, "the writers made no progress"
+        assert not any(w.error for w in writers), [w.error for w in writers]
+        time.sleep(0.05)
+
+
+def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_goes_eventually(
+    runtime: Runtime, pipeline_resources
+) -> None:
+    resources = pipeline_resources(runtime.settings.data_dir)
+    stop = threading.Event()
+    writers = [Writer(runtime, n, stop) for n in range(WRITERS)]
+    for writer in writers:
+        writer.start()
+    rounds = []
+    try:
+        # Two generations of traffic first, so that the first GC round already has one to collect.
+        for _ in range(2):
+            wait_for_operations(writers, sum(w.operations for w in writers) + 60)
+            runtime.generations.rotate()
+        for _ in range(ROUNDS):
+            wait_for_operations(writers, sum(w.operations for w in writers) + 60)
+            runtime.generations.rotate()
+            rounds.append(run_gc(resources))  # its check: no reference left dangling
+            assert_no_referenced_blob_lost(runtime)
+    finally:
+        stop.set()
+        for writer in writers:
+            writer.join(timeout=60)
+    assert [w.error for w in writers] == [None] * WRITERS
+    assert not any(w.is_alive() for w in writers)
+
+    # Each round met both kinds of concerned blob: still referenced (kept) and garbage (deleted).
+    assert all(r["concerned"] > 0 and r["errors"] == 0 for r in rounds), rounds
+    assert sum(r["kept_as_live"] for r in rounds) > 0, rounds
+    assert sum(r["deleted"] for r in rounds) > 0, rounds
+
+    # The writers stop and let go of their short-lived owners; two rotations make every generation
+    # eligible, then everything unreferenced goes.
+    for writer in writers:
+        writer.release_transient()
+    for _ in range(2):
+        runtime.generations.rotate()
+        rounds.append(run_gc(resources))
+        assert_no_referenced_blob_lost(runtime)
+    for _ in range(EXTRA_ROUNDS):
+        if not unreferenced_eligible_blobs(runtime):
+            break
+        rounds.append(run_gc(resources))
+    assert unreferenced_eligible_blobs(runtime) == []
+    for table in ("blob_content", "blob_deletions"):  # nothing left behind by a collected blob
+        left = f"SELECT blob_id FROM {table} WHERE blob_id NOT IN (SELECT blob_id FROM blobs)"
+        assert runtime.store.read(left) == []
+
+    # Every owner still holding blobs reads back exactly what it saved; released owners hold nothing.
+    referenced = assert_no_referenced_blob_lost(runtime)
+    kept_blobs = set()
+    for writer in writers:
+        for owner, saved in writer.kept.items():
+            assert runtime.blobs.references_of(owner) == sorted({blob_id for blob_id, _ in saved})
+            for blob_id, data in saved:
+                assert runtime.blobs.read(blob_id) == data
+                kept_blobs.add(str(blob_id))
+        for owner in writer.released[:: max(1, len(writer.released) // 50)]:
+            assert runtime.blobs.references_of(owner) == []
+    assert referenced == kept_blobs  # the long-lived owners are the only ones left
+    assert runtime.store.read("SELECT count(*) FROM blobs") == [(len(kept_blobs),)]
+
+
+GARBAGE = (b"garbage one", b"garbage two, longer")
+ORPHAN = b"orphan of a failed write"
+
+
+def figures(metadata: dict, **expected: object) -> bool:
+    """Whether the materialisation's metadata has these values (reported with the difference if not)."""
+    assert {key: metadata.get(key) for key in expected} == expected
+    return True
+
+
+def _save(runtime: Runtime, owner: str, data: bytes) -> str:
+    return str(runtime.blobs.save(owner, data))
+
+
+def _orphan(runtime: Runtime, generation: int, data: bytes) -> str:
+    """A blob row and its content with neither reference nor deletion, as a write dying between the
+    content and the reference would leave it."""
+    blob_id = BlobId(generation, hashlib.sha256(data).hexdigest())
+    with runtime.store.transaction() as db:
+        db.execute(
+            "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
+            (str(blob_id), generation, len(data), runtime.clock()),
+        )
+        runtime.content.put(blob_id, data)
+    return str(blob_id)
+
+
+def _blob_rows(runtime: Runtime) -> dict[str, list]:
+    return {
+        table: sorted(runtime.store.read(f"SELECT * FROM {table}"))
+        for table in ("blobs", "blob_references", "blob_deletions", "blob_content")
+    }
+
+
+def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resources) -> None:
+    resources = pipeline_resources(runtime.settings.data_dir)
+    # Generation 1: two garbage blobs (all owners released), one blob still referenced by a second owner,
+    # and an orphan no deletion names.
+    garbage = [_save(runtime, "m1", GARBAGE[0]), _save(runtime, "m2", GARBAGE[1])]
+    live = _save(runtime, "m3", b"live")
+    _save(runtime, "m4", b"live")
+    for owner in ("m1", "m2", "m3"):
+        runtime.blobs.release(owner)
+    orphan = _orphan(runtime, 1, ORPHAN)
+    runtime.generations.rotate()
+    # Generation 2, then 3: neither eligible yet, so their garbage and orphans stay whatever the mode.
+    young_garbage = _save(runtime, "m5", b"young garbage")
+    runtime.blobs.release("m5")
+    young_orphan = _orphan(runtime, 2, b"young orphan")
+    runtime.generations.rotate()
+    before = _blob_rows(runtime)
+
+    dry = run_gc(resources, dry_run=True, exact=True)
+    assert figures(dry, dry_run=True, mode="exact", concerned=3, deleted=0, would_delete=2, kept_as_live=1,
+                   kept_as_false_positive=0, bytes_reclaimed=0, errors=0)
+    assert _blob_rows(runtime) == before
+
+    result = dg.materialize([blobs.reference_generations, blobs.orphan_blobs], resources=resources)
+    assert result.success
+    sweep = materialized(result, "orphan_blobs")
+    assert figures(sweep, dry_run=False, orphans=1, deleted=1, errors=0, bytes_reclaimed=len(ORPHAN))
+    assert not runtime.content.exists(orphan)
+    after_sweep = _blob_rows(runtime)
+    assert after_sweep == {
+        table: [row for row in rows if orphan not in row] for table, rows in before.items()
+    }
+
+    exact = run_gc(resources, exact=True)
+    assert figures(exact, dry_run=False, mode="exact", concerned=3, deleted=2, would_delete=0, kept_as_live=1,
+                   kept_as_false_positive=0, errors=0, bytes_reclaimed=len(GARBAGE[0] + GARBAGE[1]))
+    assert [runtime.content.exists(b) for b in garbage] == [False, False]
+    remaining = {blob_id for (blob_id,) in runtime.store.read("SELECT blob_id FROM blobs")}
+    assert remaining == {live, young_garbage, young_orphan}
+    assert runtime.blobs.read(live) == b"live"
+    # The live blob's deletion stays for a later iteration; the young generation's is not touched.
+    assert sorted(b for (b,) in runtime.store.read("SELECT blob_id FROM blob_deletions")) == sorted(
+        [live, young_garbage]
+    )
