@@ -30,6 +30,8 @@ WRITERS = 3
 ROUNDS = 4
 WRITER_DEADLINE_S = 240  # a bound on the writers whatever happens to the main thread
 EXTRA_ROUNDS = 2  # a false positive keeps garbage one more round; a fresh salt makes another unlikely
+GARBAGE = (b"garbage one", b"garbage two, longer")
+ORPHAN = b"orphan of a failed write"
 
 
 class Writer(threading.Thread):
@@ -94,6 +96,7 @@ def assert_no_referenced_blob_lost(runtime: Runtime) -> set[str]:
 
 
 def unreferenced_eligible_blobs(runtime: Runtime) -> list[str]:
+    """Blobs of the generations the GC may collect that nothing references: garbage still there."""
     oldest_protected = runtime.generations.current() - 1
     return [
         blob_id
@@ -139,7 +142,7 @@ def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_go
     assert [w.error for w in writers] == [None] * WRITERS
     assert not any(w.is_alive() for w in writers)
 
-    # Each round met both kinds of concerned blob: still referenced (kept) and garbage (deleted).
+    # Every round had deletions to look at; across them, the filter kept live blobs and garbage went.
     assert all(r["concerned"] > 0 and r["errors"] == 0 for r in rounds), rounds
     assert sum(r["kept_as_live"] for r in rounds) > 0, rounds
     assert sum(r["deleted"] for r in rounds) > 0, rounds
@@ -176,14 +179,9 @@ def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_go
     assert runtime.store.read("SELECT count(*) FROM blobs") == [(len(kept_blobs),)]
 
 
-GARBAGE = (b"garbage one", b"garbage two, longer")
-ORPHAN = b"orphan of a failed write"
-
-
-def figures(metadata: dict, **expected: object) -> bool:
-    """Whether the materialisation's metadata has these values (reported with the difference if not)."""
+def expect_figures(metadata: dict, **expected: object) -> None:
+    """The materialisation's metadata has these values (the others, timings and paths, vary)."""
     assert {key: metadata.get(key) for key in expected} == expected
-    return True
 
 
 def _save(runtime: Runtime, owner: str, data: bytes) -> str:
@@ -221,7 +219,7 @@ def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resource
         runtime.blobs.release(owner)
     orphan = _orphan(runtime, 1, ORPHAN)
     runtime.generations.rotate()
-    # Generation 2, then 3: neither eligible yet, so their garbage and orphans stay whatever the mode.
+    # Generation 2, still protected when the GC runs in generation 3: its garbage and orphan stay.
     young_garbage = _save(runtime, "m5", b"young garbage")
     runtime.blobs.release("m5")
     young_orphan = _orphan(runtime, 2, b"young orphan")
@@ -229,14 +227,14 @@ def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resource
     before = _blob_rows(runtime)
 
     dry = run_gc(resources, dry_run=True, exact=True)
-    assert figures(dry, dry_run=True, mode="exact", concerned=3, deleted=0, would_delete=2, kept_as_live=1,
+    expect_figures(dry, dry_run=True, mode="exact", concerned=3, deleted=0, would_delete=2, kept_as_live=1,
                    kept_as_false_positive=0, bytes_reclaimed=0, errors=0)
     assert _blob_rows(runtime) == before
 
     result = dg.materialize([blobs.reference_generations, blobs.orphan_blobs], resources=resources)
     assert result.success
     sweep = materialized(result, "orphan_blobs")
-    assert figures(sweep, dry_run=False, orphans=1, deleted=1, errors=0, bytes_reclaimed=len(ORPHAN))
+    expect_figures(sweep, dry_run=False, orphans=1, deleted=1, errors=0, bytes_reclaimed=len(ORPHAN))
     assert not runtime.content.exists(orphan)
     after_sweep = _blob_rows(runtime)
     assert after_sweep == {
@@ -244,7 +242,7 @@ def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resource
     }
 
     exact = run_gc(resources, exact=True)
-    assert figures(exact, dry_run=False, mode="exact", concerned=3, deleted=2, would_delete=0, kept_as_live=1,
+    expect_figures(exact, dry_run=False, mode="exact", concerned=3, deleted=2, would_delete=0, kept_as_live=1,
                    kept_as_false_positive=0, errors=0, bytes_reclaimed=len(GARBAGE[0] + GARBAGE[1]))
     assert [runtime.content.exists(b) for b in garbage] == [False, False]
     remaining = {blob_id for (blob_id,) in runtime.store.read("SELECT blob_id FROM blobs")}
