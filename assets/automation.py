@@ -62,15 +62,21 @@ def queue_cleanup_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntim
 @dg.sensor(job=mailbox_counters_job, minimum_interval_seconds=300)
 def counter_drift_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
     """Recounts a random sample of mailboxes (MAILQ_COUNTER_SAMPLE, default 50) from the source of truth;
-    any drift starts the full recomputation."""
+    drift starts the full recomputation. The same drift asks again only after MAILQ_COUNTER_RETRY (default
+    1h), so a mailbox that keeps failing does not start a run at every tick."""
     sample = int(_setting("MAILQ_COUNTER_SAMPLE", "50"))
+    retry = parse_duration(_setting("MAILQ_COUNTER_RETRY", "1h"))
+    last = json.loads(context.cursor) if context.cursor else {"drifting": [], "at": 0}
     with mailq.session() as runtime:
-        drifting = runtime.mailboxes.sample_drift(sample)
+        drifting = sorted(runtime.mailboxes.sample_drift(sample))
+        now = runtime.clock()
     if not drifting:
         return dg.SensorResult(skip_reason=f"no drift in a sample of {sample} mailboxes")
+    if drifting == last["drifting"] and now - last["at"] < retry:
+        return dg.SensorResult(skip_reason=f"drift in {len(drifting)} mailbox(es) already being repaired")
     return dg.SensorResult(
-        run_requests=[dg.RunRequest(run_key=f"counters-{'-'.join(sorted(drifting))[:200]}-{context.cursor or 0}")],
-        cursor=str(int(context.cursor or 0) + 1),
+        run_requests=[dg.RunRequest(run_key=f"counters-{now}", tags={"drifting": ",".join(drifting)[:200]})],
+        cursor=json.dumps({"drifting": drifting, "at": now}),
     )
 
 

@@ -152,7 +152,7 @@ def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(runtime: 
 
 
 # counter drift
-def test_counter_drift_sensor_requests_a_recompute_only_on_drift(runtime: Runtime) -> None:
+def test_counter_drift_sensor_requests_a_recompute_only_on_drift(runtime: Runtime, monkeypatch) -> None:
     sensor = automation.counter_drift_sensor
     assert sensor.job_name == "mailbox_counters_job"
     boxes = runtime.mailboxes
@@ -167,8 +167,11 @@ def test_counter_drift_sensor_requests_a_recompute_only_on_drift(runtime: Runtim
     with runtime.store.transaction() as db:
         db.execute("UPDATE mailbox_counters SET unseen = unseen + 1 WHERE mailbox_id = ?", (mailboxes[1],))
     drift = evaluate(sensor, runtime)
-    assert requested(drift) and mailboxes[1] in drift.run_requests[0].run_key
-    # Still drifting at the next tick (the run has not repaired it yet): asked again, under a new key.
+    assert requested(drift) and mailboxes[1] in drift.run_requests[0].tags["drifting"]
+    # Still drifting at the next tick (the run has not repaired it yet): not asked again so soon ...
+    assert "already being repaired" in skipped_because(evaluate(sensor, runtime, drift.cursor))
+    # ... but again once the retry period has passed, under a new key.
+    monkeypatch.setenv("MAILQ_COUNTER_RETRY", "0s")
     later = evaluate(sensor, runtime, drift.cursor)
     assert requested(later) and later.run_requests[0].run_key != drift.run_requests[0].run_key
 
