@@ -4,7 +4,6 @@ Sensors read the live runtime cheaply (indexed queries, a small sample) and requ
 never do the work themselves. Thresholds come from the environment so an operator tunes them without code.
 """
 
-
 import json
 import os
 
@@ -29,14 +28,17 @@ def deletions_waiting_sensor(context: dg.SensorEvaluationContext, mailq: MailqRu
     max_wait = parse_duration(_setting("MAILQ_GC_MAX_WAIT", "1d"))
     cursor = json.loads(context.cursor) if context.cursor else {"generation": 0, "deleted_at": 0}
     with mailq.session() as runtime:
-        backlog = runtime.blobs.deletion_backlog(since_generation=cursor["generation"], since=cursor["deleted_at"])
+        backlog = runtime.blobs.deletion_backlog(
+            since_generation=cursor["generation"], since=cursor["deleted_at"]
+        )
         now = runtime.clock()
     if backlog.count == 0:
         return dg.SensorResult(skip_reason="no deletion waiting in an eligible generation")
     waited = now - backlog.oldest
     if backlog.count < threshold and waited < max_wait:
         return dg.SensorResult(
-            skip_reason=f"{backlog.count} deletion(s) waiting for {waited // MICROS_PER_SECOND}s: below the thresholds"
+            skip_reason=f"{backlog.count} deletion(s) waiting for {waited // MICROS_PER_SECOND}s: "
+            "below the thresholds"
         )
     # A newly eligible generation's deletions may be older than the cursor: moving it back to them would
     # count the deletions already requested for again at the next tick.
@@ -53,10 +55,14 @@ def queue_cleanup_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntim
     lags the current slice by more than two slices (a browse_start update to make), gets cleaned."""
     with mailq.session() as runtime:
         due = [name for name in runtime.queues() if runtime.queue(name).maintenance_due()]
-        states = [(name, runtime.queue(name).browse_start(), runtime.queue(name).content_start()) for name in due]
+        states = [
+            (name, runtime.queue(name).browse_start(), runtime.queue(name).content_start()) for name in due
+        ]
     if not due:
         return dg.SensorResult(skip_reason="every queue's browse_start and content_start are current")
-    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"cleanup-{json.dumps(states)}", tags={"queues": ",".join(due)})])
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(run_key=f"cleanup-{json.dumps(states)}", tags={"queues": ",".join(due)})]
+    )
 
 
 @dg.sensor(job=mailbox_counters_job, minimum_interval_seconds=300)

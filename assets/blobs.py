@@ -8,7 +8,6 @@ A Bloom filter has no false negatives, so a live blob is never collected; a fals
 garbage until a later iteration, whose new salt gives different false positives.
 """
 
-
 import time
 import uuid
 
@@ -63,9 +62,12 @@ def deletion_sets(
         .agg(F.count("*").alias("deletions"), F.min("deleted_at").alias("first_deleted_at"))
         .cache()
     )
-    per_generation = concerned.groupBy("generation").agg(
-        F.count("*").alias("blobs"), F.sum("deletions").alias("deletions")
-    ).orderBy("generation").collect()
+    per_generation = (
+        concerned.groupBy("generation")
+        .agg(F.count("*").alias("blobs"), F.sum("deletions").alias("deletions"))
+        .orderBy("generation")
+        .collect()
+    )
     return dg.Output(
         concerned,
         metadata={
@@ -73,7 +75,9 @@ def deletion_sets(
             "deletions": sum(r["deletions"] for r in per_generation),
             "per_generation": dg.MetadataValue.md(
                 "| generation | concerned blobs | deletions |\n|---|---|---|\n"
-                + "\n".join(f"| rg{r['generation']} | {r['blobs']} | {r['deletions']} |" for r in per_generation)
+                + "\n".join(
+                    f"| rg{r['generation']} | {r['blobs']} | {r['deletions']} |" for r in per_generation
+                )
             ),
         },
     )
@@ -157,7 +161,8 @@ def collected_blobs(
     mailq: MailqRuntime,
     pyspark: LazyPySparkResource,
 ) -> dg.Output[DataFrame]:
-    """The concerned blobs absent from the filter, deleted from the blob store, `blobs` and `blob_deletions`."""
+    """The concerned blobs absent from the filter, deleted from the blob store, `blobs` and
+    `blob_deletions`."""
     spark = pyspark.spark_session
     started = time.monotonic()
     references = read_table(spark, mailq.url, "blob_references")
@@ -235,7 +240,9 @@ def orphan_blobs(
     references = read_table(spark, mailq.url, "blob_references").select("blob_id")
     deletions = read_table(spark, mailq.url, "blob_deletions").select("blob_id")
     orphans = blobs.join(references, "blob_id", "left_anti").join(deletions, "blob_id", "left_anti")
-    collected = collect_blobs(orphans.select("blob_id", "generation"), mailq.url, dry_run=config.dry_run).cache()
+    collected = collect_blobs(
+        orphans.select("blob_id", "generation"), mailq.url, dry_run=config.dry_run
+    ).cache()
     totals = collected.agg(
         F.count(F.when(F.col("error").isNull(), 1)).alias("deleted"),
         F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"),

@@ -1,6 +1,5 @@
 """The code location: every asset, check, job, sensor and schedule of mailq's maintenance pipeline."""
 
-
 import os
 
 import dagster as dg
@@ -27,7 +26,11 @@ defs = dg.Definitions(
         jobs.maintenance_job,
         jobs.rotate_generation_job,
     ],
-    sensors=[automation.deletions_waiting_sensor, automation.queue_cleanup_sensor, automation.counter_drift_sensor],
+    sensors=[
+        automation.deletions_waiting_sensor,
+        automation.queue_cleanup_sensor,
+        automation.counter_drift_sensor,
+    ],
     schedules=[automation.rotate_generation_schedule],
     resources=build_resources(_runtime_url(), os.environ.get(URL_VARIABLE, DEFAULT_URL)),
     executor=dg.in_process_executor,

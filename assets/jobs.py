@@ -1,6 +1,5 @@
 """The maintenance jobs. They run in one process so that every Spark step shares one session."""
 
-
 import dagster as dg
 
 from resources import MailqRuntime
@@ -24,7 +23,9 @@ mailbox_counters_job = dg.define_asset_job(
 )
 queue_cleanup_job = dg.define_asset_job("queue_cleanup_job", selection=dg.AssetSelection.groups(queue.GROUP))
 maintenance_job = dg.define_asset_job(
-    "maintenance_job", selection=dg.AssetSelection.all(), description="Every maintenance asset, in lineage order."
+    "maintenance_job",
+    selection=dg.AssetSelection.all(),
+    description="Every maintenance asset, in lineage order.",
 )
 
 

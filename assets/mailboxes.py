@@ -7,7 +7,6 @@ are reset. Resets are compare-and-set on the values read, so a counter that move
 the next run, which converges (record 23's consequence, without its lost updates).
 """
 
-
 import time
 
 import dagster as dg
@@ -39,13 +38,17 @@ def projection_inconsistencies(spark: SparkSession, url: str) -> DataFrame:
     kind = (
         F.when(F.col("t_uid").isNull(), "orphan_projection_entry")
         .when(F.col("p_uid").isNull(), "missing_projection_entry")
-        .when((F.col("p_uid") != F.col("t_uid")) | (F.col("p_flags") != F.col("t_flags")), "outdated_projection_entry")
+        .when(
+            (F.col("p_uid") != F.col("t_uid")) | (F.col("p_flags") != F.col("t_flags")),
+            "outdated_projection_entry",
+        )
     )
     return joined.select("mailbox_id", "message_id", kind.alias("kind")).where(F.col("kind").isNotNull())
 
 
 def counter_drift(spark: SparkSession, url: str) -> DataFrame:
-    """(mailbox_id, count, unseen, observed_count, observed_unseen) where the counters differ from the truth."""
+    """(mailbox_id, count, unseen, observed_count, observed_unseen) where the counters differ from the
+    source of truth."""
     truth = read_table(spark, url, "imap_uid_table")
     expected = truth.groupBy("mailbox_id").agg(
         F.count("*").alias("count"), F.sum(_unseen("flags")).alias("unseen")
@@ -68,7 +71,9 @@ def counter_drift(spark: SparkSession, url: str) -> DataFrame:
 
 def _table(rows: list, columns: list[str]) -> dg.MetadataValue:
     header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return dg.MetadataValue.md(header + "\n".join("| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows))
+    return dg.MetadataValue.md(
+        header + "\n".join("| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows)
+    )
 
 
 @dg.asset(group_name=GROUP, kinds={"spark"})
@@ -93,7 +98,9 @@ def mailbox_counters(
         if row["mailbox_id"] in failed:
             continue
         try:
-            observed = None if row["observed_count"] is None else (row["observed_count"], row["observed_unseen"])
+            observed = (
+                None if row["observed_count"] is None else (row["observed_count"], row["observed_unseen"])
+            )
             if mailboxes.reset_counters(row["mailbox_id"], row["count"], row["unseen"], observed=observed):
                 corrected.append(row.asDict())
         except Exception as error:

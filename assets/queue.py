@@ -1,6 +1,5 @@
 """The mail queue's maintenance (records 31 and 32): per-slice statistics and the content clean-up."""
 
-
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame, SparkSession
@@ -32,9 +31,14 @@ def mail_queue_slices(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.O
     content_start."""
     spark = pyspark.spark_session
     counters = read_table(spark, mailq.url, "slice_counters").select(
-        "queue", "slice_start", F.col("enqueued").alias("counted_enqueued"), F.col("deleted").alias("counted_deleted")
+        "queue",
+        "slice_start",
+        F.col("enqueued").alias("counted_enqueued"),
+        F.col("deleted").alias("counted_deleted"),
     )
-    starts = read_table(spark, mailq.url, "browse_start").join(read_table(spark, mailq.url, "content_start"), "queue")
+    starts = read_table(spark, mailq.url, "browse_start").join(
+        read_table(spark, mailq.url, "content_start"), "queue"
+    )
     slices = (
         slice_recount(spark, mailq.url)
         .join(counters, ["queue", "slice_start"], "full_outer")
@@ -43,12 +47,16 @@ def mail_queue_slices(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.O
         .orderBy("queue", "slice_start")
         .cache()
     )
-    queues = slices.groupBy("queue", "browse_start", "content_start").agg(
-        F.count("*").alias("slices"), F.sum("enqueued").alias("enqueued"), F.sum("live").alias("live")
-    ).orderBy("queue").collect()
+    queues = (
+        slices.groupBy("queue", "browse_start", "content_start")
+        .agg(F.count("*").alias("slices"), F.sum("enqueued").alias("enqueued"), F.sum("live").alias("live"))
+        .orderBy("queue")
+        .collect()
+    )
     rows = "\n".join(
         f"| {q['queue']} | {q['slices']} | {q['enqueued']} | {q['live']} | "
-        f"{to_datetime(q['browse_start']):%Y-%m-%d %H:%M:%S} | {to_datetime(q['content_start']):%Y-%m-%d %H:%M:%S} |"
+        f"{to_datetime(q['browse_start']):%Y-%m-%d %H:%M:%S} | "
+        f"{to_datetime(q['content_start']):%Y-%m-%d %H:%M:%S} |"
         for q in queues
         if q["browse_start"] is not None
     )
@@ -59,7 +67,8 @@ def mail_queue_slices(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.O
             "slices": sum(q["slices"] for q in queues),
             "live_mails": sum(q["live"] for q in queues),
             "per_queue": dg.MetadataValue.md(
-                "| queue | slices | enqueued | live | browse_start | content_start |\n|---|---|---|---|---|---|\n" + rows
+                "| queue | slices | enqueued | live | browse_start | content_start |\n"
+                "|---|---|---|---|---|---|\n" + rows
             ),
         },
     )
@@ -70,21 +79,32 @@ def slice_counters_match_recount(mail_queue_slices: DataFrame) -> dg.AssetCheckR
     wrong = mail_queue_slices.where(
         (F.col("counted_enqueued") != F.col("enqueued")) | (F.col("counted_deleted") != F.col("deleted"))
     )
-    sample = [r.asDict() for r in wrong.select("queue", "slice_start", "enqueued", "counted_enqueued",
-                                                "deleted", "counted_deleted").limit(10).collect()]
+    sample = [
+        r.asDict()
+        for r in wrong.select(
+            "queue", "slice_start", "enqueued", "counted_enqueued", "deleted", "counted_deleted"
+        )
+        .limit(10)
+        .collect()
+    ]
     return dg.AssetCheckResult(passed=not sample, metadata={"sample": dg.MetadataValue.json(sample)})
 
 
 @dg.asset_check(asset=mail_queue_slices, blocking=True)
 def browse_start_not_ahead_of_live_mail(mail_queue_slices: DataFrame) -> dg.AssetCheckResult:
     ahead = mail_queue_slices.where((F.col("live") > 0) & (F.col("slice_start") < F.col("browse_start")))
-    sample = [r.asDict() for r in ahead.select("queue", "slice_start", "live", "browse_start").limit(10).collect()]
-    return dg.AssetCheckResult(passed=not sample, metadata={"hidden_live_slices": dg.MetadataValue.json(sample)})
+    sample = [
+        r.asDict() for r in ahead.select("queue", "slice_start", "live", "browse_start").limit(10).collect()
+    ]
+    return dg.AssetCheckResult(
+        passed=not sample, metadata={"hidden_live_slices": dg.MetadataValue.json(sample)}
+    )
 
 
 @dg.asset(group_name=GROUP, kinds={"python"}, deps=[mail_queue_slices])
 def mail_queue_cleanup(mailq: MailqRuntime) -> dg.MaterializeResult:
-    """Record 32 for every queue: advance browse_start, then delete and release content_start .. browse_start."""
+    """Record 32 for every queue: advance browse_start, then delete and release content_start ..
+    browse_start."""
     runtime = mailq.runtime
     report = []
     for name in runtime.queues():

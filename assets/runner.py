@@ -18,7 +18,9 @@ CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, queue])
 
 def pipeline_dir(url: str) -> str:
     """Where the assets' Parquet outputs go: MAILQ_PIPELINE_DIR, else `<data dir>/pipeline`."""
-    return os.environ.get("MAILQ_PIPELINE_DIR") or str(Path(Settings.from_url(url).data_dir, "pipeline").resolve())
+    return os.environ.get("MAILQ_PIPELINE_DIR") or str(
+        Path(Settings.from_url(url).data_dir, "pipeline").resolve()
+    )
 
 
 def build_resources(url: str | dg.EnvVar, data_dir_url: str) -> dict:

@@ -48,10 +48,11 @@ from pathlib import Path
 import numpy as np
 from harness import (
     SEQUENCE,
+    Runs,
+    describe,
     bulk_connection,
     data_dir,
     insert,
-    load_average,
     median,
     ratio,
     rounded,
@@ -400,45 +401,36 @@ def warm_up(spark: SparkSession, data: Dataset, args: argparse.Namespace) -> Non
 def measure_master(master: str, data: Dataset, args: argparse.Namespace, verify: bool) -> dict:
     spark = spark_session(master, args.driver_memory)
     try:
-        load = [load_average()]
-        # Warm-up: the JVM's JIT, the Python workers, the data source and both plans' operators, on the
-        # smaller table, so that the timed runs measure steady work.
         warm, _ = timed(lambda: warm_up(spark, data, args))
         print(f"{master}: warmed up in {warm:.1f} s")
-        bloom_times: list[dict] = []
+        bloom, antijoin = Runs(args.quiet_wait), Runs(args.quiet_wait)
+        bloom_stages: list[dict] = []
         bloom_counts: list[int] = []
-        antijoin_times: list[float] = []
         antijoin_counts: list[int] = []
-        for run in range(args.runs):
-            count, stages = bloom_run(spark, data.url, args.fpp, args.expected_references)
-            bloom_times.append(stages)
+        for run in range(args.runs):  # interleaved, so that a noisy minute hits both methods alike
+            count, stages = bloom.run(lambda: bloom_run(spark, data.url, args.fpp, args.expected_references))
+            bloom_stages.append(stages)
             bloom_counts.append(count)
-            count, stages = antijoin_run(spark, data.url)
-            antijoin_times.append(stages["total"])
+            count, _ = antijoin.run(lambda: antijoin_run(spark, data.url))
             antijoin_counts.append(count)
             print(
-                f"{master}: run {run + 1}: bloom {bloom_times[-1]['total']:.1f} s "
-                f"(count {bloom_times[-1]['count']:.1f} + build {bloom_times[-1]['build']:.1f} + probe "
-                f"{bloom_times[-1]['probe']:.1f}) -> {bloom_counts[-1]:,}; "
-                f"antijoin {antijoin_times[-1]:.1f} s -> {antijoin_counts[-1]:,}"
+                f"{master}: run {run + 1}: bloom {describe(bloom.last)} [count {stages['count']:.1f} + build "
+                f"{stages['build']:.1f} + probe {stages['probe']:.1f}] -> {bloom_counts[-1]:,}; "
+                f"antijoin {describe(antijoin.last)} -> {antijoin_counts[-1]:,}"
             )
-            load.append(load_average())
         spark.conf.set(_BROADCAST, "-1")
         forced = join_strategy(exact_mark(spark, data.url))
         spark.conf.unset(_BROADCAST)
         default = join_strategy(exact_mark(spark, data.url))
         result = {
             "partitions": spark.sparkContext.defaultParallelism,
-            "bloom_s": median([t["total"] for t in bloom_times]),
-            "bloom_runs_s": [t["total"] for t in bloom_times],
-            "bloom_stages_s": {key: median([t[key] for t in bloom_times]) for key in BLOOM_STAGES},
+            **bloom.summary("bloom"),
+            "bloom_stages_s": {key: median([t[key] for t in bloom_stages]) for key in BLOOM_STAGES},
             "bloom_counts": bloom_counts,
-            "antijoin_s": median(antijoin_times),
-            "antijoin_runs_s": antijoin_times,
+            **antijoin.summary("antijoin"),
             "antijoin_counts": antijoin_counts,
             "antijoin_join": forced,
             "default_plan_join": default,
-            "load_average": load,
         }
         if default != forced:
             count, stages = antijoin_run(spark, data.url, broadcast=spark.conf.get(_BROADCAST))
@@ -469,6 +461,12 @@ def main() -> None:
         help="the filter's expected count, as the asset's config; 0 (its default): count the references",
     )
     parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=120.0,
+        help="seconds a timed run may wait for the rest of the machine to go quiet (0: never wait)",
+    )
     args = parser.parse_args()
     masters = [master.strip() for master in args.masters.split(",") if master.strip()]
 
@@ -488,22 +486,25 @@ def main() -> None:
             "filter_bits": filter_bits(expected, args.fpp),
             "runs": args.runs,
         }
-        single: list[dict] = []
+        single = Runs(args.quiet_wait)
+        single_stages: list[dict] = []
         single_ids: set[bytes] = set()
-        for run in range(args.runs + 1):  # the first one warms the page cache up, as Spark's warm-up does
-            single_ids, stages = single_process_mark(data.database, expected, args.fpp)
-            if run:
-                single.append(stages)
+        single_process_mark(data.database, expected, args.fpp)  # warm-up, as Spark's: the page cache
+        for _ in range(args.runs):
+            single_ids, stages = single.run(lambda: single_process_mark(data.database, expected, args.fpp))
+            single_stages.append(stages)
             print(
-                f"single process{' (warm-up)' if not run else ''}: {stages['total']:.1f} s "
-                f"(build {stages['build']:.1f} + probe {stages['probe']:.1f}) -> {len(single_ids):,}"
+                f"single process: {describe(single.last)} [build {stages['build']:.1f} + probe "
+                f"{stages['probe']:.1f}] -> {len(single_ids):,}"
             )
-        plain_count, plain = single_process_plain(data.database, expected, args.fpp)
-        print(f"single process, plain: {plain['total']:.1f} s -> {plain_count:,}")
-        figures["single_process_s"] = median([s["total"] for s in single])
-        figures["single_process_runs_s"] = [s["total"] for s in single]
-        figures["single_process_stages_s"] = {k: median([s[k] for s in single]) for k in ("build", "probe")}
-        figures["single_process_plain_s"] = plain["total"]
+        plain = Runs(args.quiet_wait)
+        plain_count, _ = plain.run(lambda: single_process_plain(data.database, expected, args.fpp))
+        print(f"single process, plain: {describe(plain.last)} -> {plain_count:,}")
+        figures.update(single.summary("single_process"))
+        figures["single_process_stages_s"] = {
+            key: median([s[key] for s in single_stages]) for key in ("build", "probe")
+        }
+        figures["single_process_plain_s"] = plain.last.wall
 
         per_master: dict[str, dict] = {}
         for index, master in enumerate(masters):
@@ -566,7 +567,7 @@ def main() -> None:
     figures["targets"] = targets
 
     print()
-    print(f"single process (numpy): {figures['single_process_s']:6.1f} s   plain: {plain['total']:6.1f} s")
+    print(f"single process (numpy): {figures['single_process_s']:6.1f} s   plain: {plain.last.wall:6.1f} s")
     for master, m in per_master.items():
         s = m["bloom_stages_s"]
         print(

@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import TypeVar
@@ -160,3 +161,73 @@ def tree_cpu_seconds() -> float:
         total += stats.get(pid, (0, 0))[1]
         pending.extend(children.get(pid, []))
     return total / _TICK
+
+
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all cores), from the first line of /proc/stat."""
+    with open("/proc/stat", "rb") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...: all but idle and iowait
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK
+
+
+@dataclass(frozen=True)
+class Measure:
+    wall: float  # seconds
+    cpu: float  # CPU seconds of this process tree (the method's own work)
+    others: float  # cores the rest of the machine kept busy meanwhile, on average
+
+
+def describe(seen: Measure) -> str:
+    return f"{seen.wall:.1f} s (cpu {seen.cpu:.1f} s, others {seen.others:.2f} cores)"
+
+
+def measure(action: Callable[[], T]) -> tuple[Measure, T]:
+    cpu, busy, start = tree_cpu_seconds(), _busy_seconds(), time.perf_counter()
+    result = action()
+    wall = time.perf_counter() - start
+    cpu = tree_cpu_seconds() - cpu
+    others = max(0.0, _busy_seconds() - busy - cpu) / wall if wall > 0 else 0.0
+    return Measure(wall, cpu, others), result
+
+
+def wait_for_quiet(timeout: float, max_others: float = 0.3, window: float = 2.0) -> float:
+    """Wait (up to `timeout` seconds) until the rest of the machine uses less than `max_others` cores over
+    a `window`, so that a timed run has the cores it asks for; returns the cores last seen busy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen, _ = measure(lambda: time.sleep(window))
+        if seen.others < max_others or time.monotonic() >= deadline:
+            return seen.others
+
+
+class Runs:
+    """The timed runs of one method: each waits for a quiet machine first (up to `quiet_wait` seconds),
+    then records wall time, its own CPU time and what the rest of the machine used meanwhile."""
+
+    def __init__(self, quiet_wait: float) -> None:
+        self.quiet_wait = quiet_wait
+        self.measures: list[Measure] = []
+
+    def run(self, action: Callable[[], T]) -> T:
+        if self.quiet_wait > 0:
+            wait_for_quiet(self.quiet_wait)
+        seen, result = measure(action)
+        self.measures.append(seen)
+        return result
+
+    @property
+    def last(self) -> Measure:
+        return self.measures[-1]
+
+    def summary(self, prefix: str) -> dict[str, object]:
+        """`<prefix>_s`: the median wall time; `_cpu_s`: the median CPU seconds; `_cores`: the median
+        cores the method kept busy (CPU / wall); `_others_cores`: the other work seen during each run."""
+        walls = [m.wall for m in self.measures]
+        return {
+            f"{prefix}_s": median(walls),
+            f"{prefix}_runs_s": walls,
+            f"{prefix}_cpu_s": median([m.cpu for m in self.measures]),
+            f"{prefix}_cores": median([m.cpu / m.wall for m in self.measures if m.wall > 0]),
+            f"{prefix}_others_cores": [m.others for m in self.measures],
+        }

@@ -265,17 +265,27 @@ def main() -> None:
         "size_equals_live": answer == args.live,
     }
     f = figures
-    print(f"enqueue          {f['enqueue_per_s']:6} mails/s  p50 {f['enqueue_p50_ms']} ms"
-          f"  p99 {f['enqueue_p99_ms']} ms  ({args.mails} mails of {args.size} bytes, {args.threads} threads;"
-          f" one thread: {f['single_thread_enqueue_per_s']} mails/s)")
-    print(f"dequeue + done() {f['dequeue_ack_per_s']:6} mails/s  p50 {f['dequeue_p50_ms']} ms"
-          f"  p99 {f['dequeue_p99_ms']} ms  (one thread: {f['single_thread_dequeue_ack_per_s']} mails/s)")
-    print(f"history          {args.history} processed mails in {slices} slices, inserted with SQL "
-          f"in {history_seconds:.1f} s")
-    print(f"size()           {answer} (live: {args.live})  p50 {f['size_p50_ms']} ms"
-          f"  p99 {f['size_p99_ms']} ms; counting by browse instead takes {f['size_by_browse_ms']} ms")
-    print(f"raw SQLite       {f['raw_sqlite_tx_per_s']:6} one-row transactions/s; ratios: enqueue "
-          f"{f['enqueue_ratio_to_raw']}, dequeue + done() {f['dequeue_ratio_to_raw']}")
+    print(
+        f"enqueue          {f['enqueue_per_s']:6} mails/s  p50 {f['enqueue_p50_ms']} ms"
+        f"  p99 {f['enqueue_p99_ms']} ms  ({args.mails} mails of {args.size} bytes, {args.threads} threads;"
+        f" one thread: {f['single_thread_enqueue_per_s']} mails/s)"
+    )
+    print(
+        f"dequeue + done() {f['dequeue_ack_per_s']:6} mails/s  p50 {f['dequeue_p50_ms']} ms"
+        f"  p99 {f['dequeue_p99_ms']} ms  (one thread: {f['single_thread_dequeue_ack_per_s']} mails/s)"
+    )
+    print(
+        f"history          {args.history} processed mails in {slices} slices, inserted with SQL "
+        f"in {history_seconds:.1f} s"
+    )
+    print(
+        f"size()           {answer} (live: {args.live})  p50 {f['size_p50_ms']} ms"
+        f"  p99 {f['size_p99_ms']} ms; counting by browse instead takes {f['size_by_browse_ms']} ms"
+    )
+    print(
+        f"raw SQLite       {f['raw_sqlite_tx_per_s']:6} one-row transactions/s; ratios: enqueue "
+        f"{f['enqueue_ratio_to_raw']}, dequeue + done() {f['dequeue_ratio_to_raw']}"
+    )
     print(json.dumps(figures))
 
 

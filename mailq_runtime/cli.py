@@ -118,8 +118,10 @@ def _duration_text(micros: int) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-            for row in (header, *rows)]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
 
 
 def _null_sender(sender: str) -> str | None:
@@ -185,8 +187,13 @@ def _browse(args: argparse.Namespace) -> Report:
                 if args.limit is not None and len(entries) >= args.limit:
                     break
     rows = [
-        (e["enqueued_time"], e["next_delivery"] + (" (delayed)" if e["delayed"] else ""),
-         e["sender"] or "<>", ",".join(e["recipients"]), e["name"])
+        (
+            e["enqueued_time"],
+            e["next_delivery"] + (" (delayed)" if e["delayed"] else ""),
+            e["sender"] or "<>",
+            ",".join(e["recipients"]),
+            e["name"],
+        )
         for e in entries
     ]
     lines = _table(("ENQUEUED", "NEXT DELIVERY", "SENDER", "RECIPIENTS", "NAME"), rows) if rows else []
@@ -211,8 +218,13 @@ def _remove(args: argparse.Namespace) -> Report:
         removed = queue.remove(**criterion)
         remaining = queue.size()
     [(kind, value)] = criterion.items()
-    data = {"queue": args.queue, kind: value, "removed": removed, "initial_count": initial,
-            "remaining_count": remaining}
+    data = {
+        "queue": args.queue,
+        kind: value,
+        "removed": removed,
+        "initial_count": initial,
+        "remaining_count": remaining,
+    }
     return Report(data, [f"removed {removed} mails from {args.queue} ({kind} {value}); {remaining} remain"])
 
 
@@ -245,8 +257,10 @@ def add_clear_parser(subparsers: argparse._SubParsersAction) -> None:
 def _flush(args: argparse.Namespace) -> Report:
     with Runtime.open(args.url) as runtime:
         flushed = _existing_queue(runtime, args.queue).flush()
-    return Report({"queue": args.queue, "flushed": flushed},
-                  [f"flushed {args.queue}: {flushed} delayed mails are deliverable now"])
+    return Report(
+        {"queue": args.queue, "flushed": flushed},
+        [f"flushed {args.queue}: {flushed} delayed mails are deliverable now"],
+    )
 
 
 def add_flush_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -322,20 +336,36 @@ def _worker(args: argparse.Namespace) -> Report:
         signal.signal(signum, lambda *_: stop.set())
     with Runtime.open(args.url) as runtime:
         stats = run_worker(
-            runtime, args.queue, local_domains=args.domain, stop=stop, idle_timeout=args.idle_exit,
-            retry_delay=args.retry_delay, max_attempts=args.max_attempts,
+            runtime,
+            args.queue,
+            local_domains=args.domain,
+            stop=stop,
+            idle_timeout=args.idle_exit,
+            retry_delay=args.retry_delay,
+            max_attempts=args.max_attempts,
         )
     data = asdict(stats)
-    return Report(data, [f"{args.queue}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in data.items())])
+    return Report(
+        data, [f"{args.queue}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in data.items())]
+    )
 
 
 def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("worker", help="deliver a queue's mails to the local recipients' INBOXes")
     parser.add_argument("--queue", default="spool", help="the queue to serve (default: spool)")
-    parser.add_argument("--domain", action="append", required=True, metavar="DOMAIN",
-                        help="a local domain; repeat it for more (other recipients are dead-lettered)")
-    parser.add_argument("--idle-exit", type=float, metavar="SECONDS",
-                        help="return once the queue stayed empty this long (default: serve until stopped)")
+    parser.add_argument(
+        "--domain",
+        action="append",
+        required=True,
+        metavar="DOMAIN",
+        help="a local domain; repeat it for more (other recipients are dead-lettered)",
+    )
+    parser.add_argument(
+        "--idle-exit",
+        type=float,
+        metavar="SECONDS",
+        help="return once the queue stayed empty this long (default: serve until stopped)",
+    )
     parser.add_argument("--retry-delay", default="5m", metavar="DURATION", help="delay before a retry")
     parser.add_argument("--max-attempts", type=int, default=5, metavar="N", help="then dead-letter")
     parser.set_defaults(handler=_worker)
@@ -384,14 +414,14 @@ def _config_set(args: argparse.Namespace) -> Report:
         # Unspecified values keep the current ones: changing the pace alone must not reset the slice
         # window and bucket count to their defaults, a change the rules may well refuse.
         wanted = QueueViewConfiguration(
-            slice_window=(current.slice_window if args.slice_window is None
-                          else parse_duration(args.slice_window)),
+            slice_window=(
+                current.slice_window if args.slice_window is None else parse_duration(args.slice_window)
+            ),
             bucket_count=current.bucket_count if args.bucket_count is None else args.bucket_count,
             update_browse_start_pace=current.update_browse_start_pace if args.pace is None else args.pace,
         )
         changed = runtime.configuration.register(wanted)
-        report = _configuration_report(runtime.configuration.current(), _changes(runtime),
-                                       changed=changed)
+        report = _configuration_report(runtime.configuration.current(), _changes(runtime), changed=changed)
     report.lines.insert(0, "configuration changed" if changed else "configuration unchanged")
     return report
 
@@ -422,8 +452,12 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo", help="enqueue, deliver and remove generated mails in a fresh data dir, then show the state"
     )
-    parser.add_argument("--data-dir", type=Path, default=Path(".mailq-demo"),
-                        help="wiped at start (default: .mailq-demo); --url is not used")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".mailq-demo"),
+        help="wiped at start (default: .mailq-demo); --url is not used",
+    )
     parser.add_argument("--mails", type=int, default=3000, metavar="N", help="how many mails to generate")
     parser.set_defaults(handler=_demo)
 
@@ -450,9 +484,7 @@ SUBCOMMANDS: list[AddParser] = [
 
 def build_parser(subcommands: Sequence[AddParser] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="mailq", description="Operate mailq's mail queues.")
-    parser.add_argument(
-        "--url", help=f"the runtime to act on (default: ${URL_VARIABLE}, else {DEFAULT_URL})"
-    )
+    parser.add_argument("--url", help=f"the runtime to act on (default: ${URL_VARIABLE}, else {DEFAULT_URL})")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_parser in SUBCOMMANDS if subcommands is None else subcommands:

@@ -60,9 +60,21 @@ PEOPLE = [
     ("Farah Haddad", "farah@corp.example"),
 ]
 RECIPIENTS = [
-    "gus@example.org", "hana@example.net", "ivan@corp.example", "jade@mail.example.net", "kofi@example.com",
-    "lena@example.org", "mo@example.net", "nina@corp.example", "oscar@example.com", "pia@mail.example.net",
-    "quinn@example.org", "ravi@example.net", "sara@corp.example", "tom@example.com", "uma@example.org",
+    "gus@example.org",
+    "hana@example.net",
+    "ivan@corp.example",
+    "jade@mail.example.net",
+    "kofi@example.com",
+    "lena@example.org",
+    "mo@example.net",
+    "nina@corp.example",
+    "oscar@example.com",
+    "pia@mail.example.net",
+    "quinn@example.org",
+    "ravi@example.net",
+    "sara@corp.example",
+    "tom@example.com",
+    "uma@example.org",
 ]
 # The users whose INBOXes the queue delivers to; their domains are the local ones.
 LOCAL_USERS = (*RECIPIENTS, GREYLISTING)
@@ -135,13 +147,23 @@ def personal_message(
     text = "\r\n\r\n".join(_paragraph(rng) for _ in range(rng.randint(1, 5)))
     subject = " ".join(rng.choices(WORDS, k=3)).capitalize()
     if rng.random() >= 0.1:
-        headers = _headers(f"{name} <{address}>", recipients, subject, moment,
-                           "Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n")
+        headers = _headers(
+            f"{name} <{address}>",
+            recipients,
+            subject,
+            moment,
+            "Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n",
+        )
         return f"{headers}\r\n{text}\r\n".encode()
     boundary = f"=_{os.urandom(8).hex()}"
     attachment = base64.encodebytes(os.urandom(rng.randint(2_000, 20_000))).decode().replace("\n", "\r\n")
-    headers = _headers(f"{name} <{address}>", recipients, subject, moment,
-                       f'Content-Type: multipart/mixed; boundary="{boundary}"\r\n')
+    headers = _headers(
+        f"{name} <{address}>",
+        recipients,
+        subject,
+        moment,
+        f'Content-Type: multipart/mixed; boundary="{boundary}"\r\n',
+    )
     return (
         f"{headers}\r\n--{boundary}\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{text}\r\n"
         f"--{boundary}\r\nContent-Type: application/pdf\r\n"
@@ -160,15 +182,23 @@ _NEWSLETTER_BODY = (
 
 def newsletter_message(recipient: str, moment: int) -> bytes:
     headers = _headers(
-        f"Shop News <{NEWSLETTER_SENDER}>", [recipient], "This week at the shop", moment,
+        f"Shop News <{NEWSLETTER_SENDER}>",
+        [recipient],
+        "This week at the shop",
+        moment,
         f"Content-Type: text/plain; charset=utf-8\r\nList-Unsubscribe: <mailto:{NEWSLETTER_SENDER}>\r\n",
     )
     return f"{headers}\r\n{_NEWSLETTER_BODY}".encode()
 
 
 def spam_message(recipient: str, moment: int) -> bytes:
-    headers = _headers(f"Deals <{SPAM_SENDER}>", [recipient], "You have WON a prize!!!", moment,
-                       "Content-Type: text/plain; charset=utf-8\r\n")
+    headers = _headers(
+        f"Deals <{SPAM_SENDER}>",
+        [recipient],
+        "You have WON a prize!!!",
+        moment,
+        "Content-Type: text/plain; charset=utf-8\r\n",
+    )
     return f"{headers}\r\nClaim your prize now: http://deals.example/{os.urandom(6).hex()}\r\n".encode()
 
 
@@ -177,8 +207,10 @@ def bounce_message(rng: random.Random, recipient: str, moment: int) -> bytes:
     boundary = f"=_{os.urandom(8).hex()}"
     failed = f"{rng.choice(WORDS)}@unreachable.example"
     headers = _headers(
-        "Mail Delivery System <MAILER-DAEMON@mx.example.net>", [recipient],
-        "Undelivered Mail Returned to Sender", moment,
+        "Mail Delivery System <MAILER-DAEMON@mx.example.net>",
+        [recipient],
+        "Undelivered Mail Returned to Sender",
+        moment,
         f'Content-Type: multipart/report; report-type=delivery-status; boundary="{boundary}"\r\n',
     )
     return (
@@ -213,15 +245,20 @@ def generate_traffic(
             recipient = rng.choice(RECIPIENTS)
             roll = rng.random()
             if late and rng.random() < 0.4:
-                mail = Mail(recipients=(recipient,), sender=SPAM_SENDER,
-                            message=spam_message(recipient, clock.now))
+                mail = Mail(
+                    recipients=(recipient,), sender=SPAM_SENDER, message=spam_message(recipient, clock.now)
+                )
                 priority = 2
             elif roll < 0.15:
-                mail = Mail(recipients=(recipient,), sender=NEWSLETTER_SENDER,
-                            message=newsletter_message(recipient, clock.now))
+                mail = Mail(
+                    recipients=(recipient,),
+                    sender=NEWSLETTER_SENDER,
+                    message=newsletter_message(recipient, clock.now),
+                )
             elif roll < 0.2:
-                mail = Mail(recipients=(recipient,), sender=None,
-                            message=bounce_message(rng, recipient, clock.now))
+                mail = Mail(
+                    recipients=(recipient,), sender=None, message=bounce_message(rng, recipient, clock.now)
+                )
             else:
                 person = rng.choice(PEOPLE)
                 recipients = rng.sample(RECIPIENTS, k=rng.choice((1, 1, 1, 2, 3)))
@@ -230,8 +267,11 @@ def generate_traffic(
                     recipients = [UNKNOWN_USER]
                 elif special < 0.03:
                     recipients.append(GREYLISTING)
-                mail = Mail(recipients=tuple(recipients), sender=person[1],
-                            message=personal_message(rng, person, recipients, clock.now))
+                mail = Mail(
+                    recipients=tuple(recipients),
+                    sender=person[1],
+                    message=personal_message(rng, person, recipients, clock.now),
+                )
                 if rng.random() < 0.12:
                     # Mostly short waits; late in the span some long ones, still pending at the end.
                     long_wait = late and rng.random() < 0.5
@@ -300,8 +340,15 @@ def _iso(moment: int | datetime) -> str:
 
 
 _TABLES = (
-    "enqueued_mails", "deleted_mails", "slice_counters", "broker_messages", "dead_letters",
-    "blobs", "blob_references", "blob_deletions", "blob_content",
+    "enqueued_mails",
+    "deleted_mails",
+    "slice_counters",
+    "broker_messages",
+    "dead_letters",
+    "blobs",
+    "blob_references",
+    "blob_deletions",
+    "blob_content",
 )
 
 

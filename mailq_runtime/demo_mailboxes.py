@@ -26,8 +26,15 @@ ARCHIVE = "Archive"
 # The worker stops once no mail has come for this long: the queue is drained (delayed mails aside).
 _IDLE_SECONDS = 1.0
 _TABLES = (
-    "mailboxes", "messages", "imap_uid_table", "message_id_table", "mailbox_counters",
-    "blobs", "blob_references", "blob_deletions", "generations",
+    "mailboxes",
+    "messages",
+    "imap_uid_table",
+    "message_id_table",
+    "mailbox_counters",
+    "blobs",
+    "blob_references",
+    "blob_deletions",
+    "generations",
 )
 
 

@@ -145,11 +145,18 @@ class MailQueue:
         window = self.configuration.slice_window
         bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
 
-
         def write() -> None:
             row = EnqueuedMail.of(
-                mail, self.name, enqueue_id, now, next_delivery, priority, slice_of(now, window), bucket,
-                self.blobs.save(enqueue_id, header), self.blobs.save(enqueue_id, body),
+                mail,
+                self.name,
+                enqueue_id,
+                now,
+                next_delivery,
+                priority,
+                slice_of(now, window),
+                bucket,
+                self.blobs.save(enqueue_id, header),
+                self.blobs.save(enqueue_id, body),
             )
             self.view.insert(row)
             self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
@@ -223,8 +230,14 @@ class MailQueue:
         for slice_start in self.view.slices_from(self.name, self.view.browse_start(self.name)):
             for row in self.view.live_mails(self.name, slice_start):
                 yield BrowseItem(
-                    row.enqueue_id, row.name, row.sender, row.recipient_list, to_datetime(row.enqueued_time),
-                    to_datetime(row.next_delivery), row, self,
+                    row.enqueue_id,
+                    row.name,
+                    row.sender,
+                    row.recipient_list,
+                    to_datetime(row.enqueued_time),
+                    to_datetime(row.next_delivery),
+                    row,
+                    self,
                 )
 
     def size(self) -> int:

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from .clock import from_datetime, to_datetime
@@ -54,16 +54,36 @@ class EnqueuedMail:
             "last_updated": from_datetime(mail.last_updated),
         }
         return cls(
-            queue, slice_start, bucket, enqueue_id, enqueued_time, next_delivery, priority, mail.name,
-            mail.sender, json.dumps(list(mail.recipients)), str(header_blob_id), str(body_blob_id),
+            queue,
+            slice_start,
+            bucket,
+            enqueue_id,
+            enqueued_time,
+            next_delivery,
+            priority,
+            mail.name,
+            mail.sender,
+            json.dumps(list(mail.recipients)),
+            str(header_blob_id),
+            str(body_blob_id),
             json.dumps(metadata),
         )
 
     def row(self) -> tuple:
         return (
-            self.queue, self.slice_start, self.bucket, self.enqueue_id, self.enqueued_time,
-            self.next_delivery, self.priority, self.name, self.sender, self.recipients,
-            self.header_blob_id, self.body_blob_id, self.metadata,
+            self.queue,
+            self.slice_start,
+            self.bucket,
+            self.enqueue_id,
+            self.enqueued_time,
+            self.next_delivery,
+            self.priority,
+            self.name,
+            self.sender,
+            self.recipients,
+            self.header_blob_id,
+            self.body_blob_id,
+            self.metadata,
         )
 
     @classmethod

@@ -44,7 +44,9 @@ class Runtime:
         self.configuration = ConfigurationStore(self.view, clock)
         # Registered even when nothing is asked, so the configuration in effect is an event that every
         # later change is checked against.
-        self.configuration.register(replace(self.configuration.current(), **(settings.view_configuration or {})))
+        self.configuration.register(
+            replace(self.configuration.current(), **(settings.view_configuration or {}))
+        )
         # Read once: the rules on changes make a stale value safe (old slices are multiples of new ones,
         # old buckets are a subset of new ones), as with James reading it at start-up.
         self.view_configuration = self.configuration.current()
@@ -71,8 +73,14 @@ class Runtime:
             now = self.clock()
             self.view.create_queue(name, slice_of(now, self.view_configuration.slice_window), now)
         queue = MailQueue(
-            name, self.view, self.broker, self.blobs, self.view_configuration, self.clock,
-            self.settings.max_message_size, self.settings.clock_skew_grace,
+            name,
+            self.view,
+            self.broker,
+            self.blobs,
+            self.view_configuration,
+            self.clock,
+            self.settings.max_message_size,
+            self.settings.clock_skew_grace,
         )
         self._queues[name] = queue
         return queue

@@ -156,8 +156,13 @@ def handle(
         stats.dead_lettered += 1
         return
     except Exception as error:
-        log.warning("delivery of %s failed (attempt %d of %d)", item.enqueue_id, item.attempts, max_attempts,
-                    exc_info=True)
+        log.warning(
+            "delivery of %s failed (attempt %d of %d)",
+            item.enqueue_id,
+            item.attempts,
+            max_attempts,
+            exc_info=True,
+        )
         if item.attempts >= max_attempts:
             reason = f"gave up after {item.attempts} attempts: {type(error).__name__}: {error}"
             _settle(item, lambda: item.reject(reason))

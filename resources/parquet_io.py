@@ -1,7 +1,6 @@
 """Hands Spark DataFrames between assets as Parquet, so each asset's output is data a person can inspect
 and a downstream asset (or a rerun of one) reads without recomputing the upstream work."""
 
-
 import os
 from pathlib import Path
 

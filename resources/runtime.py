@@ -1,6 +1,5 @@
 """The mailq runtime as a Dagster resource: assets and sensors get the queues, blobs and mailboxes from it."""
 
-
 from collections.abc import Iterator
 from contextlib import contextmanager
 

@@ -1,7 +1,6 @@
 """Spark for the maintenance assets: `local[*]` by default; MAILQ_SPARK_MASTER and MAILQ_SPARK_CONF
 (`key=value,key=value`) point the same code at a cluster."""
 
-
 import os
 import sys
 from pathlib import Path

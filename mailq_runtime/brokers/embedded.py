@@ -45,7 +45,6 @@ class EmbeddedBroker:
         now = self.clock()
         lease = os.urandom(8).hex()
 
-
         def claim() -> tuple | None:
             with self.store.transaction() as db:
                 return db.execute(

@@ -185,7 +185,9 @@ class EmbeddedMailboxTables:
             )
             self.project(message_id, mailbox_id)
 
-    def reset_counters(self, mailbox_id: str, count: int, unseen: int, observed: tuple[int, int] | None) -> bool:
+    def reset_counters(
+        self, mailbox_id: str, count: int, unseen: int, observed: tuple[int, int] | None
+    ) -> bool:
         """Compare-and-set: only if the counters still hold `observed` (None: no counters row yet)."""
         with self.store.transaction() as db:
             if observed is None:
@@ -196,13 +198,17 @@ class EmbeddedMailboxTables:
                 )
             else:
                 cursor = db.execute(
-                    "UPDATE mailbox_counters SET count = ?, unseen = ? WHERE mailbox_id = ? AND count = ? AND unseen = ?",
+                    "UPDATE mailbox_counters SET count = ?, unseen = ? "
+                    "WHERE mailbox_id = ? AND count = ? AND unseen = ?",
                     (count, unseen, mailbox_id, *observed),
                 )
             return bool(cursor.rowcount)
 
     def sample_mailboxes(self, size: int) -> list[str]:
-        return [m for (m,) in self.store.read("SELECT mailbox_id FROM mailboxes ORDER BY random() LIMIT ?", (size,))]
+        return [
+            m
+            for (m,) in self.store.read("SELECT mailbox_id FROM mailboxes ORDER BY random() LIMIT ?", (size,))
+        ]
 
     def recount(self, mailbox_id: str) -> tuple[int, int]:
         """(count, unseen) from the source of truth."""

@@ -102,7 +102,13 @@ def test_browse_json_shape_and_human_table(mailq, mailq_json, eml):
     assert [m["name"] for m in mails] == ["m1", "m2"]
     first = mails[0]
     assert set(first) == {
-        "enqueue_id", "name", "sender", "recipients", "enqueued_time", "next_delivery", "delayed"
+        "enqueue_id",
+        "name",
+        "sender",
+        "recipients",
+        "enqueued_time",
+        "next_delivery",
+        "delayed",
     }
     assert (first["enqueue_id"], first["sender"], first["recipients"]) == (enqueue_id, ALICE, [BOB])
     assert first["delayed"] is False
@@ -142,8 +148,13 @@ def test_remove_by_each_criterion(mailq, mailq_json, eml, option, value, left):
 
     report = mailq_json("remove", "spool", option, value)
 
-    assert report == {"queue": "spool", option[2:]: value, "removed": 3 - len(left), "initial_count": 3,
-                      "remaining_count": len(left)}
+    assert report == {
+        "queue": "spool",
+        option[2:]: value,
+        "removed": 3 - len(left),
+        "initial_count": 3,
+        "remaining_count": len(left),
+    }
     assert {m["name"] for m in mailq_json("browse", "spool")} == left
 
 
@@ -178,12 +189,20 @@ def test_republish_and_update_browse_start(mailq_json, mailq, eml):
 
 def test_config_show_and_set(mailq, mailq_json):
     assert mailq_json("config", "show") == {
-        "slice_window_seconds": 3600, "bucket_count": 1, "update_browse_start_pace": 1000, "changes": 0,
+        "slice_window_seconds": 3600,
+        "bucket_count": 1,
+        "update_browse_start_pace": 1000,
+        "changes": 0,
     }
 
     changed = mailq_json("config", "set", "--slice-window", "30m", "--bucket-count", "3")
-    assert changed == {"slice_window_seconds": 1800, "bucket_count": 3, "update_browse_start_pace": 1000,
-                       "changes": 1, "changed": True}
+    assert changed == {
+        "slice_window_seconds": 1800,
+        "bucket_count": 3,
+        "update_browse_start_pace": 1000,
+        "changes": 1,
+        "changed": True,
+    }
     # Unspecified values keep the current ones.
     assert mailq_json("config", "set", "--pace", "50")["bucket_count"] == 3
     assert mailq_json("config", "set", "--pace", "50")["changed"] is False
@@ -220,8 +239,15 @@ def test_first_change_from_the_default_configuration_is_checked(mailq, mailq_jso
 
 @pytest.mark.parametrize(
     "command",
-    [["size", "nope"], ["browse", "nope"], ["remove", "nope", "--name", "x"], ["clear", "nope"],
-     ["flush", "nope"], ["republish", "nope", "--older-than", "1h"], ["update-browse-start", "nope"]],
+    [
+        ["size", "nope"],
+        ["browse", "nope"],
+        ["remove", "nope", "--name", "x"],
+        ["clear", "nope"],
+        ["flush", "nope"],
+        ["republish", "nope", "--older-than", "1h"],
+        ["update-browse-start", "nope"],
+    ],
 )
 def test_unknown_queue(mailq, mailq_json, eml, command):
     enqueue(mailq, eml)
@@ -243,8 +269,11 @@ def test_invalid_address_enqueues_nothing(mailq, mailq_json, eml):
 def test_missing_file(mailq, mailq_json, tmp_path):
     missing = tmp_path / "missing.eml"
 
-    assert_bad_input(mailq("enqueue", "spool", str(missing), "--sender", ALICE, "--rcpt", BOB),
-                     str(missing), "No such file")
+    assert_bad_input(
+        mailq("enqueue", "spool", str(missing), "--sender", ALICE, "--rcpt", BOB),
+        str(missing),
+        "No such file",
+    )
     assert mailq_json("queues") == []
 
 

@@ -102,7 +102,9 @@ def test_gc_dry_run_then_collect_after_two_rotations(url, mailq, mailq_json):
     blobs = rows(url, "SELECT COUNT(*) FROM blobs")[0][0]
 
     assert mailq_json("generation", "rotate") == {
-        "reference_generation": 2, "gc_iteration": 2, "eligible_generations": []
+        "reference_generation": 2,
+        "gc_iteration": 2,
+        "eligible_generations": [],
     }
     status, out, _ = mailq("generation", "rotate")
     assert status == 0
@@ -112,7 +114,10 @@ def test_gc_dry_run_then_collect_after_two_rotations(url, mailq, mailq_json):
 
     assert set(dry) == {"run_id", "success", "assets", "checks", "failures", "seconds", "instance"}
     assert list(dry["assets"]) == [
-        "reference_generations", "deletion_sets", "live_reference_filter", "collected_blobs"
+        "reference_generations",
+        "deletion_sets",
+        "live_reference_filter",
+        "collected_blobs",
     ]
     assert dry["assets"]["reference_generations"]["eligible_generations"] == [1]
     figures = dry["assets"]["collected_blobs"]
@@ -202,7 +207,8 @@ def test_queue_cleanup_advances_browse_start_and_deletes_old_slices(url, mailq_j
     assert report["assets"]["mail_queue_slices"]["live_mails"] == 0
     assert report["assets"]["mail_queue_cleanup"]["queues_cleaned"] == 1
     assert {name for name, check in report["checks"].items() if check["passed"]} == {
-        "slice_counters_match_recount", "browse_start_not_ahead_of_live_mail"
+        "slice_counters_match_recount",
+        "browse_start_not_ahead_of_live_mail",
     }
     assert rows(url, "SELECT COUNT(*) FROM enqueued_mails")[0][0] == 0
     with Runtime.open(url) as runtime:
@@ -225,8 +231,14 @@ def test_demo_end_to_end(tmp_path, capsys):
     pipeline = summary["pipeline"]
     assert pipeline["success"] is True
     assert set(pipeline["assets"]) == {
-        "reference_generations", "deletion_sets", "live_reference_filter", "collected_blobs", "orphan_blobs",
-        "mailbox_counters", "mail_queue_slices", "mail_queue_cleanup",
+        "reference_generations",
+        "deletion_sets",
+        "live_reference_filter",
+        "collected_blobs",
+        "orphan_blobs",
+        "mailbox_counters",
+        "mail_queue_slices",
+        "mail_queue_cleanup",
     }
     assert len(pipeline["checks"]) == 4 and all(c["passed"] for c in pipeline["checks"].values())
     tables = summary["tables"]

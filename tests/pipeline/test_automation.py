@@ -189,13 +189,12 @@ def test_rotate_generation_schedule_and_job(runtime: Runtime) -> None:
 
     before = (runtime.generations.current(), runtime.generations.current_gc_iteration())
     job = defs.resolve_job_def("rotate_generation_job")
-    result = job.execute_in_process(
-        resources=resources(runtime), instance=dg.DagsterInstance.ephemeral()
-    )
+    result = job.execute_in_process(resources=resources(runtime), instance=dg.DagsterInstance.ephemeral())
 
     assert result.success
     assert (runtime.generations.current(), runtime.generations.current_gc_iteration()) == (
-        before[0] + 1, before[1] + 1,
+        before[0] + 1,
+        before[1] + 1,
     )
     (output,) = [e for e in result.all_node_events if e.is_successful_output]
     assert output.event_specific_data.metadata["reference_generation"].value == before[0] + 1

@@ -81,10 +81,20 @@ def test_recompute_repairs_every_fault_and_damaged_row_with_exact_figures(
 ) -> None:
     boxes = runtime.mailboxes
     sizes = {
-        "append-sot": 2, "append-projection": 2, "flags-sot": 2, "flags-projection": 2,
-        "move-sot-from": 2, "move-sot-to": 1, "move-proj-from": 2, "move-proj-to": 1,
-        "expunge-sot": 2, "expunge-projection": 2,
-        "no-counters": 2, "bad-projection-flags": 2, "orphan-projection-row": 0, "untouched": 2,
+        "append-sot": 2,
+        "append-projection": 2,
+        "flags-sot": 2,
+        "flags-projection": 2,
+        "move-sot-from": 2,
+        "move-sot-to": 1,
+        "move-proj-from": 2,
+        "move-proj-to": 1,
+        "expunge-sot": 2,
+        "expunge-projection": 2,
+        "no-counters": 2,
+        "bad-projection-flags": 2,
+        "orphan-projection-row": 0,
+        "untouched": 2,
     }
     box = {name: boxes.create(USER, name) for name in sizes}
     for name, count in sizes.items():

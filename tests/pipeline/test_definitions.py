@@ -20,8 +20,14 @@ from assets.definitions import defs
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = {
-    "reference_generations", "deletion_sets", "live_reference_filter", "collected_blobs", "orphan_blobs",
-    "mailbox_counters", "mail_queue_slices", "mail_queue_cleanup",
+    "reference_generations",
+    "deletion_sets",
+    "live_reference_filter",
+    "collected_blobs",
+    "orphan_blobs",
+    "mailbox_counters",
+    "mail_queue_slices",
+    "mail_queue_cleanup",
 }
 CHECKS = {
     "collected_blobs": {"no_live_blob_collected"},
@@ -29,7 +35,11 @@ CHECKS = {
     "mail_queue_slices": {"slice_counters_match_recount", "browse_start_not_ahead_of_live_mail"},
 }
 JOBS = {
-    "blob_gc_job", "orphan_sweep_job", "mailbox_counters_job", "queue_cleanup_job", "maintenance_job",
+    "blob_gc_job",
+    "orphan_sweep_job",
+    "mailbox_counters_job",
+    "queue_cleanup_job",
+    "maintenance_job",
     "rotate_generation_job",
 }
 SENSORS = {"deletions_waiting_sensor", "queue_cleanup_sensor", "counter_drift_sensor"}
@@ -52,7 +62,10 @@ def test_the_definitions_load_and_expose_everything_by_name() -> None:
     # The GC job is one iteration of record 39, in lineage order; the sweep is a job of its own.
     gc = defs.resolve_job_def("blob_gc_job").asset_layer.selected_asset_keys
     assert {key.to_user_string() for key in gc} == {
-        "reference_generations", "deletion_sets", "live_reference_filter", "collected_blobs",
+        "reference_generations",
+        "deletion_sets",
+        "live_reference_filter",
+        "collected_blobs",
     }
 
 
@@ -104,9 +117,20 @@ def test_the_webserver_serves_the_code_location(tmp_path: Path) -> None:
     log = tmp_path / "webserver.log"
     with log.open("wb") as output:
         server = subprocess.Popen(
-            [str(Path(sys.executable).with_name("dagster-webserver")), "-w", "workspace.yaml",
-             "-h", "127.0.0.1", "-p", str(port)],
-            cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                str(Path(sys.executable).with_name("dagster-webserver")),
+                "-w",
+                "workspace.yaml",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+            ],
+            cwd=ROOT,
+            env=environment,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + SERVER_START_S

@@ -227,8 +227,18 @@ def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resource
     before = _blob_rows(runtime)
 
     dry = run_gc(resources, dry_run=True, exact=True)
-    expect_figures(dry, dry_run=True, mode="exact", concerned=3, deleted=0, would_delete=2, kept_as_live=1,
-                   kept_as_false_positive=0, bytes_reclaimed=0, errors=0)
+    expect_figures(
+        dry,
+        dry_run=True,
+        mode="exact",
+        concerned=3,
+        deleted=0,
+        would_delete=2,
+        kept_as_live=1,
+        kept_as_false_positive=0,
+        bytes_reclaimed=0,
+        errors=0,
+    )
     assert _blob_rows(runtime) == before
 
     result = dg.materialize([blobs.reference_generations, blobs.orphan_blobs], resources=resources)
@@ -242,8 +252,18 @@ def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resource
     }
 
     exact = run_gc(resources, exact=True)
-    expect_figures(exact, dry_run=False, mode="exact", concerned=3, deleted=2, would_delete=0, kept_as_live=1,
-                   kept_as_false_positive=0, errors=0, bytes_reclaimed=len(GARBAGE[0] + GARBAGE[1]))
+    expect_figures(
+        exact,
+        dry_run=False,
+        mode="exact",
+        concerned=3,
+        deleted=2,
+        would_delete=0,
+        kept_as_live=1,
+        kept_as_false_positive=0,
+        errors=0,
+        bytes_reclaimed=len(GARBAGE[0] + GARBAGE[1]),
+    )
     assert [runtime.content.exists(b) for b in garbage] == [False, False]
     remaining = {blob_id for (blob_id,) in runtime.store.read("SELECT blob_id FROM blobs")}
     assert remaining == {live, young_garbage, young_orphan}

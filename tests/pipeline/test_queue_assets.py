@@ -77,12 +77,23 @@ def test_slice_figures_and_both_checks_pass_then_each_fails_on_its_corruption(
     }
     figures = materialized(consistent, "mail_queue_slices")
     assert {key: figures[key] for key in ("queues", "slices", "live_mails")} == {
-        "queues": 2, "slices": 4, "live_mails": 5,
+        "queues": 2,
+        "slices": 4,
+        "live_mails": 5,
     }
     slices = spark.read.parquet(figures["path"]).collect()
     assert sorted(
-        (r.queue, (r.slice_start - start) // SLICE, r.enqueued, r.deleted, r.live, r.counted_enqueued,
-         r.counted_deleted, r.browse_start, r.content_start)
+        (
+            r.queue,
+            (r.slice_start - start) // SLICE,
+            r.enqueued,
+            r.deleted,
+            r.live,
+            r.counted_enqueued,
+            r.counted_deleted,
+            r.browse_start,
+            r.content_start,
+        )
         for r in slices
     ) == [
         ("outgoing", 2, 2, 0, 2, 2, 0, start, start),
@@ -108,8 +119,14 @@ def test_slice_figures_and_both_checks_pass_then_each_fails_on_its_corruption(
         "browse_start_not_ahead_of_live_mail": False,
     }
     assert evaluations["slice_counters_match_recount"].metadata["sample"].value == [
-        {"queue": "spool", "slice_start": start + SLICE, "enqueued": 2, "counted_enqueued": 7, "deleted": 1,
-         "counted_deleted": 1},
+        {
+            "queue": "spool",
+            "slice_start": start + SLICE,
+            "enqueued": 2,
+            "counted_enqueued": 7,
+            "deleted": 1,
+            "counted_deleted": 1,
+        },
     ]
     assert evaluations["browse_start_not_ahead_of_live_mail"].metadata["hidden_live_slices"].value == [
         {"queue": "outgoing", "slice_start": start + 2 * SLICE, "live": 2, "browse_start": start + 3 * SLICE},

@@ -36,9 +36,20 @@ def test_sigterm_stops_a_worker_without_losing_or_stranding_mail(backend) -> Non
     for n in range(MAILS):
         queue.enqueue(make_mail(f"mail-{n}", recipients=(f"user{n % 7}@example.org",)))
     worker = subprocess.Popen(
-        [sys.executable, "-m", "mailq_runtime.cli", "--url", backend.url(), "worker", "--queue", QUEUE,
-         "--domain", "example.org"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "mailq_runtime.cli",
+            "--url",
+            backend.url(),
+            "worker",
+            "--queue",
+            QUEUE,
+            "--domain",
+            "example.org",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 60
