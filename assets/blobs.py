@@ -176,11 +176,7 @@ def collected_blobs(
     kept_live = kept.join(references.select("blob_id").distinct(), "blob_id", "left_semi").count()
     concerned = deletion_sets.count()
     collected = collect_blobs(candidates, mailq.url, dry_run=config.dry_run).cache()
-    totals = collected.agg(
-        F.count(F.when(F.col("error").isNull(), 1)).alias("deleted"),
-        F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"),
-        F.count(F.col("error")).alias("errors"),
-    ).first()
+    totals = _totals(collected)
     for row in collected.where(F.col("error").isNotNull()).limit(20).collect():
         context.log.warning(f"could not collect {row['blob_id']}: {row['error']}")
     return dg.Output(
@@ -224,6 +220,15 @@ def no_live_blob_collected(mailq: MailqRuntime, pyspark: LazyPySparkResource) ->
     )
 
 
+def _totals(collected: DataFrame):
+    """Blobs deleted (or, in a dry run, that would be), bytes, and errors of a `collect_blobs` result."""
+    return collected.agg(
+        F.count(F.when(F.col("error").isNull(), 1)).alias("deleted"),
+        F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"),
+        F.count(F.col("error")).alias("errors"),
+    ).first()
+
+
 class OrphanSweepConfig(dg.Config):
     dry_run: bool = False
 
@@ -243,11 +248,7 @@ def orphan_blobs(
     collected = collect_blobs(
         orphans.select("blob_id", "generation"), mailq.url, dry_run=config.dry_run
     ).cache()
-    totals = collected.agg(
-        F.count(F.when(F.col("error").isNull(), 1)).alias("deleted"),
-        F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"),
-        F.count(F.col("error")).alias("errors"),
-    ).first()
+    totals = _totals(collected)
     return dg.Output(
         collected,
         metadata={
