@@ -282,8 +282,7 @@ class Mailboxes:
             uid = self.tables.allocate_uid(mailbox_id)
             if uid is None:
                 raise UnknownMailbox(f"mailbox {mailbox_id} was deleted")
-            header_blob_id = self.blobs.save(message_id, header)
-            body_blob_id = self.blobs.save(message_id, body)
+            header_blob_id, body_blob_id = self.blobs.save_all(message_id, [header, body])
             self.tables.save_message(
                 message_id, str(header_blob_id), str(body_blob_id), len(message), self.clock()
             )

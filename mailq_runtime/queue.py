@@ -145,19 +145,13 @@ class MailQueue:
         window = self.configuration.slice_window
         bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
 
+        # Everything but the blob ids is prepared before the commit, which concurrent enqueuers share.
+        draft = EnqueuedMail.of(
+            mail, self.name, enqueue_id, now, next_delivery, priority, slice_of(now, window), bucket
+        )
+
         def write() -> None:
-            row = EnqueuedMail.of(
-                mail,
-                self.name,
-                enqueue_id,
-                now,
-                next_delivery,
-                priority,
-                slice_of(now, window),
-                bucket,
-                self.blobs.save(enqueue_id, header),
-                self.blobs.save(enqueue_id, body),
-            )
+            row = draft.with_content(*self.blobs.save_all(enqueue_id, [header, body]))
             self.view.insert(row)
             self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
 
@@ -185,7 +179,7 @@ class MailQueue:
                 # Requeued, it would come back after every visibility timeout and fail every time.
                 self.broker.dead_letter(delivery, f"unreadable message: {error}")
                 continue
-            if not self._still_enqueued(row):
+            if not self.view.is_live(row):
                 self.broker.ack(delivery)  # removed or cleared while waiting in the broker
                 continue
             try:
@@ -194,17 +188,6 @@ class MailQueue:
                 self.broker.dead_letter(delivery, f"content missing: {error}")
                 continue
             return MailQueueItem(self, delivery, row, mail)
-
-    def _still_enqueued(self, row: EnqueuedMail) -> bool:
-        """Whether a broker message still stands for a live mail.
-
-        Behind browse_start, record 32's clean-up drops a deleted mail's deleted_mails mark together with
-        its row while the broker may still hold its message: there, only a row still present and unmarked
-        is live (a writer lagging behind browse_start adds such a row, and its mail must not be lost).
-        """
-        if row.slice_start >= self.view.browse_start(self.name):
-            return not self.view.is_deleted(self.name, row.enqueue_id)
-        return self.view.is_enqueued(row)
 
     def _load(self, row: EnqueuedMail) -> Mail:
         return row.to_mail(self.blobs.read(row.header_blob_id) + self.blobs.read(row.body_blob_id))

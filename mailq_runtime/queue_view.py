@@ -41,9 +41,8 @@ class EnqueuedMail:
         priority: int,
         slice_start: int,
         bucket: int,
-        header_blob_id: BlobId,
-        body_blob_id: BlobId,
     ) -> EnqueuedMail:
+        """The row of `mail` before its content is stored: `with_content` adds the blob ids."""
         metadata = {
             "attributes": mail.attributes,
             "state": mail.state,
@@ -64,10 +63,13 @@ class EnqueuedMail:
             mail.name,
             mail.sender,
             json.dumps(list(mail.recipients)),
-            str(header_blob_id),
-            str(body_blob_id),
+            "",
+            "",
             json.dumps(metadata),
         )
+
+    def with_content(self, header_blob_id: BlobId, body_blob_id: BlobId) -> EnqueuedMail:
+        return EnqueuedMail(*self.row()[:10], str(header_blob_id), str(body_blob_id), self.metadata)
 
     def row(self) -> tuple:
         return (
@@ -128,8 +130,7 @@ class QueueView(Protocol):
     def queue_exists(self, queue: str) -> bool: ...
     def insert(self, mail: EnqueuedMail) -> None: ...
     def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int) -> bool: ...
-    def is_deleted(self, queue: str, enqueue_id: str) -> bool: ...
-    def is_enqueued(self, mail: EnqueuedMail) -> bool: ...
+    def is_live(self, mail: EnqueuedMail) -> bool: ...
     def slices_from(self, queue: str, start: int) -> list[int]: ...
     def live_mails(self, queue: str, slice_start: int) -> list[EnqueuedMail]: ...
     def reschedule(self, queue: str, enqueue_ids: list[str], next_delivery: int) -> None: ...

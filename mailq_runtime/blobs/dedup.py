@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,9 +29,11 @@ class BlobTables(Protocol):
     def current(self, kind: str) -> int | None: ...
     def emit(self, kind: str, number: int, now: int) -> None: ...
     def history(self, kind: str) -> list[tuple[int, int]]: ...
-    def add_reference(self, owner: str, blob_id: BlobId, size: int, now: int) -> bool: ...
+    def add_references(self, owner: str, blobs: Sequence[tuple[BlobId, int]], now: int) -> set[str]: ...
     def references_of(self, owner: str) -> list[BlobId]: ...
-    def release(self, owner: str, blob_ids: Iterable[BlobId], gc_iteration: int, now: int) -> int: ...
+    def release(
+        self, owner: str, blob_ids: Iterable[BlobId] | None, gc_iteration: int, now: int
+    ) -> int: ...
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple: ...
     def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]: ...
     def forget(self, blob_ids: Iterable[BlobId]) -> None: ...
@@ -107,18 +109,31 @@ class DeduplicatingBlobStore:
 
     def save(self, owner: str, data: bytes) -> BlobId:
         """Store `data` for `owner`; returns its blob id. The owner's reference is recorded atomically."""
+        return self.save_all(owner, [data])[0]
+
+    def save_all(self, owner: str, contents: Sequence[bytes]) -> list[BlobId]:
+        """Store each of `contents` (a message's header and body) for `owner`, in one transaction and
+        with one read of the generation; returns their blob ids in order."""
         validate_owner(owner)
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise InvalidInput(f"blob content must be bytes, not {type(data).__name__}")
-        digest = hashlib.sha256(data).hexdigest()
+        for data in contents:
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise InvalidInput(f"blob content must be bytes, not {type(data).__name__}")
+        if not contents:
+            return []
+        digests = [hashlib.sha256(data).hexdigest() for data in contents]
         with self.tables.transaction():
             # Read inside the write transaction: a rotation cannot slip between choosing the
-            # generation and recording the reference. The content is written before the commit,
+            # generation and recording the references. The content is written before the commit,
             # so a committed blob row always has its content.
-            blob_id = BlobId(self.generations.current(), digest)
-            if self.tables.add_reference(owner, blob_id, len(data), self.clock()):
-                self.content.put(blob_id, bytes(data))
-        return blob_id
+            generation = self.generations.current()
+            blob_ids = [BlobId(generation, digest) for digest in digests]
+            sized = [(blob_id, len(data)) for blob_id, data in zip(blob_ids, contents, strict=True)]
+            new = self.tables.add_references(owner, sized, self.clock())
+            for blob_id, data in zip(blob_ids, contents, strict=True):
+                if str(blob_id) in new:
+                    new.discard(str(blob_id))  # the same content twice is written once
+                    self.content.put(blob_id, bytes(data))
+        return blob_ids
 
     def read(self, blob_id: BlobId | str) -> bytes:
         return self.content.get(BlobId.parse(blob_id))
@@ -134,20 +149,16 @@ class DeduplicatingBlobStore:
         """
         validate_owner(owner)
         with self.tables.transaction():
-            held = set(self.tables.references_of(owner))
-            if blob_ids is None:
-                chosen = held
-            else:
+            chosen = None
+            if blob_ids is not None:
                 chosen = {BlobId.parse(b) for b in blob_ids}
-                foreign = chosen - held
+                foreign = chosen - set(self.tables.references_of(owner))
                 if foreign:
                     names = ", ".join(map(str, sorted(foreign)))
                     raise InvalidInput(f"owner {owner!r} holds no reference to {names}")
-            if not chosen:
-                return 0
-            return self.tables.release(
-                owner, sorted(chosen), self.generations.current_gc_iteration(), self.clock()
-            )
+                if not chosen:
+                    return 0
+            return self.tables.release(owner, chosen, self.generations.current_gc_iteration(), self.clock())
 
     def collect(self, blob_ids: Iterable[BlobId | str]) -> dict[BlobId, int]:
         """Garbage collection: delete the content of blobs found unreferenced, then their rows in `blobs`

@@ -39,8 +39,7 @@ class EmbeddedStore:
         self._closed = False
         self._pending: list[_Work] = []
         self._pending_lock = threading.Lock()
-        self._leader = threading.Lock()
-        self._committed = threading.Condition(self._pending_lock)
+        self._leading = False
         schema = files(__package__).joinpath("embedded_schema.sql").read_text()
         self._connection().executescript(schema)
 
@@ -70,7 +69,8 @@ class EmbeddedStore:
         """Run `work` in a transaction of its own or one shared with other threads' work (group commit).
 
         Whoever finds no commit in progress leads: it runs every pending piece of work, each in its own
-        savepoint (one failing rolls back alone), then commits once for all. A lone caller thus leads at
+        savepoint (one failing rolls back alone), commits once for all, wakes exactly the callers it
+        committed, and hands the lead to the oldest caller still waiting. A lone caller thus leads at
         once and pays nothing; concurrent callers pay one commit between them. Each caller returns only
         after the commit that holds its work, so durability per call is unchanged.
         """
@@ -79,20 +79,13 @@ class EmbeddedStore:
         item = _Work(work)
         with self._pending_lock:
             self._pending.append(item)
-        while True:
-            if self._leader.acquire(blocking=False):
-                try:
-                    if not item.finished:
-                        self._lead()
-                finally:
-                    self._leader.release()
-                with self._committed:
-                    self._committed.notify_all()
-            with self._committed:
-                if not item.finished:
-                    self._committed.wait(timeout=0.05)
-                if item.finished:
-                    return item.result()
+            leads = not self._leading
+            self._leading = True
+        if not leads:
+            item.wake.acquire()  # released once committed, or when handed the lead
+        if not item.finished:
+            self._lead()
+        return item.result()
 
     def _lead(self) -> None:
         with self._pending_lock:
@@ -107,8 +100,15 @@ class EmbeddedStore:
         except BaseException as error:  # the lone work or the commit failed: nothing of the batch is durable
             for item in batch:
                 item.error, item.value = error, None
-        for item in batch:
-            item.finished = True
+        finally:
+            with self._pending_lock:
+                successor = self._pending[0] if self._pending else None
+                self._leading = successor is not None
+            for item in batch:
+                item.finished = True
+                item.wake.release()
+            if successor is not None:
+                successor.wake.release()
 
     def read(self, sql: str, parameters: tuple | list = ()) -> list[tuple]:
         return self._connection().execute(sql, parameters).fetchall()
@@ -162,10 +162,12 @@ def _run_in_savepoint(connection: sqlite3.Connection, item: _Work) -> None:
 
 
 class _Work:
-    __slots__ = ("work", "finished", "value", "error")
+    __slots__ = ("work", "wake", "finished", "value", "error")
 
     def __init__(self, work: Callable[[], Any]) -> None:
         self.work = work
+        self.wake = threading.Lock()
+        self.wake.acquire()
         self.finished = False
         self.value: Any = None
         self.error: BaseException | None = None

@@ -61,25 +61,26 @@ class EmbeddedQueueView:
             )
             return True
 
-    def is_deleted(self, queue: str, enqueue_id: str) -> bool:
-        return (
-            self.store.read_one(
-                "SELECT 1 FROM deleted_mails WHERE queue = ? AND enqueue_id = ?", (queue, enqueue_id)
-            )
-            is not None
+    def is_live(self, mail: EnqueuedMail) -> bool:
+        """From browse_start on, a mail is live unless marked in deleted_mails. Behind browse_start,
+        record 32's clean-up drops a deleted mail's mark together with its row, so there only a row still
+        present and unmarked is live (a writer lagging behind browse_start adds such a row). One read."""
+        unmarked = (
+            "NOT EXISTS (SELECT 1 FROM deleted_mails d WHERE d.queue = :queue AND d.enqueue_id = :enqueue_id)"
         )
-
-    def is_enqueued(self, mail: EnqueuedMail) -> bool:
-        """The mail's row is in enqueued_mails and not marked in deleted_mails (one primary-key read)."""
-        return (
-            self.store.read_one(
-                "SELECT 1 FROM enqueued_mails e WHERE e.queue = ? AND e.slice_start = ? AND e.bucket = ? "
-                "AND e.enqueue_id = ? AND NOT EXISTS "
-                "(SELECT 1 FROM deleted_mails d WHERE d.queue = e.queue AND d.enqueue_id = e.enqueue_id)",
-                (mail.queue, mail.slice_start, mail.bucket, mail.enqueue_id),
-            )
-            is not None
+        (live,) = self.store.read_one(
+            f"SELECT CASE WHEN :slice_start >= (SELECT browse_start FROM browse_start WHERE queue = :queue) "
+            f"THEN {unmarked} "
+            "ELSE EXISTS (SELECT 1 FROM enqueued_mails WHERE queue = :queue AND slice_start = :slice_start "
+            f"AND bucket = :bucket AND enqueue_id = :enqueue_id) AND {unmarked} END",
+            {
+                "queue": mail.queue,
+                "slice_start": mail.slice_start,
+                "bucket": mail.bucket,
+                "enqueue_id": mail.enqueue_id,
+            },
         )
+        return bool(live)
 
     def slices_from(self, queue: str, start: int) -> list[int]:
         """Slice starts holding mails, from `start` on. (Cassandra steps through every slice instead.)"""
