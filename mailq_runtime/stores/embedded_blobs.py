@@ -34,7 +34,7 @@ class EmbeddedBlobTables:
     # blobs and references
     def add_references(self, owner: str, blobs: Sequence[tuple[BlobId, int]], now: int) -> set[str]:
         """Record the blobs (those not yet known) and the owner's references to them; returns the ids of
-        the blobs that were new. (A statement a row: in SQLite, cheaper than multi-row VALUES ... RETURNING.)"""
+        the blobs that were new. (A statement a row: in SQLite, cheaper than multi-row ... RETURNING.)"""
         new = set()
         with self.store.transaction() as db:
             for blob_id, size in blobs:
