@@ -23,7 +23,7 @@ from typing import Any, NoReturn, TextIO
 from .clock import MICROS_PER_SECOND, to_datetime
 from .config import QueueViewConfiguration
 from .errors import InvalidInput, MailqError
-from .model import Mail, parse_duration
+from .model import NULL_SENDER_SPELLINGS, Mail, parse_duration
 from .queue import BrowseItem, MailQueue
 from .runtime import Runtime
 from .settings import DEFAULT_URL, URL_VARIABLE
@@ -125,8 +125,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def _null_sender(sender: str) -> str | None:
-    # SMTP writes the null (bounce) sender as MAIL FROM:<>; accept that spelling and the empty string.
-    return None if sender in ("", "<>") else sender
+    return None if sender in NULL_SENDER_SPELLINGS else sender
 
 
 # Subcommands ------------------------------------------------------------------------------------------------
@@ -232,7 +231,7 @@ def add_remove_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("remove", help="delete the mails matching one criterion")
     parser.add_argument("queue", metavar="QUEUE")
     criterion = parser.add_mutually_exclusive_group(required=True)
-    criterion.add_argument("--sender", metavar="ADDR")
+    criterion.add_argument("--sender", metavar="ADDR", help="'<>' for the null sender of bounces")
     criterion.add_argument("--name", metavar="NAME")
     criterion.add_argument("--recipient", metavar="ADDR", help="a mail goes if any of its recipients matches")
     parser.set_defaults(handler=_remove)

@@ -67,6 +67,17 @@ class MailAddress(str):
         return self.rsplit("@", 1)[1].lower()
 
 
+# SMTP writes the null (bounce) sender as MAIL FROM:<>; where a sender is named as text, so is it.
+NULL_SENDER_SPELLINGS = ("", "<>")
+
+
+def address_key(address: str) -> tuple[str, str]:
+    """What makes two addresses the same mailbox, as James's MailAddress equality has it: the local part
+    exactly (RFC 5321 leaves its case to the receiving host), the domain in any case."""
+    local_part, _, domain = address.rpartition("@")
+    return local_part, domain.lower()
+
+
 class _HexId(str):
     """A 32-hex-digit id whose first 16 digits are the creation time: ids sort in creation order."""
 

@@ -21,7 +21,17 @@ from .brokers.base import Broker, Delivery
 from .clock import Clock, to_datetime
 from .config import QueueViewConfiguration
 from .errors import BlobNotFound, InvalidInput
-from .model import EnqueueId, Mail, MailAddress, QueueName, clamp_priority, delivery_time, parse_duration
+from .model import (
+    NULL_SENDER_SPELLINGS,
+    EnqueueId,
+    Mail,
+    MailAddress,
+    QueueName,
+    address_key,
+    clamp_priority,
+    delivery_time,
+    parse_duration,
+)
 from .queue_view import EnqueuedMail, QueueView
 
 Delay = timedelta | int | float | str | None
@@ -84,7 +94,7 @@ class MailQueueItem:
         """Not delivered this time: deliver it again, after `delay` if given."""
         deliver_at = delivery_time(self._queue.clock(), delay)  # a malformed delay leaves the item unsettled
         self._settle()
-        self._queue.broker.nack(self._delivery, deliver_at)
+        self._queue._retry(self._delivery, self._row, deliver_at)
 
     def reject(self, reason: str = "rejected") -> None:
         """Never deliverable: move it to the dead letters, which keep its content."""
@@ -201,6 +211,12 @@ class MailQueue:
         self.view.atomically(write)
         self._maybe_update_browse_start()
 
+    def _retry(self, delivery: Delivery, row: EnqueuedMail, deliver_at: int) -> None:
+        with self.view.transaction():
+            # A lease that expired meanwhile belongs to another consumer now: leave its mail alone.
+            if self.broker.nack(delivery, deliver_at):
+                self.view.reschedule([row], deliver_at)
+
     def _dead_letter(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:
         with self.view.transaction():
             self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
@@ -232,22 +248,23 @@ class MailQueue:
         self, *, name: str | None = None, sender: str | None = None, recipient: str | None = None
     ) -> int:
         """Delete the mails matching exactly one criterion; a multi-recipient mail goes if any recipient
-        matches."""
+        matches. Addresses match as James's do: the local part exactly, the domain in any case; the
+        sender "<>" (or "") is the null sender of bounces."""
         given = (("name", name), ("sender", sender), ("recipient", recipient))
         criteria = {k: v for k, v in given if v is not None}
         if len(criteria) != 1:
             raise InvalidInput(
                 f"remove takes exactly one of name, sender or recipient, got {sorted(criteria) or 'none'}"
             )
+        if name is not None:
+            return self._delete_where(lambda row: row.name == name)
+        if sender in NULL_SENDER_SPELLINGS:
+            return self._delete_where(lambda row: row.sender is None)
         if sender is not None:
-            sender = MailAddress(sender)
-        if recipient is not None:
-            recipient = MailAddress(recipient)
-        return self._delete_where(
-            lambda row: (name is not None and row.name == name)
-            or (sender is not None and row.sender == sender)
-            or (recipient is not None and recipient in row.recipient_list)
-        )
+            wanted = address_key(MailAddress(sender))
+            return self._delete_where(lambda row: row.sender and address_key(row.sender) == wanted)
+        wanted = address_key(MailAddress(recipient))
+        return self._delete_where(lambda row: any(address_key(r) == wanted for r in row.recipient_list))
 
     def clear(self) -> int:
         return self._delete_where(lambda row: True)
@@ -266,9 +283,9 @@ class MailQueue:
     def flush(self) -> int:
         """Make every delayed mail deliverable now; returns how many the broker held back."""
         now = self.clock()
-        delayed = [item.enqueue_id for item in self.browse() if item._row.next_delivery > now]
+        delayed = [item._row for item in self.browse() if item._row.next_delivery > now]
         with self.view.transaction():
-            self.view.reschedule(self.name, delayed, now)
+            self.view.reschedule(delayed, now)
             return self.broker.flush(self.name)
 
     def republish(self, older_than: Delay) -> int:

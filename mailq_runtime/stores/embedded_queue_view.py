@@ -104,12 +104,13 @@ class EmbeddedQueueView:
         )
         return [EnqueuedMail.from_row(row) for row in rows]
 
-    def reschedule(self, queue: str, enqueue_ids: Iterable[str], next_delivery: int) -> None:
+    def reschedule(self, mails: Iterable[EnqueuedMail], next_delivery: int) -> None:
+        """Record the time the broker will next deliver each of `mails` (a flush, a retry's delay)."""
         with self.store.transaction() as db:
             db.executemany(
                 "UPDATE enqueued_mails SET next_delivery = ? "
-                "WHERE queue = ? AND enqueue_id = ? AND next_delivery > ?",
-                [(next_delivery, queue, e, next_delivery) for e in enqueue_ids],
+                "WHERE queue = ? AND slice_start = ? AND bucket = ? AND enqueue_id = ?",
+                [(next_delivery, m.queue, m.slice_start, m.bucket, m.enqueue_id) for m in mails],
             )
 
     def size(self, queue: str, start: int) -> int:

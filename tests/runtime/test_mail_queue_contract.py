@@ -348,3 +348,14 @@ def test_concurrent_enqueue_and_dequeue_from_two_processes(backend, tmp_path):
     assert set(consumed) == expected
     assert queue.size() == 0
     assert list(queue.browse()) == []
+
+
+def test_a_retry_delay_shows_in_browse(clocked, clock):
+    clocked.enqueue(make_mail("later"))
+    clocked.dequeue(timeout=0).retry(delay="30s")
+    (item,) = list(clocked.browse())
+    assert item.next_delivery - item.enqueued_time == timedelta(seconds=30)
+    clock.advance(30)
+    clocked.dequeue(timeout=0).retry()
+    (item,) = list(clocked.browse())
+    assert item.next_delivery - item.enqueued_time == timedelta(seconds=30)

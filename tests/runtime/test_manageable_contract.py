@@ -389,3 +389,22 @@ def test_republish_skips_deleted_mails(backend, clocked, clock):
     clock.advance(5)
     assert clocked.republish("1s") == 0
     assert clocked.dequeue(timeout=0) is None
+
+
+def test_remove_by_the_null_sender_takes_the_bounces_only(queue):
+    queue.enqueue(make_mail("bounce", sender=None))
+    queue.enqueue(make_mail("plain", sender="s@example.com"))
+    assert queue.remove(sender="<>") == 1
+    assert names(queue) == ["plain"]
+    queue.enqueue(make_mail("bounce-again", sender=None))
+    assert queue.remove(sender="") == 1
+    assert names(queue) == ["plain"]
+
+
+def test_remove_matches_the_domain_in_any_case_and_the_local_part_exactly(queue):
+    queue.enqueue(make_mail("exact", sender="Ann@Example.COM", recipients=("Bob@Example.org",)))
+    queue.enqueue(make_mail("other-local-case", sender="ann@example.com", recipients=("bob@example.org",)))
+    assert queue.remove(sender="Ann@example.com") == 1
+    assert names(queue) == ["other-local-case"]
+    assert queue.remove(recipient="bob@EXAMPLE.ORG") == 1
+    assert names(queue) == []
