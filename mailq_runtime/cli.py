@@ -22,8 +22,8 @@ from typing import Any, NoReturn, TextIO
 
 from .clock import MICROS_PER_SECOND, to_datetime
 from .config import QueueViewConfiguration
-from .errors import InvalidInput, MailqError
-from .model import NULL_SENDER_SPELLINGS, Mail, parse_duration
+from .errors import InvalidInput, MailqError, NoStore
+from .model import NULL_SENDER_SPELLINGS, Mail, QueueName, parse_duration
 from .queue import BrowseItem, MailQueue
 from .runtime import Runtime
 from .settings import DEFAULT_URL, URL_VARIABLE
@@ -98,6 +98,14 @@ def progress_bar(label: str, total: int, stream: TextIO | None = None) -> Iterat
 # Shared helpers ---------------------------------------------------------------------------------------------
 
 
+def _queue_name(value: str) -> str:
+    # Checked while parsing: a bad name is bad input whether or not there is data to look in.
+    try:
+        return QueueName(value)
+    except InvalidInput as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
 def _existing_queue(runtime: Runtime, name: str) -> MailQueue:
     # Operator commands act on queues that exist: a typo must not create an empty queue.
     return runtime.queue(name, create=False)
@@ -132,7 +140,11 @@ def _null_sender(sender: str) -> str | None:
 
 
 def _queues(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url) as runtime:
+    try:
+        runtime = Runtime.open(args.url, create=False)
+    except NoStore:
+        return Report([], ["no queues"])
+    with runtime:
         queues = [{"name": name, "size": _existing_queue(runtime, name).size()} for name in runtime.queues()]
     if not queues:
         return Report(queues, ["no queues"])
@@ -145,14 +157,14 @@ def add_queues_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _size(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url, create=False) as runtime:
         size = _existing_queue(runtime, args.queue).size()
     return Report({"name": args.queue, "size": size}, [f"{args.queue}: {size} mails"])
 
 
 def add_size_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("size", help="how many mails a queue holds (from the per-slice counters)")
-    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("queue", metavar="QUEUE", type=_queue_name)
     parser.set_defaults(handler=_size)
 
 
@@ -172,7 +184,7 @@ def _browse(args: argparse.Namespace) -> Report:
     if args.limit is not None and args.limit <= 0:
         raise InvalidInput(f"invalid limit {args.limit}: must be positive")
     entries: list[dict[str, Any]] = []
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url, create=False) as runtime:
         queue = _existing_queue(runtime, args.queue)
         now = to_datetime(runtime.clock())
         # The bar counts scanned mails; with --delayed most of them may be skipped, so size() is the total.
@@ -202,7 +214,7 @@ def _browse(args: argparse.Namespace) -> Report:
 
 def add_browse_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("browse", help="list the mails of a queue in enqueue order")
-    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("queue", metavar="QUEUE", type=_queue_name)
     parser.add_argument("--limit", type=int, metavar="N", help="show at most N mails")
     parser.add_argument("--delayed", action="store_true", help="only mails whose next delivery is to come")
     parser.set_defaults(handler=_browse)
@@ -211,7 +223,7 @@ def add_browse_parser(subparsers: argparse._SubParsersAction) -> None:
 def _remove(args: argparse.Namespace) -> Report:
     given = (("sender", args.sender), ("name", args.name), ("recipient", args.recipient))
     criterion = {kind: value for kind, value in given if value is not None}
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url, create=False) as runtime:
         queue = _existing_queue(runtime, args.queue)
         initial = queue.size()
         removed = queue.remove(**criterion)
@@ -229,7 +241,7 @@ def _remove(args: argparse.Namespace) -> Report:
 
 def add_remove_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("remove", help="delete the mails matching one criterion")
-    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("queue", metavar="QUEUE", type=_queue_name)
     criterion = parser.add_mutually_exclusive_group(required=True)
     criterion.add_argument("--sender", metavar="ADDR", help="'<>' for the null sender of bounces")
     criterion.add_argument("--name", metavar="NAME")
@@ -238,7 +250,7 @@ def add_remove_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _clear(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url, create=False) as runtime:
         queue = _existing_queue(runtime, args.queue)
         initial = queue.size()
         removed = queue.clear()
@@ -249,12 +261,12 @@ def _clear(args: argparse.Namespace) -> Report:
 
 def add_clear_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("clear", help="delete every mail of a queue")
-    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("queue", metavar="QUEUE", type=_queue_name)
     parser.set_defaults(handler=_clear)
 
 
 def _flush(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url, create=False) as runtime:
         flushed = _existing_queue(runtime, args.queue).flush()
     return Report(
         {"queue": args.queue, "flushed": flushed},
@@ -264,13 +276,13 @@ def _flush(args: argparse.Namespace) -> Report:
 
 def add_flush_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("flush", help="make every delayed mail of a queue deliverable now")
-    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("queue", metavar="QUEUE", type=_queue_name)
     parser.set_defaults(handler=_flush)
 
 
 def _republish(args: argparse.Namespace) -> Report:
     parse_duration(args.older_than)  # before opening: a bad duration must fail alone
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url, create=False) as runtime:
         republished = _existing_queue(runtime, args.queue).republish(args.older_than)
     data = {"queue": args.queue, "older_than": args.older_than, "republished": republished}
     return Report(data, [f"republished {republished} mails of {args.queue} older than {args.older_than}"])
@@ -281,7 +293,7 @@ def add_republish_parser(subparsers: argparse._SubParsersAction) -> None:
         "republish",
         help="publish again the mails the view holds but the broker lost (RepublishNotProcessedMails)",
     )
-    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("queue", metavar="QUEUE", type=_queue_name)
     parser.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 1h, 30m, 2d")
     parser.set_defaults(handler=_republish)
 
@@ -308,7 +320,7 @@ def _enqueue(args: argparse.Namespace) -> Report:
 
 def add_enqueue_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("enqueue", help="enqueue an RFC 5322 message (creates the queue if new)")
-    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("queue", metavar="QUEUE", type=_queue_name)
     parser.add_argument("file", type=Path, metavar="FILE.eml")
     parser.add_argument("--sender", required=True, metavar="ADDR", help="'' or '<>' for the null sender")
     parser.add_argument("--rcpt", required=True, action="append", metavar="ADDR", help="repeat it for more")
@@ -319,7 +331,7 @@ def add_enqueue_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _update_browse_start(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url, create=False) as runtime:
         queue = _existing_queue(runtime, args.queue)
         browse_start = queue.update_browse_start()
         content_start = queue.content_start()
@@ -374,7 +386,7 @@ def add_update_browse_start_parser(subparsers: argparse._SubParsersAction) -> No
     parser = subparsers.add_parser(
         "update-browse-start", help="advance browse_start and clean the content before it (records 31, 32)"
     )
-    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument("queue", metavar="QUEUE", type=_queue_name)
     parser.set_defaults(handler=_update_browse_start)
 
 

@@ -9,6 +9,10 @@ class InvalidInput(MailqError, ValueError):
     """A value failed validation at the edge (a name, an address, a delay, a message, a blob id ...)."""
 
 
+class NoStore(MailqError, LookupError):
+    """No data at the store's location, where an operation that only works on existing data looked."""
+
+
 class UnknownQueue(MailqError, LookupError):
     """The named queue does not exist."""
 

@@ -22,10 +22,10 @@ from .stores.embedded_queue_view import EmbeddedQueueView
 
 
 class Runtime:
-    def __init__(self, settings: Settings, clock: Clock = system_clock) -> None:
+    def __init__(self, settings: Settings, clock: Clock = system_clock, create: bool = True) -> None:
         self.settings = settings
         self.clock = clock
-        self.store = EmbeddedStore(settings.data_dir, settings.durability)
+        self.store = EmbeddedStore(settings.data_dir, settings.durability, create)
         try:
             self._build(settings, clock)
         except BaseException:
@@ -53,9 +53,10 @@ class Runtime:
         self._queues: dict[str, MailQueue] = {}
 
     @classmethod
-    def open(cls, url: str | None = None, *, clock: Clock = system_clock) -> Runtime:
-        """Open the runtime of `url`, or of $MAILQ_URL, or the embedded default `embedded://.mailq`."""
-        return cls(Settings.from_url(url), clock)
+    def open(cls, url: str | None = None, *, clock: Clock = system_clock, create: bool = True) -> Runtime:
+        """Open the runtime of `url`, or of $MAILQ_URL, or the embedded default `embedded://.mailq`.
+        With `create=False` a store that does not exist yet raises NoStore instead of being created."""
+        return cls(Settings.from_url(url), clock, create)
 
     @property
     def generations(self) -> Generations:

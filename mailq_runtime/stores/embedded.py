@@ -15,6 +15,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..errors import NoStore
+
 T = TypeVar("T")
 _GROUP_LIMIT = 64
 
@@ -29,10 +31,12 @@ SYNCHRONOUS = {"process": "OFF", "power": "NORMAL", "fsync": "FULL"}
 
 
 class EmbeddedStore:
-    def __init__(self, data_dir: Path, durability: str = "process") -> None:
+    def __init__(self, data_dir: Path, durability: str = "process", create: bool = True) -> None:
+        self.path = data_dir / DATABASE_FILE
+        if not create and not self.path.is_file():
+            raise NoStore(f"no mailq data in {data_dir}: nothing was enqueued there yet (check MAILQ_URL)")
         data_dir.mkdir(parents=True, exist_ok=True)
         self.synchronous = SYNCHRONOUS[durability]
-        self.path = data_dir / DATABASE_FILE
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()

@@ -361,3 +361,15 @@ def test_worker_delivers_local_recipients_and_dead_letters_the_rest(mailq, mailq
 
 def test_worker_needs_a_local_domain(mailq):
     assert_bad_input(mailq("worker"), "--domain")
+
+
+def test_commands_on_existing_data_create_no_data_dir(mailq, mailq_json, tmp_path):
+    assert mailq_json("queues") == []
+    for command in (
+        ["size", "spool"],
+        ["browse", "spool"],
+        ["flush", "spool"],
+        ["remove", "spool", "--name", "x"],
+    ):
+        assert_bad_input(mailq(*command), "no mailq data in")
+    assert not (tmp_path / "data").exists()
