@@ -19,9 +19,16 @@ from pyspark.sql import functions as F
 from mailq_runtime.clock import to_datetime
 from resources import MailqRuntime
 
-from .spark.bloom import FILTER_COLUMN, bloom_filter, exact_absent, filter_bits, not_in_filter
+from .spark.bloom import (
+    FILTER_COLUMN,
+    bloom_filter,
+    exact_absent,
+    filter_bits,
+    filter_capacity,
+    not_in_filter,
+)
 from .spark.collect import collect_blobs
-from .spark.table_source import read_table
+from .spark.table_source import read_table, rows_upper_bound
 
 GROUP = "blob_gc"
 
@@ -85,7 +92,17 @@ def deletion_sets(
 
 class BloomFilterConfig(dg.Config):
     false_positive_probability: float = 0.01
-    expected_references: int = 0  # 0: size each generation's filter from its reference count
+    expected_references: int = 0  # 0: size each generation's filter by expected_references() below
+
+
+def expected_references(url: str, live: DataFrame, fpp: float) -> int:
+    """A filter's expected count when none is configured: the references table's rowid span, an upper
+    bound of any generation's count read from metadata in a millisecond, where counting the generation
+    is a pass over all the references (as long as the build's own). Sizing for more items than there are
+    only lowers the false-positive rate, at the price of memory; past what one filter may hold, the
+    generation's references (`live`) are counted."""
+    bound = rows_upper_bound(url, "blob_references")
+    return max(bound if bound <= filter_capacity(fpp) else live.count(), 1)
 
 
 @dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
@@ -104,7 +121,9 @@ def live_reference_filter(
     filters, summary = [], []
     for generation in generations:
         live = references.where(F.col("generation") == generation)
-        expected = config.expected_references or max(live.count(), 1)
+        expected = config.expected_references or expected_references(
+            mailq.url, live, config.false_positive_probability
+        )
         bits = filter_bits(expected, config.false_positive_probability)
         filters.append(
             bloom_filter(live, "blob_id", expected, config.false_positive_probability, salt).select(

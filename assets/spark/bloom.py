@@ -9,10 +9,11 @@ into the session's function registry as `bloom_filter_agg` and `might_contain`. 
 `df._jdf.stat().bloomFilter(...)`, builds the same filter into the driver's JVM, from where it can only
 be tested key by key through py4j, or sent back to the executors as a literal: slower, and eager.)
 
-Keys are strings. `might_contain` only takes a long, so a key enters the filter as
-xxhash64(salt + key): equal keys give equal hashes, so there are still no false negatives; a hash
-collision is one more way to a false positive, negligible next to the filter's own rate. The salt changes
-with every run, so a false positive (garbage kept) is not the same from one run to the next.
+Keys are strings. `might_contain` only takes a long, so a key enters the filter as xxhash64(salt, key),
+the key hashed with the salt's hash as seed: equal keys give equal hashes, so there are still no false
+negatives; a hash collision is one more way to a false positive, negligible next to the filter's own
+rate. The salt changes with every run, so a false positive (garbage kept) is not the same from one run to
+the next. (Seeding rather than hashing salt + key spares a string copy a row.)
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def filter_bits(expected_count: int, fpp: float) -> int:
             f"{MAX_FILTER_BITS} allowed: raise the fpp or split the keys"
         )
     return bits
+
+
+def filter_capacity(fpp: float) -> int:
+    """The most items a filter of at most MAX_FILTER_BITS can be sized for at false-positive rate `fpp`."""
+    filter_bits(1, fpp)  # validates the fpp
+    return math.floor(MAX_FILTER_BITS * math.log(2) ** 2 / -math.log(fpp))
 
 
 def bloom_filter(references: DataFrame, key: str, expected_count: int, fpp: float, salt: str) -> DataFrame:
@@ -132,7 +139,7 @@ def exact_absent(references: DataFrame, candidates: DataFrame, key: str) -> Data
 
 
 def _salted_hash(key: str, salt: str) -> Column:
-    return F.xxhash64(F.concat(F.lit(salt), F.col(key)))
+    return F.xxhash64(F.lit(salt), F.col(key))
 
 
 def _check_key(df: DataFrame, key: str, role: str) -> None:
