@@ -15,7 +15,8 @@ statements for both and are left out: what is measured is finding them.
 
     .venv/bin/python benchmarks/counters.py [--messages 10_000_000] [--mailboxes 100_000] [--runs 3]
                                             [--masters local[1],local[2]] [--loop-mailboxes N]
-                                            [--loop-budget 900] [--driver-memory 4g]
+                                            [--loop-budget 900] [--driver-memory 4g] [--quiet-wait 120]
+    .venv/bin/python benchmarks/counters.py --messages 200000 --mailboxes 2000 --runs 1    # a quick run
 
 The data (a fresh data dir inside the repository, removed at the end) is generated inside SQLite: the
 mailboxes (0.1% of them empty), the messages spread evenly over the others with time-ordered ids as the
@@ -27,9 +28,17 @@ mailbox as Cassandra clusters it, imap_uid_table by message id), the secondary i
 The loop runs over every mailbox when a first timed sample of 1% predicts that `--runs` passes fit in
 `--loop-budget` seconds; otherwise over a random sample (`--loop-mailboxes` forces a size), its time
 extrapolated linearly to all mailboxes. Both results are checked: Spark's against what was generated,
-the loop's against Spark's on the mailboxes it covered. Ratios (JSON `ratios`): spark_vs_loop = loop
-time / Spark time on local[2] (target >= 5); spark_local2_vs_local1 = local[1] time / local[2] time
-(target >= 1.7). Prints human lines, then one JSON object as the last line.
+the loop's against Spark's on the mailboxes it covered.
+
+Each Spark measure runs in a new session per master, warmed up by one full run, then `--runs` timed runs;
+medians are reported. Before each timed run the script waits (up to `--quiet-wait` s) for the rest of the
+machine to go quiet, and it records, besides wall time, the CPU seconds of its own process tree (driver,
+JVM, Python workers) and the cores other processes kept busy meanwhile.
+
+Ratios (JSON `ratios`): spark_vs_loop = loop time / Spark time on local[2] (target >= 5), and the same in
+CPU seconds; spark_local2_vs_local1 = local[1] time / local[2] time (target >= 1.7);
+spark_local2_ceiling = 2 / the cores local[1] already keeps busy, the most 2 cores can give.
+Prints human lines, then one JSON object as the last line.
 """
 
 from __future__ import annotations
