@@ -164,8 +164,7 @@ class SqliteRowidRanges:
             ).fetchone()
             if without_rowid:
                 return [WholeTable()]
-            bounds_sql = f"SELECT min(rowid), max(rowid) FROM {_quote(self.table)}"
-            low, high = connection.execute(bounds_sql).fetchone()
+            low, high = connection.execute(_rowid_bounds_sql(self.table)).fetchone()
         if low is None:
             return [RowidRange(0, 0)]
         span = high - low + 1
@@ -263,8 +262,15 @@ def rows_upper_bound(url: str, table: str) -> int:
         ).fetchone()
         if without_rowid:
             return connection.execute(f"SELECT count(*) FROM {_quote(table)}").fetchone()[0]
-        low, high = connection.execute(f"SELECT min(rowid), max(rowid) FROM {_quote(table)}").fetchone()
+        low, high = connection.execute(_rowid_bounds_sql(table)).fetchone()
     return 0 if low is None else high - low + 1
+
+
+def _rowid_bounds_sql(table: str) -> str:
+    """min and max rowid as two subqueries: SQLite answers each from one end of the B-tree, but a single
+    `SELECT min(rowid), max(rowid)` scans the whole table (2 s for 10M references with a warm cache, and
+    the data source plans every query with it)."""
+    return f"SELECT (SELECT min(rowid) FROM {_quote(table)}), (SELECT max(rowid) FROM {_quote(table)})"
 
 
 class MailqReader(DataSourceReader):
