@@ -5,7 +5,7 @@
 
 Measures, on a fresh data dir next to the repository (same disk, removed at the end):
   1. enqueue of N mails of ~10 KiB, each with a random body so that nothing deduplicates, from
-     `--threads` concurrent callers (as an MTA's SMTP sessions are; they share commits), and of N/4 from
+     `--threads` concurrent callers (as an MTA's SMTP sessions are; they take turns), and of N/4 from
      one thread for comparison;
   2. dequeue + done() of each, likewise;
   3. size() on a queue with a long history (`--history` processed mails over 30 days of 1h slices,

@@ -148,26 +148,22 @@ class MailQueue:
                 f"of {self.max_message_size} bytes"
             )
         priority = clamp_priority(priority)
-        now = self.clock()
-        next_delivery = delivery_time(now, delay)
-        enqueue_id = EnqueueId.generate(now)
-        header, body = split_message(mail.message)
-        window = self.configuration.slice_window
-        bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
-
-        # Everything but the blob ids is prepared before the commit, which concurrent enqueuers share.
-        draft = EnqueuedMail.of(
-            mail, self.name, enqueue_id, now, next_delivery, priority, slice_of(now, window), bucket
-        )
-
-        def write() -> None:
-            row = draft.with_content(*self.blobs.save_all(enqueue_id, [header, body]))
-            self.view.insert(row)
-            self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
-
-        # On the embedded store the content references, the view row and the broker message commit
-        # together or not at all, in a commit shared with concurrent enqueuers.
-        self.view.atomically(write)
+        with self.view.turn():
+            now = self.clock()
+            next_delivery = delivery_time(now, delay)
+            enqueue_id = EnqueueId.generate(now)
+            header, body = split_message(mail.message)
+            window = self.configuration.slice_window
+            bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
+            draft = EnqueuedMail.of(
+                mail, self.name, enqueue_id, now, next_delivery, priority, slice_of(now, window), bucket
+            )
+            # On the embedded store the content references, the view row and the broker message commit
+            # together or not at all.
+            with self.view.transaction():
+                row = draft.with_content(*self.blobs.save_all(enqueue_id, [header, body]))
+                self.view.insert(row)
+                self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
         return enqueue_id
 
     def dequeue(self, timeout: float | None = None) -> MailQueueItem | None:
@@ -183,32 +179,37 @@ class MailQueue:
             delivery = self.broker.receive(self.name, remaining)
             if delivery is None:
                 return None
-            try:
-                row = EnqueuedMail.from_payload(delivery.payload)
-            except (ValueError, TypeError) as error:
-                # Requeued, it would come back after every visibility timeout and fail every time.
-                self.broker.dead_letter(delivery, f"unreadable message: {error}")
-                continue
-            if not self.view.is_live(row):
-                self.broker.ack(delivery)  # removed or cleared while waiting in the broker
-                continue
-            try:
-                mail = self._load(row)
-            except BlobNotFound as error:
-                self.broker.dead_letter(delivery, f"content missing: {error}")
-                continue
-            return MailQueueItem(self, delivery, row, mail)
+            with self.view.turn():
+                item = self._deliverable(delivery)
+            if item is not None:
+                return item
+
+    def _deliverable(self, delivery: Delivery) -> MailQueueItem | None:
+        """The item of a broker delivery, or None when the delivery was settled here instead."""
+        try:
+            row = EnqueuedMail.from_payload(delivery.payload)
+        except (ValueError, TypeError) as error:
+            # Requeued, it would come back after every visibility timeout and fail every time.
+            self.broker.dead_letter(delivery, f"unreadable message: {error}")
+            return None
+        if not self.view.is_live(row):
+            self.broker.ack(delivery)  # removed or cleared while waiting in the broker
+            return None
+        try:
+            mail = self._load(row)
+        except BlobNotFound as error:
+            self.broker.dead_letter(delivery, f"content missing: {error}")
+            return None
+        return MailQueueItem(self, delivery, row, mail)
 
     def _load(self, row: EnqueuedMail) -> Mail:
         return row.to_mail(self.blobs.read(row.header_blob_id) + self.blobs.read(row.body_blob_id))
 
     def _done(self, delivery: Delivery, row: EnqueuedMail) -> None:
-        def write() -> None:
+        with self.view.turn(), self.view.transaction():
             self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
             self.blobs.release(row.enqueue_id)
             self.broker.ack(delivery)
-
-        self.view.atomically(write)
         self._maybe_update_browse_start()
 
     def _retry(self, delivery: Delivery, row: EnqueuedMail, deliver_at: int) -> None:

@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from .clock import from_datetime, to_datetime
 from .model import BlobId, EnqueueId, Mail, PerRecipientHeader
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -124,7 +122,7 @@ class QueueView(Protocol):
     """The tables of records 31 and 32, one implementation per store."""
 
     def transaction(self): ...
-    def atomically(self, work: Callable[[], T]) -> T: ...
+    def turn(self) -> AbstractContextManager: ...
     def create_queue(self, queue: str, slice_start: int, now: int) -> None: ...
     def queue_names(self) -> list[str]: ...
     def queue_exists(self, queue: str) -> bool: ...

@@ -44,18 +44,14 @@ class EmbeddedBroker:
     def _claim(self, queue: str) -> Delivery | None:
         now = self.clock()
         lease = os.urandom(8).hex()
-
-        def claim() -> tuple | None:
-            with self.store.transaction() as db:
-                return db.execute(
-                    "UPDATE broker_messages SET lease = ?, available_at = ?, attempts = attempts + 1 "
-                    "WHERE id = (SELECT id FROM broker_messages INDEXED BY broker_ready "
-                    "WHERE queue = ? AND available_at <= ? "
-                    "ORDER BY priority DESC, id LIMIT 1) RETURNING id, enqueue_id, payload, attempts",
-                    (lease, now + self.visibility_timeout, queue, now),
-                ).fetchone()
-
-        row = self.store.atomically(claim)
+        with self.store.turn(), self.store.transaction() as db:
+            row = db.execute(
+                "UPDATE broker_messages SET lease = ?, available_at = ?, attempts = attempts + 1 "
+                "WHERE id = (SELECT id FROM broker_messages INDEXED BY broker_ready "
+                "WHERE queue = ? AND available_at <= ? "
+                "ORDER BY priority DESC, id LIMIT 1) RETURNING id, enqueue_id, payload, attempts",
+                (lease, now + self.visibility_timeout, queue, now),
+            ).fetchone()
         if row is None:
             return None
         return Delivery(queue, row[0], lease, row[1], row[2], row[3])

@@ -2,23 +2,19 @@
 
 Each thread has its own connection. `transaction()` is reentrant per thread, so a queue operation can
 group the view, the broker and the blob metadata writes of one mail into a single atomic commit.
-`atomically()` goes further for the hot operations: concurrent callers share commits (group commit),
-because on a virtual disk the commit, not the statements, is what a mail costs.
+`turn()` makes the threads of a process take turns for whole queue operations: CPython runs one
+thread's Python at a time and SQLite one writer at a time, and threads contending for both (every
+statement gives the GIL up and takes it back) were measured twice as slow as threads taking turns.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, TypeVar
 
 from ..errors import NoStore
-
-T = TypeVar("T")
-_GROUP_LIMIT = 64
 
 DATABASE_FILE = "mailq.db"
 _BUSY_TIMEOUT_MS = 60_000
@@ -41,9 +37,7 @@ class EmbeddedStore:
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._pending: list[_Work] = []
-        self._pending_lock = threading.Lock()
-        self._leading = False
+        self._turn = threading.RLock()
         schema = files(__package__).joinpath("embedded_schema.sql").read_text()
         self._connection().executescript(schema)
 
@@ -69,50 +63,9 @@ class EmbeddedStore:
         """A write transaction (BEGIN IMMEDIATE: writers queue up front instead of deadlocking later)."""
         return _Transaction(self)
 
-    def atomically(self, work: Callable[[], T]) -> T:
-        """Run `work` in a transaction of its own or one shared with other threads' work (group commit).
-
-        Whoever finds no commit in progress leads: it runs every pending piece of work, each in its own
-        savepoint (one failing rolls back alone), commits once for all, wakes exactly the callers it
-        committed, and hands the lead to the oldest caller still waiting. A lone caller thus leads at
-        once and pays nothing; concurrent callers pay one commit between them. Each caller returns only
-        after the commit that holds its work, so durability per call is unchanged.
-        """
-        if getattr(self._local, "depth", 0):
-            return work()  # already inside a transaction of this thread: join it
-        item = _Work(work)
-        with self._pending_lock:
-            self._pending.append(item)
-            leads = not self._leading
-            self._leading = True
-        if not leads:
-            item.wake.acquire()  # released once committed, or when handed the lead
-        if not item.finished:
-            self._lead()
-        return item.result()
-
-    def _lead(self) -> None:
-        with self._pending_lock:
-            batch, self._pending = self._pending[:_GROUP_LIMIT], self._pending[_GROUP_LIMIT:]
-        try:
-            with self.transaction() as connection:
-                if len(batch) == 1:  # alone, a failure rolls the whole transaction back: no savepoint
-                    batch[0].value = batch[0].work()
-                else:
-                    for item in batch:
-                        _run_in_savepoint(connection, item)
-        except BaseException as error:  # the lone work or the commit failed: nothing of the batch is durable
-            for item in batch:
-                item.error, item.value = error, None
-        finally:
-            with self._pending_lock:
-                successor = self._pending[0] if self._pending else None
-                self._leading = successor is not None
-            for item in batch:
-                item.finished = True
-                item.wake.release()
-            if successor is not None:
-                successor.wake.release()
+    def turn(self) -> threading.RLock:
+        """Hold the store for one whole operation, reentrantly; take it before any transaction."""
+        return self._turn
 
     def read(self, sql: str, parameters: tuple | list = ()) -> list[tuple]:
         return self._connection().execute(sql, parameters).fetchall()
@@ -153,30 +106,3 @@ class _Transaction:
         local.depth -= 1
         if self.outermost:
             self.connection.execute("ROLLBACK" if kind is not None else "COMMIT")
-
-
-def _run_in_savepoint(connection: sqlite3.Connection, item: _Work) -> None:
-    connection.execute("SAVEPOINT work")
-    try:
-        item.value = item.work()
-    except BaseException as error:
-        connection.execute("ROLLBACK TO work")
-        item.error = error
-    connection.execute("RELEASE work")
-
-
-class _Work:
-    __slots__ = ("work", "wake", "finished", "value", "error")
-
-    def __init__(self, work: Callable[[], Any]) -> None:
-        self.work = work
-        self.wake = threading.Lock()
-        self.wake.acquire()
-        self.finished = False
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def result(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.value

@@ -21,8 +21,8 @@ class EmbeddedQueueView:
     def transaction(self):
         return self.store.transaction()
 
-    def atomically(self, work):
-        return self.store.atomically(work)
+    def turn(self):
+        return self.store.turn()
 
     # queues
     def create_queue(self, queue: str, slice_start: int, now: int) -> None:

@@ -1,0 +1,52 @@
+"""The embedded store's transactions and turns: a queue operation inside a caller's transaction joins it,
+and threads taking turns for whole operations lose and duplicate nothing."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from .conftest import QUEUE
+from .helpers import make_mail
+
+
+def test_an_enqueue_inside_a_transaction_rolls_back_with_it(runtime):
+    queue = runtime.queue(QUEUE)
+    with pytest.raises(RuntimeError):
+        with runtime.store.transaction():
+            queue.enqueue(make_mail("rolled-back"))
+            raise RuntimeError("abort the outer transaction")
+    assert queue.size() == 0
+    assert list(queue.browse()) == []
+    assert queue.dequeue(timeout=0) is None
+    assert runtime.store.read_one("SELECT COUNT(*) FROM blob_references") == (0,)
+
+
+def test_threads_taking_turns_enqueue_and_dequeue_every_mail_once(runtime):
+    queue = runtime.queue(QUEUE)
+    names = [f"m{i}" for i in range(400)]
+    taken: list[str] = []
+    errors: list[BaseException] = []
+
+    def produce(lane: int) -> None:
+        for name in names[lane::4]:
+            queue.enqueue(make_mail(name))
+
+    def consume() -> None:
+        try:
+            while (item := queue.dequeue(timeout=2)) is not None:
+                with item:
+                    taken.append(item.mail.name)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=produce, args=(lane,)) for lane in range(4)]
+    threads += [threading.Thread(target=consume) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    assert sorted(taken) == sorted(names)
+    assert queue.size() == 0
