@@ -148,6 +148,8 @@ class MailQueue:
                 f"of {self.max_message_size} bytes"
             )
         priority = clamp_priority(priority)
+        # The whole operation is one turn (stores/embedded.py): its Python competing for the GIL with
+        # another thread's statements would only slow both down.
         with self.view.turn():
             now = self.clock()
             next_delivery = delivery_time(now, delay)
@@ -206,7 +208,7 @@ class MailQueue:
         return row.to_mail(self.blobs.read(row.header_blob_id) + self.blobs.read(row.body_blob_id))
 
     def _done(self, delivery: Delivery, row: EnqueuedMail) -> None:
-        with self.view.turn(), self.view.transaction():
+        with self.view.transaction():
             self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
             self.blobs.release(row.enqueue_id)
             self.broker.ack(delivery)

@@ -44,7 +44,7 @@ class EmbeddedBroker:
     def _claim(self, queue: str) -> Delivery | None:
         now = self.clock()
         lease = os.urandom(8).hex()
-        with self.store.turn(), self.store.transaction() as db:
+        with self.store.transaction() as db:
             row = db.execute(
                 "UPDATE broker_messages SET lease = ?, available_at = ?, attempts = attempts + 1 "
                 "WHERE id = (SELECT id FROM broker_messages INDEXED BY broker_ready "
