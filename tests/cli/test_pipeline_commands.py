@@ -121,8 +121,11 @@ def test_gc_dry_run_then_collect_after_two_rotations(url, mailq, mailq_json):
     ]
     assert dry["assets"]["reference_generations"]["eligible_generations"] == [1]
     figures = dry["assets"]["collected_blobs"]
-    # The spam's header (the same for all three: stored once) and bodies, the expunged message's body.
-    assert figures["dry_run"] is True and figures["deleted"] == 0 and figures["would_delete"] == 5
+    # The spam's header (the same for all three: stored once) and bodies, the expunged message's body;
+    # the Bloom filter may keep one back as a false positive (1% each, a new salt every run).
+    garbage = 5
+    assert figures["dry_run"] is True and figures["deleted"] == 0
+    assert figures["would_delete"] + figures["kept_as_false_positive"] == garbage
     assert figures["kept_as_live"] > 0  # the queue's deletions of blobs the INBOX copies still use
     assert dry["checks"]["no_live_blob_collected"]["passed"] is True
     assert (dry["success"], dry["failures"], dry["instance"]) == (True, [], None)
@@ -132,7 +135,12 @@ def test_gc_dry_run_then_collect_after_two_rotations(url, mailq, mailq_json):
 
     assert status == 0, err
     collected = blobs - rows(url, "SELECT COUNT(*) FROM blobs")[0][0]
-    assert collected == figures["would_delete"]
+    (left,) = rows(
+        url,
+        "SELECT COUNT(*) FROM blobs b WHERE b.generation = 1 "
+        "AND NOT EXISTS (SELECT 1 FROM blob_references r WHERE r.blob_id = b.blob_id)",
+    )[0]
+    assert collected + left == garbage  # what a false positive kept back waits for the next iteration
     assert f"collected    {collected} of " in out and "check        no_live_blob_collected: passed" in out
     assert out.splitlines()[-1].startswith("run          ") and "ephemeral" in out
     with Runtime.open(url) as runtime:  # every message is still readable
