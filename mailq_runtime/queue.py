@@ -157,13 +157,20 @@ class MailQueue:
             header, body = split_message(mail.message)
             window = self.configuration.slice_window
             bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
-            draft = EnqueuedMail.of(
-                mail, self.name, enqueue_id, now, next_delivery, priority, slice_of(now, window), bucket
-            )
             # On the embedded store the content references, the view row and the broker message commit
             # together or not at all.
             with self.view.transaction():
-                row = draft.with_content(*self.blobs.save_all(enqueue_id, [header, body]))
+                row = EnqueuedMail.of(
+                    mail,
+                    self.name,
+                    enqueue_id,
+                    now,
+                    next_delivery,
+                    priority,
+                    slice_of(now, window),
+                    bucket,
+                    *self.blobs.save_all(enqueue_id, [header, body]),
+                )
                 self.view.insert(row)
                 self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
         return enqueue_id

@@ -39,8 +39,9 @@ class EnqueuedMail:
         priority: int,
         slice_start: int,
         bucket: int,
+        header_blob_id: BlobId,
+        body_blob_id: BlobId,
     ) -> EnqueuedMail:
-        """The row of `mail` before its content is stored: `with_content` adds the blob ids."""
         metadata = {
             "attributes": mail.attributes,
             "state": mail.state,
@@ -61,13 +62,10 @@ class EnqueuedMail:
             mail.name,
             mail.sender,
             json.dumps(list(mail.recipients)),
-            "",
-            "",
+            str(header_blob_id),
+            str(body_blob_id),
             json.dumps(metadata),
         )
-
-    def with_content(self, header_blob_id: BlobId, body_blob_id: BlobId) -> EnqueuedMail:
-        return EnqueuedMail(*self.row()[:10], str(header_blob_id), str(body_blob_id), self.metadata)
 
     def row(self) -> tuple:
         return (
