@@ -28,24 +28,30 @@ def test_threads_taking_turns_enqueue_and_dequeue_every_mail_once(runtime):
     names = [f"m{i}" for i in range(400)]
     taken: list[str] = []
     errors: list[BaseException] = []
+    produced = threading.Event()
 
     def produce(lane: int) -> None:
         for name in names[lane::4]:
             queue.enqueue(make_mail(name))
 
     def consume() -> None:
+        # Until the producers are done and the queue stays empty: a slow producer must not end it.
         try:
-            while (item := queue.dequeue(timeout=2)) is not None:
-                with item:
-                    taken.append(item.mail.name)
+            while (item := queue.dequeue(timeout=0.5)) is not None or not produced.is_set():
+                if item is not None:
+                    with item:
+                        taken.append(item.mail.name)
         except BaseException as error:
             errors.append(error)
 
-    threads = [threading.Thread(target=produce, args=(lane,)) for lane in range(4)]
-    threads += [threading.Thread(target=consume) for _ in range(4)]
-    for thread in threads:
+    producers = [threading.Thread(target=produce, args=(lane,)) for lane in range(4)]
+    consumers = [threading.Thread(target=consume) for _ in range(4)]
+    for thread in producers + consumers:
         thread.start()
-    for thread in threads:
+    for thread in producers:
+        thread.join(timeout=120)
+    produced.set()
+    for thread in consumers:
         thread.join(timeout=120)
     assert errors == []
     assert sorted(taken) == sorted(names)
