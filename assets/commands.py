@@ -324,11 +324,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 PIPELINE_SUBCOMMANDS = [add_gc_parser, add_counters_parser, add_queue_parser, add_generation_parser]
-SUBCOMMANDS = [
-    *(add for add in cli.SUBCOMMANDS if add is not cli.add_demo_parser),
-    *PIPELINE_SUBCOMMANDS,
-    add_demo_parser,  # replaces the runtime's queue-only demo
-]
+SUBCOMMANDS = [*cli.SUBCOMMANDS, *PIPELINE_SUBCOMMANDS, add_demo_parser]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The `mailq` command: operate the mail queues of a data dir (James's webadmin queue routes), run the demo.
+"""The `mailq` command: operate the mail queues of a data dir (James's webadmin queue routes).
 
 Each subcommand registers itself through an `add_*_parser` function listed in `SUBCOMMANDS`; its handler
 returns a `Report` that `main` prints as text, or as one JSON document with `--json`. Bad input (a
@@ -451,28 +451,6 @@ def add_config_parser(subparsers: argparse._SubParsersAction) -> None:
     change.set_defaults(handler=_config_set)
 
 
-def _demo(args: argparse.Namespace) -> Report:
-    # Imported here: the demo's traffic generator is only needed by this subcommand.
-    from . import demo
-
-    summary = demo.run(args.data_dir, mails=args.mails, progress=progress_bar)
-    return Report(summary, demo.describe(summary))
-
-
-def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "demo", help="enqueue, deliver and remove generated mails in a fresh data dir, then show the state"
-    )
-    parser.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(".mailq-demo"),
-        help="wiped at start (default: .mailq-demo); --url is not used",
-    )
-    parser.add_argument("--mails", type=int, default=3000, metavar="N", help="how many mails to generate")
-    parser.set_defaults(handler=_demo)
-
-
 AddParser = Callable[[argparse._SubParsersAction], None]
 
 # A new subcommand joins by adding its `add_*_parser` here. (The maintenance pipeline's commands live in
@@ -489,7 +467,6 @@ SUBCOMMANDS: list[AddParser] = [
     add_update_browse_start_parser,
     add_config_parser,
     add_worker_parser,
-    add_demo_parser,
 ]
 
 

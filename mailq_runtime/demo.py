@@ -1,8 +1,7 @@
 """The traffic of `mailq demo`: two hours of generated mail through a fresh embedded queue.
 
-The steps are plain functions on one runtime (`generate_traffic`, `deliver`, `remove_by_sender`,
-`queue_state`). `simulate` runs the traffic part on a runtime from `open_demo`; `run` is the queue-only
-demo (traffic, then the queue's state). The full demo, `assets.demo`, goes on from `simulate` with the
+The steps are plain functions on one runtime (`generate_traffic`, `deliver`, `remove_by_sender`);
+`simulate` runs them on a runtime from `open_demo`. The demo, `assets.demo`, goes on from there with the
 mailboxes (`demo_mailboxes`) and the maintenance pipeline. Time is simulated so that the traffic spreads
 over many slices in a few seconds: that is what lets the demo show browse_start moving and record 32's
 clean-up dropping the rows of finished slices.
@@ -19,7 +18,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict
-from datetime import datetime
 from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
@@ -335,54 +333,6 @@ def remove_by_sender(queue: MailQueue, sender: str) -> dict[str, Any]:
     return {"sender": sender, "removed": removed, "initial_count": before, "remaining_count": queue.size()}
 
 
-def _iso(moment: int | datetime) -> str:
-    return (moment if isinstance(moment, datetime) else to_datetime(moment)).isoformat(timespec="seconds")
-
-
-_TABLES = (
-    "enqueued_mails",
-    "deleted_mails",
-    "slice_counters",
-    "broker_messages",
-    "dead_letters",
-    "blobs",
-    "blob_references",
-    "blob_deletions",
-    "blob_content",
-)
-
-
-def queue_state(runtime: Runtime, queue: MailQueue, sample: int = 5) -> dict[str, Any]:
-    """Size (from the counters) checked against a browse, browse_start/content_start, the slices and
-    the row count of each table."""
-    now = to_datetime(runtime.clock())
-    browsed = list(queue.browse())
-    return {
-        "size": queue.size(),
-        "browse_count": len(browsed),
-        "delayed": sum(1 for item in browsed if item.next_delivery > now),
-        "browse_start": _iso(queue.browse_start()),
-        "content_start": _iso(queue.content_start()),
-        "slices": [
-            {"slice_start": _iso(start), "enqueued": enqueued, "deleted": deleted}
-            for start, enqueued, deleted in queue.view.slice_counts(queue.name)
-        ],
-        "dead_letters": len(queue.dead_letters()),
-        "sample": [
-            {
-                "name": item.name,
-                "sender": item.sender,
-                "recipients": item.recipients,
-                "enqueued_time": _iso(item.enqueued_time),
-                "next_delivery": _iso(item.next_delivery),
-            }
-            for item in browsed[:sample]
-        ],
-        # Table names are this module's constants, never input.
-        "tables": {table: runtime.store.read_one(f"SELECT COUNT(*) FROM {table}")[0] for table in _TABLES},
-    }
-
-
 def open_demo(
     data_dir: Path, mails: int, configuration: QueueViewConfiguration = CONFIGURATION, later: int = 0
 ) -> tuple[Runtime, SimulatedClock]:
@@ -415,74 +365,3 @@ def simulate(
     delivery = deliver(queue, runtime.mailboxes, clock, round(mails * DELIVERED_SHARE), progress)
     removal = remove_by_sender(queue, SPAM_SENDER)
     return {"traffic": traffic, "delivery": delivery, "removal": removal}
-
-
-def run(data_dir: Path, mails: int = 3000, progress: Progress = no_progress) -> dict[str, Any]:
-    """The queue demo on a wiped `data_dir`; returns what it did and the queue's final state."""
-    runtime, clock = open_demo(data_dir, mails)
-    with runtime:
-        steps = simulate(runtime, clock, mails, progress)
-        queue = runtime.queue(QUEUE)
-        # As `mailq update-browse-start` would: the random updates may not have run since the removal.
-        queue.update_browse_start()
-        state = queue_state(runtime, queue)
-    url = f"embedded://{data_dir}"
-    return {
-        "data_dir": str(data_dir),
-        "queue": QUEUE,
-        "configuration": describe_configuration(),
-        **steps,
-        "state": state,
-        "next": [
-            f"mailq --url {url} browse {QUEUE} --delayed --limit 10",
-            f"mailq --url {url} remove {QUEUE} --sender {NEWSLETTER_SENDER}",
-            f"mailq --url {url} flush {QUEUE}",
-        ],
-    }
-
-
-def describe(summary: dict[str, Any]) -> list[str]:
-    """The summary as text for a person."""
-    traffic, delivery, removal, state = (summary[k] for k in ("traffic", "delivery", "removal", "state"))
-    configuration = summary["configuration"]
-    tables = state["tables"]
-    return [
-        f"mailq demo in {summary['data_dir']}, queue {summary['queue']!r} "
-        f"(slice window {configuration['slice_window_seconds'] // 60}m, "
-        f"{configuration['bucket_count']} buckets, "
-        f"browse_start pace 1/{configuration['update_browse_start_pace']})",
-        "",
-        f"enqueued   {traffic['enqueued']} mails ({traffic['bytes'] / 1e6:.1f} MB, "
-        f"{traffic['delayed']} delayed) over {traffic['simulated_span_hours']} simulated hours "
-        f"in {traffic['seconds']} s",
-        "           by sender: " + ", ".join(f"{s} {n}" for s, n in traffic["senders"].items()),
-        f"delivered  {delivery['delivered']} to {delivery['appended']} INBOX copies, {delivery['retried']} "
-        f"retried after {RETRY_DELAY}, {delivery['rejected']} rejected to the dead letters, "
-        f"in {delivery['seconds']} s",
-        f"removed    {removal['removed']} mails from {removal['sender']} "
-        f"({removal['initial_count']} -> {removal['remaining_count']})",
-        "",
-        f"size       {state['size']} (per-slice counters); browse finds {state['browse_count']}, "
-        f"{state['delayed']} of them delayed",
-        f"browse_start  {state['browse_start']}",
-        f"content_start {state['content_start']}  (rows of earlier slices were cleaned up, record 32)",
-        f"dead letters  {state['dead_letters']}",
-        "",
-        "slices still stored (enqueued / deleted):",
-        *(f"  {s['slice_start']}  {s['enqueued']:>5} / {s['deleted']:>5}" for s in state["slices"]),
-        "",
-        "first mails in the queue:",
-        *(
-            f"  {m['enqueued_time']}  next {m['next_delivery']}  "
-            f"{m['sender'] or '<>'} -> {', '.join(m['recipients'])}"
-            for m in state["sample"]
-        ),
-        "",
-        "rows per table:",
-        *(f"  {table:<16} {count}" for table, count in tables.items()),
-        f"  ({tables['blobs']} blobs for {2 * traffic['enqueued']} headers and bodies: identical newsletter "
-        f"bodies are stored once; {tables['blob_deletions']} deletions wait for the blob garbage collector)",
-        "",
-        "try:",
-        *(f"  {command}" for command in summary["next"]),
-    ]

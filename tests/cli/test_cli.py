@@ -296,35 +296,6 @@ def test_url_from_environment(monkeypatch, tmp_path, eml, capsys):
     assert (tmp_path / "env" / "mailq.db").exists()
 
 
-def test_demo_runs_and_prints_the_final_state(tmp_path, capsys):
-    data_dir = tmp_path / "demo"
-
-    assert main(["--json", "demo", "--data-dir", str(data_dir), "--mails", "300"]) == 0
-    summary = json.loads(capsys.readouterr().out)
-
-    state = summary["state"]
-    assert summary["traffic"]["enqueued"] == 300
-    assert summary["delivery"]["delivered"] > 150
-    assert summary["removal"]["removed"] > 0
-    assert state["size"] == state["browse_count"] > 0
-    assert state["content_start"] <= state["browse_start"]
-    assert state["tables"]["enqueued_mails"] >= state["size"]
-    assert len(state["sample"]) == 5
-
-    # A second run wipes the first one; the human report names the state.
-    assert main(["demo", "--data-dir", str(data_dir), "--mails", "300"]) == 0
-    out = capsys.readouterr().out
-    assert "browse_start" in out and "rows per table:" in out and "enqueued_mails" in out
-
-
-def test_demo_refuses_to_wipe_a_foreign_directory(tmp_path, capsys):
-    (tmp_path / "precious.txt").write_text("keep me")
-
-    assert main(["demo", "--data-dir", str(tmp_path), "--mails", "300"]) == 2
-    assert "refusing to wipe" in capsys.readouterr().err
-    assert (tmp_path / "precious.txt").read_text() == "keep me"
-
-
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True

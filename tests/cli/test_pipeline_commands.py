@@ -271,9 +271,10 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(tmp_path, monkeypat
     assert_bad_input(run("generation"), "required")
     assert_bad_input(run("queue", "purge"), "invalid choice")
     assert_bad_input(run("demo", "--mails", "5", "--data-dir", str(tmp_path / "d")), "at least 10 mails")
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "no-such-home"))
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "precious.txt").write_text("keep me")
+    assert_bad_input(run("demo", "--data-dir", str(tmp_path / "keep")), "refusing to wipe")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "no-such-home"))
     assert_bad_input(run("demo", "--data-dir", str(tmp_path / "keep")), "DAGSTER_HOME")
     assert (tmp_path / "keep" / "precious.txt").read_text() == "keep me"
 
