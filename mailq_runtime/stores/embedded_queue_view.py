@@ -121,12 +121,6 @@ class EmbeddedQueueView:
         )
         return row[0]
 
-    def slice_counts(self, queue: str) -> list[tuple[int, int, int]]:
-        return self.store.read(
-            "SELECT slice_start, enqueued, deleted FROM slice_counters WHERE queue = ? ORDER BY slice_start",
-            (queue,),
-        )
-
     # browse_start / content_start
     def browse_start(self, queue: str) -> int:
         return self.store.read_one("SELECT browse_start FROM browse_start WHERE queue = ?", (queue,))[0]
