@@ -111,6 +111,14 @@ def _existing_queue(runtime: Runtime, name: str) -> MailQueue:
     return runtime.queue(name, create=False)
 
 
+@contextmanager
+def _open_queue(args: argparse.Namespace) -> Iterator[MailQueue]:
+    """The command's existing queue, in a runtime that already holds data: operator commands create
+    neither a data dir nor a queue."""
+    with Runtime.open(args.url, create=False) as runtime:
+        yield _existing_queue(runtime, args.queue)
+
+
 def _time(micros_or_moment: int | datetime) -> str:
     moment = micros_or_moment if isinstance(micros_or_moment, datetime) else to_datetime(micros_or_moment)
     return moment.astimezone(UTC).isoformat(timespec="seconds")
@@ -157,8 +165,8 @@ def add_queues_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _size(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url, create=False) as runtime:
-        size = _existing_queue(runtime, args.queue).size()
+    with _open_queue(args) as queue:
+        size = queue.size()
     return Report({"name": args.queue, "size": size}, [f"{args.queue}: {size} mails"])
 
 
@@ -184,9 +192,8 @@ def _browse(args: argparse.Namespace) -> Report:
     if args.limit is not None and args.limit <= 0:
         raise InvalidInput(f"invalid limit {args.limit}: must be positive")
     entries: list[dict[str, Any]] = []
-    with Runtime.open(args.url, create=False) as runtime:
-        queue = _existing_queue(runtime, args.queue)
-        now = to_datetime(runtime.clock())
+    with _open_queue(args) as queue:
+        now = to_datetime(queue.clock())
         # The bar counts scanned mails; with --delayed most of them may be skipped, so size() is the total.
         total = queue.size() if args.delayed or args.limit is None else min(args.limit, queue.size())
         with progress_bar(f"browse {args.queue}", total) as advance:
@@ -223,8 +230,7 @@ def add_browse_parser(subparsers: argparse._SubParsersAction) -> None:
 def _remove(args: argparse.Namespace) -> Report:
     given = (("sender", args.sender), ("name", args.name), ("recipient", args.recipient))
     criterion = {kind: value for kind, value in given if value is not None}
-    with Runtime.open(args.url, create=False) as runtime:
-        queue = _existing_queue(runtime, args.queue)
+    with _open_queue(args) as queue:
         initial = queue.size()
         removed = queue.remove(**criterion)
         remaining = queue.size()
@@ -250,8 +256,7 @@ def add_remove_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _clear(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url, create=False) as runtime:
-        queue = _existing_queue(runtime, args.queue)
+    with _open_queue(args) as queue:
         initial = queue.size()
         removed = queue.clear()
         remaining = queue.size()
@@ -266,8 +271,8 @@ def add_clear_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _flush(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url, create=False) as runtime:
-        flushed = _existing_queue(runtime, args.queue).flush()
+    with _open_queue(args) as queue:
+        flushed = queue.flush()
     return Report(
         {"queue": args.queue, "flushed": flushed},
         [f"flushed {args.queue}: {flushed} delayed mails are deliverable now"],
@@ -282,8 +287,8 @@ def add_flush_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _republish(args: argparse.Namespace) -> Report:
     parse_duration(args.older_than)  # before opening: a bad duration must fail alone
-    with Runtime.open(args.url, create=False) as runtime:
-        republished = _existing_queue(runtime, args.queue).republish(args.older_than)
+    with _open_queue(args) as queue:
+        republished = queue.republish(args.older_than)
     data = {"queue": args.queue, "older_than": args.older_than, "republished": republished}
     return Report(data, [f"republished {republished} mails of {args.queue} older than {args.older_than}"])
 
@@ -331,8 +336,7 @@ def add_enqueue_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _update_browse_start(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url, create=False) as runtime:
-        queue = _existing_queue(runtime, args.queue)
+    with _open_queue(args) as queue:
         browse_start = queue.update_browse_start()
         content_start = queue.content_start()
     data = {"queue": args.queue, "browse_start": _time(browse_start), "content_start": _time(content_start)}
