@@ -334,7 +334,7 @@ def remove_by_sender(queue: MailQueue, sender: str) -> dict[str, Any]:
 
 
 def open_demo(
-    data_dir: Path, mails: int, configuration: QueueViewConfiguration = CONFIGURATION, later: int = 0
+    data_dir: Path, mails: int, configuration: QueueViewConfiguration, later: int
 ) -> tuple[Runtime, SimulatedClock]:
     """Check the demo's size, wipe `data_dir` and open a runtime on it whose clock the steps move. The
     clock starts so that SPAN + DELIVERY_SPAN + `later` (microseconds the caller's later steps move it
@@ -347,7 +347,7 @@ def open_demo(
     return Runtime(settings, clock), clock
 
 
-def describe_configuration(configuration: QueueViewConfiguration = CONFIGURATION) -> dict[str, int]:
+def describe_configuration(configuration: QueueViewConfiguration) -> dict[str, int]:
     return {
         "slice_window_seconds": configuration.slice_window // MICROS_PER_SECOND,
         "bucket_count": configuration.bucket_count,
