@@ -1,10 +1,11 @@
 """Another process on the same data directory, for the blob, mailbox and worker tests. Prints JSON.
 
-    mailbox_agent.py <url> save <owner prefix> <count> <start at>     save one content <count> times
-    mailbox_agent.py <url> append <mailbox id> <count> <start at>     append <count> messages, print uids
-    mailbox_agent.py <url> worker <queue> <domain> <idle seconds> <start at>   run a worker, print stats
+    mailbox_agent.py <url> save <owner prefix> <count>          save one content <count> times
+    mailbox_agent.py <url> append <mailbox id> <count>          append <count> messages, print uids
+    mailbox_agent.py <url> worker <queue> <domain> <idle seconds>   run a worker, print stats
 
-<start at> is a time.time() value: both processes of a test start their loop together.
+Once its runtime is open the agent prints "ready" and waits for a line on stdin before it starts, so that
+the processes of a test start their work together however long each took to import and open.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ CONTENT = b"the same content, saved from several processes\r\n"
 _PAUSE_SECONDS = 0.005
 
 
-def _wait_until(start_at: str) -> None:
-    time.sleep(max(0.0, float(start_at) - time.time()))
+def _ready_and_wait_for_start() -> None:
+    print("ready", flush=True)
+    sys.stdin.readline()
 
 
 def _paced(operation: Callable[[int], object], count: int) -> list:
@@ -37,20 +39,18 @@ def _paced(operation: Callable[[int], object], count: int) -> list:
 
 def main(url: str, command: str, *arguments: str) -> object:
     with Runtime.open(url) as runtime:
+        _ready_and_wait_for_start()
         if command == "save":
-            prefix, count, start_at = arguments
-            _wait_until(start_at)
+            prefix, count = arguments
             return _paced(lambda i: str(runtime.blobs.save(f"{prefix}-{i}", CONTENT)), int(count))
         if command == "append":
-            mailbox, count, start_at = arguments
-            _wait_until(start_at)
+            mailbox, count = arguments
             return _paced(
                 lambda i: runtime.mailboxes.append(mailbox, f"Subject: {i}\r\n\r\nbody {i}\r\n".encode()).uid,
                 int(count),
             )
         if command == "worker":
-            queue, domain, idle, start_at = arguments
-            _wait_until(start_at)
+            queue, domain, idle = arguments
             return asdict(run_worker(runtime, queue, local_domains=[domain], idle_timeout=float(idle)))
     raise SystemExit(f"unknown command {command!r}")
 

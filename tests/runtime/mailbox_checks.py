@@ -101,6 +101,7 @@ def agent(data_dir: Path, *arguments: object) -> subprocess.Popen:
     """Another process on the same data directory (see mailbox_agent.py)."""
     return subprocess.Popen(
         [sys.executable, str(AGENT), f"embedded://{data_dir}", *map(str, arguments)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -108,7 +109,14 @@ def agent(data_dir: Path, *arguments: object) -> subprocess.Popen:
 
 
 def results(processes: list[subprocess.Popen], timeout: float = 60) -> list[str]:
-    """The stdout of each process, failing the test on a non-zero exit or once `timeout` seconds pass."""
+    """Starts the agents' work together once each is ready, then returns the stdout of each, failing the
+    test on a non-zero exit or once `timeout` seconds pass."""
+    for process in processes:
+        # An agent that failed before it was ready has closed its stdout: communicate() reports it below.
+        process.stdout.readline()
+    for process in processes:
+        process.stdin.write("go\n")
+        process.stdin.flush()
     outputs = []
     for process in processes:
         try:

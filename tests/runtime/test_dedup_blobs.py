@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -175,8 +174,7 @@ def test_concurrent_saves_from_threads_store_the_content_once(runtime: Runtime) 
 
 def test_concurrent_saves_from_two_processes_store_the_content_once(backend) -> None:
     backend.open()  # creates the data directory and its schema before the processes race
-    start_at = time.time() + 1.5
-    processes = [agent(backend.data_dir, "save", f"p{n}", 50, start_at) for n in range(2)]
+    processes = [agent(backend.data_dir, "save", f"p{n}", 50) for n in range(2)]
     ids = {blob_id for out in results(processes) for blob_id in json.loads(out)}
     assert len(ids) == 1
     (blob_id,) = ids
