@@ -111,10 +111,9 @@ def agent(data_dir: Path, *arguments: object) -> subprocess.Popen:
 def results(processes: list[subprocess.Popen], timeout: float = 60) -> list[str]:
     """Starts the agents' work together once each is ready, then returns the stdout of each, failing the
     test on a non-zero exit or once `timeout` seconds pass."""
-    for process in processes:
-        # An agent that failed before it was ready has closed its stdout: communicate() reports it below.
-        process.stdout.readline()
-    for process in processes:
+    # An agent that failed before it was ready has exited: it gets no go, and communicate() reports it.
+    ready = [process for process in processes if process.stdout.readline() == "ready\n"]
+    for process in ready:
         process.stdin.write("go\n")
         process.stdin.flush()
     outputs = []
