@@ -7,6 +7,11 @@ in parallel partitions, handing Spark Arrow record batches rather than Python ro
 Options: `url`, `table` (one of the schema's tables), `partitions` (default: 2 x cores; `read_table`
 passes Spark's default parallelism) and `columns` (comma-separated, default all, in table order).
 
+Filters are left to Spark, not pushed into the SQL: in PySpark 4.3 the scans of one DataFrame within one
+query share the read planned for one of them, so two branches filtered differently (the GC's per-generation
+Bloom filters) would both read one branch's rows. Pushing `generation = g` read one generation of four
+1.5x faster, and made the GC collect live blobs.
+
 The embedded store is split into rowid ranges planned on the driver; every task opens its own read-only
 connection and reads its range chunk by chunk (see `SqliteRowidRanges`). There is no snapshot across
 chunks, and rows inserted after planning beyond the highest planned rowid are not read: maintenance jobs
