@@ -15,8 +15,8 @@ import random
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from email.utils import format_datetime
 from pathlib import Path
@@ -85,11 +85,6 @@ WORDS = (
 
 Advance = Callable[[int], None]
 Progress = Callable[[str, int], AbstractContextManager[Advance]]
-
-
-@contextmanager
-def no_progress(label: str, total: int) -> Iterator[Advance]:
-    yield lambda count=1: None
 
 
 class SimulatedClock:
@@ -223,7 +218,7 @@ def bounce_message(rng: random.Random, recipient: str, moment: int) -> bytes:
 
 
 def generate_traffic(
-    queue: MailQueue, clock: SimulatedClock, mails: int, rng: random.Random, progress: Progress = no_progress
+    queue: MailQueue, clock: SimulatedClock, mails: int, rng: random.Random, progress: Progress
 ) -> dict[str, Any]:
     """Enqueue `mails` mails spread evenly over SPAN of simulated time, moving `clock` forward.
 
@@ -295,7 +290,7 @@ def deliver(
     mailboxes: Mailboxes,
     clock: SimulatedClock,
     count: int,
-    progress: Progress = no_progress,
+    progress: Progress,
 ) -> dict[str, Any]:
     """Dequeue up to `count` mails over DELIVERY_SPAN of simulated time and hand each to the worker's
     delivery (`worker.handle`): a copy in the INBOX of every local recipient, then `done()`; a mail with
@@ -355,9 +350,7 @@ def describe_configuration(configuration: QueueViewConfiguration) -> dict[str, i
     }
 
 
-def simulate(
-    runtime: Runtime, clock: SimulatedClock, mails: int, progress: Progress = no_progress
-) -> dict[str, Any]:
+def simulate(runtime: Runtime, clock: SimulatedClock, mails: int, progress: Progress) -> dict[str, Any]:
     """The traffic: `mails` generated mails enqueued, most delivered to the local INBOXes, the spam run
     removed by the operator. Returns the figures of each step."""
     queue = runtime.queue(QUEUE)
