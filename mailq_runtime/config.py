@@ -65,6 +65,12 @@ class ConfigurationStore:
     def history(self) -> list[QueueViewConfiguration]:
         return [QueueViewConfiguration(**json.loads(e)) for e in self.events.events(AGGREGATE)]
 
+    def widest_slice_window(self) -> int:
+        """The widest sliceWindow ever in force. A process opened before a change keeps writing slices of
+        its window, which the rules make a multiple of every later one: a slice it may still fill starts
+        no earlier than `now` aligned on this window."""
+        return max((c.slice_window for c in self.history()), default=QueueViewConfiguration().slice_window)
+
     def register(self, new: QueueViewConfiguration) -> bool:
         """Apply `new` if the rules allow it; True if an event was appended, False if nothing changed."""
         with self.events.transaction():

@@ -19,7 +19,7 @@ from types import TracebackType
 from .blobs.dedup import DeduplicatingBlobStore
 from .brokers.base import Broker, Delivery
 from .clock import Clock, to_datetime
-from .config import QueueViewConfiguration
+from .config import ConfigurationStore, QueueViewConfiguration
 from .errors import BlobNotFound, InvalidInput
 from .model import (
     NULL_SENDER_SPELLINGS,
@@ -121,6 +121,7 @@ class MailQueue:
         broker: Broker,
         blobs: DeduplicatingBlobStore,
         configuration: QueueViewConfiguration,
+        configurations: ConfigurationStore,
         clock: Clock,
         max_message_size: int,
         clock_skew_grace: int,
@@ -129,7 +130,10 @@ class MailQueue:
         self.view = view
         self.broker = broker
         self.blobs = blobs
+        # The configuration this process writes with, read once at open as James does; readers of the
+        # view ask `configurations` for what other processes may be writing with.
         self.configuration = configuration
+        self.configurations = configurations
         self.clock = clock
         self.max_message_size = max_message_size
         self.clock_skew_grace = clock_skew_grace
@@ -325,9 +329,8 @@ class MailQueue:
     def maintenance_due(self) -> bool:
         """A clean-up is unfinished, or browse_start lags the newest slice it may reach by two slices."""
         browse_start = self.browse_start()
-        reachable = slice_of(self.clock() - self.clock_skew_grace, self.configuration.slice_window)
-        lag = reachable - browse_start
-        return self.content_start() < browse_start or lag >= 2 * self.configuration.slice_window
+        lag = self.browse_start_limit() - browse_start
+        return self.content_start() < browse_start or lag >= 2 * self.configurations.widest_slice_window()
 
     def _maybe_update_browse_start(self) -> None:
         # Random piggy-backing (record 31): no coordination between nodes, and liveness on average.
@@ -343,11 +346,20 @@ class MailQueue:
                     exc_info=True,
                 )
 
+    def browse_start_limit(self) -> int:
+        """The newest slice browse_start may reach: the current one minus the clock-skew grace, aligned on
+        the widest sliceWindow ever in force. A process still holding an older, wider window writes its mails
+        into the slice of that window, which may start before the current slice of a narrower one; were
+        browse_start past it, those mails would be invisible to browse, size, remove and clear, and their rows
+        would stay behind content_start for ever."""
+        window = max(self.configurations.widest_slice_window(), self.configuration.slice_window)
+        return slice_of(self.clock() - self.clock_skew_grace, window)
+
     def update_browse_start(self) -> int:
         """Advance browse_start to the first slice holding a live mail (never past the current slice minus
         the clock-skew grace), then clean content_start .. browse_start. Returns the new browse_start."""
         current = self.view.browse_start(self.name)
-        limit = slice_of(self.clock() - self.clock_skew_grace, self.configuration.slice_window)
+        limit = self.browse_start_limit()
         new_start = limit
         for slice_start in self.view.slices_from(self.name, current):
             if slice_start >= limit:

@@ -13,7 +13,7 @@ from .config import ConfigurationStore
 from .errors import UnknownQueue
 from .mailbox import Mailboxes
 from .model import QueueName
-from .queue import MailQueue, slice_of
+from .queue import MailQueue
 from .settings import Settings
 from .stores.embedded import EmbeddedStore
 from .stores.embedded_blobs import EmbeddedBlobTables
@@ -47,8 +47,10 @@ class Runtime:
         self.configuration.register(
             replace(self.configuration.current(), **(settings.view_configuration or {}))
         )
-        # Read once: the rules on changes make a stale value safe (old slices are multiples of new ones,
-        # old buckets are a subset of new ones), as with James reading it at start-up.
+        # Read once, as James does at start-up, to write with: the rules on changes keep what a process
+        # holding a stale value writes findable (old slices are multiples of new ones, old buckets a subset
+        # of new ones), and browse_start stays behind the slices such a process may still fill
+        # (`MailQueue.browse_start_limit`).
         self.view_configuration = self.configuration.current()
         self._queues: dict[str, MailQueue] = {}
 
@@ -68,21 +70,21 @@ class Runtime:
         queue = self._queues.get(name)
         if queue is not None:
             return queue
-        if not self.view.queue_exists(name):
-            if not create:
-                raise UnknownQueue(f"unknown queue {name!r}: known queues are {self.queues()}")
-            now = self.clock()
-            self.view.create_queue(name, slice_of(now, self.view_configuration.slice_window), now)
         queue = MailQueue(
             name,
             self.view,
             self.broker,
             self.blobs,
             self.view_configuration,
+            self.configuration,
             self.clock,
             self.settings.max_message_size,
             self.settings.clock_skew_grace,
         )
+        if not self.view.queue_exists(name):
+            if not create:
+                raise UnknownQueue(f"unknown queue {name!r}: known queues are {self.queues()}")
+            self.view.create_queue(name, queue.browse_start_limit(), self.clock())
         self._queues[name] = queue
         return queue
 

@@ -2,6 +2,8 @@
 
     agent.py <url> hold <queue>                          dequeue one mail, print its enqueue id, sleep
     agent.py <url> work <queue> <tag> <count> <dir>      enqueue <count> mails while consuming, then drain
+    agent.py <url> trickle <queue> <count> <seconds>     print "ready", then enqueue <count> mails one every
+                                                         <seconds>, printing each name once enqueued
 
 `work` touches <dir>/produced-<tag> once its mails are enqueued and stops draining at the first empty
 dequeue after <dir>/stop exists; it writes the names it consumed to <dir>/consumed-<tag>.
@@ -23,6 +25,17 @@ def hold(url: str, queue: str) -> None:
         item = runtime.queue(queue).dequeue(timeout=30)
         print(item.enqueue_id if item else "none", flush=True)
         time.sleep(_LIMIT_SECONDS)
+
+
+def trickle(url: str, queue_name: str, count: int, interval: float) -> None:
+    with Runtime.open(url) as runtime:
+        queue = runtime.queue(queue_name)
+        print("ready", flush=True)
+        for index in range(count):
+            name = f"trickle-{index}"
+            queue.enqueue(Mail(recipients=("rcpt@example.com",), message=b"Subject: x\r\n\r\nx", name=name))
+            print(name, flush=True)
+            time.sleep(interval)
 
 
 def work(url: str, queue_name: str, tag: str, count: int, directory: Path) -> None:
@@ -55,6 +68,8 @@ if __name__ == "__main__":
     url, command, *rest = sys.argv[1:]
     if command == "hold":
         hold(url, *rest)
+    elif command == "trickle":
+        trickle(url, rest[0], int(rest[1]), float(rest[2]))
     else:
         tag, count, directory = rest[1:]
         work(url, rest[0], tag, int(count), Path(directory))

@@ -3,6 +3,8 @@ A rejected change is a clear error naming the rule, and appends nothing to the e
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from mailq_runtime import ConfigurationRejected, InvalidInput
@@ -146,3 +148,63 @@ def test_an_invalid_value_is_refused_and_appends_nothing(backend, option):
     with pytest.raises(InvalidInput):
         backend.open(**{**BASE, **option})
     assert backend.counts() == before
+
+
+def test_a_process_holding_the_old_slice_window_never_writes_behind_browse_start(backend, clock):
+    """A opened with 1h slices before B changed them to 30m: A still writes into 1h slices, and no mail of
+    it may fall behind browse_start, where browse, size, remove and clear would not see it."""
+    quiet = {"update_browse_start_pace": 10**9}
+    a = backend.open(clock, slice_window="1h", **quiet).queue(QUEUE)
+    clock.advance(5 * 60)
+    a.enqueue(make_mail("first"))
+    b_runtime = backend.open(clock, slice_window="30m", **quiet)
+    b = b_runtime.queue(QUEUE)
+    item = b.dequeue(timeout=0)
+    item.done()
+    clock.advance(30 * 60)  # 00:35
+    b.update_browse_start()
+    clock.advance(60)  # 00:36: A, with its stale 1h window, writes into the slice starting 00:00
+    for index in range(5):
+        a.enqueue(make_mail(f"late{index}"))
+    late = [f"late{index}" for index in range(5)]
+    for reader in (a, b, backend.open(clock).queue(QUEUE)):
+        assert [mail.name for mail in reader.browse()] == late
+        assert reader.size() == 5
+    assert b.remove(name="late0") == 1
+    assert a.size() == 4
+    assert b.clear() == 4
+    assert b.size() == a.size() == 0
+    clock.advance(2 * 3600)
+    b.update_browse_start()
+    assert backend.count("enqueued_mails") == 0
+    assert backend.count("deleted_mails") == 0
+    assert b.dequeue(timeout=0) is None
+
+
+def test_processes_holding_old_and_new_slice_windows_keep_every_mail_visible(backend, tmp_path):
+    """Real clocks, real processes: one keeps enqueueing with the old 4 s window while this process, on the
+    new 2 s window, advances browse_start as often as it can. Every mail stays browsable and counted until
+    consumed, and the clean-up leaves no row behind."""
+    fast = {"clock_skew_grace": "0s", "update_browse_start_pace": 10**9}
+    backend.open(slice_window="4s", **fast).queue(QUEUE).enqueue(make_mail("seed"))
+    writer = backend.agent("trickle", QUEUE, "40", "0.1", slice_window="4s", **fast)
+    assert writer.stdout.readline().strip() == "ready", writer.stderr.read()
+    new = backend.open(slice_window="2s", **fast).queue(QUEUE)
+    assert new.configuration.slice_window == 2 * MICROS_PER_SECOND
+    enqueued: set[str] = set()
+    consumed: set[str] = set()
+    for line in writer.stdout:  # a line each time the writer has enqueued a mail, until it exits
+        enqueued.add(line.strip())
+        visible = {mail.name for mail in new.browse()}
+        assert enqueued - consumed <= visible, "a mail fell behind browse_start"
+        assert new.size() == len(visible)
+        consumed.update(drain(new))  # an empty queue lets browse_start advance as far as it may
+        new.update_browse_start()
+    assert writer.wait() == 0, writer.stderr.read()
+    assert len(enqueued) == 40
+    enqueued.add("seed")
+    consumed.update(drain(new))
+    assert consumed == enqueued
+    time.sleep(4.1)
+    new.update_browse_start()
+    assert backend.count("enqueued_mails") == 0
