@@ -1,4 +1,5 @@
-"""The errors mailq raises. Each names what was wrong; an operation that raises one changed nothing."""
+"""The errors mailq raises. Each names what was wrong; an operation that raises one changed nothing,
+except where its docstring says what it did."""
 
 
 class MailqError(Exception):
@@ -27,3 +28,10 @@ class ConfigurationRejected(MailqError, ValueError):
 
 class BlobNotFound(MailqError, LookupError):
     """A blob id that is well formed but has no content in the blob store."""
+
+
+class LeaseExpired(MailqError):
+    """A dequeued mail's lease was lost: it expired and the broker gave the mail to another consumer, which
+    now settles it. `retry()` and `reject()` change nothing; `done()` still records the mail as delivered
+    (so it is not delivered once more by a consumer that has not loaded it yet), but the consumer holding
+    it may deliver it again: delivery is at-least-once."""

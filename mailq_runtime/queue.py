@@ -8,6 +8,7 @@ checked against `deleted_mails`; browse and size read the view from `browse_star
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 import zlib
@@ -18,9 +19,9 @@ from types import TracebackType
 
 from .blobs.dedup import DeduplicatingBlobStore
 from .brokers.base import Broker, Delivery
-from .clock import Clock, to_datetime
+from .clock import LATEST, MICROS_PER_SECOND, Clock, to_datetime
 from .config import ConfigurationStore, QueueViewConfiguration
-from .errors import BlobNotFound, InvalidInput
+from .errors import BlobNotFound, InvalidInput, LeaseExpired
 from .model import (
     NULL_SENDER_SPELLINGS,
     EnqueueId,
@@ -69,7 +70,11 @@ class BrowseItem:
 
 
 class MailQueueItem:
-    """A dequeued mail, leased to this consumer until `done()`, `retry()` or `reject()`."""
+    """A dequeued mail, leased to this consumer until `done()`, `retry()` or `reject()`.
+
+    The lease lasts the visibility timeout, and `extend_lease()` pushes it out. Once it has expired,
+    the broker may give the mail to another consumer; then `done()`, `retry()` and `reject()` raise
+    LeaseExpired (the item still counts as settled)."""
 
     def __init__(self, queue: MailQueue, delivery: Delivery, row: EnqueuedMail, mail: Mail) -> None:
         self._queue = queue
@@ -86,20 +91,45 @@ class MailQueueItem:
         self.settled = True
 
     def done(self) -> None:
-        """Delivered: mark it deleted, acknowledge it, release its content."""
+        """Delivered: mark it deleted, acknowledge it, release its content. With the lease lost, the
+        mail is still marked deleted and its content released, then LeaseExpired is raised."""
         self._settle()
         self._queue._done(self._delivery, self._row)
 
     def retry(self, delay: Delay = None) -> None:
-        """Not delivered this time: deliver it again, after `delay` if given."""
+        """Not delivered this time: deliver it again, after `delay` if given. With the lease lost it
+        changes nothing and raises LeaseExpired."""
         deliver_at = delivery_time(self._queue.clock(), delay)  # a malformed delay leaves the item unsettled
         self._settle()
         self._queue._retry(self._delivery, self._row, deliver_at)
 
     def reject(self, reason: str = "rejected") -> None:
-        """Never deliverable: move it to the dead letters, which keep its content."""
+        """Never deliverable: move it to the dead letters, which keep its content. With the lease lost
+        it changes nothing and raises LeaseExpired."""
         self._settle()
         self._queue._dead_letter(self._delivery, self._row, reason)
+
+    def extend_lease(self, seconds: float | None = None) -> None:
+        """Keep the mail leased to this consumer for `seconds` from now (default: the visibility
+        timeout), so that a long delivery is not given to another consumer meanwhile. Raises
+        LeaseExpired if another consumer already has it."""
+        # `not 0 < seconds < inf` also refuses NaN, which compares false with everything.
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf
+        ):
+            raise InvalidInput(f"invalid lease extension {seconds!r}: expected seconds > 0, finite, or None")
+        if self.settled:
+            raise InvalidInput(f"mail {self.enqueue_id} was already acknowledged: it holds no lease")
+        broker = self._queue.broker
+        now = self._queue.clock()
+        # An int stays exact and a float may become inf: either way the clamp keeps a huge extension
+        # within what a timestamp can hold.
+        length = broker.visibility_timeout if seconds is None else seconds * MICROS_PER_SECOND
+        if not broker.extend(self._delivery, int(min(now + length, LATEST))):
+            raise LeaseExpired(
+                f"the lease on mail {self.enqueue_id} was lost: it expired and another consumer took the "
+                "mail, which delivers it now"
+            )
 
     def __enter__(self) -> MailQueueItem:
         return self
@@ -222,20 +252,49 @@ class MailQueue:
         with self.view.transaction():
             self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
             self.blobs.release(row.enqueue_id)
-            self.broker.ack(delivery)
+            acked = self.broker.ack(delivery)
+        # Checked once the transaction has committed: raising inside it would roll back the deletion
+        # mark, which is right even with the lease lost (the mail was delivered) and is what keeps a
+        # consumer that has not loaded the mail yet from delivering it again.
         self._maybe_update_browse_start()
+        if not acked:
+            raise LeaseExpired(
+                f"mail {row.enqueue_id} is recorded as delivered, but its lease was lost: it expired and "
+                "another consumer took the mail, which may deliver it again (at-least-once)"
+            )
 
     def _retry(self, delivery: Delivery, row: EnqueuedMail, deliver_at: int) -> None:
         with self.view.transaction():
             # A lease that expired meanwhile belongs to another consumer now: leave its mail alone.
-            if self.broker.nack(delivery, deliver_at):
+            returned = self.broker.nack(delivery, deliver_at)
+            if returned:
                 self.view.reschedule([row], deliver_at)
+        if not returned:
+            raise self._lost(row, "retried")
 
     def _dead_letter(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:
         with self.view.transaction():
-            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
-            self.broker.dead_letter(delivery, reason)
+            if self.view.is_live(row):
+                # The broker first, as its answer says whether the lease holds; and a crash between the
+                # two writes then leaves a live mail that republish sends again, where the other order
+                # would leave a deleted one that the next consumer acknowledges without a dead letter.
+                held = self.broker.dead_letter(delivery, reason)
+                if held:
+                    self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
+            else:
+                # Delivered by a consumer whose lease had expired, or removed: its content is released,
+                # so a dead letter would be an empty one. There is nothing left to reject.
+                held = self.broker.ack(delivery)
+        if not held:
+            raise self._lost(row, "rejected")
         self._maybe_update_browse_start()
+
+    @staticmethod
+    def _lost(row: EnqueuedMail, action: str) -> LeaseExpired:
+        return LeaseExpired(
+            f"mail {row.enqueue_id} was not {action}, nothing changed: its lease was lost (it expired and "
+            "another consumer took the mail, which settles it now)"
+        )
 
     # browse / size
     def browse(self) -> Iterator[BrowseItem]:

@@ -28,19 +28,28 @@ class DeadLetter:
 
 
 class Broker(Protocol):
+    # Microseconds a received message stays leased to its consumer before it is delivered again.
+    visibility_timeout: int
+
     def publish(self, queue: str, enqueue_id: str, payload: str, priority: int, deliver_at: int) -> None: ...
 
     def receive(self, queue: str, timeout: float | None) -> Delivery | None:
         """The next deliverable message (highest priority, then oldest); None once `timeout` seconds pass."""
         ...
 
+    # Each operation on a delivery acts only while the delivery's lease holds, and returns whether it
+    # did: once another consumer has received the message, the message is that consumer's.
     def ack(self, delivery: Delivery) -> bool: ...
 
     def nack(self, delivery: Delivery, deliver_at: int) -> bool:
         """Give the message back, deliverable again at `deliver_at`."""
         ...
 
-    def dead_letter(self, delivery: Delivery, reason: str) -> None: ...
+    def extend(self, delivery: Delivery, until: int) -> bool:
+        """Keep the message leased to this consumer until `until` (microseconds since the epoch)."""
+        ...
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> bool: ...
 
     def flush(self, queue: str) -> int:
         """Make every delayed message of the queue deliverable now; returns how many."""

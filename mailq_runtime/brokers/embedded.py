@@ -98,13 +98,29 @@ class EmbeddedBroker:
         self._notify()
         return bool(returned)
 
-    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+    def extend(self, delivery: Delivery, until: int) -> bool:
+        # A lease that expired but that no consumer has taken yet is still this one's: the claim and the
+        # extension are transactions, and whichever commits first wins.
         with self.store.transaction() as db:
-            db.execute("DELETE FROM broker_messages WHERE id = ?", (delivery.tag,))
-            db.execute(
-                "INSERT INTO dead_letters (queue, enqueue_id, reason, died_at, payload) VALUES (?,?,?,?,?)",
-                (delivery.queue, delivery.enqueue_id, reason, self.clock(), delivery.payload),
+            return bool(
+                db.execute(
+                    "UPDATE broker_messages SET available_at = ? WHERE id = ? AND lease = ?",
+                    (until, delivery.tag, delivery.lease),
+                ).rowcount
             )
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
+        with self.store.transaction() as db:
+            held = db.execute(
+                "DELETE FROM broker_messages WHERE id = ? AND lease = ?", (delivery.tag, delivery.lease)
+            ).rowcount
+            if held:
+                db.execute(
+                    "INSERT INTO dead_letters (queue, enqueue_id, reason, died_at, payload) "
+                    "VALUES (?,?,?,?,?)",
+                    (delivery.queue, delivery.enqueue_id, reason, self.clock(), delivery.payload),
+                )
+        return bool(held)
 
     def flush(self, queue: str) -> int:
         now = self.clock()

@@ -321,7 +321,7 @@ def test_worker_delivers_local_recipients_and_dead_letters_the_rest(mailq, mailq
 
     stats = mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
 
-    assert stats == {"delivered": 1, "retried": 0, "dead_lettered": 1, "appended": 2}
+    assert stats == {"delivered": 1, "retried": 0, "dead_lettered": 1, "appended": 2, "lease_expired": 0}
     assert mailq_json("size", "spool")["size"] == 0
     with Runtime.open(url) as runtime:
         inboxes = {m.user: runtime.mailboxes.counters(m.id).count for m in runtime.mailboxes.list()}

@@ -294,6 +294,16 @@ def test_reject_moves_the_mail_to_the_dead_letters(backend, queue):
     assert _references(backend, enqueue_id) == 2, "dead letters keep their content"
 
 
+def test_rejecting_a_mail_removed_while_in_flight_leaves_no_dead_letter(backend, queue):
+    queue.enqueue(make_mail("poison"))
+    item = queue.dequeue(timeout=5)
+    assert queue.remove(name="poison") == 1  # its content is released
+    item.reject("unparseable")
+    assert queue.dead_letters() == []  # a dead letter would have no content
+    assert backend.count("broker_messages") == 0
+    assert queue.dequeue(timeout=0.3) is None
+
+
 def test_a_mail_whose_content_is_lost_is_dead_lettered_not_retried(backend, queue):
     enqueue_id = queue.enqueue(make_mail("lost", body=b"content that goes missing"))
     queue.enqueue(make_mail("fine"))

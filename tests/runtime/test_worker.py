@@ -4,8 +4,10 @@ dead-letter what can never be delivered, retry what failed, survive redelivery, 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
+from dataclasses import fields
 
 import pytest
 
@@ -14,6 +16,7 @@ from mailq_runtime.demo_mailboxes import deliver_and_maintain
 from mailq_runtime.mailbox import INBOX
 from mailq_runtime.worker import deliver, delivery_message_id
 
+from .helpers import FakeClock
 from .mailbox_checks import agent, assert_message_blobs_referenced, inconsistencies, references, results, rows
 
 QUEUE = "spool"
@@ -46,9 +49,7 @@ def run_threads(runtime: Runtime, count: int, **options: object) -> list[WorkerS
 
 
 def total(stats: list[WorkerStats]) -> WorkerStats:
-    return WorkerStats(
-        *(sum(getattr(s, f) for s in stats) for f in ("delivered", "retried", "dead_lettered", "appended"))
-    )
+    return WorkerStats(*(sum(getattr(s, f.name) for s in stats) for f in fields(WorkerStats)))
 
 
 def inbox_of(runtime: Runtime, user: str):
@@ -156,6 +157,54 @@ def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
     assert_delivered_state(runtime, [flaky], [broken])
 
 
+def test_a_delivery_slower_than_the_visibility_timeout_is_delivered_once(
+    backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = backend.open(visibility_timeout="2s")
+    enqueue_id = enqueue(runtime, "alice@example.org")
+    append = runtime.mailboxes.append
+
+    def slow_append(*arguments, **options):
+        time.sleep(3)  # past the visibility timeout, while the other worker keeps asking for mail
+        return append(*arguments, **options)
+
+    monkeypatch.setattr(runtime.mailboxes, "append", slow_append)
+    stats = run_threads(runtime, 2, idle_timeout=3.5)
+
+    assert total(stats) == WorkerStats(delivered=1, appended=1)
+    assert runtime.mailboxes.counters(inbox_of(runtime, "alice@example.org")) == Counters(1, 1)
+    assert_delivered_state(runtime, [enqueue_id], [])
+
+
+def test_a_lost_lease_is_logged_and_counted_and_the_worker_goes_on(
+    backend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    runtime = backend.open(clock, visibility_timeout="10s")
+    lost, kept = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
+    append = runtime.mailboxes.append
+    taken = []
+
+    def append_after_the_lease(*arguments, **options):
+        if not taken:  # the worker stalls past its lease, and another consumer takes the mail
+            clock.advance(10)
+            taken.append(runtime.queue(QUEUE).dequeue(timeout=0))
+        return append(*arguments, **options)
+
+    monkeypatch.setattr(runtime.mailboxes, "append", append_after_the_lease)
+    with caplog.at_level(logging.WARNING, logger="mailq_runtime.worker"):
+        (stats,) = run_threads(runtime, 1, idle_timeout=0.5)
+
+    assert stats == WorkerStats(delivered=1, appended=2, lease_expired=1)
+    assert f"mail {lost} is recorded as delivered, but its lease was lost" in caplog.text
+    (other,) = taken
+    assert other.enqueue_id == lost
+    other.done()  # the other consumer finds the mail delivered and settles it
+    for user in ("alice@example.org", "bob@example.org"):
+        assert runtime.mailboxes.counters(inbox_of(runtime, user)) == Counters(1, 1)
+    assert_delivered_state(runtime, [lost, kept], [])
+
+
 def test_stop_finishes_the_mail_in_hand_then_returns(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -216,7 +265,13 @@ def test_the_demo_delivers_then_flags_archives_expunges_and_rotates(runtime: Run
 
     figures = deliver_and_maintain(runtime, QUEUE, USERS, lines.append)
 
-    assert figures["worker"] == {"delivered": 9, "retried": 0, "dead_lettered": 1, "appended": 9}
+    assert figures["worker"] == {
+        "delivered": 9,
+        "retried": 0,
+        "dead_lettered": 1,
+        "appended": 9,
+        "lease_expired": 0,
+    }
     assert (figures["seen"], figures["flagged"], figures["archived"], figures["expunged"]) == (3, 3, 3, 3)
     assert (figures["reference_generation"], figures["gc_iteration"]) == (2, 2)
     data_dir = runtime.settings.data_dir
