@@ -18,7 +18,7 @@ from types import TracebackType
 
 from .blobs.dedup import DeduplicatingBlobStore
 from .brokers.base import Broker, Delivery
-from .clock import Clock, to_datetime
+from .clock import MICROS_PER_SECOND, Clock, to_datetime
 from .config import QueueViewConfiguration
 from .errors import BlobNotFound, InvalidInput
 from .model import (
@@ -28,7 +28,8 @@ from .model import (
     MailAddress,
     QueueName,
     address_key,
-    clamp_priority,
+    check_message,
+    check_priority,
     delivery_time,
     parse_duration,
 )
@@ -142,12 +143,9 @@ class MailQueue:
     def enqueue(self, mail: Mail, delay: Delay = None, priority: int | None = None) -> EnqueueId:
         if not isinstance(mail, Mail):
             raise InvalidInput(f"enqueue takes a Mail, not {type(mail).__name__}")
-        if len(mail.message) > self.max_message_size:
-            raise InvalidInput(
-                f"message of {len(mail.message)} bytes exceeds the maximum size "
-                f"of {self.max_message_size} bytes"
-            )
-        priority = clamp_priority(priority)
+        # What the worker would dead-letter as malformed is refused here, at the edge.
+        check_message(mail.message, self.max_message_size)
+        priority = check_priority(priority)
         # The whole operation is one turn (stores/embedded.py): its Python competing for the GIL with
         # another thread's statements would only slow both down.
         with self.view.turn():
@@ -175,13 +173,11 @@ class MailQueue:
                 self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
         return enqueue_id
 
-    def dequeue(self, timeout: float | None = None) -> MailQueueItem | None:
-        """The next deliverable mail; blocks while there is none, or returns None after `timeout` seconds."""
-        # `not timeout >= 0` also refuses NaN, which compares false with everything.
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-        ):
-            raise InvalidInput(f"invalid dequeue timeout {timeout!r}: expected seconds >= 0 or None")
+    def dequeue(self, timeout: Delay = None) -> MailQueueItem | None:
+        """The next deliverable mail; blocks while there is none, or returns None after `timeout` (seconds,
+        or a duration as `parse_duration` reads it)."""
+        if timeout is not None:
+            timeout = parse_duration(timeout, "dequeue timeout") / MICROS_PER_SECOND
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -300,7 +296,7 @@ class MailQueue:
 
     def republish(self, older_than: Delay) -> int:
         """Publish again the mails older than `older_than` that the view holds but the broker lost."""
-        cutoff = self.clock() - parse_duration(older_than)
+        cutoff = self.clock() - parse_duration(older_than, "older_than")
         candidates = [item._row for item in self.browse() if item._row.enqueued_time < cutoff]
         held = self.broker.published(self.name, [row.enqueue_id for row in candidates])
         republished = 0
