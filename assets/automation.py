@@ -10,7 +10,7 @@ import os
 import dagster as dg
 
 from mailq_runtime.clock import MICROS_PER_SECOND
-from mailq_runtime.model import parse_duration
+from mailq_runtime.model import parse_count, parse_duration
 from resources import MailqRuntime
 
 from .jobs import blob_gc_job, mailbox_counters_job, queue_cleanup_job, rotate_generation_job
@@ -24,8 +24,8 @@ def _setting(name: str, default: str) -> str:
 def deletions_waiting_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
     """Deletions waiting in an eligible generation, beyond a count (MAILQ_GC_MIN_DELETIONS, default 1000)
     or an age (MAILQ_GC_MAX_WAIT, default 1d), start a GC iteration."""
-    threshold = int(_setting("MAILQ_GC_MIN_DELETIONS", "1000"))
-    max_wait = parse_duration(_setting("MAILQ_GC_MAX_WAIT", "1d"))
+    threshold = parse_count(_setting("MAILQ_GC_MIN_DELETIONS", "1000"), "MAILQ_GC_MIN_DELETIONS")
+    max_wait = parse_duration(_setting("MAILQ_GC_MAX_WAIT", "1d"), "MAILQ_GC_MAX_WAIT")
     cursor = json.loads(context.cursor) if context.cursor else {"generation": 0, "deleted_at": 0}
     with mailq.session() as runtime:
         backlog = runtime.blobs.deletion_backlog(
@@ -70,8 +70,8 @@ def counter_drift_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntim
     """Recounts a random sample of mailboxes (MAILQ_COUNTER_SAMPLE, default 50) from the source of truth;
     drift starts the full recomputation. The same drift asks again only after MAILQ_COUNTER_RETRY (default
     1h), so a mailbox that keeps failing does not start a run at every tick."""
-    sample = int(_setting("MAILQ_COUNTER_SAMPLE", "50"))
-    retry = parse_duration(_setting("MAILQ_COUNTER_RETRY", "1h"))
+    sample = parse_count(_setting("MAILQ_COUNTER_SAMPLE", "50"), "MAILQ_COUNTER_SAMPLE")
+    retry = parse_duration(_setting("MAILQ_COUNTER_RETRY", "1h"), "MAILQ_COUNTER_RETRY")
     last = json.loads(context.cursor) if context.cursor else {"drifting": [], "at": 0}
     with mailq.session() as runtime:
         drifting = sorted(runtime.mailboxes.sample_drift(sample))

@@ -25,7 +25,7 @@ import dagster as dg
 
 from mailq_runtime import cli
 from mailq_runtime.cli import Report
-from mailq_runtime.errors import InvalidInput
+from mailq_runtime.errors import InvalidInput, shown
 from mailq_runtime.runtime import Runtime
 from mailq_runtime.settings import DEFAULT_URL, URL_VARIABLE, Settings
 from mailq_runtime.stores.embedded import DATABASE_FILE
@@ -44,7 +44,9 @@ def pipeline_url(url: str | None) -> str:
     settings = Settings.from_url(url)  # a bad URL is bad input before anything runs
     data_dir = settings.data_dir.resolve()
     if not (data_dir / DATABASE_FILE).is_file():
-        raise InvalidInput(f"no mailq data in {str(settings.data_dir)!r}: give --url embedded://<data dir>")
+        raise InvalidInput(
+            f"no mailq data in {shown(str(settings.data_dir))}: give --url embedded://<data dir>"
+        )
     query = urlsplit(url or os.environ.get(URL_VARIABLE) or DEFAULT_URL).query
     return f"embedded://{data_dir}" + (f"?{query}" if query else "")
 
@@ -53,7 +55,9 @@ def check_dagster_home() -> None:
     """Runs are recorded in DAGSTER_HOME's instance when it is set: it must then be an existing directory."""
     home = os.environ.get("DAGSTER_HOME")
     if home and not (os.path.isabs(os.path.expanduser(home)) and os.path.isdir(os.path.expanduser(home))):
-        raise InvalidInput(f"DAGSTER_HOME {home!r} is not an existing directory given by its absolute path")
+        raise InvalidInput(
+            f"DAGSTER_HOME {shown(home)} is not an existing directory given by its absolute path"
+        )
 
 
 def run_pipeline(
@@ -319,7 +323,13 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         default=Path(".mailq-demo"),
         help="wiped at start (default: .mailq-demo); --url is not used",
     )
-    parser.add_argument("--mails", type=int, default=3000, metavar="N", help="how many mails to generate")
+    parser.add_argument(
+        "--mails",
+        type=cli.count_argument("mails"),
+        default=3000,
+        metavar="N",
+        help="how many mails to generate",
+    )
     parser.set_defaults(handler=_demo)
 
 

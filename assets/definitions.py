@@ -11,7 +11,8 @@ from .runner import ASSETS, CHECKS, build_resources
 
 
 def _runtime_url() -> str | dg.EnvVar:
-    # EnvVar keeps a URL that may carry credentials out of the UI; the default has none to hide.
+    # EnvVar: the UI shows the variable's name, not its value. The URL holds no secret anyway: a mailq
+    # URL never carries a password (Settings refuses one, and shows the URL redacted).
     return dg.EnvVar(URL_VARIABLE) if URL_VARIABLE in os.environ else DEFAULT_URL
 
 

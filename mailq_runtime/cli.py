@@ -20,13 +20,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from .clock import MICROS_PER_SECOND, to_datetime
+from .clock import MICROS_PER_SECOND, system_clock, to_datetime
 from .config import QueueViewConfiguration
-from .errors import InvalidInput, MailqError, NoStore
-from .model import NULL_SENDER_SPELLINGS, Mail, QueueName, parse_duration
+from .errors import ECHO_LIMIT, InvalidInput, MailqError, NoStore, shown
+from .model import (
+    NULL_SENDER_SPELLINGS,
+    Mail,
+    QueueName,
+    check_message,
+    check_priority,
+    delivery_time,
+    parse_count,
+    parse_duration,
+)
 from .queue import BrowseItem, MailQueue
 from .runtime import Runtime
-from .settings import DEFAULT_URL, URL_VARIABLE
+from .settings import DEFAULT_URL, URL_VARIABLE, redact
 from .worker import run_worker
 
 EXIT_BAD_INPUT = 2
@@ -52,6 +61,17 @@ class _UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise _UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _usage_message(message: str, argv: Sequence[str]) -> str:
+    """argparse's complaint with every word of the command line it echoes (quoted or not, whole or after
+    an option's '=') shown as the other errors show values: bounded, and a URL redacted."""
+    words = {part for word in argv for part in (word, word.partition("=")[2]) if part}
+    for word in sorted(words, key=len, reverse=True):
+        display = redact(word) if "://" in word else word
+        if display != word or len(word) > ECHO_LIMIT:
+            message = message.replace(repr(word), shown(display)).replace(word, shown(display))
+    return message
 
 
 # Progress ---------------------------------------------------------------------------------------------------
@@ -98,12 +118,46 @@ def progress_bar(label: str, total: int, stream: TextIO | None = None) -> Iterat
 # Shared helpers ---------------------------------------------------------------------------------------------
 
 
-def _queue_name(value: str) -> str:
-    # Checked while parsing: a bad name is bad input whether or not there is data to look in.
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argument type from one of the model's parsers: the value is checked while parsing (bad input
+    whether or not there is data to look in), and its InvalidInput is argparse's complaint."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except InvalidInput as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
+_queue_name = _checked(QueueName)
+
+
+def count_argument(name: str) -> Callable[[str], int]:
+    """The argument type of a count (`parse_count`), for these commands and the pipeline's."""
+    return _checked(lambda text: parse_count(text, name))
+
+
+def _duration(name: str) -> Callable[[str], str]:
+    """Checks a duration while parsing and keeps its text, which the API reads the same way."""
+
+    def check(text: str) -> str:
+        parse_duration(text, name)
+        return text
+
+    return _checked(check)
+
+
+def _text_priority(text: str) -> int:
     try:
-        return QueueName(value)
-    except InvalidInput as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
+        value: int | str = int(text)
+    except ValueError:
+        value = text  # check_priority refuses it, named as given
+    return check_priority(value)
+
+
+_priority = _checked(_text_priority)
 
 
 def _existing_queue(runtime: Runtime, name: str) -> MailQueue:
@@ -189,8 +243,6 @@ def _browse_entry(item: BrowseItem, now: datetime) -> dict[str, Any]:
 
 
 def _browse(args: argparse.Namespace) -> Report:
-    if args.limit is not None and args.limit <= 0:
-        raise InvalidInput(f"invalid limit {args.limit}: must be positive")
     entries: list[dict[str, Any]] = []
     with _open_queue(args) as queue:
         now = to_datetime(queue.clock())
@@ -222,7 +274,7 @@ def _browse(args: argparse.Namespace) -> Report:
 def add_browse_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("browse", help="list the mails of a queue in enqueue order")
     parser.add_argument("queue", metavar="QUEUE", type=_queue_name)
-    parser.add_argument("--limit", type=int, metavar="N", help="show at most N mails")
+    parser.add_argument("--limit", type=count_argument("limit"), metavar="N", help="show at most N mails")
     parser.add_argument("--delayed", action="store_true", help="only mails whose next delivery is to come")
     parser.set_defaults(handler=_browse)
 
@@ -286,7 +338,6 @@ def add_flush_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _republish(args: argparse.Namespace) -> Report:
-    parse_duration(args.older_than)  # before opening: a bad duration must fail alone
     with _open_queue(args) as queue:
         republished = queue.republish(args.older_than)
     data = {"queue": args.queue, "older_than": args.older_than, "republished": republished}
@@ -299,7 +350,13 @@ def add_republish_parser(subparsers: argparse._SubParsersAction) -> None:
         help="publish again the mails the view holds but the broker lost (RepublishNotProcessedMails)",
     )
     parser.add_argument("queue", metavar="QUEUE", type=_queue_name)
-    parser.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 1h, 30m, 2d")
+    parser.add_argument(
+        "--older-than",
+        required=True,
+        type=_duration("older_than"),
+        metavar="DURATION",
+        help="e.g. 1h, 30m, 2d",
+    )
     parser.set_defaults(handler=_republish)
 
 
@@ -307,7 +364,7 @@ def _read_message(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as error:
-        raise InvalidInput(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+        raise InvalidInput(f"cannot read {shown(str(path))}: {error.strerror or error}") from None
 
 
 def _enqueue(args: argparse.Namespace) -> Report:
@@ -315,8 +372,9 @@ def _enqueue(args: argparse.Namespace) -> Report:
     # Build (and so validate) the mail before opening the queue: bad input must not create a queue.
     mail_fields: dict[str, Any] = {"name": args.name} if args.name is not None else {}
     mail = Mail(recipients=tuple(args.rcpt), message=message, sender=_null_sender(args.sender), **mail_fields)
-    if args.delay is not None:
-        parse_duration(args.delay)  # before runtime.queue() creates the queue
+    check_message(mail.message)
+    # A delay too long for the calendar is refused here too, before anything is created.
+    delivery_time(system_clock(), args.delay)
     with Runtime.open(args.url) as runtime:
         enqueue_id = runtime.queue(args.queue).enqueue(mail, delay=args.delay, priority=args.priority)
     data = {"queue": args.queue, "enqueue_id": enqueue_id, "name": mail.name, "size": len(message)}
@@ -329,8 +387,15 @@ def add_enqueue_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("file", type=Path, metavar="FILE.eml")
     parser.add_argument("--sender", required=True, metavar="ADDR", help="'' or '<>' for the null sender")
     parser.add_argument("--rcpt", required=True, action="append", metavar="ADDR", help="repeat it for more")
-    parser.add_argument("--delay", metavar="DURATION", help="not deliverable before this delay, e.g. 10m")
-    parser.add_argument("--priority", type=int, metavar="N", help="0 (lowest) to 9 (highest), default 5")
+    parser.add_argument(
+        "--delay",
+        type=_duration("delay"),
+        metavar="DURATION",
+        help="not deliverable before this delay, e.g. 10m",
+    )
+    parser.add_argument(
+        "--priority", type=_priority, metavar="N", help="0 (lowest) to 9 (highest), default 5"
+    )
     parser.add_argument("--name", help="the mail's name (default: a random one)")
     parser.set_defaults(handler=_enqueue)
 
@@ -377,12 +442,20 @@ def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--idle-exit",
-        type=float,
-        metavar="SECONDS",
-        help="return once the queue stayed empty this long (default: serve until stopped)",
+        type=_duration("idle_exit"),
+        metavar="DURATION",
+        help="return once the queue stayed empty this long, e.g. 30s (default: serve until stopped)",
     )
-    parser.add_argument("--retry-delay", default="5m", metavar="DURATION", help="delay before a retry")
-    parser.add_argument("--max-attempts", type=int, default=5, metavar="N", help="then dead-letter")
+    parser.add_argument(
+        "--retry-delay",
+        default="5m",
+        type=_duration("retry_delay"),
+        metavar="DURATION",
+        help="delay before a retry",
+    )
+    parser.add_argument(
+        "--max-attempts", type=count_argument("max_attempts"), default=5, metavar="N", help="then dead-letter"
+    )
     parser.set_defaults(handler=_worker)
 
 
@@ -430,7 +503,9 @@ def _config_set(args: argparse.Namespace) -> Report:
         # window and bucket count to their defaults, a change the rules may well refuse.
         wanted = QueueViewConfiguration(
             slice_window=(
-                current.slice_window if args.slice_window is None else parse_duration(args.slice_window)
+                current.slice_window
+                if args.slice_window is None
+                else parse_duration(args.slice_window, "slice_window")
             ),
             bucket_count=current.bucket_count if args.bucket_count is None else args.bucket_count,
             update_browse_start_pace=current.update_browse_start_pace if args.pace is None else args.pace,
@@ -449,9 +524,14 @@ def add_config_parser(subparsers: argparse._SubParsersAction) -> None:
     change = actions.add_parser(
         "set", help="change it: the slice window only to a divisor, the bucket count only upwards"
     )
-    change.add_argument("--slice-window", metavar="DURATION", help="e.g. 30m")
-    change.add_argument("--bucket-count", type=int, metavar="N")
-    change.add_argument("--pace", type=int, metavar="N", help="update browse_start on 1 in N dequeues")
+    change.add_argument("--slice-window", type=_duration("slice_window"), metavar="DURATION", help="e.g. 30m")
+    change.add_argument("--bucket-count", type=count_argument("bucket_count"), metavar="N")
+    change.add_argument(
+        "--pace",
+        type=count_argument("update_browse_start_pace"),
+        metavar="N",
+        help="update browse_start on 1 in N dequeues",
+    )
     change.set_defaults(handler=_config_set)
 
 
@@ -488,11 +568,13 @@ def main(argv: Sequence[str] | None = None, subcommands: Sequence[AddParser] | N
     """Run one `mailq` command; `subcommands` replaces SUBCOMMANDS (the console script passes the
     pipeline's commands too). Returns the exit status."""
     parser = build_parser(subcommands)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parser.parse_args(argv)
         report = args.handler(args)
     except (MailqError, _UsageError) as error:
-        print(f"mailq: error: {' '.join(str(error).split())}", file=sys.stderr)
+        message = _usage_message(str(error), argv) if isinstance(error, _UsageError) else str(error)
+        print(f"mailq: error: {' '.join(message.split())}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except SystemExit as exit:  # argparse's --help
         return exit.code if isinstance(exit.code, int) else 0

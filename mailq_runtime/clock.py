@@ -9,7 +9,7 @@ Clock = Callable[[], int]
 MICROS_PER_SECOND = 1_000_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MICRO = timedelta(microseconds=1)
-# The latest instant a datetime can show: delays are clamped to it rather than overflowing.
+# The latest instant a datetime can show: a delay that would end after it is refused (model.delivery_time).
 LATEST = (datetime(9999, 12, 31, tzinfo=UTC) - _EPOCH) // _ONE_MICRO
 
 

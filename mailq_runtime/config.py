@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from .clock import MICROS_PER_SECOND, Clock
-from .errors import ConfigurationRejected, InvalidInput
+from .errors import ConfigurationRejected, InvalidInput, shown
+from .model import MAX_DURATION, MAX_DURATION_YEARS, parse_count
 
 AGGREGATE = "mail_queue_view_configuration"
 
@@ -25,8 +26,15 @@ class QueueViewConfiguration:
     def __post_init__(self) -> None:
         for name in ("slice_window", "bucket_count", "update_browse_start_pace"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InvalidInput(f"invalid {name} {value!r}: must be a positive integer")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidInput(f"invalid {name} {shown(value)}: must be a positive integer")
+        parse_count(self.bucket_count, "bucket_count")
+        parse_count(self.update_browse_start_pace, "update_browse_start_pace")
+        if not 0 < self.slice_window <= MAX_DURATION:
+            raise InvalidInput(
+                f"invalid slice_window {shown(self.slice_window)}us: "
+                f"expected a positive duration of at most {MAX_DURATION_YEARS} years"
+            )
         if self.slice_window % MICROS_PER_SECOND:
             raise InvalidInput(
                 f"invalid slice_window {self.slice_window}us: must be a whole number of seconds"

@@ -24,7 +24,7 @@ from typing import Any
 
 from .clock import MICROS_PER_SECOND, system_clock, to_datetime
 from .config import QueueViewConfiguration
-from .errors import InvalidInput
+from .errors import InvalidInput, shown
 from .mailbox import Mailboxes
 from .model import Mail
 from .queue import MailQueue
@@ -101,9 +101,11 @@ class SimulatedClock:
 def fresh_data_dir(path: Path) -> None:
     """Wipe `path`, refusing to when it exists, is not empty and does not look like a mailq data dir."""
     if path.is_file():
-        raise InvalidInput(f"demo data dir {str(path)!r} is a file")
+        raise InvalidInput(f"demo data dir {shown(str(path))} is a file")
     if path.is_dir() and any(path.iterdir()) and not (path / DATABASE_FILE).exists():
-        raise InvalidInput(f"refusing to wipe {str(path)!r}: it is not a mailq data dir (no {DATABASE_FILE})")
+        raise InvalidInput(
+            f"refusing to wipe {shown(str(path))}: it is not a mailq data dir (no {DATABASE_FILE})"
+        )
     shutil.rmtree(path, ignore_errors=True)
 
 

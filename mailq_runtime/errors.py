@@ -35,3 +35,23 @@ class LeaseExpired(MailqError):
     now settles it. `retry()` and `reject()` change nothing; `done()` still records the mail as delivered
     (so it is not delivered once more by a consumer that has not loaded it yet), but the consumer holding
     it may deliver it again: delivery is at-least-once."""
+
+
+# How much of a user's value an error message echoes: enough to recognise it, while a 10,000-character
+# name or a 300-digit number does not flood the terminal or the log.
+ECHO_LIMIT = 64
+
+
+def shown(value: object) -> str:
+    """`value` as every error message shows it: its repr, or the first ECHO_LIMIT characters (bytes) of a
+    longer one, followed by its length."""
+    if isinstance(value, str | bytes) and len(value) > ECHO_LIMIT:
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:ECHO_LIMIT]!r}... ({len(value)} {unit})"
+    if isinstance(value, int) and value.bit_length() > 4 * ECHO_LIMIT:
+        # repr() of an integer past 4300 digits raises instead of printing.
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    if len(text) > ECHO_LIMIT:
+        return f"{text[:ECHO_LIMIT]}... ({len(text)} characters)"
+    return text

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from .errors import InvalidInput
+from .errors import InvalidInput, shown
 
 AFTER_SOURCE_OF_TRUTH = "after_source_of_truth"  # imap_uid_table committed; message_id_table not yet
 AFTER_PROJECTION = "after_projection"  # message_id_table committed; mailbox_counters not yet
@@ -35,7 +35,7 @@ class FaultInjector:
 
     def arm(self, point: str) -> None:
         if point not in POINTS:
-            raise InvalidInput(f"unknown fault point {point!r}: known points are {', '.join(POINTS)}")
+            raise InvalidInput(f"unknown fault point {shown(point)}: known points are {', '.join(POINTS)}")
         with self._lock:
             self._armed = point
 

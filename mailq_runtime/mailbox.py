@@ -31,9 +31,9 @@ from typing import NamedTuple, Protocol
 
 from .blobs.dedup import DeduplicatingBlobStore
 from .clock import Clock
-from .errors import InvalidInput, UnknownMailbox
+from .errors import InvalidInput, UnknownMailbox, shown
 from .faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH, FaultInjector
-from .model import MailAddress, MailboxId, MessageId
+from .model import MAX_COUNT, MailAddress, MailboxId, MessageId, check_message
 from .queue import split_message
 
 INBOX = "INBOX"
@@ -43,8 +43,6 @@ SYSTEM_FLAGS = ("\\Answered", "\\Deleted", "\\Draft", "\\Flagged", SEEN)
 _SYSTEM_FLAGS = {flag.lower(): flag for flag in SYSTEM_FLAGS}
 # RFC 3501 flag-keyword = atom: printable ASCII except the atom-specials ( ) { SP % * " \ ]
 _KEYWORD = re.compile(r"[!#$&'+,\-./0-9:;<=>?@A-Z\[^_`a-z|}~]{1,100}")
-# RFC 5322 field name (printable ASCII but ':'), then the colon; obsolete syntax allows blanks before it.
-_HEADER_FIELD = re.compile(rb"[!-9;-~]+[ \t]*:")
 _MAX_NAME_LENGTH = 200
 
 
@@ -55,7 +53,7 @@ class MailboxName(str):
 
     def __new__(cls, value: str) -> MailboxName:
         if not isinstance(value, str) or not value:
-            raise InvalidInput(f"invalid mailbox name {value!r}: expected a non-empty string")
+            raise InvalidInput(f"invalid mailbox name {shown(value)}: expected a non-empty string")
         problem = None
         if len(value) > _MAX_NAME_LENGTH:
             problem = f"longer than {_MAX_NAME_LENGTH} characters"
@@ -69,7 +67,7 @@ class MailboxName(str):
         if problem is None and any(not s or s != s.strip() for s in segments):
             problem = f"empty segment or blanks around a {DELIMITER!r}-separated segment"
         if problem is not None:
-            raise InvalidInput(f"invalid mailbox name {value!r}: {problem}")
+            raise InvalidInput(f"invalid mailbox name {shown(value)}: {problem}")
         if segments[0].upper() == INBOX:
             segments[0] = INBOX
         return super().__new__(cls, DELIMITER.join(segments))
@@ -78,7 +76,7 @@ class MailboxName(str):
 def parse_flags(flags: Iterable[str]) -> frozenset[str]:
     """Validated flags: the IMAP system flags (any case, stored canonically) and keywords (atoms)."""
     if isinstance(flags, str | bytes):
-        raise InvalidInput(f"flags are a collection of flag names, not the single string {flags!r}")
+        raise InvalidInput(f"flags are a collection of flag names, not the single string {shown(flags)}")
     try:
         names = list(flags)
     except TypeError:
@@ -86,12 +84,12 @@ def parse_flags(flags: Iterable[str]) -> frozenset[str]:
     parsed = set()
     for flag in names:
         if not isinstance(flag, str):
-            raise InvalidInput(f"invalid flag {flag!r}: expected a string")
+            raise InvalidInput(f"invalid flag {shown(flag)}: expected a string")
         if flag.startswith("\\"):
             canonical = _SYSTEM_FLAGS.get(flag.lower())
             if canonical is None:
                 raise InvalidInput(
-                    f"invalid flag {flag!r}: system flags are {', '.join(SYSTEM_FLAGS)} "
+                    f"invalid flag {shown(flag)}: system flags are {', '.join(SYSTEM_FLAGS)} "
                     "(\\Recent is the server's to set)"
                 )
             parsed.add(canonical)
@@ -99,7 +97,7 @@ def parse_flags(flags: Iterable[str]) -> frozenset[str]:
             parsed.add(flag)
         else:
             raise InvalidInput(
-                f"invalid flag {flag!r}: a keyword is 1-100 printable ASCII characters without "
+                f"invalid flag {shown(flag)}: a keyword is 1-100 printable ASCII characters without "
                 'blanks or any of ( ) {{ % * " \\ ]'
             )
     return frozenset(parsed)
@@ -117,25 +115,9 @@ def _unseen(flags: frozenset[str]) -> int:
     return 0 if SEEN in flags else 1
 
 
-def check_message(message: bytes, max_size: int | None = None) -> bytes:
-    """The message as bytes, if it is one: RFC 5322 bytes opening with a header field."""
-    if not isinstance(message, bytes | bytearray | memoryview):
-        raise InvalidInput(f"a message is raw RFC 5322 bytes, not {type(message).__name__}")
-    message = bytes(message)
-    if max_size is not None and len(message) > max_size:
-        raise InvalidInput(f"message of {len(message)} bytes exceeds the maximum size of {max_size} bytes")
-    if not _HEADER_FIELD.match(message):
-        first_line = message.splitlines()[0][:60] if message else b""
-        raise InvalidInput(
-            f"malformed message: no header section, its first line {first_line!r} is not a header field "
-            "(name: value)"
-        )
-    return message
-
-
 def _uid(uid: int) -> int:
-    if isinstance(uid, bool) or not isinstance(uid, int) or uid < 1:
-        raise InvalidInput(f"invalid uid {uid!r}: expected a positive integer")
+    if isinstance(uid, bool) or not isinstance(uid, int) or not 1 <= uid <= MAX_COUNT:
+        raise InvalidInput(f"invalid uid {shown(uid)}: expected a positive integer up to {MAX_COUNT}")
     return uid
 
 
@@ -224,14 +206,14 @@ class Mailboxes:
         user, name = _user(user), MailboxName(name)
         mailbox_id = MailboxId.generate(self.clock())
         if not self.tables.create_mailbox(mailbox_id, user, name):
-            raise InvalidInput(f"mailbox {name!r} of {user} already exists")
+            raise InvalidInput(f"mailbox {shown(name)} of {user} already exists")
         return mailbox_id
 
     def get(self, user: str, name: str) -> Mailbox:
         user, name = _user(user), MailboxName(name)
         row = self.tables.find_mailbox(user, name)
         if row is None:
-            raise UnknownMailbox(f"unknown mailbox {name!r} of {user}")
+            raise UnknownMailbox(f"unknown mailbox {shown(name)} of {user}")
         return _mailbox(row)
 
     def get_or_create(self, user: str, name: str) -> MailboxId:

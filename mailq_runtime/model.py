@@ -10,10 +10,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
-from .clock import LATEST, MICROS_PER_SECOND
-from .errors import InvalidInput
+from .clock import LATEST, MICROS_PER_SECOND, to_datetime
+from .errors import InvalidInput, shown
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
@@ -22,7 +23,10 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\])"
 _ADDRESS = re.compile(rf"{_LOCAL_PART}@{_DOMAIN}")
 _HEX_ID = re.compile(r"[0-9a-f]{32}")
-_BLOB_ID = re.compile(r"g([0-9]{1,18})_([0-9a-f]{64})")
+# One spelling per blob id: the generation in decimal without leading zeros, so that `g01_<hex>` is not
+# a second name for `g1_<hex>` (two names for one blob would be two blobs to the GC).
+_BLOB_ID = re.compile(r"g(0|[1-9][0-9]{0,17})_([0-9a-f]{64})")
+_MAX_GENERATION = 10**18 - 1
 # The low half of generated ids: a counter from a random start, not fresh random bits, so two ids made in
 # one microsecond (a coarse or injected clock) still sort in the order they were made, while the random
 # start keeps the ids of different processes apart (a forked child draws a new start).
@@ -44,7 +48,7 @@ class QueueName(str):
     def __new__(cls, value: str) -> QueueName:
         if not isinstance(value, str) or not _QUEUE_NAME.fullmatch(value):
             raise InvalidInput(
-                f"invalid queue name {value!r}: use 1-64 letters, digits, '.', '_' or '-', "
+                f"invalid queue name {shown(value)}: use 1-64 letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit"
             )
         return super().__new__(cls, value)
@@ -55,7 +59,7 @@ class MailAddress(str):
 
     def __new__(cls, value: str) -> MailAddress:
         if not isinstance(value, str) or len(value) > 320 or not _ADDRESS.fullmatch(value):
-            raise InvalidInput(f"invalid mail address {value!r}")
+            raise InvalidInput(f"invalid mail address {shown(value)}")
         return super().__new__(cls, value)
 
     @property
@@ -85,7 +89,7 @@ class _HexId(str):
 
     def __new__(cls, value: str):
         if not isinstance(value, str) or not _HEX_ID.fullmatch(value):
-            raise InvalidInput(f"invalid {cls.kind} {value!r}: expected 32 lowercase hex digits")
+            raise InvalidInput(f"invalid {cls.kind} {shown(value)}: expected 32 lowercase hex digits")
         return super().__new__(cls, value)
 
     @classmethod
@@ -113,10 +117,15 @@ class BlobId:
     hash: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.generation, int) or self.generation < 0:
-            raise InvalidInput(f"invalid blob generation {self.generation!r}")
+        generation = self.generation
+        if (
+            isinstance(generation, bool)
+            or not isinstance(generation, int)
+            or not 0 <= generation <= _MAX_GENERATION
+        ):
+            raise InvalidInput(f"invalid blob generation {shown(generation)}: expected 0..{_MAX_GENERATION}")
         if not isinstance(self.hash, str) or not re.fullmatch(r"[0-9a-f]{64}", self.hash):
-            raise InvalidInput(f"invalid blob hash {self.hash!r}: expected 64 lowercase hex digits")
+            raise InvalidInput(f"invalid blob hash {shown(self.hash)}: expected 64 lowercase hex digits")
 
     @classmethod
     def parse(cls, value: str | BlobId) -> BlobId:
@@ -124,7 +133,10 @@ class BlobId:
             return value
         match = _BLOB_ID.fullmatch(value) if isinstance(value, str) else None
         if match is None:
-            raise InvalidInput(f"invalid blob id {value!r}: expected g<generation>_<64 hex digits>")
+            raise InvalidInput(
+                f"invalid blob id {shown(value)}: expected g<generation>_<64 hex digits>, "
+                "the generation without leading zeros"
+            )
         return cls(int(match.group(1)), match.group(2))
 
     def __str__(self) -> str:
@@ -134,47 +146,132 @@ class BlobId:
 MIN_PRIORITY, NORMAL_PRIORITY, MAX_PRIORITY = 0, 5, 9
 
 
-def clamp_priority(priority: int | None) -> int:
-    """James's rule: omitted means normal, out-of-range values are clamped to the nearest bound."""
+def check_priority(priority: int | None) -> int:
+    """A mail's priority: omitted means normal. James clamps a value out of range to the nearest bound;
+    here it is refused, since an operator who typed 10 or -1 meant something the queue cannot do."""
     if priority is None:
         return NORMAL_PRIORITY
-    if isinstance(priority, bool) or not isinstance(priority, int):
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not MIN_PRIORITY <= priority <= MAX_PRIORITY
+    ):
         raise InvalidInput(
-            f"invalid priority {priority!r}: expected an integer {MIN_PRIORITY}..{MAX_PRIORITY}"
+            f"invalid priority {shown(priority)}: expected an integer {MIN_PRIORITY}..{MAX_PRIORITY}"
         )
-    return max(MIN_PRIORITY, min(MAX_PRIORITY, priority))
+    return priority
 
 
-_DURATION = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?)\s*(us|ms|s|m|h|d|w|y)?")
-_UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31557600}
+# What a store's integer column holds: the bound of every count and size.
+MAX_COUNT = 2**63 - 1
+_COUNT = re.compile(r"[0-9]{1,19}")
 
 
-def parse_duration(value: timedelta | int | float | str, default_unit: str = "s") -> int:
-    """A duration in microseconds, from a timedelta, a number of seconds, or text like '90s', '1h', '7d'."""
+def parse_count(value: int | str, name: str) -> int:
+    """A positive whole number (a size, a bucket count, a pace, a limit ...), from an int or its decimal
+    text: the one parser of counts, for the API, the URL options, the command line and the environment."""
+    number = None
+    if isinstance(value, str) and _COUNT.fullmatch(value.strip()):
+        number = int(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    if number is None or not 1 <= number <= MAX_COUNT:
+        raise InvalidInput(f"invalid {name} {shown(value)}: expected a positive integer up to {MAX_COUNT}")
+    return number
+
+
+_DURATION = re.compile(r"([-+]?)([0-9]+)(\.[0-9]+)?\s*(us|ms|s|m|h|d|w|y)?")
+_UNIT_MICROS = {
+    "us": 1,
+    "ms": 1_000,
+    "s": MICROS_PER_SECOND,
+    "m": 60 * MICROS_PER_SECOND,
+    "h": 3600 * MICROS_PER_SECOND,
+    "d": 86400 * MICROS_PER_SECOND,
+    "w": 604800 * MICROS_PER_SECOND,
+    "y": 31557600 * MICROS_PER_SECOND,
+}
+# The longest duration: well inside the calendar (a delay must still end before the year 9999) and
+# inside a signed 64-bit count of microseconds, whatever it is added to.
+MAX_DURATION_YEARS = 8000
+MAX_DURATION = MAX_DURATION_YEARS * _UNIT_MICROS["y"]
+
+
+def parse_duration(value: timedelta | int | float | str, name: str = "duration") -> int:
+    """A duration in microseconds, from a timedelta, a number of seconds, or text like '90s', '1h', '7d':
+    the one parser of durations. Negative, infinite, NaN and longer than MAX_DURATION are refused, and
+    `name` (the option or argument) is what the error calls it."""
+    micros: int | Decimal | None = None
     if isinstance(value, timedelta):
-        return value // timedelta(microseconds=1)
-    if isinstance(value, bool):
-        raise InvalidInput(f"invalid duration {value!r}")
-    if isinstance(value, int | float):
+        micros = value // timedelta(microseconds=1)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        micros = value * MICROS_PER_SECOND
+    elif isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidInput(f"invalid duration {value!r}: must be finite")
-        return int(value * MICROS_PER_SECOND)
-    if isinstance(value, str):
+            raise InvalidInput(f"invalid {name} {shown(value)}: must be finite")
+        # Decimal, not float: 1e308 seconds are finite, their microseconds would not be.
+        micros = Decimal(value) * MICROS_PER_SECOND
+    elif isinstance(value, str):
         match = _DURATION.fullmatch(value.strip())
         if match:
-            seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2) or default_unit]
-            return int(seconds * MICROS_PER_SECOND)
-    raise InvalidInput(
-        f"invalid duration {value!r}: expected e.g. 30, '90s', '5m', '1h', '7d' or a timedelta"
-    )
+            sign, whole, fraction, unit = match.groups()
+            if len(whole.lstrip("0")) > 19:
+                # Too long in any unit: no need to build a number of thousands of digits to say so.
+                micros = MAX_DURATION + 1
+            else:
+                micros = Decimal(whole + (fraction or "")) * _UNIT_MICROS[unit or "s"]
+            if sign == "-":
+                micros = -micros
+    if micros is None:
+        expected = "30, '90s', '5m', '1h', '7d'" + ("" if isinstance(value, str) else " or a timedelta")
+        raise InvalidInput(f"invalid {name} {shown(value)}: expected a duration such as {expected}")
+    if micros < 0:
+        raise InvalidInput(f"invalid {name} {shown(value)}: must not be negative")
+    if micros > MAX_DURATION:
+        raise InvalidInput(f"invalid {name} {shown(value)}: longer than {MAX_DURATION_YEARS} years")
+    return int(micros)
 
 
 def delivery_time(now: int, delay: timedelta | int | float | str | None) -> int:
-    """When a mail enqueued at `now` with `delay` becomes deliverable: negative means now, far is clamped."""
+    """When a mail enqueued (or retried) at `now` with `delay` becomes deliverable. A delay of centuries
+    is kept; one that would end after the latest instant a time can show (clock.LATEST) is refused."""
     if delay is None:
         return now
-    micros = parse_duration(delay)
-    return min(now + max(micros, 0), LATEST)
+    due = now + parse_duration(delay, "delay")
+    if due > LATEST:
+        raise InvalidInput(
+            f"invalid delay {shown(delay)}: the mail would be due after {to_datetime(LATEST):%Y-%m-%d}, "
+            "the latest time mailq can represent"
+        )
+    return due
+
+
+_HEADER_FIELD = re.compile(rb"[!-9;-~]+[ \t]*:")
+_FIRST_LINE = re.compile(rb"[^\r\n]*")
+
+
+def check_message(message: bytes, max_size: int | None = None) -> bytes:
+    """The message as bytes, if the queue and the mailboxes accept it: RFC 5322 bytes opening with a
+    header field (line ends and 8-bit bytes as they come), at most `max_size` bytes. The one rule for
+    enqueue, for the worker's delivery and for a mailbox append, so that the queue never takes in a mail
+    its worker would dead-letter as malformed."""
+    if not isinstance(message, bytes | bytearray | memoryview):
+        raise InvalidInput(f"a message is raw RFC 5322 bytes, not {type(message).__name__}")
+    message = bytes(message)
+    if max_size is not None and len(message) > max_size:
+        raise InvalidInput(f"message of {len(message)} bytes exceeds the maximum size of {max_size} bytes")
+    if not _HEADER_FIELD.match(message):
+        first_line = _FIRST_LINE.match(message).group()
+        hint = (
+            ": an mbox 'From ' separator line, which is not part of the message"
+            if message.startswith(b"From ")
+            else " (name: value)"
+        )
+        raise InvalidInput(
+            f"malformed message: no header section, its first line {shown(first_line)} is not a header "
+            f"field{hint}"
+        )
+    return message
 
 
 @dataclass(frozen=True)
@@ -186,9 +283,9 @@ class PerRecipientHeader:
     def __post_init__(self) -> None:
         object.__setattr__(self, "recipient", MailAddress(self.recipient))
         if not self.name or not re.fullmatch(r"[!-9;-~]+", self.name):
-            raise InvalidInput(f"invalid header name {self.name!r}")
+            raise InvalidInput(f"invalid header name {shown(self.name)}")
         if not isinstance(self.value, str) or "\r" in self.value or "\n" in self.value:
-            raise InvalidInput(f"invalid value for header {self.name!r}: no line breaks allowed")
+            raise InvalidInput(f"invalid value for header {shown(self.name)}: no line breaks allowed")
 
 
 def _now() -> datetime:
@@ -224,7 +321,7 @@ class Mail:
             raise InvalidInput("malformed message: it is empty")
         name = self.name
         if not isinstance(name, str) or not name or len(name) > 255 or not name.isprintable():
-            raise InvalidInput(f"invalid mail name {self.name!r}: 1-255 printable characters")
+            raise InvalidInput(f"invalid mail name {shown(self.name)}: 1-255 printable characters")
         try:
             attributes = json.loads(json.dumps(dict(self.attributes), allow_nan=False))
         except (TypeError, ValueError) as error:

@@ -8,7 +8,6 @@ checked against `deleted_mails`; browse and size read the view from `browse_star
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 import zlib
@@ -21,7 +20,7 @@ from .blobs.dedup import DeduplicatingBlobStore
 from .brokers.base import Broker, Delivery
 from .clock import LATEST, MICROS_PER_SECOND, Clock, to_datetime
 from .config import ConfigurationStore, QueueViewConfiguration
-from .errors import BlobNotFound, InvalidInput, LeaseExpired
+from .errors import BlobNotFound, InvalidInput, LeaseExpired, shown
 from .model import (
     NULL_SENDER_SPELLINGS,
     EnqueueId,
@@ -29,7 +28,8 @@ from .model import (
     MailAddress,
     QueueName,
     address_key,
-    clamp_priority,
+    check_message,
+    check_priority,
     delivery_time,
     parse_duration,
 )
@@ -109,23 +109,20 @@ class MailQueueItem:
         self._settle()
         self._queue._dead_letter(self._delivery, self._row, reason)
 
-    def extend_lease(self, seconds: float | None = None) -> None:
-        """Keep the mail leased to this consumer for `seconds` from now (default: the visibility
+    def extend_lease(self, duration: Delay = None) -> None:
+        """Keep the mail leased to this consumer for `duration` from now (default: the visibility
         timeout), so that a long delivery is not given to another consumer meanwhile. Raises
         LeaseExpired if another consumer already has it."""
-        # `not 0 < seconds < inf` also refuses NaN, which compares false with everything.
-        if seconds is not None and (
-            isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf
-        ):
-            raise InvalidInput(f"invalid lease extension {seconds!r}: expected seconds > 0, finite, or None")
+        broker = self._queue.broker
+        length = broker.visibility_timeout
+        if duration is not None:
+            length = parse_duration(duration, "lease extension")
+            if not length:
+                raise InvalidInput(f"invalid lease extension {shown(duration)}: must be longer than zero")
         if self.settled:
             raise InvalidInput(f"mail {self.enqueue_id} was already acknowledged: it holds no lease")
-        broker = self._queue.broker
         now = self._queue.clock()
-        # An int stays exact and a float may become inf: either way the clamp keeps a huge extension
-        # within what a timestamp can hold.
-        length = broker.visibility_timeout if seconds is None else seconds * MICROS_PER_SECOND
-        if not broker.extend(self._delivery, int(min(now + length, LATEST))):
+        if not broker.extend(self._delivery, min(now + length, LATEST)):
             raise LeaseExpired(
                 f"the lease on mail {self.enqueue_id} was lost: it expired and another consumer took the "
                 "mail, which delivers it now"
@@ -176,12 +173,9 @@ class MailQueue:
     def enqueue(self, mail: Mail, delay: Delay = None, priority: int | None = None) -> EnqueueId:
         if not isinstance(mail, Mail):
             raise InvalidInput(f"enqueue takes a Mail, not {type(mail).__name__}")
-        if len(mail.message) > self.max_message_size:
-            raise InvalidInput(
-                f"message of {len(mail.message)} bytes exceeds the maximum size "
-                f"of {self.max_message_size} bytes"
-            )
-        priority = clamp_priority(priority)
+        # What the worker would dead-letter as malformed is refused here, at the edge.
+        check_message(mail.message, self.max_message_size)
+        priority = check_priority(priority)
         # The whole operation is one turn (stores/embedded.py): its Python competing for the GIL with
         # another thread's statements would only slow both down.
         with self.view.turn():
@@ -209,13 +203,11 @@ class MailQueue:
                 self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
         return enqueue_id
 
-    def dequeue(self, timeout: float | None = None) -> MailQueueItem | None:
-        """The next deliverable mail; blocks while there is none, or returns None after `timeout` seconds."""
-        # `not timeout >= 0` also refuses NaN, which compares false with everything.
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-        ):
-            raise InvalidInput(f"invalid dequeue timeout {timeout!r}: expected seconds >= 0 or None")
+    def dequeue(self, timeout: Delay = None) -> MailQueueItem | None:
+        """The next deliverable mail; blocks while there is none, or returns None after `timeout` (seconds,
+        or a duration as `parse_duration` reads it)."""
+        if timeout is not None:
+            timeout = parse_duration(timeout, "dequeue timeout") / MICROS_PER_SECOND
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -363,7 +355,7 @@ class MailQueue:
 
     def republish(self, older_than: Delay) -> int:
         """Publish again the mails older than `older_than` that the view holds but the broker lost."""
-        cutoff = self.clock() - parse_duration(older_than)
+        cutoff = self.clock() - parse_duration(older_than, "older_than")
         candidates = [item._row for item in self.browse() if item._row.enqueued_time < cutoff]
         held = self.broker.published(self.name, [row.enqueue_id for row in candidates])
         republished = 0

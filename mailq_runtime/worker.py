@@ -21,9 +21,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from .clock import MICROS_PER_SECOND
-from .errors import InvalidInput, LeaseExpired
-from .mailbox import INBOX, Mailboxes, check_message
-from .model import Mail, MailAddress, MessageId, parse_duration
+from .errors import InvalidInput, LeaseExpired, shown
+from .mailbox import INBOX, Mailboxes
+from .model import Mail, MailAddress, MessageId, check_message, parse_count, parse_duration
 from .queue import MailQueueItem
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def delivery_message_id(enqueue_id: str, recipient: str) -> MessageId:
 
 def normalise_domains(local_domains: Collection[str]) -> frozenset[str]:
     if isinstance(local_domains, str) or not local_domains:
-        raise InvalidInput(f"local_domains is a non-empty collection of domains, not {local_domains!r}")
+        raise InvalidInput(f"local_domains is a non-empty collection of domains, not {shown(local_domains)}")
     # The address grammar is the domain grammar's validator: a bad domain fails as postmaster@<domain>.
     return frozenset(MailAddress(f"postmaster@{domain}").domain for domain in local_domains)
 
@@ -97,7 +97,7 @@ def run_worker(
     *,
     local_domains: Collection[str],
     stop: threading.Event | None = None,
-    idle_timeout: float | None = None,
+    idle_timeout: timedelta | int | float | str | None = None,
     retry_delay: timedelta | int | float | str = "5m",
     max_attempts: int = 5,
 ) -> WorkerStats:
@@ -106,23 +106,20 @@ def run_worker(
     For each mail: every recipient in `local_domains` gets a copy in the INBOX of the user named by their
     address (lowercased), then the mail is acknowledged (`done()`, which releases the queue's blob
     references; the copies hold their own). A mail is rejected to the dead letters (which keep its
-    content) when it is malformed (its first line is not a header field) or has recipients outside
+    content) when it is malformed (`check_message`, the rule enqueue applies too) or has recipients outside
     `local_domains` (the local ones are delivered first; the reason names the others). Any other failure
     gives the mail back to the queue for another try after `retry_delay`, and rejects it once it has been
     attempted `max_attempts` times.
 
     Returns when `stop` is set (the mail in hand is finished first: the CLI sets it on SIGTERM) or when no
-    mail has arrived for `idle_timeout` seconds; with neither, it runs for ever.
+    mail has arrived for `idle_timeout` (seconds, or a duration as `parse_duration` reads it); with neither,
+    it runs for ever.
     """
     domains = normalise_domains(local_domains)
-    if parse_duration(retry_delay) < 0:
-        raise InvalidInput(f"invalid retry_delay {retry_delay!r}: must not be negative")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidInput(f"invalid max_attempts {max_attempts!r}: expected a positive integer")
-    if idle_timeout is not None and (
-        isinstance(idle_timeout, bool) or not isinstance(idle_timeout, int | float) or idle_timeout < 0
-    ):
-        raise InvalidInput(f"invalid idle_timeout {idle_timeout!r}: expected seconds >= 0 or None")
+    parse_duration(retry_delay, "retry_delay")
+    max_attempts = parse_count(max_attempts, "max_attempts")
+    if idle_timeout is not None:
+        idle_timeout = parse_duration(idle_timeout, "idle_timeout") / MICROS_PER_SECOND
     queue = runtime.queue(queue_name)
     stats = WorkerStats()
     idle_since = time.monotonic()

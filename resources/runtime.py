@@ -11,7 +11,8 @@ from mailq_runtime.settings import DEFAULT_URL
 
 
 class MailqRuntime(dg.ConfigurableResource):
-    """Opens the runtime of `url` (from MAILQ_URL through EnvVar, so a URL with credentials stays hidden)."""
+    """Opens the runtime of `url` (MAILQ_URL through EnvVar). A mailq URL carries no password, so the UI
+    shows nothing secret: a URL that has one is refused, and the error shows it redacted."""
 
     url: str = DEFAULT_URL
 

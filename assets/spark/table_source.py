@@ -39,6 +39,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructField, StructType
 
+from mailq_runtime.errors import shown
+from mailq_runtime.settings import redact
 from mailq_runtime.stores.embedded import DATABASE_FILE
 
 NAME = "mailq"
@@ -76,10 +78,12 @@ def embedded_database(url: str) -> Path:
             f"unsupported store url scheme {parsed.scheme!r}: only embedded:///<data dir> is implemented"
         )
     if parsed.netloc or not parsed.path.startswith("/"):
-        raise ValueError(f"the embedded store url needs an absolute path, embedded:///<data dir>: {url!r}")
+        raise ValueError(
+            f"the embedded store url needs an absolute path, embedded:///<data dir>: {shown(redact(url))}"
+        )
     database = Path(unquote(parsed.path)) / DATABASE_FILE
     if not database.is_file():
-        raise FileNotFoundError(f"no embedded store at {database} (url {url!r})")
+        raise FileNotFoundError(f"no embedded store at {database} (url {shown(redact(url))})")
     return database
 
 

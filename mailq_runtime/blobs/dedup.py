@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..clock import Clock
-from ..errors import InvalidInput
+from ..errors import InvalidInput, shown
 from ..model import BlobId
 from .store import BlobStore
 
@@ -94,7 +94,7 @@ class Generations:
 
 def validate_owner(owner: str) -> str:
     if not isinstance(owner, str) or not _OWNER.fullmatch(owner):
-        raise InvalidInput(f"invalid blob owner {owner!r}: 1-200 printable ASCII characters, no spaces")
+        raise InvalidInput(f"invalid blob owner {shown(owner)}: 1-200 printable ASCII characters, no spaces")
     return owner
 
 
@@ -153,7 +153,7 @@ class DeduplicatingBlobStore:
                 foreign = chosen - set(self.tables.references_of(owner))
                 if foreign:
                     names = ", ".join(map(str, sorted(foreign)))
-                    raise InvalidInput(f"owner {owner!r} holds no reference to {names}")
+                    raise InvalidInput(f"owner {shown(owner)} holds no reference to {names}")
                 if not chosen:
                     return 0
             return self.tables.release(owner, chosen, self.generations.current_gc_iteration(), self.clock())

@@ -12,6 +12,8 @@ from mailq_runtime import Runtime
 from mailq_runtime.cli import main, progress_bar
 
 ALICE, BOB, CAROL, DAVE = "alice@example.com", "bob@example.org", "carol@example.net", "dave@example.org"
+HUGE = "1" * 310  # past a float's range, in any unit
+LONG = "x" * 10_000
 MESSAGE = (
     b"From: Alice <alice@example.com>\r\nTo: bob@example.org\r\nSubject: Lunch\r\n"
     b"Message-ID: <1@example.com>\r\n\r\nTomorrow at noon?\r\n"
@@ -217,8 +219,15 @@ def test_config_show_and_set(mailq, mailq_json):
         (["--slice-window", "2h"], ["sliceWindow may only change to a divisor"]),
         (["--bucket-count", "1"], ["bucketCount may only grow"]),
         (["--pace", "0"], ["update_browse_start_pace"]),
-        (["--slice-window", "soon"], ["invalid duration"]),
-        (["--bucket-count", "many"], ["invalid int value"]),
+        (["--slice-window", "soon"], ["invalid slice_window 'soon'"]),
+        (["--slice-window", HUGE], ["invalid slice_window", "longer than 8000 years"]),
+        (["--slice-window", "inf"], ["invalid slice_window 'inf'"]),
+        (["--slice-window=-30m"], ["invalid slice_window '-30m': must not be negative"]),
+        (["--bucket-count", "many"], ["invalid bucket_count 'many'"]),
+        (["--bucket-count", HUGE], ["invalid bucket_count", "expected a positive integer"]),
+        (["--bucket-count", "1e3"], ["invalid bucket_count '1e3'"]),
+        (["--pace", HUGE], ["invalid update_browse_start_pace"]),
+        (["--pace", "nan"], ["invalid update_browse_start_pace 'nan'"]),
         ([], ["at least one of"]),
     ],
 )
@@ -260,7 +269,7 @@ def test_invalid_address_enqueues_nothing(mailq, mailq_json, eml):
     command = ["enqueue", "spool", str(eml)]
     assert_bad_input(mailq(*command, "--sender", "alice", "--rcpt", BOB), "invalid mail address 'alice'")
     assert_bad_input(mailq(*command, "--sender", ALICE, "--rcpt", "bob@"), "invalid mail address 'bob@'")
-    assert_bad_input(mailq(*command, "--sender", ALICE, "--rcpt", BOB, "--delay", "soon"), "invalid duration")
+    assert_bad_input(mailq(*command, "--sender", ALICE, "--rcpt", BOB, "--delay", "soon"), "invalid delay")
 
     # Not even the queue was created.
     assert mailq_json("queues") == []
@@ -344,3 +353,188 @@ def test_commands_on_existing_data_create_no_data_dir(mailq, mailq_json, tmp_pat
     ):
         assert_bad_input(mailq(*command), "no mailq data in")
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--delay", HUGE], ["invalid delay", "(310 characters): longer than 8000 years"]),
+        (["--delay", HUGE + "y"], ["invalid delay", "longer than 8000 years"]),
+        (["--delay", "1e308"], ["invalid delay '1e308'"]),
+        (["--delay", "inf"], ["invalid delay 'inf'"]),
+        (["--delay", "nan"], ["invalid delay 'nan'"]),
+        (["--delay", "-5"], ["invalid delay '-5': must not be negative"]),
+        (["--delay=-1h"], ["invalid delay '-1h': must not be negative"]),
+        (["--delay", "7990y"], ["invalid delay '7990y': the mail would be due after 9999-12-31"]),
+        (["--priority", "10"], ["invalid priority 10: expected an integer 0..9"]),
+        (["--priority", "-1"], ["invalid priority -1"]),
+        (["--priority", HUGE], ["invalid priority", "digits"]),
+        (["--priority", "1.5"], ["invalid priority '1.5'"]),
+        (["--priority", "high"], ["invalid priority 'high'"]),
+    ],
+)
+def test_enqueue_refuses_bad_numbers_and_creates_nothing(mailq, mailq_json, eml, args, words):
+    assert_bad_input(mailq("enqueue", "spool", str(eml), "--sender", ALICE, "--rcpt", BOB, *args), *words)
+    assert mailq_json("queues") == []
+
+
+def test_a_delay_of_centuries_is_accepted(mailq, mailq_json, eml):
+    enqueue(mailq, eml, "--delay", "1000y")
+    (mail,) = mailq_json("browse", "spool")
+    assert int(mail["next_delivery"][:4]) - int(mail["enqueued_time"][:4]) == 1000
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["republish", "spool", "--older-than", HUGE],
+        ["republish", "spool", "--older-than", "nan"],
+        ["republish", "spool", "--older-than=-1h"],
+        ["browse", "spool", "--limit", HUGE],
+        ["browse", "spool", "--limit", "0"],
+        ["worker", "--domain", "example.org", "--idle-exit", "nan"],
+        ["worker", "--domain", "example.org", "--idle-exit", "inf"],
+        ["worker", "--domain", "example.org", "--idle-exit", HUGE],
+        ["worker", "--domain", "example.org", "--idle-exit=-1"],
+        ["worker", "--domain", "example.org", "--retry-delay", HUGE],
+        ["worker", "--domain", "example.org", "--retry-delay", "1e308"],
+        ["worker", "--domain", "example.org", "--max-attempts", HUGE],
+        ["worker", "--domain", "example.org", "--max-attempts", "0"],
+    ],
+)
+def test_bad_numbers_are_one_line_errors_that_change_nothing(mailq, mailq_json, eml, command):
+    enqueue(mailq, eml)
+    before = (mailq_json("queues"), mailq_json("browse", "spool"), mailq_json("config", "show"))
+
+    assert_bad_input(mailq(*command), "invalid")
+    assert (mailq_json("queues"), mailq_json("browse", "spool"), mailq_json("config", "show")) == before
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        f"visibility_timeout={HUGE}",
+        "visibility_timeout=1e308",
+        "visibility_timeout=nan",
+        "clock_skew_grace=inf",
+        f"max_message_size={HUGE}",
+        f"slice_window={HUGE}",
+        f"bucket_count={HUGE}",
+        "update_browse_start_pace=nan",
+    ],
+)
+def test_bad_numbers_in_the_url_are_one_line_errors(tmp_path, capsys, eml, option):
+    data_dir = tmp_path / "data"
+    for command in (["queues"], ["enqueue", "spool", str(eml), "--sender", ALICE, "--rcpt", BOB]):
+        status = main(["--url", f"embedded://{data_dir}?{option}", *command])
+        captured = capsys.readouterr()
+        assert_bad_input((status, captured.out, captured.err), "invalid " + option.split("=")[0])
+    assert not data_dir.exists()
+
+
+SECRET_URLS = [
+    "redis://admin:secret@host/0",
+    "embedded://admin:secret@/tmp/mailq-cli-test",
+    "embedded://admin:secret@data",
+    "embedded://admin:secret@data?durability=fsync",
+]
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["queues"],
+        ["--json", "queues"],
+        ["--json", "size", "spool"],
+        ["enqueue", "spool", "EML", "--sender", ALICE, "--rcpt", BOB],
+        ["--json", "enqueue", "spool", "EML", "--sender", ALICE, "--rcpt", BOB],
+        ["config", "show"],
+        ["worker", "--domain", "example.org", "--idle-exit", "0"],
+    ],
+)
+def test_a_url_with_a_password_is_refused_and_never_shown(tmp_path, monkeypatch, capsys, eml, url, command):
+    monkeypatch.chdir(tmp_path)  # where the relative data dirs would be created
+    files = sorted(p.name for p in tmp_path.iterdir())
+    command = [str(eml) if arg == "EML" else arg for arg in command]
+    for argv, environment in ((["--url", url, *command], None), (command, url)):
+        if environment is None:
+            monkeypatch.delenv("MAILQ_URL", raising=False)
+        else:
+            monkeypatch.setenv("MAILQ_URL", environment)
+        status = main(argv)
+        captured = capsys.readouterr()
+        assert_bad_input((status, captured.out, captured.err), "carries a password", "environment", ":***@")
+        assert "secret" not in captured.out + captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == files
+    assert not Path("/tmp/mailq-cli-test").exists()
+
+
+def test_the_embedded_url_takes_no_user(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert_bad_input(
+        (main(["--url", "embedded://admin@data", "config", "show"]), *capsys.readouterr()), "no user"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_url_in_a_usage_error_is_redacted(mailq):
+    result = mailq("size", "spool", "redis://admin:secret@host/0")
+    assert_bad_input(result, "unrecognized arguments: 'redis://admin:***@host/0'")
+    assert "secret" not in result[2]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [LONG],
+        ["size", LONG],
+        ["size", "spool", LONG],
+        ["browse", "spool", "--limit", LONG],
+        ["browse", "spool", f"--delayed={LONG}"],
+        ["enqueue", LONG, "EML", "--sender", ALICE, "--rcpt", BOB],
+        ["enqueue", "spool", "EML", "--sender", LONG, "--rcpt", BOB],
+        ["enqueue", "spool", "EML", "--sender", ALICE, "--rcpt", LONG + "@example.org"],
+        ["enqueue", "spool", "EML", "--sender", ALICE, "--rcpt", BOB, "--name", LONG],
+        ["enqueue", "spool", "EML", "--sender", ALICE, "--rcpt", BOB, "--delay", LONG],
+        ["enqueue", "spool", "EML", "--sender", ALICE, "--rcpt", BOB, "--priority", LONG],
+        ["enqueue", "spool", LONG + ".eml", "--sender", ALICE, "--rcpt", BOB],
+        ["remove", "spool", "--recipient", LONG],
+        ["config", "set", "--bucket-count", LONG],
+    ],
+)
+def test_a_long_value_is_echoed_cut_short(mailq, mailq_json, eml, command):
+    enqueue(mailq, eml)
+    command = [str(eml) if arg == "EML" else arg for arg in command]
+    status, out, err = mailq(*command)
+
+    assert_bad_input((status, out, err), "x" * 64, "(100")
+    assert "x" * 65 not in err and len(err) < 500
+    assert mailq_json("queues") == [{"name": "spool", "size": 1}]
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"just a body, no header\r\n", ["malformed message: no header section"]),
+        (b"\r\nSubject: after a blank line\r\n\r\nbody\r\n", ["malformed message"]),
+        (
+            b"From alice@example.com Thu Jan  1 00:00:00 2024\nSubject: x\n\nbody\n",
+            ["an mbox 'From ' separator"],
+        ),
+    ],
+)
+def test_enqueue_refuses_what_the_worker_would_dead_letter(mailq, mailq_json, tmp_path, content, words):
+    path = tmp_path / "bad.eml"
+    path.write_bytes(content)
+
+    assert_bad_input(mailq("enqueue", "spool", str(path), "--sender", ALICE, "--rcpt", BOB), *words)
+    assert mailq_json("queues") == []
+
+
+def test_enqueue_keeps_accepting_real_world_mail(mailq, mailq_json, tmp_path):
+    path = tmp_path / "lf.eml"
+    path.write_bytes(b"Subject: bare LF\nContent-Transfer-Encoding: 8bit\n\nd\xc3\xa9j\xc3\xa0 vu \xff\n")
+    enqueue(mailq, path)
+    stats = mailq_json("worker", "--domain", "example.org", "--idle-exit", "300ms")
+    assert stats == {"delivered": 1, "retried": 0, "dead_lettered": 0, "appended": 1, "lease_expired": 0}

@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from assets import demo
+from assets import demo, runner
 from assets.commands import describe_run, main
-from mailq_runtime import Mail, Runtime
+from mailq_runtime import InvalidInput, Mail, Runtime
 from mailq_runtime.clock import MICROS_PER_SECOND, system_clock
 from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH
 from mailq_runtime.mailbox import INBOX, SEEN
 from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import DATABASE_FILE
 from mailq_runtime.worker import run_worker
+from resources import MailqRuntime
 
 LOCAL = "example.org"
 USERS = ("alice@example.org", "bob@example.org", "carol@example.org")
@@ -287,3 +288,26 @@ def test_the_runtime_commands_are_all_still_there(url, mailq, mailq_json, capsys
     traffic(url)
     assert mailq_json("queues") == [{"name": "spool", "size": 0}]
     assert_bad_input(mailq("size", "nope"), "unknown queue")
+
+
+@pytest.mark.parametrize("url", ["redis://admin:secret@host/0", "embedded://admin:secret@data"])
+def test_a_url_with_a_password_never_reaches_the_pipeline_or_its_output(tmp_path, monkeypatch, capsys, url):
+    monkeypatch.chdir(tmp_path)
+    for command in (
+        ["gc"],
+        ["--json", "gc", "--dry-run"],
+        ["counters", "recompute"],
+        ["generation", "rotate"],
+    ):
+        for argv in (["--url", url, *command], command):
+            monkeypatch.setenv("MAILQ_URL", url)
+            status = main(argv)
+            captured = capsys.readouterr()
+            assert_bad_input((status, captured.out, captured.err), "carries a password", ":***@")
+            assert "secret" not in captured.out + captured.err
+    # The Dagster side: the resource and the pipeline's output dir refuse it the same way.
+    for attempt in (lambda: MailqRuntime(url=url).runtime, lambda: runner.pipeline_dir(url)):
+        with pytest.raises(InvalidInput, match="carries a password") as refused:
+            attempt()
+        assert "secret" not in str(refused.value)
+    assert list(tmp_path.iterdir()) == []

@@ -14,7 +14,7 @@ import pytest
 
 from assets import automation, queue
 from assets.definitions import defs
-from mailq_runtime import Runtime
+from mailq_runtime import InvalidInput, Runtime
 from mailq_runtime.clock import system_clock
 from mailq_runtime.queue import slice_of
 from resources import MailqRuntime
@@ -177,6 +177,25 @@ def test_counter_drift_sensor_requests_a_recompute_only_on_drift(runtime: Runtim
 
     boxes.reset_counters(mailboxes[1], 1, 1, observed=(1, 2))
     assert not requested(evaluate(sensor, runtime, later.cursor))
+
+
+@pytest.mark.parametrize(
+    ("sensor", "variable", "value"),
+    [
+        (automation.deletions_waiting_sensor, "MAILQ_GC_MIN_DELETIONS", "1" * 310),
+        (automation.deletions_waiting_sensor, "MAILQ_GC_MIN_DELETIONS", "nan"),
+        (automation.deletions_waiting_sensor, "MAILQ_GC_MAX_WAIT", "1" * 310),
+        (automation.deletions_waiting_sensor, "MAILQ_GC_MAX_WAIT", "inf"),
+        (automation.counter_drift_sensor, "MAILQ_COUNTER_SAMPLE", "0"),
+        (automation.counter_drift_sensor, "MAILQ_COUNTER_RETRY", "-1h"),
+    ],
+)
+def test_a_bad_threshold_in_the_environment_is_a_clear_error(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, sensor: dg.SensorDefinition, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(InvalidInput, match=f"invalid {variable}"):
+        evaluate(sensor, runtime)
 
 
 # the schedule and the job it runs

@@ -184,6 +184,7 @@ def test_an_unknown_table_is_a_clear_error(spark: SparkSession, store: Store) ->
     [
         ({"url": "cassandra://user:secret@host/ks"}, "unsupported store url scheme 'cassandra'"),
         ({"url": "embedded://relative/dir"}, "needs an absolute path"),
+        ({"url": "embedded://user:secret@host/data"}, "needs an absolute path.*user:\\*\\*\\*@host"),
         ({"url": "embedded:///nowhere/at/all"}, "no embedded store at /nowhere/at/all/mailq.db"),
         ({"partitions": "0"}, "'partitions' must be a positive integer"),
         ({"columns": "owner,nope"}, "invalid columns"),

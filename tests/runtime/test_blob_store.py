@@ -140,6 +140,9 @@ def test_a_reader_never_sees_a_torn_write(store):
         "g1_" + "a" * 63 + "/",
         "g1_" + "A" * 64,
         "g-1_" + "a" * 64,
+        "g01_" + "a" * 64,  # one spelling per blob: no leading zeros
+        "g00_" + "a" * 64,
+        "g" + "9" * 19 + "_" + "a" * 64,
         "/g1_" + "a" * 64,
         "g1_" + "a" * 64 + "\x00",
         "",

@@ -208,6 +208,9 @@ def test_release_of_a_blob_the_owner_does_not_hold_is_refused_and_changes_nothin
         "G1_" + "a" * 64,
         "g1_" + "A" * 64,
         "g-1_" + "a" * 64,
+        "g01_" + "a" * 64,  # one spelling per blob: no leading zeros
+        "g00_" + "a" * 64,
+        "g" + "9" * 19 + "_" + "a" * 64,
         "g1_" + "a" * 63 + "g",
         "g1_../../" + "a" * 58,
         "g1_" + "a" * 64 + "\n",

@@ -1,10 +1,15 @@
-"""Generated ids: unique, and in creation order even within one microsecond and across a fork."""
+"""Generated ids: unique, and in creation order even within one microsecond and across a fork. Blob ids:
+one spelling each."""
 
 from __future__ import annotations
 
 import os
 
-from mailq_runtime import EnqueueId
+import pytest
+
+from mailq_runtime import BlobId, EnqueueId, InvalidInput
+
+HASH = "0123456789abcdef" * 4
 
 
 def test_ids_of_one_microsecond_sort_in_creation_order():
@@ -25,3 +30,16 @@ def test_a_forked_child_does_not_repeat_its_parents_ids():
     os.waitpid(pid, 0)
     os.close(read)
     assert child_id != EnqueueId.generate(1)
+
+
+@pytest.mark.parametrize("text", [f"g0_{HASH}", f"g1_{HASH}", f"g10_{HASH}", f"g{10**18 - 1}_{HASH}"])
+def test_a_blob_id_has_one_spelling_that_round_trips(text):
+    assert str(BlobId.parse(text)) == text
+
+
+@pytest.mark.parametrize(
+    ("generation", "digest"), [(-1, HASH), (10**18, HASH), (True, HASH), (1.0, HASH), (1, HASH.upper())]
+)
+def test_a_blob_id_that_would_not_round_trip_cannot_be_built(generation, digest):
+    with pytest.raises(InvalidInput, match="invalid blob"):
+        BlobId(generation, digest)

@@ -95,10 +95,10 @@ def test_per_recipient_headers_single_and_none(queue):
         b"Subject: only headers, no blank line\r\n",
         b"Subject: lf\n\nbody with lf\n",
         b"Subject: same\r\n\r\nSubject: same\r\n\r\n",  # body equal to headers: one blob, two uses
-        b"\r\n\r\nempty headers",
-        bytes(range(256)) * 4,
+        b"Subject: binary body\r\n\r\n" + bytes(range(256)) * 4,
+        b"Subject: 8bit header \xe9\xff\r\n\r\n\x00\r\n",
     ],
-    ids=["headers-only", "lf", "body-equals-headers", "empty-headers", "binary"],
+    ids=["headers-only", "lf", "body-equals-headers", "binary-body", "8bit-header"],
 )
 def test_message_bytes_survive_exactly(queue, message):
     queue.enqueue(Mail(recipients=("r@example.com",), message=message))

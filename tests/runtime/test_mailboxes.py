@@ -434,7 +434,7 @@ def test_other_bad_input_changes_nothing(runtime: Runtime, mailboxes: Mailboxes,
     ]
     cases += [
         (lambda uid=uid: mailboxes.set_flags(inbox, uid, add=["\\Seen"]), "invalid uid")
-        for uid in (0, -1, True, "1", 1.0)
+        for uid in (0, -1, True, "1", 1.0, 2**63, 10**400)
     ]
     for name in ("", "a..b", ".a", "a.", "a*b", "50%", "#news", "tab\there", " padded", "x." * 101):
         cases.append((lambda name=name: mailboxes.create(USER, name), "invalid mailbox name"))
