@@ -20,7 +20,7 @@ from .blobs.dedup import DeduplicatingBlobStore
 from .brokers.base import Broker, Delivery
 from .clock import Clock, to_datetime
 from .config import QueueViewConfiguration
-from .errors import BlobNotFound, InvalidInput
+from .errors import BlobNotFound, InvalidInput, UnknownQueue
 from .model import (
     NULL_SENDER_SPELLINGS,
     EnqueueId,
@@ -50,6 +50,20 @@ def split_message(message: bytes) -> tuple[bytes, bytes]:
 
 def slice_of(moment: int, window: int) -> int:
     return moment - moment % window
+
+
+def check_enqueue(mail: Mail, delay: Delay, priority: int | None, max_message_size: int) -> int:
+    """Refuse what an enqueue must refuse, before anything is written (the CLI calls it before it opens
+    the store, so refused input does not even create a data dir). Returns the priority to store."""
+    if not isinstance(mail, Mail):
+        raise InvalidInput(f"enqueue takes a Mail, not {type(mail).__name__}")
+    if len(mail.message) > max_message_size:
+        raise InvalidInput(
+            f"message of {len(mail.message)} bytes exceeds the maximum size of {max_message_size} bytes"
+        )
+    if delay is not None:
+        parse_duration(delay)
+    return clamp_priority(priority)
 
 
 @dataclass
@@ -140,14 +154,7 @@ class MailQueue:
 
     # enqueue / dequeue
     def enqueue(self, mail: Mail, delay: Delay = None, priority: int | None = None) -> EnqueueId:
-        if not isinstance(mail, Mail):
-            raise InvalidInput(f"enqueue takes a Mail, not {type(mail).__name__}")
-        if len(mail.message) > self.max_message_size:
-            raise InvalidInput(
-                f"message of {len(mail.message)} bytes exceeds the maximum size "
-                f"of {self.max_message_size} bytes"
-            )
-        priority = clamp_priority(priority)
+        priority = check_enqueue(mail, delay, priority, self.max_message_size)
         # The whole operation is one turn (stores/embedded.py): its Python competing for the GIL with
         # another thread's statements would only slow both down.
         with self.view.turn():
@@ -236,7 +243,10 @@ class MailQueue:
     # browse / size
     def browse(self) -> Iterator[BrowseItem]:
         """The mails still enqueued, in enqueue order, read from `browse_start` on."""
-        for slice_start in self.view.slices_from(self.name, self.view.browse_start(self.name)):
+        browse_start = self.view.browse_start(self.name)
+        if browse_start is None:
+            return  # not created yet: empty
+        for slice_start in self.view.slices_from(self.name, browse_start):
             for row in self.view.live_mails(self.name, slice_start):
                 yield BrowseItem(
                     row.enqueue_id,
@@ -251,7 +261,8 @@ class MailQueue:
 
     def size(self) -> int:
         """Read from the per-slice counters: the cost does not grow with the queue's history."""
-        return self.view.size(self.name, self.view.browse_start(self.name))
+        browse_start = self.view.browse_start(self.name)
+        return 0 if browse_start is None else self.view.size(self.name, browse_start)
 
     # management
     def remove(
@@ -287,7 +298,8 @@ class MailQueue:
                     if self.view.mark_deleted(self.name, item.enqueue_id, item._row.slice_start):
                         self.blobs.release(item.enqueue_id)
                         deleted += 1
-        self._maybe_update_browse_start()
+        if deleted:
+            self._maybe_update_browse_start()
         return deleted
 
     def flush(self) -> int:
@@ -317,10 +329,17 @@ class MailQueue:
 
     # record 31's browse_start and record 32's content clean-up
     def browse_start(self) -> int:
-        return self.view.browse_start(self.name)
+        return self._created(self.view.browse_start(self.name))
 
     def content_start(self) -> int:
-        return self.view.content_start(self.name)
+        return self._created(self.view.content_start(self.name))
+
+    def _created(self, start: int | None) -> int:
+        if start is None:
+            raise UnknownQueue(
+                f"queue {self.name!r} does not exist yet: a queue is created by its first enqueue"
+            )
+        return start
 
     def maintenance_due(self) -> bool:
         """A clean-up is unfinished, or browse_start lags the newest slice it may reach by two slices."""
@@ -346,7 +365,7 @@ class MailQueue:
     def update_browse_start(self) -> int:
         """Advance browse_start to the first slice holding a live mail (never past the current slice minus
         the clock-skew grace), then clean content_start .. browse_start. Returns the new browse_start."""
-        current = self.view.browse_start(self.name)
+        current = self.browse_start()
         limit = slice_of(self.clock() - self.clock_skew_grace, self.configuration.slice_window)
         new_start = limit
         for slice_start in self.view.slices_from(self.name, current):
@@ -358,13 +377,13 @@ class MailQueue:
         if new_start > current:
             self.view.advance_browse_start(self.name, new_start)
         self.clean_content()
-        return self.view.browse_start(self.name)
+        return self.browse_start()
 
     def clean_content(self) -> int:
         """Record 32: release and delete what lies between content_start and browse_start, then move
         content_start. A failure leaves content_start behind, so the next call redoes the work."""
-        content_start = self.view.content_start(self.name)
-        browse_start = self.view.browse_start(self.name)
+        content_start = self.content_start()
+        browse_start = self.browse_start()
         if content_start >= browse_start:
             return 0
         # Dead letters keep their content: they were marked deleted, but are not gone.

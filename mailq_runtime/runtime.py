@@ -13,7 +13,7 @@ from .config import ConfigurationStore
 from .errors import UnknownQueue
 from .mailbox import Mailboxes
 from .model import QueueName
-from .queue import MailQueue, slice_of
+from .queue import MailQueue
 from .settings import Settings
 from .stores.embedded import EmbeddedStore
 from .stores.embedded_blobs import EmbeddedBlobTables
@@ -63,27 +63,25 @@ class Runtime:
         return self.blobs.generations
 
     def queue(self, name: str, *, create: bool = True) -> MailQueue:
-        """The named queue, created on first use unless `create=False` (then an unknown name raises)."""
+        """The named queue. It writes nothing: a queue is created by its first enqueue, once that mail is
+        accepted, so bad input never leaves an empty queue behind. With `create=False` a name no enqueue
+        has created yet raises UnknownQueue."""
         name = QueueName(name)
+        if not create and not self.view.queue_exists(name):
+            raise UnknownQueue(f"unknown queue {name!r}: known queues are {self.queues()}")
         queue = self._queues.get(name)
-        if queue is not None:
-            return queue
-        if not self.view.queue_exists(name):
-            if not create:
-                raise UnknownQueue(f"unknown queue {name!r}: known queues are {self.queues()}")
-            now = self.clock()
-            self.view.create_queue(name, slice_of(now, self.view_configuration.slice_window), now)
-        queue = MailQueue(
-            name,
-            self.view,
-            self.broker,
-            self.blobs,
-            self.view_configuration,
-            self.clock,
-            self.settings.max_message_size,
-            self.settings.clock_skew_grace,
-        )
-        self._queues[name] = queue
+        if queue is None:
+            queue = MailQueue(
+                name,
+                self.view,
+                self.broker,
+                self.blobs,
+                self.view_configuration,
+                self.clock,
+                self.settings.max_message_size,
+                self.settings.clock_skew_grace,
+            )
+            self._queues[name] = queue
         return queue
 
     def queues(self) -> list[str]:

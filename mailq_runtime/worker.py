@@ -107,7 +107,8 @@ def run_worker(
     gives the mail back to the queue for another try after `retry_delay`, and rejects it once it has been
     attempted `max_attempts` times.
 
-    Returns when `stop` is set (the mail in hand is finished first: the CLI sets it on SIGTERM) or when no
+    Raises UnknownQueue, naming the known queues, if no enqueue has created `queue_name`. Returns when
+    `stop` is set (the mail in hand is finished first: the CLI sets it on SIGTERM) or when no
     mail has arrived for `idle_timeout` seconds; with neither, it runs for ever.
     """
     domains = normalise_domains(local_domains)
@@ -119,7 +120,8 @@ def run_worker(
         isinstance(idle_timeout, bool) or not isinstance(idle_timeout, int | float) or idle_timeout < 0
     ):
         raise InvalidInput(f"invalid idle_timeout {idle_timeout!r}: expected seconds >= 0 or None")
-    queue = runtime.queue(queue_name)
+    # A worker serves a queue that enqueues have created: a typo must fail, not create an empty queue.
+    queue = runtime.queue(queue_name, create=False)
     stats = WorkerStats()
     idle_since = time.monotonic()
     while stop is None or not stop.is_set():

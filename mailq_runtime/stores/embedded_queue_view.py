@@ -3,6 +3,7 @@ the per-slice counters and the configuration event log."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable
 
 from ..queue_view import EnqueuedMail
@@ -25,12 +26,6 @@ class EmbeddedQueueView:
         return self.store.turn()
 
     # queues
-    def create_queue(self, queue: str, slice_start: int, now: int) -> None:
-        with self.store.transaction() as db:
-            if db.execute("INSERT OR IGNORE INTO queues VALUES (?, ?)", (queue, now)).rowcount:
-                db.execute("INSERT INTO browse_start VALUES (?, ?)", (queue, slice_start))
-                db.execute("INSERT INTO content_start VALUES (?, ?)", (queue, slice_start))
-
     def queue_names(self) -> list[str]:
         return [name for (name,) in self.store.read("SELECT queue FROM queues ORDER BY queue")]
 
@@ -40,6 +35,9 @@ class EmbeddedQueueView:
     # enqueued_mails and deleted_mails
     def insert(self, mail: EnqueuedMail) -> None:
         with self.store.transaction() as db:
+            # A queue is created in the commit of its first mail, so no refused input leaves an empty
+            # queue behind: one statement on the hot path, a no-op once the queue exists.
+            _create_queue(db, mail.queue, mail.slice_start, mail.enqueued_time)
             db.execute(
                 f"INSERT INTO enqueued_mails ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", mail.row()
             )
@@ -122,11 +120,13 @@ class EmbeddedQueueView:
         return row[0]
 
     # browse_start / content_start
-    def browse_start(self, queue: str) -> int:
-        return self.store.read_one("SELECT browse_start FROM browse_start WHERE queue = ?", (queue,))[0]
+    def browse_start(self, queue: str) -> int | None:
+        row = self.store.read_one("SELECT browse_start FROM browse_start WHERE queue = ?", (queue,))
+        return None if row is None else row[0]
 
-    def content_start(self, queue: str) -> int:
-        return self.store.read_one("SELECT content_start FROM content_start WHERE queue = ?", (queue,))[0]
+    def content_start(self, queue: str) -> int | None:
+        row = self.store.read_one("SELECT content_start FROM content_start WHERE queue = ?", (queue,))
+        return None if row is None else row[0]
 
     def advance_browse_start(self, queue: str, new_start: int) -> bool:
         with self.store.transaction() as db:
@@ -187,3 +187,10 @@ class EmbeddedQueueView:
                 "INSERT INTO configuration_events (aggregate, event, at) VALUES (?, ?, ?)",
                 (aggregate, event, now),
             )
+
+
+def _create_queue(db: sqlite3.Connection, queue: str, slice_start: int, now: int) -> None:
+    """The queue's row, and its browse_start and content_start at `slice_start`, unless it exists."""
+    if db.execute("INSERT OR IGNORE INTO queues VALUES (?, ?)", (queue, now)).rowcount:
+        db.execute("INSERT INTO browse_start VALUES (?, ?)", (queue, slice_start))
+        db.execute("INSERT INTO content_start VALUES (?, ?)", (queue, slice_start))
