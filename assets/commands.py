@@ -25,10 +25,10 @@ import dagster as dg
 
 from mailq_runtime import cli
 from mailq_runtime.cli import Report
-from mailq_runtime.errors import InvalidInput, shown
+from mailq_runtime.errors import InvalidInput, NoStore, shown
 from mailq_runtime.runtime import Runtime
 from mailq_runtime.settings import DEFAULT_URL, URL_VARIABLE, Settings
-from mailq_runtime.stores.embedded import DATABASE_FILE
+from mailq_runtime.stores.embedded import EmbeddedStore
 
 from . import jobs, runner
 
@@ -43,10 +43,13 @@ def pipeline_url(url: str | None) -> str:
     must hold a store: maintenance of a directory that has none is a mistake, not an empty run."""
     settings = Settings.from_url(url)  # a bad URL is bad input before anything runs
     data_dir = settings.data_dir.resolve()
-    if not (data_dir / DATABASE_FILE).is_file():
+    try:
+        # Opened once here, so an unusable store is one line before Dagster and Spark start.
+        EmbeddedStore(data_dir, create=False).close()
+    except NoStore:
         raise InvalidInput(
             f"no mailq data in {shown(str(settings.data_dir))}: give --url embedded://<data dir>"
-        )
+        ) from None
     query = urlsplit(url or os.environ.get(URL_VARIABLE) or DEFAULT_URL).query
     return f"embedded://{data_dir}" + (f"?{query}" if query else "")
 

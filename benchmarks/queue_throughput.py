@@ -136,13 +136,16 @@ def build_history(runtime: Runtime, history: int) -> int:
     Through the API this would take minutes; generated inside SQLite it takes seconds, and size() reads
     exactly what the API would have written: rows, deletion marks and per-slice counters.
     """
-    runtime.queue("history")  # created through the API: queues, browse_start and content_start rows
     window = runtime.view_configuration.slice_window
     now = runtime.clock()
     first = slice_of(now - HISTORY_DAYS * 86400 * MICROS_PER_SECOND, window)
     slices = (slice_of(now, window) - first) // window
     per_slice = -(-history // slices)
     with runtime.store.transaction() as db:
+        # What the queue's first enqueue would have created.
+        db.execute("INSERT INTO queues VALUES ('history', ?)", (first,))
+        db.execute("INSERT INTO browse_start VALUES ('history', ?)", (first,))
+        db.execute("INSERT INTO content_start VALUES ('history', ?)", (first,))
         db.execute(
             """
             WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < :history),
@@ -168,8 +171,6 @@ def build_history(runtime: Runtime, history: int) -> int:
             "SELECT queue, slice_start, COUNT(*), COUNT(*) FROM enqueued_mails WHERE queue = 'history' "
             "GROUP BY slice_start"
         )
-        db.execute("UPDATE browse_start SET browse_start = ? WHERE queue = 'history'", (first,))
-        db.execute("UPDATE content_start SET content_start = ? WHERE queue = 'history'", (first,))
     return slices
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -27,15 +27,13 @@ from .model import (
     NULL_SENDER_SPELLINGS,
     Mail,
     QueueName,
-    check_message,
     check_priority,
-    delivery_time,
     parse_count,
     parse_duration,
 )
-from .queue import BrowseItem, MailQueue
+from .queue import BrowseItem, MailQueue, check_enqueue
 from .runtime import Runtime
-from .settings import DEFAULT_URL, URL_VARIABLE, redact
+from .settings import DEFAULT_URL, URL_VARIABLE, Settings, redact
 from .worker import run_worker
 
 EXIT_BAD_INPUT = 2
@@ -369,12 +367,11 @@ def _read_message(path: Path) -> bytes:
 
 def _enqueue(args: argparse.Namespace) -> Report:
     message = _read_message(args.file)
-    # Build (and so validate) the mail before opening the queue: bad input must not create a queue.
+    # Validated before the store is opened: bad input must create neither a data dir nor a queue.
     mail_fields: dict[str, Any] = {"name": args.name} if args.name is not None else {}
     mail = Mail(recipients=tuple(args.rcpt), message=message, sender=_null_sender(args.sender), **mail_fields)
-    check_message(mail.message)
-    # A delay too long for the calendar is refused here too, before anything is created.
-    delivery_time(system_clock(), args.delay)
+    max_size = Settings.from_url(args.url).max_message_size
+    check_enqueue(mail, args.delay, args.priority, max_size, system_clock())
     with Runtime.open(args.url) as runtime:
         enqueue_id = runtime.queue(args.queue).enqueue(mail, delay=args.delay, priority=args.priority)
     data = {"queue": args.queue, "enqueue_id": enqueue_id, "name": mail.name, "size": len(message)}
@@ -414,7 +411,7 @@ def _worker(args: argparse.Namespace) -> Report:
     # SIGTERM and Ctrl-C ask for a graceful stop: the mail in hand is finished, then the worker returns.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url, create=False) as runtime:
         stats = run_worker(
             runtime,
             args.queue,
@@ -490,27 +487,35 @@ def _changes(runtime: Runtime) -> int:
 
 
 def _config_show(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url, create=False) as runtime:
         return _configuration_report(runtime.configuration.current(), _changes(runtime))
 
 
 def _config_set(args: argparse.Namespace) -> Report:
     if args.slice_window is None and args.bucket_count is None and args.pace is None:
         raise InvalidInput("config set needs at least one of --slice-window, --bucket-count, --pace")
-    with Runtime.open(args.url) as runtime:
-        current = runtime.configuration.current()
+    slice_window = None if args.slice_window is None else parse_duration(args.slice_window)
+
+    def wanted(current: QueueViewConfiguration) -> QueueViewConfiguration:
         # Unspecified values keep the current ones: changing the pace alone must not reset the slice
         # window and bucket count to their defaults, a change the rules may well refuse.
-        wanted = QueueViewConfiguration(
-            slice_window=(
-                current.slice_window
-                if args.slice_window is None
-                else parse_duration(args.slice_window, "slice_window")
-            ),
+        return QueueViewConfiguration(
+            slice_window=current.slice_window if slice_window is None else slice_window,
             bucket_count=current.bucket_count if args.bucket_count is None else args.bucket_count,
             update_browse_start_pace=current.update_browse_start_pace if args.pace is None else args.pace,
         )
-        changed = runtime.configuration.register(wanted)
+
+    try:
+        runtime = Runtime.open(args.url, create=False)
+    except NoStore:
+        # A new data dir starts from the default configuration (and the URL's values): the change is
+        # checked against that before the data dir is created.
+        settings = Settings.from_url(args.url)
+        start = replace(QueueViewConfiguration(), **(settings.view_configuration or {}))
+        start.validate_change(wanted(start))
+        runtime = Runtime.open(args.url)
+    with runtime:
+        changed = runtime.configuration.register(wanted(runtime.configuration.current()))
         report = _configuration_report(runtime.configuration.current(), _changes(runtime), changed=changed)
     report.lines.insert(0, "configuration changed" if changed else "configuration unchanged")
     return report

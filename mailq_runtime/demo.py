@@ -24,13 +24,13 @@ from typing import Any
 
 from .clock import MICROS_PER_SECOND, system_clock, to_datetime
 from .config import QueueViewConfiguration
-from .errors import InvalidInput, shown
+from .errors import InvalidInput, StoreUnusable, shown
 from .mailbox import Mailboxes
 from .model import Mail
 from .queue import MailQueue
 from .runtime import Runtime
 from .settings import Settings
-from .stores.embedded import DATABASE_FILE
+from .stores.embedded_files import DATABASE_FILE, check_data_dir
 from .worker import WorkerStats, handle, normalise_domains
 
 QUEUE = "outbound"
@@ -99,14 +99,23 @@ class SimulatedClock:
 
 
 def fresh_data_dir(path: Path) -> None:
-    """Wipe `path`, refusing to when it exists, is not empty and does not look like a mailq data dir."""
-    if path.is_file():
-        raise InvalidInput(f"demo data dir {shown(str(path))} is a file")
-    if path.is_dir() and any(path.iterdir()) and not (path / DATABASE_FILE).exists():
+    """Empty `path`, refusing to when it is not a directory of the running user's, or is not empty and
+    does not look like a mailq data dir. The directory itself stays: its parent need not be writable."""
+    if not check_data_dir(path):
+        return
+    children = list(path.iterdir())
+    if children and not (path / DATABASE_FILE).exists():
         raise InvalidInput(
             f"refusing to wipe {shown(str(path))}: it is not a mailq data dir (no {DATABASE_FILE})"
         )
-    shutil.rmtree(path, ignore_errors=True)
+    for child in children:
+        try:
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        except OSError as error:
+            raise StoreUnusable(f"cannot wipe demo data dir {path}: {error.strerror} ({child})") from None
 
 
 # Messages ---------------------------------------------------------------------------------------------------

@@ -14,6 +14,11 @@ class NoStore(MailqError, LookupError):
     """No data at the store's location, where an operation that only works on existing data looked."""
 
 
+class StoreUnusable(MailqError):
+    """The store's files cannot be used as they are: damaged, of the wrong kind, not this user's, not
+    writable, or failing (a full disk, an I/O error). The message names the place and the problem."""
+
+
 class UnknownQueue(MailqError, LookupError):
     """The named queue does not exist."""
 

@@ -399,8 +399,17 @@ class Mailboxes:
     ) -> bool:
         """Set the counters if they still hold `observed` (None: the row is missing); False if they moved
         meanwhile, which the next recomputation settles."""
-        if count < 0 or not 0 <= unseen <= count:
-            raise InvalidInput(f"invalid counters count={count} unseen={unseen}")
+        values = (count, unseen, *(() if observed is None else observed))
+        if (
+            any(isinstance(v, bool) or not isinstance(v, int) for v in values)
+            or (observed is not None and len(observed) != 2)
+            or count < 0
+            or not 0 <= unseen <= count
+        ):
+            raise InvalidInput(
+                f"invalid counters count={count!r} unseen={unseen!r} observed={observed!r}: "
+                "expected integers, 0 <= unseen <= count, and observed None or (count, unseen)"
+            )
         return self.tables.reset_counters(self._existing(mailbox), count, unseen, observed)
 
     def recount(self, mailbox: MailboxRef) -> Counters:

@@ -20,7 +20,7 @@ from .blobs.dedup import DeduplicatingBlobStore
 from .brokers.base import Broker, Delivery
 from .clock import LATEST, MICROS_PER_SECOND, Clock, to_datetime
 from .config import ConfigurationStore, QueueViewConfiguration
-from .errors import BlobNotFound, InvalidInput, LeaseExpired, shown
+from .errors import BlobNotFound, InvalidInput, LeaseExpired, UnknownQueue, shown
 from .model import (
     NULL_SENDER_SPELLINGS,
     EnqueueId,
@@ -51,6 +51,17 @@ def split_message(message: bytes) -> tuple[bytes, bytes]:
 
 def slice_of(moment: int, window: int) -> int:
     return moment - moment % window
+
+
+def check_enqueue(mail: Mail, delay: Delay, priority: int | None, max_message_size: int, now: int) -> int:
+    """Refuse what an enqueue must refuse, before anything is written (the CLI calls it before it opens
+    the store, so refused input does not even create a data dir). Returns the priority to store."""
+    if not isinstance(mail, Mail):
+        raise InvalidInput(f"enqueue takes a Mail, not {type(mail).__name__}")
+    # What the worker would dead-letter as malformed is refused here, at the edge.
+    check_message(mail.message, max_message_size)
+    delivery_time(now, delay)
+    return check_priority(priority)
 
 
 @dataclass
@@ -165,17 +176,14 @@ class MailQueue:
         self.max_message_size = max_message_size
         self.clock_skew_grace = clock_skew_grace
         self._random = random.Random()
+        self._exists = False  # created by an enqueue of this process: no need to create it again
 
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"
 
     # enqueue / dequeue
     def enqueue(self, mail: Mail, delay: Delay = None, priority: int | None = None) -> EnqueueId:
-        if not isinstance(mail, Mail):
-            raise InvalidInput(f"enqueue takes a Mail, not {type(mail).__name__}")
-        # What the worker would dead-letter as malformed is refused here, at the edge.
-        check_message(mail.message, self.max_message_size)
-        priority = check_priority(priority)
+        priority = check_enqueue(mail, delay, priority, self.max_message_size, self.clock())
         # The whole operation is one turn (stores/embedded.py): its Python competing for the GIL with
         # another thread's statements would only slow both down.
         with self.view.turn():
@@ -188,6 +196,9 @@ class MailQueue:
             # On the embedded store the content references, the view row and the broker message commit
             # together or not at all.
             with self.view.transaction():
+                if not self._exists:
+                    # Created by its first accepted mail, so refused input never leaves an empty queue.
+                    self.view.create_queue(self.name, self.browse_start_limit(), now)
                 row = EnqueuedMail.of(
                     mail,
                     self.name,
@@ -201,6 +212,7 @@ class MailQueue:
                 )
                 self.view.insert(row)
                 self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
+            self._exists = True
         return enqueue_id
 
     def dequeue(self, timeout: Delay = None) -> MailQueueItem | None:
@@ -291,7 +303,10 @@ class MailQueue:
     # browse / size
     def browse(self) -> Iterator[BrowseItem]:
         """The mails still enqueued, in enqueue order, read from `browse_start` on."""
-        for slice_start in self.view.slices_from(self.name, self.view.browse_start(self.name)):
+        browse_start = self.view.browse_start(self.name)
+        if browse_start is None:
+            return  # not created yet: empty
+        for slice_start in self.view.slices_from(self.name, browse_start):
             for row in self.view.live_mails(self.name, slice_start):
                 yield BrowseItem(
                     row.enqueue_id,
@@ -306,7 +321,8 @@ class MailQueue:
 
     def size(self) -> int:
         """Read from the per-slice counters: the cost does not grow with the queue's history."""
-        return self.view.size(self.name, self.view.browse_start(self.name))
+        browse_start = self.view.browse_start(self.name)
+        return 0 if browse_start is None else self.view.size(self.name, browse_start)
 
     # management
     def remove(
@@ -342,7 +358,8 @@ class MailQueue:
                     if self.view.mark_deleted(self.name, item.enqueue_id, item._row.slice_start):
                         self.blobs.release(item.enqueue_id)
                         deleted += 1
-        self._maybe_update_browse_start()
+        if deleted:
+            self._maybe_update_browse_start()
         return deleted
 
     def flush(self) -> int:
@@ -372,10 +389,17 @@ class MailQueue:
 
     # record 31's browse_start and record 32's content clean-up
     def browse_start(self) -> int:
-        return self.view.browse_start(self.name)
+        return self._created(self.view.browse_start(self.name))
 
     def content_start(self) -> int:
-        return self.view.content_start(self.name)
+        return self._created(self.view.content_start(self.name))
+
+    def _created(self, start: int | None) -> int:
+        if start is None:
+            raise UnknownQueue(
+                f"queue {self.name!r} does not exist yet: a queue is created by its first enqueue"
+            )
+        return start
 
     def maintenance_due(self) -> bool:
         """A clean-up is unfinished, or browse_start lags the newest slice it may reach by two slices."""
@@ -409,7 +433,7 @@ class MailQueue:
     def update_browse_start(self) -> int:
         """Advance browse_start to the first slice holding a live mail (never past the current slice minus
         the clock-skew grace), then clean content_start .. browse_start. Returns the new browse_start."""
-        current = self.view.browse_start(self.name)
+        current = self.browse_start()
         limit = self.browse_start_limit()
         new_start = limit
         for slice_start in self.view.slices_from(self.name, current):
@@ -421,13 +445,13 @@ class MailQueue:
         if new_start > current:
             self.view.advance_browse_start(self.name, new_start)
         self.clean_content()
-        return self.view.browse_start(self.name)
+        return self.browse_start()
 
     def clean_content(self) -> int:
         """Record 32: release and delete what lies between content_start and browse_start, then move
         content_start. A failure leaves content_start behind, so the next call redoes the work."""
-        content_start = self.view.content_start(self.name)
-        browse_start = self.view.browse_start(self.name)
+        content_start = self.content_start()
+        browse_start = self.browse_start()
         if content_start >= browse_start:
             return 0
         # Dead letters keep their content: they were marked deleted, but are not gone.

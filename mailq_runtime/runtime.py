@@ -65,27 +65,26 @@ class Runtime:
         return self.blobs.generations
 
     def queue(self, name: str, *, create: bool = True) -> MailQueue:
-        """The named queue, created on first use unless `create=False` (then an unknown name raises)."""
+        """The named queue. It writes nothing: a queue is created by its first enqueue, once that mail is
+        accepted, so bad input never leaves an empty queue behind. With `create=False` a name no enqueue
+        has created yet raises UnknownQueue."""
         name = QueueName(name)
+        if not create and not self.view.queue_exists(name):
+            raise UnknownQueue(f"unknown queue {name!r}: known queues are {self.queues()}")
         queue = self._queues.get(name)
-        if queue is not None:
-            return queue
-        queue = MailQueue(
-            name,
-            self.view,
-            self.broker,
-            self.blobs,
-            self.view_configuration,
-            self.configuration,
-            self.clock,
-            self.settings.max_message_size,
-            self.settings.clock_skew_grace,
-        )
-        if not self.view.queue_exists(name):
-            if not create:
-                raise UnknownQueue(f"unknown queue {name!r}: known queues are {self.queues()}")
-            self.view.create_queue(name, queue.browse_start_limit(), self.clock())
-        self._queues[name] = queue
+        if queue is None:
+            queue = MailQueue(
+                name,
+                self.view,
+                self.broker,
+                self.blobs,
+                self.view_configuration,
+                self.configuration,
+                self.clock,
+                self.settings.max_message_size,
+                self.settings.clock_skew_grace,
+            )
+            self._queues[name] = queue
         return queue
 
     def queues(self) -> list[str]:

@@ -111,16 +111,18 @@ def run_worker(
     gives the mail back to the queue for another try after `retry_delay`, and rejects it once it has been
     attempted `max_attempts` times.
 
-    Returns when `stop` is set (the mail in hand is finished first: the CLI sets it on SIGTERM) or when no
-    mail has arrived for `idle_timeout` (seconds, or a duration as `parse_duration` reads it); with neither,
-    it runs for ever.
+    Raises UnknownQueue, naming the known queues, if no enqueue has created `queue_name`. Returns when
+    `stop` is set (the mail in hand is finished first: the CLI sets it on SIGTERM) or when no mail has
+    arrived for `idle_timeout` (seconds, or a duration as `parse_duration` reads it); with neither, it
+    runs for ever.
     """
     domains = normalise_domains(local_domains)
     parse_duration(retry_delay, "retry_delay")
     max_attempts = parse_count(max_attempts, "max_attempts")
     if idle_timeout is not None:
         idle_timeout = parse_duration(idle_timeout, "idle_timeout") / MICROS_PER_SECOND
-    queue = runtime.queue(queue_name)
+    # A worker serves a queue that enqueues have created: a typo must fail, not create an empty queue.
+    queue = runtime.queue(queue_name, create=False)
     stats = WorkerStats()
     idle_since = time.monotonic()
     with LeaseKeeper(queue.broker.visibility_timeout / MICROS_PER_SECOND / 2) as leases:

@@ -8,6 +8,10 @@ from pathlib import Path
 from dagster_pyspark import LazyPySparkResource
 
 _LOG4J = Path(__file__).with_name("log4j2.properties").resolve()
+# The Parquet outputs hold mail metadata: private to their owner (0700 directories, 0600 files) whatever
+# the process umask, as the store is. Hadoop applies this umask to every file and directory it creates,
+# on the local file system too, where changing the umask of the process (and its JVM) would not be ours.
+PRIVATE_OUTPUTS = {"spark.hadoop.fs.permissions.umask-mode": "077"}
 
 
 def spark_config(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -23,6 +27,7 @@ def spark_config(environ: dict[str, str] | None = None) -> dict[str, str]:
         "spark.sql.shuffle.partitions": "8",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
+        **PRIVATE_OUTPUTS,
     }
     for pair in filter(None, environ.get("MAILQ_SPARK_CONF", "").split(",")):
         key, _, value = pair.partition("=")

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from ..errors import BlobNotFound
 from ..model import BlobId
+from ..stores.embedded_files import PRIVATE_DIR
 
 
 class BlobStore(Protocol):
@@ -24,11 +25,13 @@ class BlobStore(Protocol):
 
 
 class FileBlobStore:
-    """Content-addressed files: `<root>/g<generation>/<hash[:2]>/<hash>`, written atomically."""
+    """Content-addressed files: `<root>/g<generation>/<hash[:2]>/<hash>`, written atomically. Mail is
+    private: the directories are 0700 and the files 0600 (mkstemp's mode), whatever the umask."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        root.chmod(PRIVATE_DIR)
 
     def _path(self, blob_id: BlobId | str) -> Path:
         # Parsing is the guard against path traversal: only g<digits>_<64 hex> ever reaches the filesystem.
@@ -37,7 +40,8 @@ class FileBlobStore:
 
     def put(self, blob_id: BlobId | str, data: bytes) -> None:
         path = self._path(blob_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.parent.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+        path.parent.mkdir(mode=PRIVATE_DIR, exist_ok=True)
         # Temp file + rename: a reader sees either nothing or the whole content, never a torn write.
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".put-")
         try:

@@ -15,11 +15,16 @@ import sqlite3
 import threading
 from importlib.resources import files
 from pathlib import Path
+from typing import NoReturn
 
-from ..errors import NoStore
+from ..errors import StoreUnusable
+from .embedded_files import DATABASE_FILE, make_private, prepare, store_failure
 
-DATABASE_FILE = "mailq.db"
+__all__ = ["DATABASE_FILE", "EmbeddedStore"]
+
 _BUSY_TIMEOUT_MS = 60_000
+# Tables every mailq store has had from the start: a database without them is something else's.
+_MAILQ_TABLES = {"enqueued_mails", "blob_references"}
 
 
 # What survives a commit: the death of the process (the OS holds the written pages), the loss of power
@@ -30,10 +35,7 @@ SYNCHRONOUS = {"process": "OFF", "power": "NORMAL", "fsync": "FULL"}
 
 class EmbeddedStore:
     def __init__(self, data_dir: Path, durability: str = "process", create: bool = True) -> None:
-        self.path = data_dir / DATABASE_FILE
-        if not create and not self.path.is_file():
-            raise NoStore(f"no mailq data in {data_dir}: nothing was enqueued there yet (check MAILQ_URL)")
-        data_dir.mkdir(parents=True, exist_ok=True)
+        self.path = prepare(data_dir, create, _initialise)
         self.synchronous = SYNCHRONOUS[durability]
         self._turn = threading.RLock()
         self._depth = 0
@@ -41,11 +43,32 @@ class EmbeddedStore:
         self._connection = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
         )
-        self._connection.execute("PRAGMA journal_mode=WAL")
-        self._connection.execute(f"PRAGMA synchronous={self.synchronous}")
-        self._connection.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-        self._connection.execute("PRAGMA cache_size=-65536")
-        self._connection.executescript(files(__package__).joinpath("embedded_schema.sql").read_text())
+        try:
+            # Read before anything is written: a foreign database is refused as it is, not converted.
+            tables = {name for (name,) in self._connection.execute("SELECT name FROM sqlite_master")}
+            if not _MAILQ_TABLES <= tables:
+                raise StoreUnusable(f"mailq store {self.path} is an SQLite database, but not a mailq store")
+            self._connection.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._connection.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            self._connection.execute("PRAGMA cache_size=-65536")
+            _initialise(self._connection)
+            make_private(self.path)
+        except sqlite3.Error as error:
+            self._connection.close()
+            # At open, any error of SQLite's is one of this store's files.
+            failure = store_failure(self.path, error) or StoreUnusable(f"mailq store {self.path}: {error}")
+            raise failure from error
+        except BaseException:
+            self._connection.close()
+            raise
+
+    def raise_failure(self, error: sqlite3.Error) -> NoReturn:
+        """Raise `error` as the store's StoreUnusable when its files or disk failed, else as it is (a
+        statement mailq got wrong is a bug to show whole)."""
+        failure = store_failure(self.path, error)
+        if failure is None:
+            raise error
+        raise failure from error
 
     def transaction(self) -> _Transaction:
         """A write transaction (BEGIN IMMEDIATE: writers queue up front instead of deadlocking later),
@@ -58,11 +81,17 @@ class EmbeddedStore:
 
     def read(self, sql: str, parameters: tuple | list = ()) -> list[tuple]:
         with self._turn:
-            return self._open().execute(sql, parameters).fetchall()
+            try:
+                return self._open().execute(sql, parameters).fetchall()
+            except sqlite3.Error as error:
+                self.raise_failure(error)
 
     def read_one(self, sql: str, parameters: tuple | list = ()) -> tuple | None:
         with self._turn:
-            return self._open().execute(sql, parameters).fetchone()
+            try:
+                return self._open().execute(sql, parameters).fetchone()
+            except sqlite3.Error as error:
+                self.raise_failure(error)
 
     def _open(self) -> sqlite3.Connection:
         if self._closed:
@@ -94,6 +123,9 @@ class _Transaction:
             self.outermost = store._depth == 0
             if self.outermost:
                 connection.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as error:
+            store._turn.release()
+            store.raise_failure(error)
         except BaseException:
             store._turn.release()
             raise
@@ -105,6 +137,37 @@ class _Transaction:
         try:
             store._depth -= 1
             if self.outermost:
-                store._connection.execute("ROLLBACK" if kind is not None else "COMMIT")
+                _end(store, commit=kind is None)
         finally:
             store._turn.release()
+        # A statement of the body that failed on the store's files or disk: said as the store's error.
+        if isinstance(error, sqlite3.Error):
+            store.raise_failure(error)
+
+
+def _end(store: EmbeddedStore, commit: bool) -> None:
+    connection = store._connection
+    try:
+        if commit:
+            connection.execute("COMMIT")
+            return
+    except sqlite3.Error as error:
+        _rollback(connection)
+        store.raise_failure(error)
+    _rollback(connection)
+
+
+def _rollback(connection: sqlite3.Connection) -> None:
+    # SQLite rolls back by itself on some failures (a full disk, an I/O error): then there is nothing left
+    # to roll back, and the failure is what the caller must hear about.
+    if connection.in_transaction:
+        try:
+            connection.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the connection is broken: the failure that led here is the one reported
+
+
+def _initialise(connection: sqlite3.Connection) -> None:
+    """WAL mode (kept in the file) and the schema, whose statements only add what a store lacks."""
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.executescript(files(__package__).joinpath("embedded_schema.sql").read_text())

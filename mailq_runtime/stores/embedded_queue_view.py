@@ -25,17 +25,18 @@ class EmbeddedQueueView:
         return self.store.turn()
 
     # queues
-    def create_queue(self, queue: str, slice_start: int, now: int) -> None:
-        with self.store.transaction() as db:
-            if db.execute("INSERT OR IGNORE INTO queues VALUES (?, ?)", (queue, now)).rowcount:
-                db.execute("INSERT INTO browse_start VALUES (?, ?)", (queue, slice_start))
-                db.execute("INSERT INTO content_start VALUES (?, ?)", (queue, slice_start))
-
     def queue_names(self) -> list[str]:
         return [name for (name,) in self.store.read("SELECT queue FROM queues ORDER BY queue")]
 
     def queue_exists(self, queue: str) -> bool:
         return self.store.read_one("SELECT 1 FROM queues WHERE queue = ?", (queue,)) is not None
+
+    def create_queue(self, queue: str, browse_start: int, now: int) -> None:
+        """The queue's row, and its browse_start and content_start at `browse_start`, unless it exists."""
+        with self.store.transaction() as db:
+            if db.execute("INSERT OR IGNORE INTO queues VALUES (?, ?)", (queue, now)).rowcount:
+                db.execute("INSERT INTO browse_start VALUES (?, ?)", (queue, browse_start))
+                db.execute("INSERT INTO content_start VALUES (?, ?)", (queue, browse_start))
 
     # enqueued_mails and deleted_mails
     def insert(self, mail: EnqueuedMail) -> None:
@@ -122,11 +123,13 @@ class EmbeddedQueueView:
         return row[0]
 
     # browse_start / content_start
-    def browse_start(self, queue: str) -> int:
-        return self.store.read_one("SELECT browse_start FROM browse_start WHERE queue = ?", (queue,))[0]
+    def browse_start(self, queue: str) -> int | None:
+        row = self.store.read_one("SELECT browse_start FROM browse_start WHERE queue = ?", (queue,))
+        return None if row is None else row[0]
 
-    def content_start(self, queue: str) -> int:
-        return self.store.read_one("SELECT content_start FROM content_start WHERE queue = ?", (queue,))[0]
+    def content_start(self, queue: str) -> int | None:
+        row = self.store.read_one("SELECT content_start FROM content_start WHERE queue = ?", (queue,))
+        return None if row is None else row[0]
 
     def advance_browse_start(self, queue: str, new_start: int) -> bool:
         with self.store.transaction() as db:

@@ -189,7 +189,8 @@ def test_republish_and_update_browse_start(mailq_json, mailq, eml):
     assert starts["content_start"] <= starts["browse_start"]
 
 
-def test_config_show_and_set(mailq, mailq_json):
+def test_config_show_and_set(mailq, mailq_json, eml):
+    enqueue(mailq, eml)
     assert mailq_json("config", "show") == {
         "slice_window_seconds": 3600,
         "bucket_count": 1,

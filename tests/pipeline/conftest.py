@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from mailq_runtime import Runtime
 from mailq_runtime.stores.embedded import DATABASE_FILE
+from resources.spark import PRIVATE_OUTPUTS
 
 
 @pytest.fixture(scope="session")
@@ -23,14 +24,22 @@ def spark() -> Iterator[SparkSession]:
     # Every Python worker, data source planning included, runs this interpreter (the one with pyarrow):
     # the variable is read when the session starts, the spark.pyspark.python setting is not.
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("mailq-pipeline-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate()
     )
+    for key, value in PRIVATE_OUTPUTS.items():
+        builder = builder.config(key, value)
+    # The JVM keeps the umask it starts with: the usual 022, under which files are readable by all
+    # unless PRIVATE_OUTPUTS makes them private (test_private_outputs).
+    umask = os.umask(0o022)
+    try:
+        session = builder.getOrCreate()
+    finally:
+        os.umask(umask)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -33,6 +33,12 @@ TABLES = (
     "blob_references",
     "blob_deletions",
     "blob_content",
+    "generations",
+    "mailboxes",
+    "messages",
+    "message_id_table",
+    "imap_uid_table",
+    "mailbox_counters",
 )
 
 

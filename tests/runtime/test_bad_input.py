@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from mailq_runtime import InvalidInput, Mail, Runtime
+from mailq_runtime import InvalidInput, Mail, Runtime, UnknownQueue, run_worker
 from mailq_runtime.errors import ECHO_LIMIT
 from mailq_runtime.mailbox import parse_flags
 from mailq_runtime.settings import redact
@@ -29,9 +29,14 @@ BEYOND_THE_CALENDAR = "7990y"  # a valid duration, but from now it ends after 99
 
 
 @pytest.fixture
-def limited(backend):
+def limited_runtime(backend) -> Runtime:
+    return backend.open(max_message_size=MAX)
+
+
+@pytest.fixture
+def limited(limited_runtime):
     """A queue accepting messages up to 1000 bytes, holding one mail and one in-flight mail already."""
-    queue = backend.open(max_message_size=MAX).queue(QUEUE)
+    queue = limited_runtime.queue(QUEUE)
     queue.enqueue(make_mail("resident"))
     queue.enqueue(make_mail("in-flight"))
     return queue
@@ -210,6 +215,58 @@ def test_an_invalid_mail_cannot_be_built(backend, limited, case):
     with pytest.raises(InvalidInput, match=message):
         limited.enqueue(build())
     assert state(backend, limited) == before
+
+
+FRESH = "fresh"
+# Every refused enqueue: the operations above that enqueue, and a mail that cannot be built.
+REFUSED_ENQUEUES = {
+    **{case: ENQUEUES[case] for case in ENQUEUES if not case.startswith(("timeout", "remove", "republish"))},
+    **{
+        f"mail-{case}": (lambda queue, build=build: queue.enqueue(build()), message)
+        for case, (build, message) in MAILS.items()
+    },
+}
+
+
+def assert_no_queue_created(backend, runtime: Runtime, before: dict[str, int]) -> None:
+    assert backend.counts() == before
+    assert runtime.queues() == [QUEUE]
+    with pytest.raises(UnknownQueue, match=f"unknown queue '{FRESH}'"):
+        runtime.queue(FRESH, create=False)
+
+
+@pytest.mark.parametrize("case", list(REFUSED_ENQUEUES))
+def test_a_refused_enqueue_creates_no_queue(backend, limited_runtime, limited, case):
+    operation, message = REFUSED_ENQUEUES[case]
+    before = backend.counts()
+    with pytest.raises(InvalidInput, match=message):
+        operation(limited_runtime.queue(FRESH))
+    assert_no_queue_created(backend, limited_runtime, before)
+
+
+def test_naming_a_queue_and_using_it_before_its_first_enqueue_writes_nothing(
+    backend, limited_runtime, limited
+):
+    before = backend.counts()
+    fresh = limited_runtime.queue(FRESH)
+    assert (fresh.size(), list(fresh.browse()), fresh.dequeue(timeout=0), fresh.dead_letters()) == (
+        0,
+        [],
+        None,
+        [],
+    )
+    assert (fresh.remove(name="x"), fresh.clear(), fresh.flush(), fresh.republish("0s")) == (0, 0, 0, 0)
+    for operation in (fresh.browse_start, fresh.content_start, fresh.update_browse_start):
+        with pytest.raises(UnknownQueue, match="created by its first enqueue"):
+            operation()
+    assert_no_queue_created(backend, limited_runtime, before)
+
+
+def test_a_worker_on_an_unknown_queue_is_refused_and_writes_nothing(backend, limited_runtime, limited):
+    before = backend.counts()
+    with pytest.raises(UnknownQueue, match=r"unknown queue 'fresh': known queues are \['spool'\]"):
+        run_worker(limited_runtime, FRESH, local_domains=["example.com"], idle_timeout=0)
+    assert_no_queue_created(backend, limited_runtime, before)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""James's MailQueueFactoryContract: queues by name, created on first use, listed once."""
+"""James's MailQueueFactoryContract: queues by name, created by their first enqueue, listed once."""
 
 from __future__ import annotations
 
@@ -9,16 +9,25 @@ from mailq_runtime import InvalidInput, UnknownQueue
 from .helpers import make_mail
 
 
-def test_a_queue_is_created_on_first_use_and_then_the_same(runtime):
+def test_a_queue_is_created_by_its_first_enqueue_and_then_the_same(backend, runtime):
     queue = runtime.queue("spool")
     assert runtime.queue("spool") is queue
+    # Naming a queue writes nothing; until its first mail it is empty and unknown to create=False.
+    assert runtime.queues() == [] and backend.count("queues") == 0
+    assert (queue.size(), list(queue.browse()), queue.dequeue(timeout=0)) == (0, [], None)
+    with pytest.raises(UnknownQueue, match="unknown queue 'spool'"):
+        runtime.queue("spool", create=False)
+    with pytest.raises(UnknownQueue, match="created by its first enqueue"):
+        queue.browse_start()
+    queue.enqueue(make_mail("first"))
     assert runtime.queues() == ["spool"]
+    assert runtime.queue("spool", create=False) is queue
 
 
 def test_queues_are_listed_without_duplicates(backend, runtime):
     for name in ("b", "a", "b", "a", "c"):
-        runtime.queue(name)
-    backend.open().queue("a")  # creating an existing queue from elsewhere does not conflict
+        runtime.queue(name).enqueue(make_mail())
+    backend.open().queue("a").enqueue(make_mail())  # an existing queue's enqueue from elsewhere
     assert runtime.queues() == ["a", "b", "c"]
     assert backend.count("queues") == 3
 
@@ -31,7 +40,7 @@ def test_another_runtime_shares_the_queues(backend, runtime):
 
 
 def test_getting_an_unknown_queue_without_creating_it_raises(runtime):
-    runtime.queue("known")
+    runtime.queue("known").enqueue(make_mail())
     with pytest.raises(UnknownQueue, match="unknown"):
         runtime.queue("unknown", create=False)
     assert runtime.queues() == ["known"]
@@ -47,7 +56,7 @@ def test_different_names_give_different_queues(runtime):
 
 @pytest.mark.parametrize("name", ["", "-dash-first", "with space", "x" * 65, "../etc", "a/b", "é", None, 5])
 def test_an_invalid_queue_name_is_refused_and_creates_nothing(backend, runtime, name):
-    runtime.queue("spool")
+    runtime.queue("spool").enqueue(make_mail())
     before = backend.counts()
     for create in (True, False):
         with pytest.raises(InvalidInput, match="queue name"):

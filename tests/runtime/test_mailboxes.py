@@ -431,6 +431,11 @@ def test_other_bad_input_changes_nothing(runtime: Runtime, mailboxes: Mailboxes,
         (lambda: mailboxes.append(inbox, message(1), message_id="not-hex"), "invalid message id"),
         (lambda: mailboxes.expunge(inbox, 1), "collection of uids"),
         (lambda: mailboxes.counters("not-a-mailbox-id"), "invalid mailbox id"),
+        (lambda: mailboxes.reset_counters(inbox, 1.5, 0, observed=(1, 1)), "invalid counters"),
+        (lambda: mailboxes.reset_counters(inbox, "2", 0, observed=(1, 1)), "invalid counters"),
+        (lambda: mailboxes.reset_counters(inbox, 2, True, observed=(1, 1)), "invalid counters"),
+        (lambda: mailboxes.reset_counters(inbox, 2, 0, observed=(1,)), "invalid counters"),
+        (lambda: mailboxes.reset_counters(inbox, 2, 3, observed=None), "invalid counters"),
     ]
     cases += [
         (lambda uid=uid: mailboxes.set_flags(inbox, uid, add=["\\Seen"]), "invalid uid")

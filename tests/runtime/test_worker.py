@@ -225,6 +225,8 @@ def test_stop_finishes_the_mail_in_hand_then_returns(
 
 
 def test_an_idle_worker_stops_promptly(runtime: Runtime) -> None:
+    enqueue(runtime, USERS[0])
+    runtime.queue(QUEUE).dequeue(timeout=5).done()  # the queue exists, and is empty
     stop = threading.Event()
     stats: list[WorkerStats] = []
     worker = threading.Thread(
