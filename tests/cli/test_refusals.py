@@ -33,8 +33,8 @@ REFUSALS: dict[str, tuple[str, list[str], str]] = {
         ["enqueue", "fresh", "{eml}", "--sender", SENDER, "--rcpt", "bob@"],
         "'bob@'",
     ),
-    "enqueue-bad-delay": ("", [*ENQUEUE, "--delay", "soon"], "invalid duration"),
-    "enqueue-bad-priority": ("", [*ENQUEUE, "--priority", "high"], "invalid int value"),
+    "enqueue-bad-delay": ("", [*ENQUEUE, "--delay", "soon"], "invalid delay"),
+    "enqueue-bad-priority": ("", [*ENQUEUE, "--priority", "high"], "invalid priority"),
     "enqueue-bad-name": ("", [*ENQUEUE, "--name", "a\nb"], "invalid mail name"),
     "enqueue-bad-queue": ("", ["enqueue", "bad name!", *ENQUEUE[2:]], "invalid queue name"),
     "enqueue-missing-file": ("", ["enqueue", "fresh", "{missing}", *ENQUEUE[3:]], "No such file"),
@@ -50,7 +50,7 @@ REFUSALS: dict[str, tuple[str, list[str], str]] = {
     "clear-unknown-queue": ("", ["clear", "fresh"], "unknown queue 'fresh'"),
     "flush-unknown-queue": ("", ["flush", "fresh"], "unknown queue 'fresh'"),
     "republish-unknown-queue": ("", ["republish", "fresh", "--older-than", "1h"], "unknown queue 'fresh'"),
-    "republish-bad-duration": ("", ["republish", "spool", "--older-than", "soon"], "invalid duration"),
+    "republish-bad-duration": ("", ["republish", "spool", "--older-than", "soon"], "invalid older_than"),
     "update-browse-start-unknown-queue": ("", ["update-browse-start", "fresh"], "unknown queue 'fresh'"),
     "config-set-not-a-divisor": (
         "",
@@ -59,7 +59,7 @@ REFUSALS: dict[str, tuple[str, list[str], str]] = {
     ),
     "config-set-no-buckets": ("", ["config", "set", "--bucket-count", "0"], "invalid bucket_count"),
     "config-set-bad-pace": ("", ["config", "set", "--pace", "0"], "invalid update_browse_start_pace"),
-    "config-set-bad-window": ("", ["config", "set", "--slice-window", "soon"], "invalid duration"),
+    "config-set-bad-window": ("", ["config", "set", "--slice-window", "soon"], "invalid slice_window"),
 }
 
 
