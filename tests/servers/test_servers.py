@@ -1,0 +1,65 @@
+"""The harness's servers really serve: each test does through the real client what mailq's backends will."""
+
+from __future__ import annotations
+
+from cassandra.concurrent import execute_concurrent_with_args
+from cassandra.query import SimpleStatement
+
+from .cassandra import CassandraServer
+
+MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
+
+
+def test_cassandra_round_trip_token_ranges_and_counters(
+    cassandra_server: CassandraServer, keyspace_name: str
+):
+    cluster = cassandra_server.cluster()
+    session = cluster.connect()
+    try:
+        session.execute(
+            f"CREATE KEYSPACE {keyspace_name}"
+            " WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}"
+        )
+        session.set_keyspace(keyspace_name)
+        session.execute("CREATE TABLE blobs (blob_id text PRIMARY KEY, generation int)")
+        session.execute(
+            "CREATE TABLE mailbox_counters (mailbox text PRIMARY KEY, count counter, unseen counter)"
+        )
+
+        insert = session.prepare("INSERT INTO blobs (blob_id, generation) VALUES (?, ?)")
+        rows = [(f"blob-{n}", n % 3) for n in range(500)]
+        results = execute_concurrent_with_args(
+            session, insert, rows, concurrency=50, raise_on_first_error=True
+        )
+        assert all(result.success for result in results)
+
+        # Murmur3 never assigns the minimum token, so (MIN, t0] .. (tn, MAX] covers every row; each
+        # range is split further, as the Spark reader will split it for the cluster's cores.
+        ring = [token.value for token in cluster.metadata.token_map.ring]
+        bounds = sorted({MIN_TOKEN, *ring, MAX_TOKEN})
+        ranges = []
+        for start, end in zip(bounds, bounds[1:], strict=False):
+            step = (end - start) // 4
+            cuts = [start + step * n for n in range(4)] + [end]
+            ranges.extend(zip(cuts, cuts[1:], strict=False))
+        scan = session.prepare(
+            "SELECT blob_id, generation FROM blobs WHERE token(blob_id) > ? AND token(blob_id) <= ?"
+        )
+        seen = [tuple(row) for start, end in ranges for row in session.execute(scan, (start, end))]
+        assert sorted(seen) == sorted(rows)
+        assert len(ranges) >= 8
+
+        one = session.execute(
+            SimpleStatement("SELECT generation FROM blobs WHERE blob_id = %s"), ("blob-7",)
+        ).one()
+        assert one.generation == 1
+
+        bump = session.prepare(
+            "UPDATE mailbox_counters SET count = count + ?, unseen = unseen + ? WHERE mailbox = ?"
+        )
+        session.execute(bump, (3, 2, "INBOX"))
+        session.execute(bump, (4, -1, "INBOX"))
+        counters = session.execute("SELECT count, unseen FROM mailbox_counters WHERE mailbox = 'INBOX'").one()
+        assert (counters.count, counters.unseen) == (7, 1)
+    finally:
+        cluster.shutdown()
