@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from .base import ServerError, cache_root
 from .cassandra import Cassandra, CassandraServer
+from .s3 import S3Endpoint, S3Server
 
 #: In the order `up` starts them (and `down` stops them in reverse).
-SERVERS = {"cassandra": Cassandra}
-FACTS = {"cassandra": CassandraServer}
+SERVERS = {"cassandra": Cassandra, "s3": S3Endpoint}
+FACTS = {"cassandra": CassandraServer, "s3": S3Server}
 
-__all__ = ["SERVERS", "CassandraServer", "ServerError", "cache_root", "ensure", "running", "stop"]
+__all__ = ["SERVERS", "CassandraServer", "S3Server", "ServerError", "cache_root", "ensure", "running", "stop"]
 
 
 def ensure(name: str):

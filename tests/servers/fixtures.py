@@ -17,6 +17,7 @@ import pytest
 
 from . import SERVERS, ServerError, ensure
 from .cassandra import CassandraServer
+from .s3 import S3Server
 
 
 def fresh_keyspace_name() -> str:
@@ -67,3 +68,26 @@ def keyspace_name(cassandra_server: CassandraServer) -> Iterator[str]:
         cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
     finally:
         cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> S3Server:
+    return _server("s3")
+
+
+@pytest.fixture(scope="session")
+def bucket_name(s3_server: S3Server) -> Iterator[str]:
+    """A fresh bucket name for this session (not created); the bucket is emptied and removed at the end."""
+    name = fresh_bucket_name()
+    yield name
+    client = s3_server.client()
+    try:
+        for upload in client.list_multipart_uploads(Bucket=name).get("Uploads", []):
+            client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            keys = [{"Key": entry["Key"]} for entry in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+        client.delete_bucket(Bucket=name)
+    except client.exceptions.NoSuchBucket:
+        pass  # the session never created it

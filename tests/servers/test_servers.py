@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+
+import pytest
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import SimpleStatement
 
 from .cassandra import CassandraServer
+from .s3 import S3Server
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 
@@ -63,3 +67,48 @@ def test_cassandra_round_trip_token_ranges_and_counters(
         assert (counters.count, counters.unseen) == (7, 1)
     finally:
         cluster.shutdown()
+
+
+def test_s3_put_get_delete_objects_and_multipart_upload(s3_server: S3Server, bucket_name: str):
+    client = s3_server.client()
+    client.create_bucket(Bucket=bucket_name)
+
+    client.put_object(Bucket=bucket_name, Key="blob-a", Body=b"hello", ChecksumAlgorithm="CRC32")
+    assert client.get_object(Bucket=bucket_name, Key="blob-a")["Body"].read() == b"hello"
+    assert client.get_object(Bucket=bucket_name, Key="blob-a", Range="bytes=1-3")["Body"].read() == b"ell"
+    with pytest.raises(client.exceptions.NoSuchKey):
+        client.get_object(Bucket=bucket_name, Key="absent")
+
+    keys = [f"gc-{n:04d}" for n in range(120)]
+    for key in keys:
+        client.put_object(Bucket=bucket_name, Key=key, Body=key.encode())
+    deleted = client.delete_objects(Bucket=bucket_name, Delete={"Objects": [{"Key": key} for key in keys]})
+    assert sorted(entry["Key"] for entry in deleted["Deleted"]) == keys
+    assert not deleted.get("Errors")
+    listed = client.list_objects_v2(Bucket=bucket_name)
+    assert [entry["Key"] for entry in listed["Contents"]] == ["blob-a"]
+
+    # Parts other than the last must be at least 5 MiB, as on AWS.
+    parts = [bytes([n]) * (5 * 2**20) for n in range(2)] + [b"tail"]
+    upload = client.create_multipart_upload(Bucket=bucket_name, Key="large")
+    etags = [
+        client.upload_part(
+            Bucket=bucket_name, Key="large", UploadId=upload["UploadId"], PartNumber=number, Body=body
+        )["ETag"]
+        for number, body in enumerate(parts, start=1)
+    ]
+    client.complete_multipart_upload(
+        Bucket=bucket_name,
+        Key="large",
+        UploadId=upload["UploadId"],
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, start=1)]},
+    )
+    body = client.get_object(Bucket=bucket_name, Key="large")["Body"].read()
+    assert hashlib.sha256(body).digest() == hashlib.sha256(b"".join(parts)).digest()
+
+
+def test_s3_refuses_a_wrong_secret(s3_server: S3Server):
+    intruder = S3Server(s3_server.endpoint_url, s3_server.access_key_id, "not-the-secret").client()
+    with pytest.raises(intruder.exceptions.ClientError) as refused:
+        intruder.list_buckets()
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
