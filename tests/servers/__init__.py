@@ -10,13 +10,24 @@ from __future__ import annotations
 
 from .base import ServerError, cache_root
 from .cassandra import Cassandra, CassandraServer
+from .rabbitmq import RabbitMQ, RabbitMQServer
 from .s3 import S3Endpoint, S3Server
 
 #: In the order `up` starts them (and `down` stops them in reverse).
-SERVERS = {"cassandra": Cassandra, "s3": S3Endpoint}
-FACTS = {"cassandra": CassandraServer, "s3": S3Server}
+SERVERS = {"cassandra": Cassandra, "s3": S3Endpoint, "rabbitmq": RabbitMQ}
+FACTS = {"cassandra": CassandraServer, "s3": S3Server, "rabbitmq": RabbitMQServer}
 
-__all__ = ["SERVERS", "CassandraServer", "S3Server", "ServerError", "cache_root", "ensure", "running", "stop"]
+__all__ = [
+    "SERVERS",
+    "CassandraServer",
+    "RabbitMQServer",
+    "S3Server",
+    "ServerError",
+    "cache_root",
+    "ensure",
+    "running",
+    "stop",
+]
 
 
 def ensure(name: str):

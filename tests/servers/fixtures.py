@@ -17,6 +17,7 @@ import pytest
 
 from . import SERVERS, ServerError, ensure
 from .cassandra import CassandraServer
+from .rabbitmq import RabbitMQServer
 from .s3 import S3Server
 
 
@@ -91,3 +92,8 @@ def bucket_name(s3_server: S3Server) -> Iterator[str]:
         client.delete_bucket(Bucket=name)
     except client.exceptions.NoSuchBucket:
         pass  # the session never created it
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> RabbitMQServer:
+    return _server("rabbitmq")

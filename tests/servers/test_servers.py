@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import secrets
 
+import pika
 import pytest
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import SimpleStatement
 
 from .cassandra import CassandraServer
+from .rabbitmq import RabbitMQServer
 from .s3 import S3Server
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
@@ -112,3 +115,42 @@ def test_s3_refuses_a_wrong_secret(s3_server: S3Server):
     with pytest.raises(intruder.exceptions.ClientError) as refused:
         intruder.list_buckets()
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
+
+def test_rabbitmq_quorum_queue_with_confirms_and_acks(rabbitmq_server: RabbitMQServer):
+    queue = f"mailq-test-{secrets.token_hex(4)}"
+    connection = pika.BlockingConnection(rabbitmq_server.connection_parameters())
+    try:
+        channel = connection.channel()
+        declared = channel.queue_declare(
+            queue,
+            durable=True,
+            arguments={"x-queue-type": "quorum", "x-overflow": "reject-publish", "x-delivery-limit": 3},
+        )
+        assert declared.method.message_count == 0
+        channel.confirm_delivery()
+        sent = [f"mail-{n}".encode() for n in range(20)]
+        for body in sent:
+            # With confirms on, a publish the broker nacks or cannot route raises here.
+            channel.basic_publish(
+                "",
+                queue,
+                body,
+                pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent),
+                mandatory=True,
+            )
+
+        received = []
+        channel.basic_qos(prefetch_count=5)
+        for method, _properties, body in channel.consume(queue, inactivity_timeout=10):
+            assert method is not None, f"only {len(received)} of {len(sent)} messages came back"
+            received.append(body)
+            channel.basic_ack(method.delivery_tag)
+            if len(received) == len(sent):
+                break
+        channel.cancel()
+        assert received == sent
+        assert channel.queue_declare(queue, passive=True).method.message_count == 0
+        channel.queue_delete(queue)
+    finally:
+        connection.close()
