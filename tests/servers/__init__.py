@@ -12,16 +12,18 @@ from .base import ServerError, cache_root
 from .cassandra import Cassandra, CassandraServer
 from .rabbitmq import RabbitMQ, RabbitMQServer
 from .s3 import S3Endpoint, S3Server
+from .spark import SparkCluster, SparkStandalone
 
 #: In the order `up` starts them (and `down` stops them in reverse).
-SERVERS = {"cassandra": Cassandra, "s3": S3Endpoint, "rabbitmq": RabbitMQ}
-FACTS = {"cassandra": CassandraServer, "s3": S3Server, "rabbitmq": RabbitMQServer}
+SERVERS = {"cassandra": Cassandra, "s3": S3Endpoint, "rabbitmq": RabbitMQ, "spark": SparkStandalone}
+FACTS = {"cassandra": CassandraServer, "s3": S3Server, "rabbitmq": RabbitMQServer, "spark": SparkCluster}
 
 __all__ = [
     "SERVERS",
     "CassandraServer",
     "RabbitMQServer",
     "S3Server",
+    "SparkCluster",
     "ServerError",
     "cache_root",
     "ensure",

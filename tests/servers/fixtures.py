@@ -19,6 +19,7 @@ from . import SERVERS, ServerError, ensure
 from .cassandra import CassandraServer
 from .rabbitmq import RabbitMQServer
 from .s3 import S3Server
+from .spark import SparkCluster
 
 
 def fresh_keyspace_name() -> str:
@@ -97,3 +98,8 @@ def bucket_name(s3_server: S3Server) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def rabbitmq_server() -> RabbitMQServer:
     return _server("rabbitmq")
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> SparkCluster:
+    return _server("spark")

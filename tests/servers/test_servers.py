@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import secrets
+import subprocess
+import sys
+from pathlib import Path
 
 import pika
 import pytest
@@ -13,6 +18,7 @@ from cassandra.query import SimpleStatement
 from .cassandra import CassandraServer
 from .rabbitmq import RabbitMQServer
 from .s3 import S3Server
+from .spark import SparkCluster
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 
@@ -154,3 +160,50 @@ def test_rabbitmq_quorum_queue_with_confirms_and_acks(rabbitmq_server: RabbitMQS
         channel.queue_delete(queue)
     finally:
         connection.close()
+
+
+# Run as its own process: a driver is one per process, and a local session of another suite in this
+# pytest run would otherwise be the one `getOrCreate()` returns.
+SPARK_JOB = """
+import json, os, sys, time
+from pyspark.sql import SparkSession
+
+builder = SparkSession.builder.appName("mailq-harness-check")
+for key, value in json.loads(sys.argv[1]).items():
+    builder = builder.config(key, value)
+spark = builder.getOrCreate()
+
+def where(number):
+    time.sleep(0.3)
+    return os.getcwd(), sys.executable, number * number
+
+print(json.dumps(spark.sparkContext.parallelize(range(8), 8).map(where).collect()))
+spark.stop()
+"""
+
+
+def test_spark_job_runs_on_both_workers(spark_cluster: SparkCluster, tmp_path: Path):
+    conf = {
+        **spark_cluster.conf(),
+        "spark.ui.enabled": "false",
+        "spark.executor.memory": "512m",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        # Start only once both executors (one core each) have registered, so that both get tasks.
+        "spark.cores.max": str(spark_cluster.cores),
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+    }
+    job = tmp_path / "job.py"
+    job.write_text(SPARK_JOB)
+    env = {**os.environ, **spark_cluster.env()}
+    done = subprocess.run(
+        [sys.executable, str(job), json.dumps(conf)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    placed = json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert sorted(square for _cwd, _python, square in placed) == [n * n for n in range(8)]
+    # An executor runs in <worker work dir>/<application>/<executor>.
+    assert {Path(cwd).parent.parent.name for cwd, _python, _square in placed} == {"worker-1", "worker-2"}
+    assert {python for _cwd, python, _square in placed} == {spark_cluster.python}
