@@ -79,14 +79,20 @@ class Proc:
 
     def owns_listener(self, port: int) -> bool:
         """True when this process holds the socket listening on the loopback port."""
-        inodes = _listening_inodes(port)
-        if not inodes:
+        wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+        if not wanted:
             return False
         try:
-            links = {os.readlink(fd) for fd in Path(f"/proc/{self.pid}/fd").iterdir()}
+            fds = list(Path(f"/proc/{self.pid}/fd").iterdir())
         except (FileNotFoundError, PermissionError):
             return False
-        return any(f"socket:[{inode}]" in links for inode in inodes)
+        for fd in fds:
+            try:
+                if os.readlink(fd) in wanted:
+                    return True
+            except FileNotFoundError:
+                continue  # closed since the listing: a busy server opens and closes files all the time
+        return False
 
     def rss_bytes(self) -> int:
         try:
@@ -330,15 +336,17 @@ class Server(ABC):
     def recorded(self) -> Running | None:
         try:
             state = json.loads(self.state_file.read_text())
+            return Running(
+                procs={role: Proc.from_json(value) for role, value in state["procs"].items()},
+                ports={role: int(port) for role, port in state["ports"].items()},
+                facts=state["facts"],
+            )
         except FileNotFoundError:
             return None
-        except ValueError:
+        except (ValueError, KeyError, TypeError, IndexError):
+            # Written atomically, so only a hand edit spoils it: treat it as no record.
+            say(f"{self.name}: ignoring the unreadable state file {self.state_file}")
             return None
-        return Running(
-            procs={role: Proc.from_json(value) for role, value in state["procs"].items()},
-            ports={role: int(port) for role, port in state["ports"].items()},
-            facts=state["facts"],
-        )
 
     def serving(self, running: Running) -> bool:
         """Every recorded process alive, and the main one holding every recorded port."""
@@ -375,13 +383,16 @@ class Server(ABC):
                 did = f"installed in {time.monotonic() - started:.0f} s, started"
             self.run_dir.mkdir(parents=True, exist_ok=True)
             procs = self.launch()
+            running = Running(procs=procs, ports=ports, facts=self.facts())
+            # Recorded before it is ready: if this process dies while waiting, the next `up` finds the
+            # half-started server as its own and stops it, instead of taking its ports for a stranger's.
+            self._write_state(running)
             try:
                 self.wait_ready(procs)
             except BaseException:
                 self.shut_down(procs)
+                self.state_file.unlink(missing_ok=True)
                 raise
-            running = Running(procs=procs, ports=ports, facts=self.facts())
-            self._write_state(running)
             return running, did
 
     def stop(self) -> bool:

@@ -281,13 +281,15 @@ class Cassandra(Server):
 
 
 def _cql_round_trip(port: int) -> None:
+    from cassandra import DriverException
     from cassandra.cluster import NoHostAvailable
+    from cassandra.protocol import ErrorMessage
 
     cluster = CassandraServer(HOST, port, DATACENTER).cluster(connect_timeout=30)
     try:
         session = cluster.connect()
         session.execute("SELECT release_version FROM system.local", timeout=30).one()
-    except NoHostAvailable as error:
+    except (NoHostAvailable, DriverException, ErrorMessage) as error:
         raise ServerError(
             f"cassandra logged that it listens for CQL but a CQL connect failed: {error}"
         ) from None

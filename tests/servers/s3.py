@@ -75,7 +75,9 @@ class S3Endpoint(Server):
         return (self.binary.parent / ".complete").exists()
 
     def install(self) -> None:
-        go = require_program("go", "install Go 1.22 or later (https://go.dev/dl)")
+        go = require_program(
+            "go", "install Go 1.21 or later (https://go.dev/dl); an older one than 1.25 fetches 1.25 itself"
+        )
         say(f"s3: building versitygw {VERSION} with `go install` into {self.binary.parent} (about 4 minutes)")
         staging = self.home / "build-bin"
         shutil.rmtree(staging, ignore_errors=True)

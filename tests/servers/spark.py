@@ -124,7 +124,7 @@ class SparkStandalone(Server):
         logs = [self.logs / f"{role}.log" for role in procs]
 
         def all_workers_alive() -> bool:
-            return master.owns_listener(ports["webui"]) and self._alive_workers() == WORKERS
+            return master.owns_listener(ports["webui"]) and self._alive_workers(ports["webui"]) == WORKERS
 
         wait_for(
             "spark",
@@ -147,11 +147,12 @@ class SparkStandalone(Server):
     def serving(self, running) -> bool:
         # The workers listen on ports of their choosing; alive is enough for them, and the master must
         # still count them (a worker that lost its master is alive but serves nothing).
-        return super().serving(running) and self._alive_workers() == len(running.procs) - 1
+        alive_workers = self._alive_workers(running.ports["webui"])
+        return super().serving(running) and alive_workers == len(running.procs) - 1
 
-    def _alive_workers(self) -> int:
+    def _alive_workers(self, webui_port: int) -> int:
         try:
-            with urllib.request.urlopen(f"{self._web_ui_url()}/json/", timeout=5) as answer:
+            with urllib.request.urlopen(f"http://{HOST}:{webui_port}/json/", timeout=5) as answer:
                 return int(json.load(answer).get("aliveworkers", 0))
         except (OSError, ValueError):
             return 0
