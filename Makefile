@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(BIN)/python)
 
-.PHONY: demo test lint setup ui clean
+.PHONY: demo test lint setup ui clean servers servers-down
 
 $(BIN)/mailq: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ demo: setup $(DAGSTER_DIR)/dagster.yaml
 
 test: setup
 	$(BIN)/pytest
+
+# The real servers of the distributed tests (tests/servers), installed into ~/.cache/mailq-servers.
+servers: setup
+	$(BIN)/python -m tests.servers up
+
+servers-down: setup
+	$(BIN)/python -m tests.servers down
 
 lint: setup
 	$(BIN)/ruff check .

@@ -1,0 +1,49 @@
+"""The project's harness for the real servers of the distributed deployment: Cassandra, an S3 endpoint
+(versitygw), RabbitMQ and a Spark standalone cluster, installed into a cache outside the repository
+(`MAILQ_SERVERS_CACHE`, default ~/.cache/mailq-servers) and started on loopback.
+
+`python -m tests.servers up|down|status|env [server ...]` drives them from a shell; `ensure()` and the
+fixtures of `tests.servers.fixtures` drive them from Python through the same code. A running instance
+is reused, so starting is paid once per machine, not once per test session."""
+
+from __future__ import annotations
+
+from .base import ServerError, cache_root
+from .cassandra import Cassandra, CassandraServer
+from .rabbitmq import RabbitMQ, RabbitMQServer
+from .s3 import S3Endpoint, S3Server
+from .spark import SparkCluster, SparkStandalone
+
+#: In the order `up` starts them (and `down` stops them in reverse).
+SERVERS = {"cassandra": Cassandra, "s3": S3Endpoint, "rabbitmq": RabbitMQ, "spark": SparkStandalone}
+FACTS = {"cassandra": CassandraServer, "s3": S3Server, "rabbitmq": RabbitMQServer, "spark": SparkCluster}
+
+__all__ = [
+    "SERVERS",
+    "CassandraServer",
+    "RabbitMQServer",
+    "S3Server",
+    "SparkCluster",
+    "ServerError",
+    "cache_root",
+    "ensure",
+    "running",
+    "stop",
+]
+
+
+def ensure(name: str):
+    """The facts of the running server `name`, which is installed and started first when needed."""
+    running, _ = SERVERS[name]().ensure()
+    return FACTS[name](**running.facts)
+
+
+def running(name: str):
+    """The facts of the server `name` if this harness runs it, else None."""
+    found = SERVERS[name]().running()
+    return None if found is None else FACTS[name](**found.facts)
+
+
+def stop(name: str) -> bool:
+    """Stop the server `name` gracefully; False when it was not running."""
+    return SERVERS[name]().stop()

@@ -1,0 +1,111 @@
+"""`python -m tests.servers up|down|status|env [server ...]`: the servers of the distributed tests."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+
+from . import FACTS, SERVERS, ServerError, cache_root
+from .base import Proc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.servers",
+        description=f"Install, start and stop the servers of the distributed tests (cache: {cache_root()}).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command, help_text in (
+        ("up", "install what is missing, start (or reuse) the servers and wait until they serve"),
+        ("down", "stop the servers gracefully"),
+        ("status", "say which servers run, with their pids, ports and memory"),
+        ("env", "print shell `export` lines pointing at the running servers"),
+    ):
+        sub = commands.add_parser(command, help=help_text)
+        sub.add_argument("servers", nargs="*", metavar="server", help=f"{' | '.join(SERVERS)} (default: all)")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.servers if name not in SERVERS]
+    if unknown:
+        parser.error(f"unknown server {unknown[0]!r} (choose from {', '.join(SERVERS)})")
+    names = list(dict.fromkeys(args.servers)) or list(SERVERS)
+    try:
+        if args.command == "env":
+            return env(names, named=bool(args.servers))
+        return {"up": up, "down": down, "status": status}[args.command](names)
+    except ServerError as error:
+        print(f"servers: error: {error}", file=sys.stderr)
+        return 1
+
+
+def up(names: list[str]) -> int:
+    failed = []
+    for name in names:
+        started = time.monotonic()
+        try:
+            running, did = SERVERS[name]().ensure()
+        except ServerError as error:
+            print(f"servers: error: {error}", file=sys.stderr)
+            failed.append(name)
+            continue
+        main_proc = running.procs[SERVERS[name].main_process]
+        ports = ", ".join(f"{role} {port}" for role, port in running.ports.items())
+        print(f"{name}: {did} ({time.monotonic() - started:.1f} s), pid {main_proc.pid}, {ports}", flush=True)
+    if failed:
+        print(f"servers: error: could not start {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def down(names: list[str]) -> int:
+    for name in reversed(names):
+        started = time.monotonic()
+        stopped = SERVERS[name]().stop()
+        print(f"{name}: {'stopped' if stopped else 'was not running'} ({time.monotonic() - started:.1f} s)")
+    return 0
+
+
+def status(names: list[str]) -> int:
+    for name in names:
+        server = SERVERS[name]()
+        recorded = server.recorded()
+        if recorded is None:
+            print(f"{name}: stopped")
+        elif not server.serving(recorded):
+            print(f"{name}: not serving (recorded in {server.state_file}; `up` restarts it)")
+        else:
+            procs = recorded.procs.values()
+            ports = ", ".join(f"{role} {port}" for role, port in recorded.ports.items())
+            print(
+                f"{name}: running, pid {' '.join(str(proc.pid) for proc in procs)}, {ports}, "
+                f"RSS {_mib(procs)} MiB, up {_duration(recorded.procs[server.main_process])}"
+            )
+    return 0
+
+
+def env(names: list[str], named: bool) -> int:
+    missing = []
+    for name in names:
+        found = SERVERS[name]().running()
+        if found is None:
+            missing.append(name)
+            print(f"# {name}: not running")
+            continue
+        for variable, value in FACTS[name](**found.facts).env().items():
+            print(f"export {variable}={shlex.quote(value)}")
+    # Asked for by name, a server that is not running is an error; the default listing only notes it.
+    return 1 if missing and named else 0
+
+
+def _mib(procs) -> int:
+    return round(sum(proc.rss_bytes() for proc in procs) / 2**20)
+
+
+def _duration(proc: Proc) -> str:
+    seconds = int(proc.uptime_seconds())
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m{seconds % 60:02d}s"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

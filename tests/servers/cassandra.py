@@ -1,0 +1,297 @@
+"""Cassandra 5.0.9 as one single-node `CassandraDaemon` JVM, from the Maven Central jars (no Debian or PyPI
+package carries the server), tuned for tests on a small machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .base import (
+    HOST,
+    Proc,
+    Server,
+    ServerError,
+    fresh_log,
+    log_contains,
+    require_program,
+    run_logged,
+    say,
+    spawn,
+    wait_for,
+)
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Cluster
+
+VERSION = "5.0.9"
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
+DATACENTER = "datacenter1"
+
+POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>mailq.servers</groupId>
+  <artifactId>cassandra-jars</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.cassandra</groupId>
+      <artifactId>cassandra-all</artifactId>
+      <version>{VERSION}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+# Cassandra 5.0 refuses unknown keys, so this holds only what differs from the defaults or has none.
+# The timeouts are long because a starved 2-core machine otherwise turns slow requests into failures.
+CASSANDRA_YAML = """cluster_name: mailq-test
+num_tokens: 1
+initial_token: 0
+partitioner: org.apache.cassandra.dht.Murmur3Partitioner
+endpoint_snitch: SimpleSnitch
+seed_provider:
+  - class_name: org.apache.cassandra.locator.SimpleSeedProvider
+    parameters:
+      - seeds: "127.0.0.1"
+listen_address: 127.0.0.1
+rpc_address: 127.0.0.1
+start_native_transport: true
+commitlog_sync: periodic
+commitlog_sync_period: 10000ms
+auto_snapshot: false
+disk_access_mode: standard
+read_request_timeout: 15000ms
+range_request_timeout: 30000ms
+write_request_timeout: 15000ms
+counter_write_request_timeout: 15000ms
+cas_contention_timeout: 5000ms
+truncate_request_timeout: 60000ms
+request_timeout: 30000ms
+"""
+
+# The jar ships no logback configuration; the readiness check reads this file.
+LOGBACK_XML = """<configuration scan="false">
+  <appender name="FILE" class="ch.qos.logback.core.rolling.RollingFileAppender">
+    <file>${cassandra.logdir}/system.log</file>
+    <rollingPolicy class="ch.qos.logback.core.rolling.FixedWindowRollingPolicy">
+      <fileNamePattern>${cassandra.logdir}/system.log.%i</fileNamePattern>
+      <minIndex>1</minIndex>
+      <maxIndex>3</maxIndex>
+    </rollingPolicy>
+    <triggeringPolicy class="ch.qos.logback.core.rolling.SizeBasedTriggeringPolicy">
+      <maxFileSize>20MB</maxFileSize>
+    </triggeringPolicy>
+    <encoder><pattern>%-5level [%thread] %date{ISO8601} %F:%L - %msg%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="FILE"/></root>
+</configuration>
+"""
+
+# The JPMS block of Cassandra's conf/jvm17-server.options: without it the daemon stops with
+# "Cassandra is unable to access required classes".
+JPMS_OPTIONS = [
+    "-Djdk.attach.allowAttachSelf=true",
+    *(
+        f"--add-exports={module}=ALL-UNNAMED"
+        for module in (
+            "java.base/jdk.internal.misc",
+            "java.management.rmi/com.sun.jmx.remote.internal.rmi",
+            "java.rmi/sun.rmi.registry",
+            "java.rmi/sun.rmi.server",
+            "java.sql/java.sql",
+            "java.base/java.lang.ref",
+            "jdk.unsupported/sun.misc",
+            "jdk.compiler/com.sun.tools.javac.file",
+            "jdk.attach/sun.tools.attach",
+        )
+    ),
+    *(
+        f"--add-opens={module}=ALL-UNNAMED"
+        for module in (
+            "java.base/java.lang.module",
+            "java.base/jdk.internal.loader",
+            "java.base/jdk.internal.ref",
+            "java.base/jdk.internal.reflect",
+            "java.base/jdk.internal.math",
+            "java.base/jdk.internal.module",
+            "java.base/jdk.internal.util.jar",
+            "jdk.management/com.sun.management.internal",
+            "java.base/sun.nio.ch",
+            "java.base/java.io",
+            "java.base/java.lang.reflect",
+            "jdk.compiler/com.sun.tools.javac",
+            "java.base/java.lang",
+            "java.base/java.util",
+        )
+    ),
+    "-Dio.netty.tryReflectionSetAccessible=true",
+    "-Dio.netty.allocator.useCacheForAllThreads=true",
+    "-Dio.netty.allocator.maxOrder=11",
+]
+
+# Test speed-ups measured on this kind of machine. unsafesystem and skip_sync make schema changes about
+# 5x faster but a SIGKILL then loses the schema: the harness stops the node with SIGTERM.
+TEST_OPTIONS = [
+    "-Dcassandra.unsafesystem=true",
+    "-Dcassandra.skip_sync=true",
+    "-Dcassandra.shutdown_announce_in_ms=0",
+    "-Dcassandra.test.messagingService.nonGracefulShutdown=true",
+    "-Dcassandra.memtable.row_overhead_size=180",
+    "-Dcassandra.libjemalloc=-",
+]
+
+
+@dataclass(frozen=True)
+class CassandraServer:
+    """How to reach the node: `Cluster([host], port=port)`, local datacenter `datacenter`."""
+
+    host: str
+    port: int
+    datacenter: str
+
+    def cluster(self, **options: Any) -> Cluster:
+        """A cassandra-driver `Cluster` for this node (not yet connected); options go to `Cluster`. Its
+        default profile routes to the node's datacenter and waits 60 s, as a busy 2-core machine needs."""
+        from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+        from cassandra.policies import DCAwareRoundRobinPolicy
+
+        profile = ExecutionProfile(
+            load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=self.datacenter), request_timeout=60
+        )
+        options.setdefault("execution_profiles", {EXEC_PROFILE_DEFAULT: profile})
+        return Cluster([self.host], port=self.port, **options)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "MAILQ_CASSANDRA_HOST": self.host,
+            "MAILQ_CASSANDRA_PORT": str(self.port),
+            "MAILQ_CASSANDRA_DATACENTER": self.datacenter,
+        }
+
+
+class Cassandra(Server):
+    name = "cassandra"
+    port_settings = {
+        "native": ("MAILQ_CASSANDRA_PORT", 19042),
+        "storage": ("MAILQ_CASSANDRA_STORAGE_PORT", 17000),
+    }
+
+    def __init__(self, cache: Path | None = None) -> None:
+        super().__init__(cache)
+        self.lib = self.home / VERSION / "lib"
+        self.system_log = self.run_dir / "logs" / "system.log"
+        self.stdout_log = self.run_dir / "logs" / "stdout.log"
+
+    def installed(self) -> bool:
+        return (self.lib / ".complete").exists()
+
+    def install(self) -> None:
+        mvn = require_program("mvn", "install Maven (Debian: apt-get install maven)")
+        require_program("java", "install a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)")
+        say(f"cassandra: downloading the {VERSION} jars from Maven Central into {self.lib} (about a minute)")
+        build = self.home / "build"
+        shutil.rmtree(build, ignore_errors=True)
+        build.mkdir(parents=True)
+        (build / "pom.xml").write_text(POM)
+        staging = build / "lib"
+        run_logged(
+            [
+                mvn,
+                "-B",
+                "-Dstyle.color=never",
+                f"-Dmaven.repo.local={self.home / 'm2'}",
+                "-f",
+                str(build / "pom.xml"),
+                f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={staging}",
+            ],
+            log=self.home / "install.log",
+            what=f"downloading Cassandra {VERSION} with Maven",
+        )
+        if not any(staging.glob(f"cassandra-all-{VERSION}.jar")):
+            raise ServerError(f"Maven finished but cassandra-all-{VERSION}.jar is not in {staging}")
+        (staging / ".complete").touch()
+        shutil.rmtree(self.lib, ignore_errors=True)
+        self.lib.parent.mkdir(parents=True, exist_ok=True)
+        staging.replace(self.lib)
+        shutil.rmtree(build)
+
+    def launch(self) -> dict[str, Proc]:
+        conf = self.run_dir / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        (conf / "cassandra.yaml").write_text(CASSANDRA_YAML)
+        (conf / "logback.xml").write_text(LOGBACK_XML)
+        fresh_log(self.system_log)
+        ports = self.ports()
+        heap = os.environ.get("MAILQ_CASSANDRA_HEAP", "768m")
+        java = [
+            require_program("java", "install a Java 17 runtime"),
+            "-Xms256m",
+            f"-Xmx{heap}",
+            "-Xss256k",
+            # C1 only: on 2 cores the C2 compiler took over half the CPU and requests timed out.
+            "-XX:TieredStopAtLevel=1",
+            "-XX:+UseG1GC",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.net.preferIPv4Stack=true",
+            *JPMS_OPTIONS,
+            *TEST_OPTIONS,
+            f"-Dcassandra.config={(conf / 'cassandra.yaml').as_uri()}",
+            f"-Dlogback.configurationFile={conf / 'logback.xml'}",
+            f"-Dcassandra.storagedir={self.run_dir / 'data'}",
+            f"-Dcassandra.logdir={self.system_log.parent}",
+            # Without it the daemon closes its stdout and stderr, and a fatal start-up error is lost.
+            "-Dcassandra-foreground=yes",
+            f"-Dcassandra.native_transport_port={ports['native']}",
+            f"-Dcassandra.storage_port={ports['storage']}",
+            "-cp",
+            f"{self.lib}/*",
+            "org.apache.cassandra.service.CassandraDaemon",
+        ]
+        if os.geteuid() == 0:
+            # As root, JNA's mlockall succeeds and pins the whole JVM in memory (RSS 876 MiB instead of
+            # ~390 at a 512m heap); without CAP_IPC_LOCK Cassandra only warns.
+            java = ["setpriv", "--bounding-set", "-ipc_lock", *java]
+        return {"server": spawn(java, env=dict(os.environ), log=fresh_log(self.stdout_log), cwd=self.run_dir)}
+
+    def wait_ready(self, procs: dict[str, Proc]) -> None:
+        server = procs["server"]
+        port = self.ports()["native"]
+        line = f"Starting listening for CQL clients on /{HOST}:{port}"
+        # Its own log line first: a port check alone may be answered by another node on that port.
+        wait_for(
+            "cassandra",
+            lambda: log_contains(self.system_log, line),
+            alive=server.alive,
+            logs=[self.system_log, self.stdout_log],
+        )
+        _cql_round_trip(port)
+
+    def facts(self) -> dict:
+        return asdict(CassandraServer(HOST, self.ports()["native"], DATACENTER))
+
+    def shut_down(self, procs: dict[str, Proc]) -> None:
+        # SIGTERM only: with unsafesystem, a SIGKILL loses the schema. It stops in 2-3 s.
+        procs["server"].terminate("cassandra", timeout=120)
+
+
+def _cql_round_trip(port: int) -> None:
+    from cassandra import DriverException
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.protocol import ErrorMessage
+
+    cluster = CassandraServer(HOST, port, DATACENTER).cluster(connect_timeout=30)
+    try:
+        session = cluster.connect()
+        session.execute("SELECT release_version FROM system.local", timeout=30).one()
+    except (NoHostAvailable, DriverException, ErrorMessage) as error:
+        raise ServerError(
+            f"cassandra logged that it listens for CQL but a CQL connect failed: {error}"
+        ) from None
+    finally:
+        cluster.shutdown()

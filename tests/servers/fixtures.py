@@ -1,0 +1,105 @@
+"""pytest fixtures for tests against the real servers, registered for the whole suite by tests/conftest.py.
+
+Each server fixture is session-scoped: it makes sure the server runs, through the same code as
+`python -m tests.servers up` (reusing a running one), and yields how to reach it. A server that cannot
+start fails the tests that need it, with the reason; none is ever skipped. `keyspace_name` and
+`bucket_name` give each test session its own keyspace and bucket on the shared servers."""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from . import SERVERS, ServerError, ensure
+from .cassandra import CassandraServer
+from .rabbitmq import RabbitMQServer
+from .s3 import S3Server
+from .spark import SparkCluster
+
+
+def fresh_keyspace_name() -> str:
+    """A keyspace name no other session uses (the time in it tells old leftovers apart)."""
+    return f"mailq_test_{int(time.time())}_{secrets.token_hex(3)}"
+
+
+def fresh_bucket_name() -> str:
+    return f"mailq-test-{int(time.time())}-{secrets.token_hex(3)}"
+
+
+@contextmanager
+def _untimed() -> Iterator[None]:
+    """pytest-timeout's alarm also runs during fixture set-up, and a cold install takes minutes that are
+    not the test's: hold the alarm while installing, and give the test its full time afterwards."""
+    remaining, interval = signal.getitimer(signal.ITIMER_REAL)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        yield
+    finally:
+        if remaining:
+            signal.setitimer(signal.ITIMER_REAL, remaining, interval)
+
+
+def _server(name: str):
+    try:
+        if SERVERS[name]().installed():
+            return ensure(name)
+        with _untimed():
+            return ensure(name)
+    except ServerError as error:
+        reason = str(error)
+    pytest.fail(f"{name} could not start: {reason}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cassandra_server() -> CassandraServer:
+    return _server("cassandra")
+
+
+@pytest.fixture(scope="session")
+def keyspace_name(cassandra_server: CassandraServer) -> Iterator[str]:
+    """A fresh keyspace name for this session (not created); the keyspace is dropped at the end if it was."""
+    name = fresh_keyspace_name()
+    yield name
+    cluster = cassandra_server.cluster()
+    try:
+        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> S3Server:
+    return _server("s3")
+
+
+@pytest.fixture(scope="session")
+def bucket_name(s3_server: S3Server) -> Iterator[str]:
+    """A fresh bucket name for this session (not created); the bucket is emptied and removed at the end."""
+    name = fresh_bucket_name()
+    yield name
+    client = s3_server.client()
+    try:
+        for upload in client.list_multipart_uploads(Bucket=name).get("Uploads", []):
+            client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            keys = [{"Key": entry["Key"]} for entry in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+        client.delete_bucket(Bucket=name)
+    except client.exceptions.NoSuchBucket:
+        pass  # the session never created it
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> RabbitMQServer:
+    return _server("rabbitmq")
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> SparkCluster:
+    return _server("spark")

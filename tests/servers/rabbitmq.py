@@ -1,0 +1,222 @@
+"""RabbitMQ from Debian's `rabbitmq-server`, as a self-contained node: its own base directory, node name,
+Erlang cookie and epmd in the cache, configured through RABBITMQ_* variables, so /etc and any system
+instance are left alone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from .base import HOST, Proc, Server, ServerError, log_tails, port_setting, run_logged, say, wait_for
+
+if TYPE_CHECKING:
+    import pika
+
+SCRIPTS = Path("/usr/lib/rabbitmq/bin")
+NODE = "mailq@localhost"
+
+
+@dataclass(frozen=True)
+class RabbitMQServer:
+    """How to reach the broker: `url` for an AMQP client, or `connection_parameters()` for pika."""
+
+    host: str
+    port: int
+    username: str
+    password: str
+    vhost: str
+    node: str
+
+    @property
+    def url(self) -> str:
+        return f"amqp://{self.username}:{self.password}@{self.host}:{self.port}/{quote(self.vhost, safe='')}"
+
+    def connection_parameters(self, **options: Any) -> pika.ConnectionParameters:
+        import pika
+
+        return pika.ConnectionParameters(
+            host=self.host,
+            port=self.port,
+            virtual_host=self.vhost,
+            credentials=pika.PlainCredentials(self.username, self.password),
+            **options,
+        )
+
+    def env(self) -> dict[str, str]:
+        return {"MAILQ_AMQP_URL": self.url}
+
+
+class RabbitMQ(Server):
+    name = "rabbitmq"
+    port_settings = {
+        "amqp": ("MAILQ_RABBITMQ_PORT", 16572),
+        "distribution": ("MAILQ_RABBITMQ_DIST_PORT", 26572),
+    }
+
+    def __init__(self, cache: Path | None = None) -> None:
+        super().__init__(cache)
+        self.pid_file = self.run_dir / "rabbit.pid"
+        self.log = self.run_dir / "log" / "rabbit.log"
+        self.launch_log = self.run_dir / "log" / "launch.log"
+
+    def epmd_port(self) -> int:
+        # Its own epmd, so that stopping it never disturbs another Erlang node of the machine.
+        return port_setting("MAILQ_RABBITMQ_EPMD_PORT", 14369)
+
+    def installed(self) -> bool:
+        return (SCRIPTS / "rabbitmq-server").exists() and (SCRIPTS / "rabbitmqctl").exists()
+
+    def install(self) -> None:
+        if os.geteuid() != 0:
+            raise ServerError(
+                "rabbitmq-server is not installed and installing it needs root: "
+                "sudo apt-get install --no-install-recommends rabbitmq-server"
+            )
+        apt = shutil.which("apt-get")
+        if apt is None:
+            raise ServerError("rabbitmq-server is not installed and this is no Debian system (no apt-get)")
+        say("rabbitmq: installing Debian's rabbitmq-server with apt-get (about half a minute)")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        log = self.home / "install.log"
+        run_logged([apt, "update"], log=log, what="apt-get update", env=env)
+        run_logged(
+            [apt, "install", "-y", "--no-install-recommends", "rabbitmq-server"],
+            log=log,
+            what="apt-get install rabbitmq-server",
+            env=env,
+        )
+
+    def launch(self) -> dict[str, Proc]:
+        ports = self.ports()
+        for directory in ("home", "log", "mnesia"):
+            (self.run_dir / directory).mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = {HOST}:{ports['amqp']}\n"
+            f"distribution.listener.interface = {HOST}\n"
+            f"distribution.listener.port_range.min = {ports['distribution']}\n"
+            f"distribution.listener.port_range.max = {ports['distribution']}\n"
+        )
+        (self.run_dir / "rabbitmq-env.conf").write_text("")
+        (self.run_dir / "enabled_plugins").write_text("[].\n")
+        self.pid_file.unlink(missing_ok=True)
+        if self.log.exists():
+            self.log.replace(self.log.with_name("rabbit.log.previous"))
+        with self.launch_log.open("w") as out:
+            launcher = subprocess.run(
+                [str(SCRIPTS / "rabbitmq-server"), "-detached"],
+                env=self._env(),
+                cwd=self.run_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=120,
+            )
+        if launcher.returncode != 0:
+            failed = f"rabbitmq-server -detached failed (exit {launcher.returncode})"
+            raise ServerError(f"{failed}; {log_tails([self.launch_log])}")
+        # The detached VM writes its pid file early in its boot.
+        deadline = time.monotonic() + 60
+        while not self._pid_from_file():
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"rabbitmq wrote no pid file in 60 s; {log_tails([self.launch_log, self.log])}"
+                )
+            time.sleep(0.1)
+        return {"server": Proc.of(self._pid_from_file())}
+
+    def wait_ready(self, procs: dict[str, Proc]) -> None:
+        server = procs["server"]
+        ports = self.ports()
+        logs = [self.log, self.launch_log]
+        # The AMQP listener opens at the end of the boot; then a real AMQP handshake.
+        wait_for("rabbitmq", lambda: server.owns_listener(ports["amqp"]), alive=server.alive, logs=logs)
+        wait_for("rabbitmq", self._amqp_answers, alive=server.alive, logs=logs, timeout=60)
+
+    def facts(self) -> dict:
+        return asdict(RabbitMQServer(HOST, self.ports()["amqp"], "guest", "guest", "/", NODE))
+
+    def shut_down(self, procs: dict[str, Proc]) -> None:
+        server = procs["server"]
+        if server.alive():
+            # The pid file form waits until the VM has exited; plain `stop` returns before.
+            stop = subprocess.run(
+                [str(SCRIPTS / "rabbitmqctl"), "-n", NODE, "stop", str(self.pid_file)],
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            if stop.returncode != 0:
+                say(f"rabbitmq: rabbitmqctl stop failed ({stop.stderr.strip()[-200:]}), sending SIGTERM")
+            server.terminate("rabbitmq", timeout=60)
+        self._stop_epmd()
+
+    def _env(self) -> dict[str, str]:
+        run = self.run_dir
+        ports = self.ports()
+        return {
+            **os.environ,
+            # The Erlang cookie lives in $HOME: this node's own, shared with rabbitmqctl.
+            "HOME": str(run / "home"),
+            "RABBITMQ_NODENAME": NODE,
+            "RABBITMQ_NODE_IP_ADDRESS": HOST,
+            "RABBITMQ_NODE_PORT": str(ports["amqp"]),
+            "RABBITMQ_DIST_PORT": str(ports["distribution"]),
+            "RABBITMQ_CONFIG_FILE": str(run / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(run / "advanced.config"),
+            "RABBITMQ_CONF_ENV_FILE": str(run / "rabbitmq-env.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(run / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(run / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(run / "log"),
+            "RABBITMQ_LOGS": str(self.log),
+            "RABBITMQ_PID_FILE": str(self.pid_file),
+            "ERL_EPMD_ADDRESS": HOST,
+            "ERL_EPMD_PORT": str(self.epmd_port()),
+            # Schedulers that sleep instead of spinning: the machine is small and shared.
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "+sbwt none +sbwtdcpu none +sbwtdio none",
+            "RABBITMQ_CTL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+
+    def _pid_from_file(self) -> int:
+        try:
+            text = self.pid_file.read_text().strip()
+        except FileNotFoundError:
+            return 0
+        return int(text) if text.isdigit() else 0
+
+    def _amqp_answers(self) -> bool:
+        import logging
+
+        import pika
+
+        # pika logs every refused attempt at ERROR; a refusal here only means "not yet".
+        pika_logger = logging.getLogger("pika")
+        level = pika_logger.level
+        pika_logger.setLevel(logging.CRITICAL)
+        try:
+            facts = RabbitMQServer(**self.facts())
+            pika.BlockingConnection(
+                facts.connection_parameters(connection_attempts=1, socket_timeout=5)
+            ).close()
+        except pika.exceptions.AMQPError:
+            return False
+        finally:
+            pika_logger.setLevel(level)
+        return True
+
+    def _stop_epmd(self) -> None:
+        """Stop this node's epmd, unless another node registered with it meanwhile."""
+        epmd = shutil.which("epmd")
+        if epmd is None:
+            return
+        port = ["-port", str(self.epmd_port())]
+        names = subprocess.run([epmd, *port, "-names"], capture_output=True, text=True, timeout=30)
+        if names.returncode == 0 and "name " not in names.stdout:
+            subprocess.run([epmd, *port, "-kill"], capture_output=True, timeout=30)
