@@ -27,3 +27,8 @@ class ConfigurationRejected(MailqError, ValueError):
 
 class BlobNotFound(MailqError, LookupError):
     """A blob id that is well formed but has no content in the blob store."""
+
+
+class BlobStoreUnavailable(MailqError):
+    """The blob store could not serve a request: a missing bucket, refused credentials, an unreachable
+    endpoint. The message names the bucket and endpoint and the problem, never a credential."""
