@@ -5,6 +5,7 @@ It imports neither Dagster nor Spark; the maintenance pipeline (`assets`) builds
 
 from .errors import (
     BlobNotFound,
+    BlobStoreUnavailable,
     ConfigurationRejected,
     InvalidInput,
     LeaseExpired,
@@ -23,6 +24,7 @@ from .worker import WorkerStats, run_worker
 __all__ = [
     "BlobId",
     "BlobNotFound",
+    "BlobStoreUnavailable",
     "ConfigurationRejected",
     "Counters",
     "EnqueueId",

@@ -60,3 +60,8 @@ def shown(value: object) -> str:
     if len(text) > ECHO_LIMIT:
         return f"{text[:ECHO_LIMIT]}... ({len(text)} characters)"
     return text
+
+
+class BlobStoreUnavailable(MailqError):
+    """The blob store could not serve a request: a missing bucket, refused credentials, an unreachable
+    endpoint. The message names the bucket and endpoint and the problem, never a credential."""

@@ -3,9 +3,15 @@ faster than one file per blob, and a blob commits in the same transaction as the
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 from ..errors import BlobNotFound
 from ..model import BlobId
 from ..stores.embedded import EmbeddedStore
+from .store import distinct_ids
+
+#: Rows per page of `list_ids`: each page is one short read, so no read stays open between pages.
+LIST_PAGE = 1000
 
 
 class SqliteBlobStore:
@@ -37,3 +43,22 @@ class SqliteBlobStore:
             "SELECT 1 FROM blob_content WHERE blob_id = ?", (str(BlobId.parse(blob_id)),)
         )
         return row is not None
+
+    def delete_many(self, blob_ids: Iterable[BlobId | str]) -> int:
+        chosen = distinct_ids(blob_ids)
+        with self.store.transaction() as db:
+            db.executemany("DELETE FROM blob_content WHERE blob_id = ?", [(str(b),) for b in chosen])
+        return len(chosen)
+
+    def list_ids(self) -> Iterator[BlobId]:
+        after = ""
+        while True:
+            page = self.store.read(
+                "SELECT blob_id FROM blob_content WHERE blob_id > ? ORDER BY blob_id LIMIT ?",
+                (after, LIST_PAGE),
+            )
+            for (blob_id,) in page:
+                yield BlobId.parse(blob_id)
+            if len(page) < LIST_PAGE:
+                return
+            after = page[-1][0]

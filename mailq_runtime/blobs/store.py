@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from ..errors import BlobNotFound
+from ..errors import BlobNotFound, InvalidInput
 from ..model import BlobId
 from ..stores.embedded_files import PRIVATE_DIR
 
@@ -22,6 +23,22 @@ class BlobStore(Protocol):
         ...
 
     def exists(self, blob_id: BlobId | str) -> bool: ...
+
+    def delete_many(self, blob_ids: Iterable[BlobId | str]) -> int:
+        """Remove the content of every blob id; returns how many distinct ids were given. Every id is
+        checked before anything is deleted; a missing blob is not an error (S3's DeleteObjects does not
+        tell it apart either), so the count is of ids whose content is now gone, not of those that existed."""
+        ...
+
+    def list_ids(self) -> Iterator[BlobId]:
+        """Every stored blob id once, read page by page (the orphan sweep's input), in no promised order.
+        Anything in the storage that is not a blob id this store wrote is left out."""
+        ...
+
+
+def distinct_ids(blob_ids: Iterable[BlobId | str]) -> list[BlobId]:
+    """The ids of a batch operation, parsed all before any is used: a bad one changes nothing."""
+    return list(dict.fromkeys(BlobId.parse(blob_id) for blob_id in blob_ids))
 
 
 class FileBlobStore:
@@ -68,3 +85,28 @@ class FileBlobStore:
 
     def exists(self, blob_id: BlobId | str) -> bool:
         return self._path(blob_id).is_file()
+
+    def delete_many(self, blob_ids: Iterable[BlobId | str]) -> int:
+        chosen = distinct_ids(blob_ids)
+        for blob_id in chosen:
+            self.delete(blob_id)
+        return len(chosen)
+
+    def list_ids(self) -> Iterator[BlobId]:
+        for generation in _entries(self.root):
+            for shard in _entries(generation):
+                for blob in _entries(shard):
+                    name = f"{generation.name}_{blob.name}"
+                    try:
+                        blob_id = BlobId.parse(name)
+                    except InvalidInput:
+                        continue  # a put's temporary file, or something this store never wrote
+                    if str(blob_id) == name and blob.name[:2] == shard.name and blob.is_file():
+                        yield blob_id
+
+
+def _entries(directory: Path) -> list[os.DirEntry]:
+    try:
+        return sorted(os.scandir(directory), key=lambda entry: entry.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
