@@ -216,7 +216,7 @@ class MailQueue:
 
     def _done(self, delivery: Delivery, row: EnqueuedMail) -> None:
         with self.view.transaction():
-            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
+            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
             self.blobs.release(row.enqueue_id)
             self.broker.ack(delivery)
         self._maybe_update_browse_start()
@@ -229,7 +229,7 @@ class MailQueue:
 
     def _dead_letter(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:
         with self.view.transaction():
-            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
+            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
             self.broker.dead_letter(delivery, reason)
         self._maybe_update_browse_start()
 
@@ -284,7 +284,9 @@ class MailQueue:
         for item in list(self.browse()):
             if matches(item._row):
                 with self.view.transaction():
-                    if self.view.mark_deleted(self.name, item.enqueue_id, item._row.slice_start):
+                    if self.view.mark_deleted(
+                        self.name, item.enqueue_id, item._row.slice_start, item._row.bucket
+                    ):
                         self.blobs.release(item.enqueue_id)
                         deleted += 1
         self._maybe_update_browse_start()
