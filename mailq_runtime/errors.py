@@ -27,3 +27,7 @@ class ConfigurationRejected(MailqError, ValueError):
 
 class BlobNotFound(MailqError, LookupError):
     """A blob id that is well formed but has no content in the blob store."""
+
+
+class StoreUnavailable(MailqError, ConnectionError):
+    """The metadata store could not be reached (no host answered, or it refused the credentials)."""
