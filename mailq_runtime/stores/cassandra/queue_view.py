@@ -1,6 +1,6 @@
 """Records 31 and 32 on Cassandra: one small DAO a table as in James (`EnqueuedMailsDAO`,
-`DeletedMailsDAO`, `BrowseStartDAO`, `ContentStartDAO`, plus the per-slice counters and the queue list),
-behind `CassandraQueueView`, which has the methods of the embedded store's view.
+`DeletedMailsDAO`, one `SliceStartDAO` for browse_start and content_start, plus the per-slice counters
+and the queue list), behind `CassandraQueueView`, which has the methods of the embedded store's view.
 
 Every method commits on its own; the order of the writes is what keeps a crash harmless:
 
@@ -21,7 +21,10 @@ Every method commits on its own; the order of the writes is what keeps a crash h
   clean-up deleted its row leaves a row holding next_delivery alone, which every read ignores (a mail's
   row always has its enqueued_time).
 - delete_slices: the deletion marks and the rows first, the counters last, so a retry after a failure
-  still finds the slices to delete.
+  still finds the slices to delete. Cassandra cannot reset a counter: one deleted here and incremented
+  again (by a writer lagging behind browse_start, or a done() arriving after the clean-up of a removed
+  mail) comes back with its old value plus the increment. Such a slice lies behind browse_start, where
+  neither size nor browse reads; the pipeline's recount reports it.
 
 Unlike the embedded view, mark_deleted takes the mail's bucket: the counters are kept per slice and
 bucket, which is how the reads find the buckets that hold mails whatever bucketCount a process read.
