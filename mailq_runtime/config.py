@@ -58,7 +58,7 @@ class QueueViewConfiguration:
 class ConfigurationEvents(Protocol):
     def transaction(self): ...
     def events(self, aggregate: str) -> list[str]: ...
-    def append_event(self, aggregate: str, event: str, now: int) -> None: ...
+    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool: ...
 
 
 class ConfigurationStore:
@@ -80,13 +80,17 @@ class ConfigurationStore:
         return max((c.slice_window for c in self.history()), default=QueueViewConfiguration().slice_window)
 
     def register(self, new: QueueViewConfiguration) -> bool:
-        """Apply `new` if the rules allow it; True if an event was appended, False if nothing changed."""
+        """Apply `new` if the rules allow it; True if an event was appended, False if nothing changed.
+
+        The event is appended only at the position after the history it was checked against: when
+        another process appended first, the change is checked again against that process's event."""
         with self.events.transaction():
-            history = self.events.events(AGGREGATE)
-            if history:
-                current = QueueViewConfiguration(**json.loads(history[-1]))
-                if new == current:
-                    return False
-                current.validate_change(new)
-            self.events.append_event(AGGREGATE, json.dumps(asdict(new)), self.clock())
-            return True
+            while True:
+                history = self.events.events(AGGREGATE)
+                if history:
+                    current = QueueViewConfiguration(**json.loads(history[-1]))
+                    if new == current:
+                        return False
+                    current.validate_change(new)
+                if self.events.append_event(AGGREGATE, json.dumps(asdict(new)), self.clock(), len(history)):
+                    return True

@@ -65,3 +65,7 @@ def shown(value: object) -> str:
 class BlobStoreUnavailable(MailqError):
     """The blob store could not serve a request: a missing bucket, refused credentials, an unreachable
     endpoint. The message names the bucket and endpoint and the problem, never a credential."""
+
+
+class StoreUnavailable(MailqError, ConnectionError):
+    """The metadata store could not be reached (no host answered, or it refused the credentials)."""

@@ -254,7 +254,7 @@ class MailQueue:
 
     def _done(self, delivery: Delivery, row: EnqueuedMail) -> None:
         with self.view.transaction():
-            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
+            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
             self.blobs.release(row.enqueue_id)
             acked = self.broker.ack(delivery)
         # Checked once the transaction has committed: raising inside it would roll back the deletion
@@ -284,7 +284,7 @@ class MailQueue:
                 # would leave a deleted one that the next consumer acknowledges without a dead letter.
                 held = self.broker.dead_letter(delivery, reason)
                 if held:
-                    self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start)
+                    self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
             else:
                 # Delivered by a consumer whose lease had expired, or removed: its content is released,
                 # so a dead letter would be an empty one. There is nothing left to reject.
@@ -355,7 +355,9 @@ class MailQueue:
         for item in list(self.browse()):
             if matches(item._row):
                 with self.view.transaction():
-                    if self.view.mark_deleted(self.name, item.enqueue_id, item._row.slice_start):
+                    if self.view.mark_deleted(
+                        self.name, item.enqueue_id, item._row.slice_start, item._row.bucket
+                    ):
                         self.blobs.release(item.enqueue_id)
                         deleted += 1
         if deleted:

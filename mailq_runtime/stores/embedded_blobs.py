@@ -20,10 +20,14 @@ class EmbeddedBlobTables:
         row = self.store.read_one("SELECT MAX(number) FROM generations WHERE kind = ?", (kind,))
         return row[0]
 
-    def emit(self, kind: str, number: int, now: int) -> None:
+    def emit(self, kind: str, number: int, now: int) -> bool:
+        """Emit `number`; False if it was emitted already (another process's rotation got there first)."""
         with self.store.transaction() as db:
-            db.execute(
-                "INSERT INTO generations (kind, number, started_at) VALUES (?, ?, ?)", (kind, number, now)
+            return bool(
+                db.execute(
+                    "INSERT OR IGNORE INTO generations (kind, number, started_at) VALUES (?, ?, ?)",
+                    (kind, number, now),
+                ).rowcount
             )
 
     def history(self, kind: str) -> list[tuple[int, int]]:

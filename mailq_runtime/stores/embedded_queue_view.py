@@ -50,8 +50,9 @@ class EmbeddedQueueView:
                 (mail.queue, mail.slice_start),
             )
 
-    def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int) -> bool:
-        """Record the mail as deleted; True only the first time, so counters count each mail once."""
+    def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int, bucket: int) -> bool:
+        """Record the mail as deleted; True only the first time, so counters count each mail once. (The
+        counters are per slice here; the Cassandra store keeps them per slice and `bucket`.)"""
         with self.store.transaction() as db:
             marked = db.execute("INSERT OR IGNORE INTO deleted_mails VALUES (?, ?)", (queue, enqueue_id))
             if not marked.rowcount:
@@ -184,9 +185,17 @@ class EmbeddedQueueView:
         )
         return [e for (e,) in rows]
 
-    def append_event(self, aggregate: str, event: str, now: int) -> None:
+    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool:
+        """Append the event as the aggregate's event number `position` (the number of events the caller
+        read), only if it holds exactly that many; False, and nothing written, if another was appended."""
         with self.store.transaction() as db:
+            (held,) = db.execute(
+                "SELECT COUNT(*) FROM configuration_events WHERE aggregate = ?", (aggregate,)
+            ).fetchone()
+            if held != position:
+                return False
             db.execute(
                 "INSERT INTO configuration_events (aggregate, event, at) VALUES (?, ?, ?)",
                 (aggregate, event, now),
             )
+            return True

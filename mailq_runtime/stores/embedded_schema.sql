@@ -81,6 +81,18 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     died_at INTEGER NOT NULL,
     payload TEXT NOT NULL
 );
+-- A letter is found, replaced and removed by its queue and enqueue id.
+CREATE INDEX IF NOT EXISTS dead_letters_mail ON dead_letters (queue, enqueue_id);
+
+-- Delayed mails by due time, until the publisher hands them to the broker.
+CREATE TABLE IF NOT EXISTS delayed_mails (
+    queue TEXT NOT NULL,
+    due INTEGER NOT NULL,
+    enqueue_id TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    payload TEXT NOT NULL,
+    PRIMARY KEY (queue, due, enqueue_id)
+) WITHOUT ROWID;
 
 -- Record 39: reference generations, blobs, references and deletions.
 CREATE TABLE IF NOT EXISTS generations (

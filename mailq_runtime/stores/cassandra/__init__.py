@@ -1,0 +1,31 @@
+"""The Cassandra metadata store (cassandra-driver): one module per record's tables, each a few small DAOs
+(one a table, as James's) behind a class with the methods of the embedded store's counterpart.
+
+- store: `CassandraStore`, the session and its prepared statements, consistency and credentials
+- schema: keyspace and tables, created idempotently
+- queue_view, configuration: records 31 and 32, and the configuration events
+- blobs: record 39's generations, blobs, references and deletions
+- mailboxes: record 23's mailboxes, projections and counters
+- dead_letters, delayed_mails: the mails the queue keeps out of the broker
+
+Lightweight transactions are used only where a race needs one, and each module says why: creating a
+queue and marking a mail deleted (queue_view), appending a configuration event (configuration),
+emitting a generation (blobs), allocating a uid and claiming a mailbox's name (mailboxes). Everything
+else is plain writes, ordered so that a crash leaves only what a later step heals.
+"""
+
+from .blobs import CassandraBlobTables
+from .dead_letters import CassandraDeadLetters
+from .delayed_mails import CassandraDelayedMails
+from .mailboxes import CassandraMailboxTables
+from .queue_view import CassandraQueueView
+from .store import CassandraStore
+
+__all__ = [
+    "CassandraBlobTables",
+    "CassandraDeadLetters",
+    "CassandraDelayedMails",
+    "CassandraMailboxTables",
+    "CassandraQueueView",
+    "CassandraStore",
+]

@@ -1,0 +1,223 @@
+"""Record 39's tables on Cassandra: generations, blobs, blob_references and blob_deletions, one small DAO a
+table behind `CassandraBlobTables`, which has the methods of the embedded store's blob tables.
+
+- generations: `emit` is a lightweight transaction (INSERT ... IF NOT EXISTS) and returns whether this
+  call emitted the number, so of two processes rotating at once one emits generation n+1 and the
+  other learns that it did not.
+- add_references reads which blobs exist, writes the missing `blobs` rows, then the owner's references
+  (one partition, one batch). No transaction: two processes saving the same new content at once may
+  both report it new and both write it, which is harmless since a content write is idempotent (its key
+  is the blob id); a blob reported as known always has its row.
+- release writes the deletions first, then removes the references: a crash in between leaves
+  references whose deletions are already appended, and the retry appends them again (the GC counts
+  blob ids, not deletions).
+- blob_deletions is partitioned by (generation, shard): the deletions of one generation are its
+  DELETION_SHARDS partitions, read without touching any other generation's.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Sequence
+
+from cassandra.query import BatchStatement, BatchType
+
+from ...model import BlobId
+from .schema import DELETION_SHARDS
+from .store import CassandraStore
+
+_IN_CHUNK = 100
+
+
+def shard_of(blob_id: BlobId | str) -> int:
+    return zlib.crc32(str(blob_id).encode()) % DELETION_SHARDS
+
+
+def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class GenerationsDAO:
+    def __init__(self, store: CassandraStore) -> None:
+        self.store = store
+
+    def current(self, kind: str) -> int | None:
+        row = self.store.execute("SELECT number FROM generations WHERE kind = ? LIMIT 1", (kind,)).one()
+        return None if row is None else row.number
+
+    def emit(self, kind: str, number: int, now: int) -> bool:
+        return self.store.applied(
+            "INSERT INTO generations (kind, number, started_at) VALUES (?, ?, ?) IF NOT EXISTS",
+            (kind, number, now),
+        ).applied
+
+    def history(self, kind: str) -> list[tuple[int, int]]:
+        rows = self.store.execute(
+            "SELECT number, started_at FROM generations WHERE kind = ? ORDER BY number ASC", (kind,)
+        )
+        return [(row.number, row.started_at) for row in rows]
+
+
+class BlobsDAO:
+    def __init__(self, store: CassandraStore) -> None:
+        self.store = store
+
+    def sizes(self, blob_ids: list[str]) -> dict[str, int]:
+        results = self.store.execute_all(
+            "SELECT blob_id, size FROM blobs WHERE blob_id IN ?", [(chunk,) for chunk in _chunks(blob_ids)]
+        )
+        return {row.blob_id: row.size for rows in results for row in rows}
+
+    def add(self, blobs: list[tuple[BlobId, int]], now: int) -> None:
+        self.store.execute_all(
+            "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
+            [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs],
+        )
+
+    def delete(self, blob_ids: list[str]) -> None:
+        self.store.execute_all("DELETE FROM blobs WHERE blob_id = ?", [(blob_id,) for blob_id in blob_ids])
+
+
+class BlobReferencesDAO:
+    def __init__(self, store: CassandraStore) -> None:
+        self.store = store
+
+    def add(self, owner: str, blob_ids: list[BlobId]) -> None:
+        insert = self.store.statement(
+            "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)"
+        )
+        # One partition: the batch is a single mutation, applied whole.
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for blob_id in blob_ids:
+            batch.add(insert, (owner, str(blob_id), blob_id.generation))
+        self.store.session.execute(batch)
+
+    def of(self, owner: str) -> list[tuple[str, int]]:
+        """(blob id, generation) of the owner's references, by blob id."""
+        rows = self.store.execute("SELECT blob_id, generation FROM blob_references WHERE owner = ?", (owner,))
+        return [(row.blob_id, row.generation) for row in rows]
+
+    def remove(self, owner: str, blob_ids: list[str]) -> None:
+        self.store.execute("DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?", (owner, blob_ids))
+
+
+class BlobDeletionsDAO:
+    def __init__(self, store: CassandraStore) -> None:
+        self.store = store
+
+    def add(self, owner: str, blobs: list[tuple[str, int]], gc_iteration: int, now: int) -> None:
+        self.store.execute_all(
+            "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, owner, gc_iteration) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (generation, shard_of(blob_id), blob_id, now, owner, gc_iteration)
+                for blob_id, generation in blobs
+            ],
+        )
+
+    def delete(self, blob_ids: list[BlobId]) -> None:
+        self.store.execute_all(
+            "DELETE FROM blob_deletions WHERE generation = ? AND shard = ? AND blob_id = ?",
+            [(blob_id.generation, shard_of(blob_id), str(blob_id)) for blob_id in blob_ids],
+        )
+
+    def partitions(self) -> list[tuple[int, int]]:
+        """(generation, shard) of every partition: a few per generation, read from the partition keys."""
+        rows = self.store.execute("SELECT DISTINCT generation, shard FROM blob_deletions")
+        return [(row.generation, row.shard) for row in rows]
+
+    def summary(self, generation: int, shard: int, after: int | None) -> tuple[int, int | None, int | None]:
+        """Count, oldest and newest deletion time in one partition, of the deletions after `after`
+        (all of them when None)."""
+        if after is None:
+            row = self.store.execute(
+                "SELECT COUNT(*), MIN(deleted_at), MAX(deleted_at) FROM blob_deletions "
+                "WHERE generation = ? AND shard = ?",
+                (generation, shard),
+            ).one()
+        else:
+            # Filtering inside one partition: it reads that partition only.
+            row = self.store.execute(
+                "SELECT COUNT(*), MIN(deleted_at), MAX(deleted_at) FROM blob_deletions "
+                "WHERE generation = ? AND shard = ? AND deleted_at > ? ALLOW FILTERING",
+                (generation, shard, after),
+            ).one()
+        return row[0], row[1], row[2]
+
+
+class CassandraBlobTables:
+    def __init__(self, store: CassandraStore) -> None:
+        self.generations = GenerationsDAO(store)
+        self.blobs = BlobsDAO(store)
+        self.references = BlobReferencesDAO(store)
+        self.deletions = BlobDeletionsDAO(store)
+
+    # generations: an append-only event log of reference generations and GC iterations
+    def current(self, kind: str) -> int | None:
+        return self.generations.current(kind)
+
+    def emit(self, kind: str, number: int, now: int) -> bool:
+        """Emit `number`; False if it was emitted already (another process's rotation got there first)."""
+        return self.generations.emit(kind, number, now)
+
+    def history(self, kind: str) -> list[tuple[int, int]]:
+        return self.generations.history(kind)
+
+    # blobs and references
+    def add_references(self, owner: str, blobs: Sequence[tuple[BlobId, int]], now: int) -> set[str]:
+        """Record the blobs (those not yet known) and the owner's references to them; returns the ids of
+        the blobs that were new (see the module's docstring under a race)."""
+        sized = dict(blobs)
+        if not sized:
+            return set()
+        known = self.blobs.sizes([str(blob_id) for blob_id in sized])
+        new = [(blob_id, size) for blob_id, size in sized.items() if str(blob_id) not in known]
+        self.blobs.add(new, now)
+        self.references.add(owner, list(sized))
+        return {str(blob_id) for blob_id, _ in new}
+
+    def references_of(self, owner: str) -> list[BlobId]:
+        return [BlobId.parse(blob_id) for blob_id, _ in self.references.of(owner)]
+
+    def release(self, owner: str, blob_ids: Iterable[BlobId] | None, gc_iteration: int, now: int) -> int:
+        """Remove the owner's references (to `blob_ids`, or all of them) and append one deletion for each
+        reference removed."""
+        held = self.references.of(owner)
+        if blob_ids is not None:
+            chosen = {str(blob_id) for blob_id in blob_ids}
+            held = [(blob_id, generation) for blob_id, generation in held if blob_id in chosen]
+        if not held:
+            return 0
+        self.deletions.add(owner, held, gc_iteration, now)
+        # Exactly the references read, not the whole partition: one saved meanwhile has no deletion.
+        self.references.remove(owner, [blob_id for blob_id, _ in held])
+        return len(held)
+
+    def forget(self, blob_ids: Iterable[BlobId]) -> None:
+        """Drop collected blobs from `blobs` and `blob_deletions` (their content is already gone)."""
+        blob_ids = list(blob_ids)
+        self.deletions.delete(blob_ids)
+        self.blobs.delete([str(blob_id) for blob_id in blob_ids])
+
+    def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:
+        """(count, oldest, newest) of the deletions of generations up to `max_generation` that were
+        appended after `since`, or all of a generation above `newly_eligible_above`."""
+        summaries = [
+            self.deletions.summary(generation, shard, None if generation > newly_eligible_above else since)
+            for generation, shard in self.deletions.partitions()
+            if generation <= max_generation
+        ]
+        counted = [summary for summary in summaries if summary[0]]
+        if not counted:
+            return 0, None, None
+        return (
+            sum(count for count, _, _ in counted),
+            min(oldest for _, oldest, _ in counted),
+            max(newest for _, _, newest in counted),
+        )
+
+    def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]:
+        blob_ids = list(blob_ids)
+        found = self.blobs.sizes([str(blob_id) for blob_id in blob_ids])
+        return {blob_id: found[str(blob_id)] for blob_id in blob_ids if str(blob_id) in found}

@@ -1,0 +1,448 @@
+"""Record 23's tables on Cassandra: mailboxes and mailbox_paths, messages, imap_uid_table (the source of
+truth), message_id_table (the projection by mailbox and uid) and mailbox_counters (Cassandra counters, as
+James's), one small DAO a table behind `CassandraMailboxTables`, which has the methods of the embedded
+store's mailbox tables.
+
+Lightweight transactions, and why:
+- `mailboxes.next_uid`: allocate_uid reads it and sets it one higher IF it still holds what was read,
+  retrying from the value a lost race returns (James's uid provider does the same), so UIDs are distinct
+  and strictly increase per mailbox across processes. The row is created (IF NOT EXISTS) and deleted
+  (IF EXISTS) through Paxos too, so that no plain write can reset next_uid, and an allocation after the
+  deletion finds no row and returns None.
+- `mailbox_paths`: a user's mailbox name is claimed IF NOT EXISTS, so two creations of one name leave one
+  mailbox. A mailbox's row is written before its name is claimed, so a name whose mailbox row is
+  missing was left by a deletion that stopped half-way: the next creation takes the name over (IF it
+  still names that mailbox).
+
+Everything else is plain writes. What a race or a crash can leave, and why it is harmless:
+- set_source_flags is an UPDATE, which creates the row when a concurrent expunge removed it: such a row
+  has no uid and every read ignores it.
+- remove_from_source_of_truth reads the entry then deletes it: two concurrent expunges of one message
+  may both return it and both decrement the counters, the drift that record 23's recomputation repairs.
+- A counter incremented after its mailbox was deleted comes back as a stray row: `counters` answers
+  for existing mailboxes only.
+- reset_counters cannot compare-and-set a Cassandra counter (record 23: "counters can't be reset in an
+  atomic manner"): it reads, compares with `observed`, and adds the difference, so an increment
+  landing in between is kept rather than overwritten.
+- A creation that dies before claiming its name leaves a mailbox row nothing names: it is never listed
+  or found and holds no message.
+
+The source of truth is read by mailbox through its storage-attached indexes (see schema.py).
+"""
+
+from __future__ import annotations
+
+import random
+
+from cassandra import WriteTimeout
+
+from .store import CassandraStore
+
+_MIN_TOKEN, _MAX_TOKEN = -(2**63), 2**63 - 1
+# Paxos rounds that time out (the result unknown) before allocate_uid gives up; a lost race is not one.
+_UID_TIMEOUTS = 3
+_SEEN = "\\Seen"
+
+
+class MailboxesDAO:
+    def __init__(self, store: CassandraStore) -> None:
+        self.store = store
+
+    def create(self, mailbox_id: str, user: str, name: str) -> None:
+        self.store.applied(
+            "INSERT INTO mailboxes (mailbox_id, user, name, next_uid) VALUES (?, ?, ?, 1) IF NOT EXISTS",
+            (mailbox_id, user, name),
+        )
+
+    def get(self, mailbox_id: str):
+        return self.store.execute(
+            "SELECT user, name, next_uid FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,)
+        ).one()
+
+    def get_async(self, mailbox_id: str):
+        return self.store.execute_async("SELECT user FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
+
+    def existing(self, mailbox_ids: list[str]) -> set[str]:
+        results = self.store.execute_all(
+            "SELECT mailbox_id FROM mailboxes WHERE mailbox_id IN ?",
+            [(mailbox_ids[i : i + 100],) for i in range(0, len(mailbox_ids), 100)],
+        )
+        return {row.mailbox_id for rows in results for row in rows}
+
+    def take_uid(self, mailbox_id: str, expected: int) -> tuple[bool, int | None]:
+        """Set next_uid to expected + 1 if it holds `expected`: (applied, the value found otherwise, None
+        when the mailbox is gone)."""
+        row = self.store.applied(
+            "UPDATE mailboxes SET next_uid = ? WHERE mailbox_id = ? IF next_uid = ?",
+            (expected + 1, mailbox_id, expected),
+        )
+        return row.applied, getattr(row, "next_uid", None)
+
+    def delete(self, mailbox_id: str) -> None:
+        self.store.applied("DELETE FROM mailboxes WHERE mailbox_id = ? IF EXISTS", (mailbox_id,))
+
+    def sample(self, size: int) -> list[str]:
+        """Up to `size` mailbox ids from a random point of the token ring on (wrapping around)."""
+        if size <= 0:
+            return []
+        start = random.randint(_MIN_TOKEN, _MAX_TOKEN)
+        ids = [
+            row.mailbox_id
+            for row in self.store.execute(
+                "SELECT mailbox_id FROM mailboxes WHERE token(mailbox_id) > ? LIMIT ?", (start, size)
+            )
+        ]
+        if len(ids) < size:
+            ids += [
+                row.mailbox_id
+                for row in self.store.execute(
+                    "SELECT mailbox_id FROM mailboxes WHERE token(mailbox_id) <= ? LIMIT ?",
+                    (start, size - len(ids)),
+                )
+            ]
+        return ids
+
+
+class MailboxPathsDAO:
+    def __init__(self, store: CassandraStore) -> None:
+        self.store = store
+
+    def claim(self, user: str, name: str, mailbox_id: str) -> tuple[bool, str]:
+        """Claim the name for the mailbox: (applied, the mailbox that holds it)."""
+        row = self.store.applied(
+            "INSERT INTO mailbox_paths (user, name, mailbox_id) VALUES (?, ?, ?) IF NOT EXISTS",
+            (user, name, mailbox_id),
+        )
+        return row.applied, mailbox_id if row.applied else row.mailbox_id
+
+    def take_over(self, user: str, name: str, mailbox_id: str, holder: str) -> bool:
+        return self.store.applied(
+            "UPDATE mailbox_paths SET mailbox_id = ? WHERE user = ? AND name = ? IF mailbox_id = ?",
+            (mailbox_id, user, name, holder),
+        ).applied
+
+    def release(self, user: str, name: str, mailbox_id: str) -> None:
+        self.store.applied(
+            "DELETE FROM mailbox_paths WHERE user = ? AND name = ? IF mailbox_id = ?",
+            (user, name, mailbox_id),
+        )
+
+    def get(self, user: str, name: str) -> str | None:
+        row = self.store.execute(
+            "SELECT mailbox_id FROM mailbox_paths WHERE user = ? AND name = ?", (user, name)
+        ).one()
+        return None if row is None else row.mailbox_id
+
+    def of(self, user: str | None) -> list[tuple[str, str, str]]:
+        """(mailbox id, user, name) of the user's names, or of everyone's, by user and name."""
+        if user is None:
+            rows = self.store.execute("SELECT user, name, mailbox_id FROM mailbox_paths")
+        else:
+            rows = self.store.execute(
+                "SELECT user, name, mailbox_id FROM mailbox_paths WHERE user = ?", (user,)
+            )
+        return sorted((row.mailbox_id, row.user, row.name) for row in rows)
+
+
+class MessagesDAO:
+    def __init__(self, store: CassandraStore) -> None:
+        self.store = store
+
+    def save(self, message_id: str, header_blob_id: str, body_blob_id: str, size: int, now: int) -> None:
+        self.store.execute(
+            "INSERT INTO messages (message_id, header_blob_id, body_blob_id, size, internal_date) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (message_id, header_blob_id, body_blob_id, size, now),
+        )
+
+    def get(self, message_id: str) -> tuple[str, str] | None:
+        row = self.store.execute(
+            "SELECT header_blob_id, body_blob_id FROM messages WHERE message_id = ?", (message_id,)
+        ).one()
+        return None if row is None else (row.header_blob_id, row.body_blob_id)
+
+    def delete(self, message_id: str) -> None:
+        self.store.execute("DELETE FROM messages WHERE message_id = ?", (message_id,))
+
+
+class ImapUidDAO:
+    """imap_uid_table, the source of truth. A row without a uid is not an entry (see the module)."""
+
+    def __init__(self, store: CassandraStore) -> None:
+        self.store = store
+
+    def of_message(self, message_id: str) -> list[tuple[str, int]]:
+        rows = self.store.execute(
+            "SELECT mailbox_id, uid FROM imap_uid_table WHERE message_id = ?", (message_id,)
+        )
+        return [(row.mailbox_id, row.uid) for row in rows if row.uid is not None]
+
+    def get(self, message_id: str, mailbox_id: str):
+        row = self.store.execute(
+            "SELECT uid, flags FROM imap_uid_table WHERE message_id = ? AND mailbox_id = ?",
+            (message_id, mailbox_id),
+        ).one()
+        return None if row is None or row.uid is None else row
+
+    def at(self, mailbox_id: str, uid: int) -> tuple[str, str] | None:
+        row = self.store.execute(
+            "SELECT message_id, flags FROM imap_uid_table WHERE mailbox_id = ? AND uid = ?", (mailbox_id, uid)
+        ).one()
+        return None if row is None else (row.message_id, row.flags)
+
+    def of_mailbox(self, mailbox_id: str) -> list[tuple[int, str]]:
+        """(uid, flags) of the mailbox's entries, in no particular order."""
+        rows = self.store.execute("SELECT uid, flags FROM imap_uid_table WHERE mailbox_id = ?", (mailbox_id,))
+        return [(row.uid, row.flags) for row in rows if row.uid is not None]
+
+    def add(self, message_id: str, mailbox_id: str, uid: int, flags: str) -> None:
+        self.store.execute(
+            "INSERT INTO imap_uid_table (message_id, mailbox_id, uid, flags) VALUES (?, ?, ?, ?)",
+            (message_id, mailbox_id, uid, flags),
+        )
+
+    def set_flags(self, message_id: str, mailbox_id: str, flags: str) -> None:
+        self.store.execute(
+            "UPDATE imap_uid_table SET flags = ? WHERE message_id = ? AND mailbox_id = ?",
+            (flags, message_id, mailbox_id),
+        )
+
+    def remove(self, message_id: str, mailbox_id: str) -> None:
+        self.store.execute(
+            "DELETE FROM imap_uid_table WHERE message_id = ? AND mailbox_id = ?", (message_id, mailbox_id)
+        )
+
+
+class MessageIdDAO:
+    """message_id_table, the projection by mailbox and uid."""
+
+    def __init__(self, store: CassandraStore) -> None:
+        self.store = store
+
+    def put(self, mailbox_id: str, uid: int, message_id: str, flags: str) -> None:
+        self.store.execute(
+            "INSERT INTO message_id_table (mailbox_id, uid, message_id, flags) VALUES (?, ?, ?, ?)",
+            (mailbox_id, uid, message_id, flags),
+        )
+
+    def remove(self, mailbox_id: str, uids: list[int]) -> None:
+        self.store.execute(
+            "DELETE FROM message_id_table WHERE mailbox_id = ? AND uid IN ?", (mailbox_id, uids)
+        )
+
+    def remove_mailbox(self, mailbox_id: str) -> None:
+        self.store.execute("DELETE FROM message_id_table WHERE mailbox_id = ?", (mailbox_id,))
+
+    def of_mailbox(self, mailbox_id: str) -> list[tuple[int, str, str]]:
+        rows = self.store.execute(
+            "SELECT uid, message_id, flags FROM message_id_table WHERE mailbox_id = ?", (mailbox_id,)
+        )
+        return [(row.uid, row.message_id, row.flags) for row in rows]
+
+    def uids_of(self, mailbox_id: str, message_id: str) -> list[int]:
+        # Filtering inside one partition: it reads that mailbox's projection only.
+        rows = self.store.execute(
+            "SELECT uid FROM message_id_table WHERE mailbox_id = ? AND message_id = ? ALLOW FILTERING",
+            (mailbox_id, message_id),
+        )
+        return [row.uid for row in rows]
+
+
+class MailboxCountersDAO:
+    def __init__(self, store: CassandraStore) -> None:
+        self.store = store
+
+    def add(self, mailbox_id: str, count: int, unseen: int) -> None:
+        self.store.execute(
+            "UPDATE mailbox_counters SET count = count + ?, unseen = unseen + ? WHERE mailbox_id = ?",
+            (count, unseen, mailbox_id),
+        )
+
+    def get_async(self, mailbox_id: str):
+        return self.store.execute_async(
+            "SELECT count, unseen FROM mailbox_counters WHERE mailbox_id = ?", (mailbox_id,)
+        )
+
+    def delete(self, mailbox_id: str) -> None:
+        self.store.execute("DELETE FROM mailbox_counters WHERE mailbox_id = ?", (mailbox_id,))
+
+
+class CassandraMailboxTables:
+    def __init__(self, store: CassandraStore) -> None:
+        self.mailbox_rows = MailboxesDAO(store)
+        self.paths = MailboxPathsDAO(store)
+        self.messages = MessagesDAO(store)
+        self.source = ImapUidDAO(store)
+        self.projections = MessageIdDAO(store)
+        self.mailbox_counters = MailboxCountersDAO(store)
+
+    # mailboxes
+    def create_mailbox(self, mailbox_id: str, user: str, name: str) -> bool:
+        """Create the mailbox with zero counters; False if the user already has a mailbox of that name
+        (this one, from an earlier call, included: a call repeated after a crash completes it)."""
+        self.mailbox_rows.create(mailbox_id, user, name)
+        self.mailbox_counters.add(mailbox_id, 0, 0)
+        claimed, holder = self.paths.claim(user, name, mailbox_id)
+        if claimed or holder == mailbox_id:
+            return claimed
+        if self.mailbox_rows.get(holder) is None and self.paths.take_over(user, name, mailbox_id, holder):
+            return True
+        # Nothing names this mailbox, so nothing can have used it.
+        self.mailbox_rows.delete(mailbox_id)
+        self.mailbox_counters.delete(mailbox_id)
+        return False
+
+    def find_mailbox(self, user: str, name: str) -> tuple[str, str, str] | None:
+        mailbox_id = self.paths.get(user, name)
+        if mailbox_id is None or self.mailbox_rows.get(mailbox_id) is None:
+            return None
+        return mailbox_id, user, name
+
+    def mailbox(self, mailbox_id: str) -> tuple[str, str, str] | None:
+        row = self.mailbox_rows.get(mailbox_id)
+        return None if row is None else (mailbox_id, row.user, row.name)
+
+    def mailboxes(self, user: str | None) -> list[tuple[str, str, str]]:
+        named = self.paths.of(user)
+        existing = self.mailbox_rows.existing([mailbox_id for mailbox_id, _, _ in named])
+        return sorted(
+            (mailbox for mailbox in named if mailbox[0] in existing),
+            key=lambda mailbox: (mailbox[1], mailbox[2]),
+        )
+
+    def allocate_uid(self, mailbox_id: str) -> int | None:
+        """The mailbox's next uid, taken atomically; None if the mailbox does not exist (any more)."""
+        row = self.mailbox_rows.get(mailbox_id)
+        expected = None if row is None else row.next_uid
+        timeouts = 0
+        while expected is not None:
+            try:
+                applied, found = self.mailbox_rows.take_uid(mailbox_id, expected)
+            except WriteTimeout:
+                # Unknown whether this round took the uid: read again and take a later one (a gap).
+                timeouts += 1
+                if timeouts > _UID_TIMEOUTS:
+                    raise
+                row = self.mailbox_rows.get(mailbox_id)
+                expected = None if row is None else row.next_uid
+                continue
+            if applied:
+                return expected
+            expected = found
+        return None
+
+    def delete_mailbox(self, mailbox_id: str) -> bool:
+        """Drop the mailbox, its counters and any projection rows left by earlier faults, but only once the
+        source of truth holds none of its messages; False (and nothing changed) otherwise."""
+        if self.source.of_mailbox(mailbox_id):
+            return False
+        row = self.mailbox_rows.get(mailbox_id)
+        self.mailbox_rows.delete(mailbox_id)  # first: from here on, no uid can be allocated in it
+        self.projections.remove_mailbox(mailbox_id)
+        self.mailbox_counters.delete(mailbox_id)
+        if row is not None:
+            self.paths.release(row.user, row.name, mailbox_id)
+        return True
+
+    # messages: the content's blob ids, kept while the message is in at least one mailbox
+    def save_message(
+        self, message_id: str, header_blob_id: str, body_blob_id: str, size: int, now: int
+    ) -> None:
+        self.messages.save(message_id, header_blob_id, body_blob_id, size, now)
+
+    def message(self, message_id: str) -> tuple[str, str] | None:
+        return self.messages.get(message_id)
+
+    def delete_message(self, message_id: str) -> None:
+        self.messages.delete(message_id)
+
+    # imap_uid_table: the source of truth
+    def placements(self, message_id: str) -> list[tuple[str, int]]:
+        """(mailbox id, uid) of every mailbox holding the message."""
+        return self.source.of_message(message_id)
+
+    def entry(self, mailbox_id: str, uid: int) -> tuple[str, str] | None:
+        """(message id, flags) at this uid of the mailbox."""
+        return self.source.at(mailbox_id, uid)
+
+    def uids(self, mailbox_id: str) -> list[int]:
+        return sorted(uid for uid, _ in self.source.of_mailbox(mailbox_id))
+
+    def add_to_source_of_truth(self, message_id: str, mailbox_id: str, uid: int, flags: str) -> bool:
+        """Add the entry unless the message has one in this mailbox already (then False, nothing written)."""
+        if self.source.get(message_id, mailbox_id) is not None:
+            return False
+        self.source.add(message_id, mailbox_id, uid, flags)
+        return True
+
+    def set_source_flags(self, message_id: str, mailbox_id: str, flags: str) -> None:
+        self.source.set_flags(message_id, mailbox_id, flags)
+
+    def remove_from_source_of_truth(self, mailbox_id: str, uid: int) -> tuple[str, str] | None:
+        """Remove the entry at this uid; its (message id, flags), or None if there was none."""
+        entry = self.source.at(mailbox_id, uid)
+        if entry is not None:
+            self.source.remove(entry[0], mailbox_id)
+        return entry
+
+    # message_id_table: the projection by mailbox and uid
+    def project(self, message_id: str, mailbox_id: str) -> None:
+        """Write the projection row as a copy of the source of truth as read now; a source entry gone in
+        the meantime writes nothing."""
+        source = self.source.get(message_id, mailbox_id)
+        if source is not None:
+            self.projections.put(mailbox_id, source.uid, message_id, source.flags)
+
+    def unproject(self, mailbox_id: str, uid: int) -> None:
+        self.projections.remove(mailbox_id, [uid])
+
+    def projection(self, mailbox_id: str) -> list[tuple[int, str, str]]:
+        """(uid, message id, flags) of the mailbox's messages, by uid."""
+        return self.projections.of_mailbox(mailbox_id)
+
+    # mailbox_counters
+    def add_to_counters(self, mailbox_id: str, count: int, unseen: int) -> None:
+        self.mailbox_counters.add(mailbox_id, count, unseen)
+
+    def counters(self, mailbox_id: str) -> tuple[int, int] | None:
+        """(count, unseen) of an existing mailbox; None if the mailbox or its counters row is missing."""
+        counters = self.mailbox_counters.get_async(mailbox_id)
+        mailbox = self.mailbox_rows.get_async(mailbox_id)
+        row = counters.result().one()
+        if mailbox.result().one() is None or row is None:
+            return None
+        return row.count or 0, row.unseen or 0
+
+    # repairs of the counter recomputation (record 23)
+    def heal_projection(self, mailbox_id: str, message_id: str) -> None:
+        """Make the projection of this message in this mailbox a copy of the source of truth: rewritten if
+        outdated or missing, removed if the source of truth has no such entry."""
+        source = self.source.get(message_id, mailbox_id)
+        stale = [
+            uid
+            for uid in self.projections.uids_of(mailbox_id, message_id)
+            if source is None or uid != source.uid
+        ]
+        if stale:
+            self.projections.remove(mailbox_id, stale)
+        if source is not None:
+            self.projections.put(mailbox_id, source.uid, message_id, source.flags)
+
+    def reset_counters(
+        self, mailbox_id: str, count: int, unseen: int, observed: tuple[int, int] | None
+    ) -> bool:
+        """Set the counters if they still hold `observed` (None: no counters row yet), by adding the
+        difference; False if they moved meanwhile or the mailbox is gone."""
+        if self.mailbox_rows.get(mailbox_id) is None or self.counters(mailbox_id) != observed:
+            return False
+        base_count, base_unseen = (0, 0) if observed is None else observed
+        self.mailbox_counters.add(mailbox_id, count - base_count, unseen - base_unseen)
+        return True
+
+    def sample_mailboxes(self, size: int) -> list[str]:
+        return self.mailbox_rows.sample(size)
+
+    def recount(self, mailbox_id: str) -> tuple[int, int]:
+        """(count, unseen) from the source of truth."""
+        entries = self.source.of_mailbox(mailbox_id)
+        return len(entries), sum(1 for _, flags in entries if _SEEN not in flags.split())

@@ -1,0 +1,182 @@
+"""The Cassandra metadata store's session: one cassandra-driver `Cluster` and `Session` on the mailq keyspace,
+shared by the DAOs of every record (queue_view, configuration, blobs, mailboxes, dead_letters,
+delayed_mails).
+
+Every statement is prepared once per store and run at the store's consistency level (LOCAL_QUORUM by
+default); lightweight transactions run their Paxos round at LOCAL_SERIAL (SERIAL when the level is not a
+LOCAL_ one). Built from plain arguments: the URL and the environment are the settings' business. The
+password goes to the driver's auth provider and nowhere else: no error or log of this module shows it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+
+from cassandra import AuthenticationFailed, ConsistencyLevel, DriverException
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    NoHostAvailable,
+    ResponseFuture,
+    Session,
+)
+from cassandra.concurrent import execute_concurrent_with_args
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import PreparedStatement
+
+from ...errors import InvalidInput, NoStore, StoreUnavailable
+from .schema import TABLES, create_schema, validate_replication
+
+DEFAULT_REPLICATION = {"class": "SimpleStrategy", "replication_factor": 1}
+_KEYSPACE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
+# The table a statement names, after FROM, INTO or UPDATE.
+_TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
+# How many statements of one call are in flight at once (a slice's buckets, a mail's blobs ...).
+_CONCURRENCY = 32
+
+
+class CassandraStore:
+    def __init__(
+        self,
+        contact_points: Sequence[str],
+        keyspace: str,
+        *,
+        port: int = 9042,
+        username: str | None = None,
+        password: str | None = None,
+        local_datacenter: str | None = None,
+        consistency: str = "LOCAL_QUORUM",
+        replication: Mapping[str, object] | None = None,
+        request_timeout: float = 30.0,
+        create: bool = False,
+    ) -> None:
+        """Connect to `keyspace`. With `create`, the keyspace (with `replication`) and every table are
+        created first where missing; without it, a keyspace or table that is missing raises NoStore."""
+        if not isinstance(keyspace, str) or not _KEYSPACE.fullmatch(keyspace):
+            raise InvalidInput(
+                f"invalid keyspace name {keyspace!r}: 1-48 letters, digits or '_', starting with a letter"
+            )
+        level = ConsistencyLevel.name_to_value.get(
+            consistency.upper() if isinstance(consistency, str) else ""
+        )
+        if level is None or level in (ConsistencyLevel.SERIAL, ConsistencyLevel.LOCAL_SERIAL):
+            raise InvalidInput(
+                f"invalid consistency level {consistency!r}: one of ONE, QUORUM, LOCAL_QUORUM, ALL ..."
+            )
+        if (username is None) != (password is None):
+            raise InvalidInput("give both a Cassandra username and a password, or neither")
+        replication = dict(DEFAULT_REPLICATION if replication is None else replication)
+        validate_replication(replication)
+        self.keyspace = keyspace
+        self.where = f"{', '.join(contact_points)} port {port}"
+        serial = (
+            ConsistencyLevel.LOCAL_SERIAL
+            if consistency.upper().startswith("LOCAL_")
+            else ConsistencyLevel.SERIAL
+        )
+        profile = ExecutionProfile(
+            load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=local_datacenter)),
+            consistency_level=level,
+            serial_consistency_level=serial,
+            request_timeout=request_timeout,
+        )
+        self.cluster = Cluster(
+            list(contact_points),
+            port=port,
+            auth_provider=None if username is None else PlainTextAuthProvider(username, password),
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+            connect_timeout=max(5.0, request_timeout / 3),
+        )
+        try:
+            self.session = self._connect(create, replication, password)
+        except BaseException:
+            self.cluster.shutdown()
+            raise
+        self._prepared: dict[str, PreparedStatement] = {}
+        self._preparing = threading.Lock()
+
+    def _connect(self, create: bool, replication: dict, password: str | None) -> Session:
+        try:
+            session = self.cluster.connect()
+        except (NoHostAvailable, DriverException, OSError) as error:
+            reason = _reason(error)
+            if password:
+                reason = reason.replace(password, "***")
+            raise StoreUnavailable(f"cannot connect to Cassandra at {self.where}: {reason}") from None
+        if create:
+            create_schema(session, self.keyspace, replication)
+        else:
+            metadata = self.cluster.metadata.keyspaces.get(self.keyspace)
+            if metadata is None:
+                raise NoStore(
+                    f"no keyspace {self.keyspace!r} in Cassandra at {self.where}: "
+                    "nothing was created there yet (create the schema first)"
+                )
+            missing = sorted(set(TABLES) - set(metadata.tables))
+            if missing:
+                raise NoStore(
+                    f"keyspace {self.keyspace!r} at {self.where} lacks the tables {', '.join(missing)} "
+                    "(create the schema first)"
+                )
+        return session
+
+    def statement(self, cql: str) -> PreparedStatement:
+        """The statement prepared, its table qualified with the keyspace: the DAOs name tables alone, and
+        the server advises against resolving prepared statements against a session's keyspace."""
+        prepared = self._prepared.get(cql)
+        if prepared is None:
+            with self._preparing:
+                prepared = self._prepared.get(cql)
+                if prepared is None:
+                    qualified = _TABLE.sub(rf"\1 {self.keyspace}.", cql, count=1)
+                    prepared = self._prepared[cql] = self.session.prepare(qualified)
+        return prepared
+
+    def execute(self, cql: str, parameters: Sequence = ()):
+        return self.session.execute(self.statement(cql), parameters)
+
+    def execute_async(self, cql: str, parameters: Sequence = ()) -> ResponseFuture:
+        return self.session.execute_async(self.statement(cql), parameters)
+
+    def execute_all(self, cql: str, parameter_sets: Iterable[Sequence]) -> list:
+        """Run one statement once per parameter set, concurrently; the result sets in order. Raises the
+        first failure."""
+        parameter_sets = list(parameter_sets)
+        if not parameter_sets:
+            return []
+        if len(parameter_sets) == 1:
+            return [self.execute(cql, parameter_sets[0])]
+        results = execute_concurrent_with_args(
+            self.session,
+            self.statement(cql),
+            parameter_sets,
+            concurrency=_CONCURRENCY,
+            raise_on_first_error=True,
+            results_generator=False,
+        )
+        return [result for _, result in results]
+
+    def applied(self, cql: str, parameters: Sequence = ()):
+        """Run a lightweight transaction; its row (`.applied`, and the current values when not applied)."""
+        return self.execute(cql, parameters).one()
+
+    def close(self) -> None:
+        self.cluster.shutdown()
+
+
+def _reason(error: BaseException) -> str:
+    """The driver's error in one line; for "no host available", each host's own reason."""
+    errors = getattr(error, "errors", None)
+    if isinstance(errors, dict) and errors:
+        reasons = []
+        for host, cause in errors.items():
+            if isinstance(cause, AuthenticationFailed):
+                reasons.append(f"{host}: authentication failed (check the username and password)")
+            else:
+                reasons.append(f"{host}: {type(cause).__name__}: {cause}")
+        return "; ".join(reasons)
+    return f"{type(error).__name__}: {error}"
