@@ -77,12 +77,8 @@ def s3_server() -> S3Server:
     return _server("s3")
 
 
-@pytest.fixture(scope="session")
-def bucket_name(s3_server: S3Server) -> Iterator[str]:
-    """A fresh bucket name for this session (not created); the bucket is emptied and removed at the end."""
-    name = fresh_bucket_name()
-    yield name
-    client = s3_server.client()
+def remove_bucket(client, name: str) -> None:
+    """Empty and remove bucket `name`, if it exists."""
     try:
         for upload in client.list_multipart_uploads(Bucket=name).get("Uploads", []):
             client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
@@ -92,7 +88,15 @@ def bucket_name(s3_server: S3Server) -> Iterator[str]:
                 client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
         client.delete_bucket(Bucket=name)
     except client.exceptions.NoSuchBucket:
-        pass  # the session never created it
+        pass  # never created
+
+
+@pytest.fixture(scope="session")
+def bucket_name(s3_server: S3Server) -> Iterator[str]:
+    """A fresh bucket name for this session (not created); the bucket is emptied and removed at the end."""
+    name = fresh_bucket_name()
+    yield name
+    remove_bucket(s3_server.client(), name)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import SimpleStatement
 
 from .cassandra import CassandraServer
+from .fixtures import fresh_bucket_name, fresh_keyspace_name, remove_bucket
 from .rabbitmq import RabbitMQServer
 from .s3 import S3Server
 from .spark import SparkCluster
@@ -23,9 +24,9 @@ from .spark import SparkCluster
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 
 
-def test_cassandra_round_trip_token_ranges_and_counters(
-    cassandra_server: CassandraServer, keyspace_name: str
-):
+def test_cassandra_round_trip_token_ranges_and_counters(cassandra_server: CassandraServer):
+    # A keyspace of its own: the session's `keyspace_name` belongs to the stores' tests.
+    keyspace_name = fresh_keyspace_name()
     cluster = cassandra_server.cluster()
     session = cluster.connect()
     try:
@@ -75,13 +76,22 @@ def test_cassandra_round_trip_token_ranges_and_counters(
         counters = session.execute("SELECT count, unseen FROM mailbox_counters WHERE mailbox = 'INBOX'").one()
         assert (counters.count, counters.unseen) == (7, 1)
     finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace_name}", timeout=120)
         cluster.shutdown()
 
 
-def test_s3_put_get_delete_objects_and_multipart_upload(s3_server: S3Server, bucket_name: str):
+def test_s3_put_get_delete_objects_and_multipart_upload(s3_server: S3Server):
+    # A bucket of its own: the session's `bucket_name` belongs to the stores' tests.
+    bucket_name = fresh_bucket_name()
     client = s3_server.client()
     client.create_bucket(Bucket=bucket_name)
+    try:
+        _s3_round_trip(client, bucket_name)
+    finally:
+        remove_bucket(client, bucket_name)
 
+
+def _s3_round_trip(client, bucket_name: str) -> None:
     client.put_object(Bucket=bucket_name, Key="blob-a", Body=b"hello", ChecksumAlgorithm="CRC32")
     assert client.get_object(Bucket=bucket_name, Key="blob-a")["Body"].read() == b"hello"
     assert client.get_object(Bucket=bucket_name, Key="blob-a", Range="bytes=1-3")["Body"].read() == b"ell"
