@@ -18,6 +18,7 @@ from mailq_runtime import InvalidInput, Runtime
 from mailq_runtime.clock import system_clock
 from mailq_runtime.queue import slice_of
 from resources import MailqRuntime
+from tests.runtime.helpers import make_mail
 
 HOUR = 3600 * 1_000_000
 USER = "alice@example.com"
@@ -124,7 +125,7 @@ def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(runtime: 
     assert automation.queue_cleanup_sensor.job_name == "queue_cleanup_job"
     assert runtime.view_configuration.slice_window == HOUR
     for name in ("current", "other"):
-        runtime.queue(name)
+        runtime.queue(name).enqueue(make_mail(name))  # a queue is created by its first enqueue
 
     def starts(other_browse: int, other_content: int) -> Callable[[int], None]:
         def arrange(reachable: int) -> None:
