@@ -184,9 +184,17 @@ class EmbeddedQueueView:
         )
         return [e for (e,) in rows]
 
-    def append_event(self, aggregate: str, event: str, now: int) -> None:
+    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool:
+        """Append the event as the aggregate's event number `position` (the number of events the caller
+        read), only if it holds exactly that many; False, and nothing written, if another was appended."""
         with self.store.transaction() as db:
+            (held,) = db.execute(
+                "SELECT COUNT(*) FROM configuration_events WHERE aggregate = ?", (aggregate,)
+            ).fetchone()
+            if held != position:
+                return False
             db.execute(
                 "INSERT INTO configuration_events (aggregate, event, at) VALUES (?, ?, ?)",
                 (aggregate, event, now),
             )
+            return True
