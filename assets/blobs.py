@@ -1,6 +1,7 @@
 """Record 39's blob garbage collector as Spark-materialised assets, with the n-2 rule made explicit:
 
-reference_generations -> deletion_sets -> live_reference_filter -> collected_blobs, and orphan_blobs.
+reference_generations -> deletion_sets -> live_reference_filter -> collected_blobs, and orphan_blobs
+(the sweep of what writes that died half-way leave).
 
 Deletions of generation g are collected only once the current generation is at least g+2: by then no
 save can add a reference to a blob of g, so a blob absent from a filter of g's references is garbage.
@@ -17,6 +18,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from mailq_runtime.clock import to_datetime
+from mailq_runtime.model import parse_duration
 from resources import MailqRuntime
 
 from .spark.bloom import (
@@ -28,6 +30,7 @@ from .spark.bloom import (
     not_in_filter,
 )
 from .spark.collect import collect_blobs
+from .spark.orphans import orphan_content, orphan_owners, release_owners
 from .spark.table_source import read_table, rows_upper_bound
 
 GROUP = "blob_gc"
@@ -250,29 +253,54 @@ def _totals(collected: DataFrame):
 
 class OrphanSweepConfig(dg.Config):
     dry_run: bool = False
+    # Owners created more recently are never swept, whatever the tables say (`model.parse_duration`).
+    grace: str = "1d"
 
 
 @dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
 def orphan_blobs(
     config: OrphanSweepConfig, reference_generations: dict, mailq: MailqRuntime, pyspark: LazyPySparkResource
 ) -> dg.Output[DataFrame]:
-    """The full sweep: blobs of eligible generations with neither a reference nor a deletion (left by a
-    failed write, say), which no deletion set would ever name."""
+    """The full sweep of what writes that died half-way leave in eligible generations, which no deletion
+    set would ever name (see spark/orphans.py): references whose owner exists nowhere are released, for
+    the next GC iteration to collect their blobs; blobs with neither a reference nor a deletion, and
+    content with no blob row, are deleted."""
     spark = pyspark.spark_session
     eligible = reference_generations["eligible"]
-    blobs = read_table(spark, mailq.url, "blobs").where(F.col("generation").isin(eligible))
-    references = read_table(spark, mailq.url, "blob_references").select("blob_id")
-    deletions = read_table(spark, mailq.url, "blob_deletions").select("blob_id")
+    url = mailq.url
+    created_before = mailq.runtime.clock() - parse_duration(config.grace, "grace")
+    owners = orphan_owners(spark, url, reference_generations["current"] - 2, created_before).cache()
+    found = owners.agg(F.count("*").alias("owners"), F.sum("references").alias("references")).first()
+    released = {"references": 0, "errors": 0}
+    if not config.dry_run:
+        released = (
+            release_owners(owners, url)
+            .agg(
+                F.coalesce(F.sum("released"), F.lit(0)).alias("references"),
+                F.count(F.col("error")).alias("errors"),
+            )
+            .first()
+        )
+    blobs = read_table(spark, url, "blobs").where(F.col("generation").isin(eligible))
+    references = read_table(spark, url, "blob_references").select("blob_id")
+    deletions = read_table(spark, url, "blob_deletions").select("blob_id")
     orphans = blobs.join(references, "blob_id", "left_anti").join(deletions, "blob_id", "left_anti")
-    collected = collect_blobs(
-        orphans.select("blob_id", "generation"), mailq.url, dry_run=config.dry_run
-    ).cache()
+    content = orphan_content(spark, url, eligible).cache()
+    content_count = content.count()  # before the collection deletes it
+    candidates = orphans.select("blob_id", "generation").unionByName(content)
+    collected = collect_blobs(candidates, url, dry_run=config.dry_run).cache()
     totals = _totals(collected)
     return dg.Output(
         collected,
         metadata={
             "dry_run": config.dry_run,
+            "grace": config.grace,
+            "orphan_owners": found["owners"],
+            "orphan_references": found["references"] or 0,
+            "references_released": released["references"],
+            "release_errors": released["errors"],
             "orphans": totals["deleted"] + totals["errors"],
+            "orphan_content": content_count,
             "deleted": 0 if config.dry_run else totals["deleted"],
             "bytes_reclaimed": 0 if config.dry_run else totals["bytes"],
             "errors": totals["errors"],

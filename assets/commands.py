@@ -142,11 +142,16 @@ def _collected(f: dict) -> list[str]:
 
 
 def _orphans(f: dict) -> list[str]:
+    owners = f"{f['orphan_owners']} owner(s) found nowhere, holding {f['orphan_references']} reference(s)"
     if f["dry_run"]:
-        return [f"orphans      dry run: {f['orphans']} orphan blob(s) would be deleted"]
+        return [
+            f"orphans      dry run: {f['orphans']} orphan blob(s) would be deleted",
+            f"orphans      dry run: {owners}, would be released",
+        ]
     return [
         f"orphans      {f['orphans']} orphan blob(s), {f['deleted']} deleted, "
-        f"{human_bytes(f['bytes_reclaimed'])} reclaimed"
+        f"{human_bytes(f['bytes_reclaimed'])} reclaimed",
+        f"orphans      {owners}: {f['references_released']} released for the next GC iteration",
     ]
 
 

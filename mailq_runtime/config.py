@@ -56,9 +56,12 @@ class QueueViewConfiguration:
 
 
 class ConfigurationEvents(Protocol):
-    def transaction(self): ...
     def events(self, aggregate: str) -> list[str]: ...
-    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool: ...
+    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool:
+        """Append `event` as the aggregate's event number `position` (counted from 0), only if it holds
+        exactly `position` events: a compare-and-set in one step (the embedded store's transaction, a
+        lightweight transaction on Cassandra). False, and nothing appended, if another event got there."""
+        ...
 
 
 class ConfigurationStore:
@@ -82,15 +85,17 @@ class ConfigurationStore:
     def register(self, new: QueueViewConfiguration) -> bool:
         """Apply `new` if the rules allow it; True if an event was appended, False if nothing changed.
 
-        The event is appended only at the position after the history it was checked against: when
-        another process appended first, the change is checked again against that process's event."""
-        with self.events.transaction():
-            while True:
-                history = self.events.events(AGGREGATE)
-                if history:
-                    current = QueueViewConfiguration(**json.loads(history[-1]))
-                    if new == current:
-                        return False
-                    current.validate_change(new)
-                if self.events.append_event(AGGREGATE, json.dumps(asdict(new)), self.clock(), len(history)):
-                    return True
+        Race-safe without a transaction: the event is appended only at the position after the history it
+        was checked against. When another process appended first, the change is checked again against
+        that process's event, so two changes that each pass the rules alone are never both appended (the
+        second may be refused: 1h -> 30m and 1h -> 20m race, one wins, 30m -> 20m is not a divisor).
+        """
+        while True:
+            history = self.events.events(AGGREGATE)
+            if history:
+                current = QueueViewConfiguration(**json.loads(history[-1]))
+                if new == current:
+                    return False
+                current.validate_change(new)
+            if self.events.append_event(AGGREGATE, json.dumps(asdict(new)), self.clock(), len(history)):
+                return True

@@ -1,24 +1,30 @@
 """Mailboxes, their messages, flags and counters: the denormalised tables of record 23.
 
-Every operation writes, in this order and as SEPARATE commits, deliberately:
+No operation assumes a transaction: every table call commits on its own, in record 23's order,
 
 1. `imap_uid_table`, the source of truth (message id, mailbox -> uid, flags);
 2. `message_id_table`, the projection that lists a mailbox's messages by uid;
-3. `mailbox_counters`, the projection of count and unseen (messages without \\Seen).
+3. `mailbox_counters`, the projection of count and unseen (messages without \\Seen),
 
-That is what the Cassandra store (no multi-table transactions) will do, and a process dying between the
-commits leaves exactly the inconsistencies record 23 is about: a projection row missing or outdated, a
+which is all the Cassandra store (no multi-table transactions) can do. A process dying between the
+writes leaves exactly the inconsistencies record 23 is about: a projection row missing or outdated, a
 counter off by the messages in flight. The counter recomputation repairs them from the source of truth;
 `faults.FaultInjector` reproduces them in tests. Projection rows are written as copies of the source of
 truth at the time of writing, so concurrent flag changes converge instead of racing.
 
-What commits *with* the source of truth is the content: a message's blobs (saved through the
-deduplicating store, owner = the message id) and its `messages` row commit together with its first
-`imap_uid_table` entry, and are released in the same commit that removes its last one. A fault thus
-never leaks blob references, and the rule "a message's blobs are referenced while it is in a mailbox"
-holds at every commit. UIDs come from an atomic `UPDATE ... RETURNING` on `mailboxes.next_uid`, in the
-same commit as the entry that uses them, so they strictly increase in commit order, across threads and
-processes. A message is in one mailbox at a time: there is move, not copy.
+The content comes before a message's first source-of-truth entry and goes after its last one: its blobs
+(saved through the deduplicating store, owner = the message id) and its `messages` row are written
+first, and released last. A message in a mailbox thus always has its content; a crash in between leaves
+content of a message id that no mailbox holds, which the orphan sweep releases (a message id owns its
+references while the source of truth places it). `group_writes` may group the writes of one step (the
+embedded store's transaction): faster, and never needed for correctness.
+
+UIDs come from an atomic increment of `mailboxes.next_uid` (one `UPDATE ... RETURNING` on the embedded
+store, a lightweight transaction on Cassandra), so they are distinct and strictly increase per mailbox
+across threads and processes; grouped with the entry that uses it (the embedded store), a uid also
+commits in uid order. A message is in one mailbox at a time: there is move, not copy. Two operations
+racing on one message are not isolated from each other (as in James on Cassandra): each completes its
+own writes, and the recomputation repairs the projections.
 """
 
 from __future__ import annotations
@@ -26,13 +32,31 @@ from __future__ import annotations
 import builtins
 import re
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from .blobs.dedup import DeduplicatingBlobStore
+from .blobs.dedup import DeduplicatingBlobStore, GroupWrites
 from .clock import Clock
 from .errors import InvalidInput, UnknownMailbox, shown
-from .faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH, FaultInjector
+from .faults import (
+    APPEND_AFTER_CONTENT,
+    APPEND_AFTER_MESSAGE_ROW,
+    APPEND_AFTER_PROJECTION,
+    APPEND_AFTER_SOURCE_OF_TRUTH,
+    APPEND_AFTER_UID,
+    EXPUNGE_AFTER_COUNTERS,
+    EXPUNGE_AFTER_MESSAGE_ROW,
+    EXPUNGE_AFTER_PROJECTION,
+    EXPUNGE_AFTER_SOURCE_OF_TRUTH,
+    FLAG_AFTER_PROJECTION,
+    FLAG_AFTER_SOURCE_OF_TRUTH,
+    MOVE_AFTER_PROJECTION,
+    MOVE_AFTER_SOURCE_OF_TRUTH,
+    MOVE_AFTER_TARGET,
+    ORPHAN_AFTER_MESSAGE_ROW,
+    FaultInjector,
+)
 from .model import MAX_COUNT, MailAddress, MailboxId, MessageId, check_message
 from .queue import split_message
 
@@ -155,9 +179,9 @@ MailboxRef = Mailbox | MailboxId | str
 
 
 class MailboxTables(Protocol):
-    """Record 23's tables, one implementation per store (see stores/embedded_mailboxes.py)."""
+    """Record 23's tables, one implementation per store (see stores/embedded_mailboxes.py). Every method
+    commits on its own; none needs a transaction around it."""
 
-    def transaction(self): ...
     def create_mailbox(self, mailbox_id: str, user: str, name: str) -> bool: ...
     def find_mailbox(self, user: str, name: str) -> tuple[str, str, str] | None: ...
     def mailbox(self, mailbox_id: str) -> tuple[str, str, str] | None: ...
@@ -173,7 +197,10 @@ class MailboxTables(Protocol):
     def entry(self, mailbox_id: str, uid: int) -> tuple[str, str] | None: ...
     def uids(self, mailbox_id: str) -> list[int]: ...
     def add_to_source_of_truth(self, message_id: str, mailbox_id: str, uid: int, flags: str) -> bool: ...
-    def set_source_flags(self, message_id: str, mailbox_id: str, flags: str) -> None: ...
+    def set_source_flags(self, message_id: str, mailbox_id: str, flags: str, expected: str) -> bool:
+        """Compare-and-set: the entry's flags become `flags` only if they still are `expected`."""
+        ...
+
     def remove_from_source_of_truth(self, mailbox_id: str, uid: int) -> tuple[str, str] | None: ...
     def project(self, message_id: str, mailbox_id: str) -> None: ...
     def unproject(self, mailbox_id: str, uid: int) -> None: ...
@@ -193,13 +220,20 @@ class Mailboxes:
     before anything is written."""
 
     def __init__(
-        self, tables: MailboxTables, blobs: DeduplicatingBlobStore, clock: Clock, max_message_size: int
+        self,
+        tables: MailboxTables,
+        blobs: DeduplicatingBlobStore,
+        clock: Clock,
+        max_message_size: int,
+        faults: FaultInjector | None = None,
+        group_writes: GroupWrites = nullcontext,
     ) -> None:
         self.tables = tables
         self.blobs = blobs
         self.clock = clock
         self.max_message_size = max_message_size
-        self.faults = FaultInjector()
+        self.faults = faults or FaultInjector()
+        self.group_writes = group_writes
 
     # mailboxes
     def create(self, user: str, name: str) -> MailboxId:
@@ -237,7 +271,8 @@ class Mailboxes:
         mailbox_id = self._existing(mailbox)
         expunged = 0
         # The drop happens only in a commit that sees no message left, so a concurrent append either
-        # lands before it (and is expunged by the next round) or finds no mailbox to allocate a uid in.
+        # lands before it (and is expunged by the next round), or finds no mailbox to allocate a uid in,
+        # or finds the mailbox gone once its entry is written and takes the entry back (`_place`).
         while not self.tables.delete_mailbox(mailbox_id):
             expunged += self._expunge(mailbox_id, self.tables.uids(mailbox_id), strict=False)
         return expunged
@@ -250,79 +285,95 @@ class Mailboxes:
 
         With `message_id`, appending is idempotent: if that message is in the mailbox already, nothing is
         written and its existing uid is returned. (A message in another mailbox is an error: no copies.)
+
+        Crash-safe order: 1. a uid; 2. the content (owner = the message id); 3. the `messages` row; 4. the
+        source of truth; 5. the projection; 6. the counters. A crash after 1 leaves a gap in the uids;
+        after 2 or 3, content no mailbox holds: appending the same message id again completes the append
+        (the delivery worker does), else the orphan sweep releases it; after 4 or 5, record 23's
+        inconsistencies, which the counter recomputation repairs.
         """
         mailbox_id = self._existing(mailbox)
         flags = parse_flags(flags)
         message = check_message(message, self.max_message_size)
         message_id = MessageId.generate(self.clock()) if message_id is None else MessageId(message_id)
         header, body = split_message(message)
-        with self.tables.transaction():
-            for placed_in, uid in self.tables.placements(message_id):
+        with self.group_writes():
+            for placed_in, placed in self.tables.placements(message_id):
                 if placed_in == mailbox_id:
-                    return Appended(message_id, uid)
+                    return Appended(message_id, placed)
                 raise InvalidInput(f"message {message_id} is already in mailbox {placed_in}")
-            uid = self.tables.allocate_uid(mailbox_id)
-            if uid is None:
-                raise UnknownMailbox(f"mailbox {mailbox_id} was deleted")
+            uid = self._allocate(mailbox_id)
+            self.faults.reached(APPEND_AFTER_UID)
             header_blob_id, body_blob_id = self.blobs.save_all(message_id, [header, body])
+            self.faults.reached(APPEND_AFTER_CONTENT)
             self.tables.save_message(
                 message_id, str(header_blob_id), str(body_blob_id), len(message), self.clock()
             )
-            self.tables.add_to_source_of_truth(message_id, mailbox_id, uid, _stored(flags))
-        self.faults.reached(AFTER_SOURCE_OF_TRUTH)
-        with self.tables.transaction():
-            self.tables.project(message_id, mailbox_id)
-        self.faults.reached(AFTER_PROJECTION)
-        with self.tables.transaction():
-            self.tables.add_to_counters(mailbox_id, 1, _unseen(flags))
+            self.faults.reached(APPEND_AFTER_MESSAGE_ROW)
+            placed = self._place(message_id, mailbox_id, uid, _stored(flags))
+            if placed != uid:  # a racing append of this message id placed it first, and counts it
+                return Appended(message_id, placed)
+        self.faults.reached(APPEND_AFTER_SOURCE_OF_TRUTH)
+        self.tables.project(message_id, mailbox_id)
+        self.faults.reached(APPEND_AFTER_PROJECTION)
+        self.tables.add_to_counters(mailbox_id, 1, _unseen(flags))
         return Appended(message_id, uid)
 
     def set_flags(
         self, mailbox: MailboxRef, uid: int, add: Iterable[str] = (), remove: Iterable[str] = ()
     ) -> frozenset[str]:
-        """Add then remove flags of the message at `uid`; returns its new flags."""
+        """Add then remove flags of the message at `uid`; returns its new flags.
+
+        Crash-safe order: 1. the source of truth, by compare-and-set against the flags read (so the unseen
+        delta counted in 3 is exact under concurrent changes: a lost race reads again); 2. the projection;
+        3. the counters. A crash after 1 or 2 leaves record 23's inconsistencies, which the counter
+        recomputation repairs.
+        """
         mailbox_id = self._existing(mailbox)
         uid = _uid(uid)
         add, remove = parse_flags(add), parse_flags(remove)
         if add & remove:
             raise InvalidInput(f"flags both added and removed: {', '.join(sorted(add & remove))}")
-        with self.tables.transaction():
-            # Read and write in one commit: the unseen delta below is exact even under concurrent changes.
+        while True:
             message_id, stored = self._entry(mailbox_id, uid)
             old = _loaded(stored)
             new = (old | add) - remove
             if new == old:
                 return new
-            self.tables.set_source_flags(message_id, mailbox_id, _stored(new))
-        self.faults.reached(AFTER_SOURCE_OF_TRUTH)
-        with self.tables.transaction():
-            self.tables.project(message_id, mailbox_id)
-        self.faults.reached(AFTER_PROJECTION)
-        with self.tables.transaction():
-            self.tables.add_to_counters(mailbox_id, 0, _unseen(new) - _unseen(old))
+            if self.tables.set_source_flags(message_id, mailbox_id, _stored(new), stored):
+                break
+        self.faults.reached(FLAG_AFTER_SOURCE_OF_TRUTH)
+        self.tables.project(message_id, mailbox_id)
+        self.faults.reached(FLAG_AFTER_PROJECTION)
+        self.tables.add_to_counters(mailbox_id, 0, _unseen(new) - _unseen(old))
         return new
 
     def move(self, source: MailboxRef, uid: int, target: MailboxRef) -> int:
-        """Move the message at `uid` of `source` to `target`, flags kept; returns its uid in `target`."""
+        """Move the message at `uid` of `source` to `target`, flags kept; returns its uid in `target`.
+
+        Crash-safe order: 1. the target's source-of-truth entry (with a new uid); 2. the removal of the
+        source's; 3. the projections; 4. the counters. The message is never in neither mailbox: a crash
+        after 1 leaves it in both, and the move run again finds it in the target and completes;
+        after 2 or 3, record 23's inconsistencies, which the counter recomputation repairs.
+        """
         source_id, target_id = self._existing(source), self._existing(target)
         uid = _uid(uid)
         if source_id == target_id:
             raise InvalidInput(f"cannot move a message of mailbox {source_id} to itself")
-        with self.tables.transaction():
-            # One commit: in the source of truth the message is never in both mailboxes, nor in neither.
+        with self.group_writes():
             message_id, stored = self._entry(source_id, uid)
-            new_uid = self.tables.allocate_uid(target_id)
+            new_uid = self._placement(message_id, target_id)  # an earlier move that died half-way
             if new_uid is None:
-                raise UnknownMailbox(f"mailbox {target_id} was deleted")
+                new_uid = self._place(message_id, target_id, self._allocate(target_id), stored)
+            self.faults.reached(MOVE_AFTER_TARGET)
             self.tables.remove_from_source_of_truth(source_id, uid)
-            self.tables.add_to_source_of_truth(message_id, target_id, new_uid, stored)
-        self.faults.reached(AFTER_SOURCE_OF_TRUTH)
-        with self.tables.transaction():
+        self.faults.reached(MOVE_AFTER_SOURCE_OF_TRUTH)
+        with self.group_writes():
             self.tables.unproject(source_id, uid)
             self.tables.project(message_id, target_id)
-        self.faults.reached(AFTER_PROJECTION)
+        self.faults.reached(MOVE_AFTER_PROJECTION)
         unseen = _unseen(_loaded(stored))
-        with self.tables.transaction():
+        with self.group_writes():
             self.tables.add_to_counters(source_id, -1, -unseen)
             self.tables.add_to_counters(target_id, 1, unseen)
         return new_uid
@@ -336,30 +387,90 @@ class Mailboxes:
         return self._expunge(mailbox_id, [_uid(uid) for uid in uids], strict=True)
 
     def _expunge(self, mailbox_id: MailboxId, uids: builtins.list[int], *, strict: bool) -> int:
-        removed: builtins.list[tuple[int, frozenset[str]]] = []
-        with self.tables.transaction():
-            for uid in sorted(set(uids)):
+        """Crash-safe order: 1. the source of truth; 2. the projection; 3. the counters; 4. for each message
+        now in no mailbox, its content (`_discard`). A crash after 1 or 2 leaves record 23's
+        inconsistencies, which the counter recomputation repairs; after 3, content that no mailbox holds,
+        which the orphan sweep releases."""
+        removed: builtins.list[tuple[int, str, frozenset[str]]] = []
+        chosen = sorted(set(uids))
+        with self.group_writes():
+            if strict:
+                for uid in chosen:
+                    self._entry(mailbox_id, uid)
+            for uid in chosen:
                 entry = self.tables.remove_from_source_of_truth(mailbox_id, uid)
-                if entry is None:
-                    if strict:  # raised inside the transaction: the removals above roll back
-                        raise UnknownMailbox(f"no message with uid {uid} in mailbox {mailbox_id}")
-                    continue
-                message_id, stored = entry
-                removed.append((uid, _loaded(stored)))
-                if not self.tables.placements(message_id):
-                    self.blobs.release(message_id)
-                    self.tables.delete_message(message_id)
+                if entry is not None:  # None: another operation took it meanwhile
+                    removed.append((uid, entry[0], _loaded(entry[1])))
         if not removed:
             return 0
-        self.faults.reached(AFTER_SOURCE_OF_TRUTH)
-        with self.tables.transaction():
-            for uid, _ in removed:
+        self.faults.reached(EXPUNGE_AFTER_SOURCE_OF_TRUTH)
+        with self.group_writes():
+            for uid, _, _ in removed:
                 self.tables.unproject(mailbox_id, uid)
-        self.faults.reached(AFTER_PROJECTION)
-        unseen = sum(_unseen(flags) for _, flags in removed)
-        with self.tables.transaction():
-            self.tables.add_to_counters(mailbox_id, -len(removed), -unseen)
+        self.faults.reached(EXPUNGE_AFTER_PROJECTION)
+        unseen = sum(_unseen(flags) for _, _, flags in removed)
+        self.tables.add_to_counters(mailbox_id, -len(removed), -unseen)
+        self.faults.reached(EXPUNGE_AFTER_COUNTERS)
+        for _, message_id, _ in removed:
+            self._discard(message_id)
         return len(removed)
+
+    def release_orphan(self, owner: str) -> int:
+        """Release the content of an owner that the orphan sweep found nowhere: a message id whose append
+        or expunge died half-way, or an enqueue id whose enqueue did. Returns how many references were
+        released.
+
+        The sweep's scan may be older than what it found, so this checks again: an owner with a
+        reference of a generation not yet eligible may be in the middle of a write, and a message id a
+        mailbox holds is not an orphan; both are left alone (0).
+
+        Crash-safe order: 1. the owner's `messages` row, if any; 2. its references (deletions appended).
+        A crash after 1 leaves references the next sweep releases.
+        """
+        held = self.blobs.references_of(owner)
+        newest_eligible = self.blobs.generations.current() - 2
+        if not held or any(b.generation > newest_eligible for b in held) or self.tables.placements(owner):
+            return 0
+        with self.group_writes():
+            self.tables.delete_message(owner)
+            self.faults.reached(ORPHAN_AFTER_MESSAGE_ROW)
+            return self.blobs.release(owner, held)
+
+    def _discard(self, message_id: str) -> int:
+        """Drop the content of a message that no mailbox holds; how many references were released.
+
+        Crash-safe order: 1. the `messages` row; 2. the references (deletions appended). A crash after 1
+        leaves references whose owner exists nowhere, which the orphan sweep releases."""
+        with self.group_writes():
+            if self.tables.placements(message_id):
+                return 0
+            self.tables.delete_message(message_id)
+            self.faults.reached(EXPUNGE_AFTER_MESSAGE_ROW)
+            return self.blobs.release(message_id)
+
+    def _allocate(self, mailbox_id: MailboxId) -> int:
+        uid = self.tables.allocate_uid(mailbox_id)
+        if uid is None:
+            raise UnknownMailbox(f"mailbox {mailbox_id} was deleted")
+        return uid
+
+    def _placement(self, message_id: str, mailbox_id: MailboxId) -> int | None:
+        """The message's uid in the mailbox; None if it is not there."""
+        return dict(self.tables.placements(message_id)).get(mailbox_id)
+
+    def _place(self, message_id: str, mailbox_id: MailboxId, uid: int, flags: str) -> int:
+        """Add the message to the mailbox's source of truth at `uid`; returns the uid it holds there (that
+        of a racing placement of the same message, if that one came first). A mailbox deleted meanwhile
+        gets its entry taken back, and the caller UnknownMailbox: the deletion checks for entries only
+        once, so one written after that check must not stay."""
+        while not self.tables.add_to_source_of_truth(message_id, mailbox_id, uid, flags):
+            placed = self._placement(message_id, mailbox_id)
+            if placed is not None:
+                return placed
+        if self.tables.mailbox(mailbox_id) is None:
+            self.tables.remove_from_source_of_truth(mailbox_id, uid)
+            raise UnknownMailbox(f"mailbox {mailbox_id} was deleted")
+        return uid
 
     # reads
     def counters(self, mailbox: MailboxRef) -> Counters:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 from types import TracebackType
 
@@ -11,6 +12,7 @@ from .brokers.embedded import EmbeddedBroker
 from .clock import Clock, system_clock
 from .config import ConfigurationStore
 from .errors import UnknownQueue
+from .faults import FaultInjector
 from .mailbox import Mailboxes
 from .model import QueueName
 from .queue import MailQueue
@@ -22,24 +24,38 @@ from .stores.embedded_queue_view import EmbeddedQueueView
 
 
 class Runtime:
-    def __init__(self, settings: Settings, clock: Clock = system_clock, create: bool = True) -> None:
+    def __init__(
+        self, settings: Settings, clock: Clock = system_clock, create: bool = True, group_writes: bool = True
+    ) -> None:
         self.settings = settings
         self.clock = clock
         self.store = EmbeddedStore(settings.data_dir, settings.durability, create)
         try:
-            self._build(settings, clock)
+            self._build(settings, clock, group_writes)
         except BaseException:
             self.store.close()
             raise
 
-    def _build(self, settings: Settings, clock: Clock) -> None:
+    def _build(self, settings: Settings, clock: Clock, group_writes: bool) -> None:
+        # One injector for the whole runtime (off unless a test arms it: see faults.py).
+        self.faults = FaultInjector()
+        # `group_writes` is an optimisation, never a correctness need: the core orders the writes of every
+        # path so that each may commit alone (as on Cassandra). The embedded store may group one step's
+        # writes into one SQLite transaction, which costs one commit instead of several; tests turn it
+        # off to see every write commit alone.
+        group = self.store.transaction if group_writes else nullcontext
         self.view = EmbeddedQueueView(self.store)
         self.broker = EmbeddedBroker(self.store, clock, settings.visibility_timeout)
         self.blob_tables = EmbeddedBlobTables(self.store)
         self.content = SqliteBlobStore(self.store)
-        self.blobs = DeduplicatingBlobStore(self.blob_tables, self.content, clock)
+        self.blobs = DeduplicatingBlobStore(self.blob_tables, self.content, clock, self.faults, group)
         self.mailboxes = Mailboxes(
-            EmbeddedMailboxTables(self.store), self.blobs, clock, settings.max_message_size
+            EmbeddedMailboxTables(self.store),
+            self.blobs,
+            clock,
+            settings.max_message_size,
+            self.faults,
+            group,
         )
         self.configuration = ConfigurationStore(self.view, clock)
         # Registered even when nothing is asked, so the configuration in effect is an event that every
@@ -55,10 +71,17 @@ class Runtime:
         self._queues: dict[str, MailQueue] = {}
 
     @classmethod
-    def open(cls, url: str | None = None, *, clock: Clock = system_clock, create: bool = True) -> Runtime:
+    def open(
+        cls,
+        url: str | None = None,
+        *,
+        clock: Clock = system_clock,
+        create: bool = True,
+        group_writes: bool = True,
+    ) -> Runtime:
         """Open the runtime of `url`, or of $MAILQ_URL, or the embedded default `embedded://.mailq`.
         With `create=False` a store that does not exist yet raises NoStore instead of being created."""
-        return cls(Settings.from_url(url), clock, create)
+        return cls(Settings.from_url(url), clock, create, group_writes)
 
     @property
     def generations(self) -> Generations:

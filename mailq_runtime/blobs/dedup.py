@@ -3,19 +3,35 @@
 A blob id is the current reference generation plus the SHA-256 of the content, so the same content saved
 twice in one generation is stored once, and saved again in a later generation is stored anew. That is
 what lets the garbage collector delete a blob of generation g once the current generation is g+2 or
-later: no new reference to it can appear any more.
+later: no new reference to it can appear any more. (An operation that read generation g before two
+rotations and writes after them is the one case that rule does not cover, as in record 39: rotations are
+far apart, operations short.)
+
+No write path assumes a transaction across the tables or between the tables and the content: each
+table call commits on its own, in the order its docstring gives, and is idempotent or harmless when
+repeated. `group_writes` may group one operation's writes (the embedded store's transaction), which is
+faster and never needed for correctness.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..clock import Clock
 from ..errors import InvalidInput, shown
+from ..faults import (
+    COLLECT_AFTER_CONTENT,
+    RELEASE_AFTER_DELETIONS,
+    ROTATE_AFTER_REFERENCE_GENERATION,
+    SAVE_AFTER_BLOB_ROWS,
+    SAVE_AFTER_CONTENT,
+    FaultInjector,
+)
 from ..model import BlobId
 from .store import BlobStore
 
@@ -23,18 +39,40 @@ REFERENCE_GENERATION = "reference_generation"
 GC_ITERATION = "gc_iteration"
 _OWNER = re.compile(r"[!-~]{1,200}")
 
+GroupWrites = Callable[[], AbstractContextManager]
+
 
 class BlobTables(Protocol):
-    def transaction(self): ...
+    """Record 39's tables. Every method commits on its own; none needs a transaction around it."""
+
     def current(self, kind: str) -> int | None: ...
-    def emit(self, kind: str, number: int, now: int) -> bool: ...
+    def emit(self, kind: str, number: int, now: int) -> bool:
+        """Append event `number` of `kind`; False if it was emitted already (by a racing rotation)."""
+        ...
+
     def history(self, kind: str) -> list[tuple[int, int]]: ...
-    def add_references(self, owner: str, blobs: Sequence[tuple[BlobId, int]], now: int) -> set[str]: ...
+    def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]:
+        """The size of each blob that has a row in `blobs`."""
+        ...
+
+    def add_blobs(self, blobs: Sequence[tuple[BlobId, int]], now: int) -> None:
+        """Rows in `blobs` for (blob id, size), those present already kept as they are."""
+        ...
+
+    def add_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+        """The owner's references to the blobs; those present already are kept."""
+        ...
+
     def references_of(self, owner: str) -> list[BlobId]: ...
-    def release(self, owner: str, blob_ids: Iterable[BlobId] | None, gc_iteration: int, now: int) -> int: ...
+    def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
+        """Append one deletion a blob id (repeated ones too: the GC counts blob ids, not deletions)."""
+        ...
+
+    def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None: ...
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple: ...
-    def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]: ...
-    def forget(self, blob_ids: Iterable[BlobId]) -> None: ...
+    def forget(self, blob_ids: Iterable[BlobId]) -> None:
+        """Drop the blobs' rows from `blobs` and `blob_deletions`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -54,32 +92,60 @@ class Generation:
 
 
 class Generations:
-    """The reference generations and GC iterations, as events. `rotate()` is what the schedule calls."""
+    """The reference generations and GC iterations, as events. `rotate()` is what the schedule calls.
 
-    def __init__(self, tables: BlobTables, clock: Clock) -> None:
+    Generation n and GC iteration n are emitted together, so their numbers stay equal. Nothing is
+    emitted until the first save or rotation (opening a store writes nothing): until then the current
+    generation and iteration are 1.
+    """
+
+    def __init__(
+        self,
+        tables: BlobTables,
+        clock: Clock,
+        faults: FaultInjector | None = None,
+        group_writes: GroupWrites = nullcontext,
+    ) -> None:
         self.tables = tables
         self.clock = clock
-        with tables.transaction():
-            if tables.current(REFERENCE_GENERATION) is None:
-                now = clock()
-                tables.emit(REFERENCE_GENERATION, 1, now)
-                tables.emit(GC_ITERATION, 1, now)
+        self.faults = faults or FaultInjector()
+        self.group_writes = group_writes
 
     def current(self) -> int:
-        return self.tables.current(REFERENCE_GENERATION)
+        return self.tables.current(REFERENCE_GENERATION) or 1
 
     def current_gc_iteration(self) -> int:
-        return self.tables.current(GC_ITERATION)
+        return self.tables.current(GC_ITERATION) or 1
+
+    def for_saving(self) -> int:
+        """The current generation, for a save: the first one is emitted if none is yet."""
+        current = self.tables.current(REFERENCE_GENERATION)
+        if current is None:
+            now = self.clock()
+            self.tables.emit(REFERENCE_GENERATION, 1, now)
+            self.tables.emit(GC_ITERATION, 1, now)
+            return 1
+        return current
 
     def rotate(self) -> tuple[int, int]:
-        """Emit the next reference generation and the next GC iteration; returns both numbers."""
-        with self.tables.transaction():
+        """Emit the next reference generation and the next GC iteration; returns both numbers.
+
+        Crash-safe order: 1. the reference generation; 2. the GC iteration (both appended only if not
+        emitted yet, so of two processes rotating at once one emits each event and both return the same
+        numbers). A crash after 1 leaves a generation without its iteration: the next rotation completes
+        that one rather than starting another, as it does for a rotation another process has under way.
+        """
+        with self.group_writes():
             now = self.clock()
-            generation = self.tables.current(REFERENCE_GENERATION) + 1
-            iteration = self.tables.current(GC_ITERATION) + 1
-            self.tables.emit(REFERENCE_GENERATION, generation, now)
-            self.tables.emit(GC_ITERATION, iteration, now)
-        return generation, iteration
+            generation = self.for_saving()
+            iteration = self.tables.current(GC_ITERATION) or 0
+            if iteration < generation:
+                self.tables.emit(GC_ITERATION, generation, now)
+                return generation, generation
+            self.tables.emit(REFERENCE_GENERATION, generation + 1, now)
+            self.faults.reached(ROTATE_AFTER_REFERENCE_GENERATION)
+            self.tables.emit(GC_ITERATION, generation + 1, now)
+        return generation + 1, generation + 1
 
     def reference_generations(self) -> list[Generation]:
         return [Generation(n, at) for n, at in self.tables.history(REFERENCE_GENERATION)]
@@ -99,19 +165,36 @@ def validate_owner(owner: str) -> str:
 
 
 class DeduplicatingBlobStore:
-    def __init__(self, tables: BlobTables, content: BlobStore, clock: Clock) -> None:
+    def __init__(
+        self,
+        tables: BlobTables,
+        content: BlobStore,
+        clock: Clock,
+        faults: FaultInjector | None = None,
+        group_writes: GroupWrites = nullcontext,
+    ) -> None:
         self.tables = tables
         self.content = content
         self.clock = clock
-        self.generations = Generations(tables, clock)
+        self.faults = faults or FaultInjector()
+        self.group_writes = group_writes
+        self.generations = Generations(tables, clock, self.faults, group_writes)
 
     def save(self, owner: str, data: bytes) -> BlobId:
-        """Store `data` for `owner`; returns its blob id. The owner's reference is recorded atomically."""
+        """Store `data` for `owner`; returns its blob id (see `save_all`)."""
         return self.save_all(owner, [data])[0]
 
     def save_all(self, owner: str, contents: Sequence[bytes]) -> list[BlobId]:
-        """Store each of `contents` (a message's header and body) for `owner`, in one transaction and
-        with one read of the generation; returns their blob ids in order."""
+        """Store each of `contents` (a message's header and body) for `owner`, with one read of the
+        generation; returns their blob ids in order.
+
+        Crash-safe order: 1. the content of each blob without a row yet (a put is idempotent: its key is
+        the blob id); 2. the missing `blobs` rows; 3. the owner's references. A blob row therefore always
+        has its content, which is why a blob with a row is not written again. A crash after 1 leaves
+        content without a row, after 2 blobs nobody references: the same save run again completes them,
+        and the orphan sweep collects them once their generation is eligible. Two processes saving the
+        same new content at once both write it, harmlessly, and each records its reference.
+        """
         validate_owner(owner)
         for data in contents:
             if not isinstance(data, bytes | bytearray | memoryview):
@@ -119,18 +202,19 @@ class DeduplicatingBlobStore:
         if not contents:
             return []
         digests = [hashlib.sha256(data).hexdigest() for data in contents]
-        with self.tables.transaction():
-            # Read inside the write transaction: a rotation cannot slip between choosing the
-            # generation and recording the references. The content is written before the commit,
-            # so a committed blob row always has its content.
-            generation = self.generations.current()
+        with self.group_writes():
+            generation = self.generations.for_saving()
             blob_ids = [BlobId(generation, digest) for digest in digests]
-            sized = [(blob_id, len(data)) for blob_id, data in zip(blob_ids, contents, strict=True)]
-            new = self.tables.add_references(owner, sized, self.clock())
-            for blob_id, data in zip(blob_ids, contents, strict=True):
-                if str(blob_id) in new:
-                    new.discard(str(blob_id))  # the same content twice is written once
-                    self.content.put(blob_id, bytes(data))
+            distinct = dict(zip(blob_ids, contents, strict=True))  # the same content twice is one blob
+            known = self.tables.sizes(distinct)
+            new = [(blob_id, data) for blob_id, data in distinct.items() if blob_id not in known]
+            for blob_id, data in new:
+                self.content.put(blob_id, bytes(data))
+            self.faults.reached(SAVE_AFTER_CONTENT)
+            if new:
+                self.tables.add_blobs([(blob_id, len(data)) for blob_id, data in new], self.clock())
+            self.faults.reached(SAVE_AFTER_BLOB_ROWS)
+            self.tables.add_references(owner, list(distinct))
         return blob_ids
 
     def read(self, blob_id: BlobId | str) -> bytes:
@@ -140,30 +224,43 @@ class DeduplicatingBlobStore:
         return self.tables.references_of(validate_owner(owner))
 
     def release(self, owner: str, blob_ids: Iterable[BlobId | str] | None = None) -> int:
-        """Remove the owner's references (all, or the given ones) and append a deletion for each.
+        """Remove the owner's references (all, or the given ones) and append a deletion for each; returns
+        how many were released.
 
         Releasing an owner with no references left is a no-op, so clean-ups can be retried; naming a
         blob the owner does not reference is an error and releases nothing.
+
+        Crash-safe order: 1. the deletions; 2. the references. A crash after 1 leaves deletions of blobs
+        still referenced, which is harmless (the GC keeps any blob with a live reference); the release
+        run again appends them once more and removes the references. The other order could lose the
+        deletion of a removed reference, and its blob would never be collected.
         """
         validate_owner(owner)
-        with self.tables.transaction():
-            chosen = None
-            if blob_ids is not None:
-                chosen = {BlobId.parse(b) for b in blob_ids}
-                foreign = chosen - set(self.tables.references_of(owner))
+        chosen = None if blob_ids is None else {BlobId.parse(b) for b in blob_ids}
+        with self.group_writes():
+            held = self.tables.references_of(owner)
+            if chosen is not None:
+                foreign = chosen - set(held)
                 if foreign:
                     names = ", ".join(map(str, sorted(foreign)))
                     raise InvalidInput(f"owner {shown(owner)} holds no reference to {names}")
-                if not chosen:
-                    return 0
-            return self.tables.release(owner, chosen, self.generations.current_gc_iteration(), self.clock())
+                held = [blob_id for blob_id in held if blob_id in chosen]
+            if not held:
+                return 0
+            self.tables.add_deletions(held, self.generations.current_gc_iteration(), self.clock())
+            self.faults.reached(RELEASE_AFTER_DELETIONS)
+            self.tables.remove_references(owner, held)
+        return len(held)
 
     def collect(self, blob_ids: Iterable[BlobId | str]) -> dict[BlobId, int]:
         """Garbage collection: delete the content of blobs found unreferenced, then their rows in `blobs`
         and `blob_deletions`. Returns the size of each blob collected (those already gone are left out).
+        Only eligible generations are accepted, whatever the caller.
 
-        Content goes first: a failure in between leaves rows that the next iteration collects again,
-        never a row whose content is gone. Only eligible generations are accepted, whatever the caller.
+        Crash-safe order: 1. the content; 2. the rows. A crash after 1 leaves rows of garbage whose
+        content is gone: their deletions make the next iteration collect them again (deleting missing
+        content is no error), and a blob left without deletion is the orphan sweep's. No save can meet
+        such a row: saves write the current generation, and these are at least two behind it.
         """
         chosen = sorted({BlobId.parse(b) for b in blob_ids})
         current = self.generations.current()
@@ -173,10 +270,12 @@ class DeduplicatingBlobStore:
                 f"refusing to collect {len(young)} blob(s) of generations not yet eligible "
                 f"(current generation {current}), e.g. {young[0]}"
             )
-        sizes = self.tables.sizes(chosen)
-        for blob_id in chosen:
-            self.content.delete(blob_id)
-        self.tables.forget(chosen)
+        with self.group_writes():
+            sizes = self.tables.sizes(chosen)
+            for blob_id in chosen:
+                self.content.delete(blob_id)
+            self.faults.reached(COLLECT_AFTER_CONTENT)
+            self.tables.forget(chosen)
         return sizes
 
     def deletion_backlog(self, since_generation: int = 0, since: int = 0) -> DeletionBacklog:

@@ -1,5 +1,5 @@
 """Blob content inside the embedded store's SQLite file: for mail-sized blobs SQLite reads and writes
-faster than one file per blob, and a blob commits in the same transaction as the row that names it."""
+faster than one file per blob, and a put joins the caller's group of writes (one commit for a save)."""
 
 from __future__ import annotations
 

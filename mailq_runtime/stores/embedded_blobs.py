@@ -1,4 +1,6 @@
-"""Record 39's tables on the embedded store: generations, blobs, blob_references, blob_deletions."""
+"""Record 39's tables on the embedded store: generations, blobs, blob_references, blob_deletions.
+
+Each method is one SQLite transaction of its own (joining the caller's group of writes, if any)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,6 @@ from .embedded import EmbeddedStore
 class EmbeddedBlobTables:
     def __init__(self, store: EmbeddedStore) -> None:
         self.store = store
-
-    def transaction(self):
-        return self.store.transaction()
 
     # generations: an append-only event log of reference generations and GC iterations
     def current(self, kind: str) -> int | None:
@@ -36,22 +35,19 @@ class EmbeddedBlobTables:
         )
 
     # blobs and references
-    def add_references(self, owner: str, blobs: Sequence[tuple[BlobId, int]], now: int) -> set[str]:
-        """Record the blobs (those not yet known) and the owner's references to them; returns the ids of
-        the blobs that were new. (A statement a row: in SQLite, cheaper than multi-row ... RETURNING.)"""
-        new = set()
+    def add_blobs(self, blobs: Sequence[tuple[BlobId, int]], now: int) -> None:
         with self.store.transaction() as db:
-            for blob_id, size in blobs:
-                if db.execute(
-                    "INSERT OR IGNORE INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
-                    (str(blob_id), blob_id.generation, size, now),
-                ).rowcount:
-                    new.add(str(blob_id))
-                db.execute(
-                    "INSERT OR IGNORE INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
-                    (owner, str(blob_id), blob_id.generation),
-                )
-        return new
+            db.executemany(
+                "INSERT OR IGNORE INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
+                [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs],
+            )
+
+    def add_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+        with self.store.transaction() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
+                [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids],
+            )
 
     def references_of(self, owner: str) -> list[BlobId]:
         rows = self.store.read(
@@ -59,28 +55,22 @@ class EmbeddedBlobTables:
         )
         return [BlobId.parse(blob_id) for (blob_id,) in rows]
 
-    def release(self, owner: str, blob_ids: Iterable[BlobId] | None, gc_iteration: int, now: int) -> int:
-        """Remove the owner's references (to `blob_ids`, or all of them) and append one deletion for each
-        reference removed."""
+    def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         with self.store.transaction() as db:
-            if blob_ids is None:
-                removed = db.execute(
-                    "DELETE FROM blob_references WHERE owner = ? RETURNING blob_id, generation", (owner,)
-                ).fetchall()
-            else:
-                ids = [str(blob_id) for blob_id in blob_ids]
-                removed = db.execute(
-                    "DELETE FROM blob_references WHERE owner = ? AND blob_id IN "
-                    f"({', '.join('?' * len(ids))}) RETURNING blob_id, generation",
-                    [owner, *ids],
-                ).fetchall()
-            if removed:
-                db.executemany(
-                    "INSERT INTO blob_deletions (blob_id, generation, deleted_at, gc_iteration) "
-                    "VALUES (?, ?, ?, ?)",
-                    [(blob_id, generation, now, gc_iteration) for blob_id, generation in removed],
-                )
-        return len(removed)
+            db.executemany(
+                "INSERT INTO blob_deletions (blob_id, generation, deleted_at, gc_iteration) "
+                "VALUES (?, ?, ?, ?)",
+                [(str(blob_id), blob_id.generation, now, gc_iteration) for blob_id in blob_ids],
+            )
+
+    def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+        # An owner holds a few references (a mail's header and body): one statement for all of them.
+        chosen = ", ".join("?" * len(blob_ids))
+        with self.store.transaction() as db:
+            db.execute(
+                f"DELETE FROM blob_references WHERE owner = ? AND blob_id IN ({chosen})",
+                [owner, *map(str, blob_ids)],
+            )
 
     def forget(self, blob_ids: Iterable[BlobId]) -> None:
         """Drop collected blobs from `blobs` and `blob_deletions` (their content is already gone)."""
@@ -97,9 +87,14 @@ class EmbeddedBlobTables:
         )
 
     def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]:
+        by_name = {str(blob_id): blob_id for blob_id in blob_ids}
         sizes = {}
-        for blob_id in blob_ids:
-            row = self.store.read_one("SELECT size FROM blobs WHERE blob_id = ?", (str(blob_id),))
-            if row is not None:
-                sizes[blob_id] = row[0]
+        names = list(by_name)
+        # In chunks under SQLite's default limit of 999 parameters (a GC batch is 1000 blobs).
+        for start in range(0, len(names), 500):
+            chunk = names[start : start + 500]
+            rows = self.store.read(
+                f"SELECT blob_id, size FROM blobs WHERE blob_id IN ({', '.join('?' * len(chunk))})", chunk
+            )
+            sizes.update({by_name[name]: size for name, size in rows})
         return sizes

@@ -1,8 +1,8 @@
 """Record 23's tables on the embedded store: mailboxes, messages, imap_uid_table (the source of truth),
 message_id_table (the projection by mailbox and uid) and mailbox_counters.
 
-Each method is one statement group in a reentrant transaction: `mailbox.py` decides which of them commit
-together and which commit apart.
+Each method is one SQLite transaction of its own (joining the caller's group of writes, if any):
+`mailbox.py` orders them so that none needs another's transaction.
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ from .embedded import EmbeddedStore
 class EmbeddedMailboxTables:
     def __init__(self, store: EmbeddedStore) -> None:
         self.store = store
-
-    def transaction(self):
-        return self.store.transaction()
 
     # mailboxes
     def create_mailbox(self, mailbox_id: str, user: str, name: str) -> bool:
@@ -120,11 +117,16 @@ class EmbeddedMailboxTables:
                 ).rowcount
             )
 
-    def set_source_flags(self, message_id: str, mailbox_id: str, flags: str) -> None:
+    def set_source_flags(self, message_id: str, mailbox_id: str, flags: str, expected: str) -> bool:
+        """Compare-and-set in one statement: False, and nothing written, if the flags are no longer
+        `expected` (or the entry is gone)."""
         with self.store.transaction() as db:
-            db.execute(
-                "UPDATE imap_uid_table SET flags = ? WHERE message_id = ? AND mailbox_id = ?",
-                (flags, message_id, mailbox_id),
+            return bool(
+                db.execute(
+                    "UPDATE imap_uid_table SET flags = ? "
+                    "WHERE message_id = ? AND mailbox_id = ? AND flags = ?",
+                    (flags, message_id, mailbox_id, expected),
+                ).rowcount
             )
 
     def remove_from_source_of_truth(self, mailbox_id: str, uid: int) -> tuple[str, str] | None:

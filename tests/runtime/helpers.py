@@ -84,8 +84,9 @@ class EmbeddedBackend:
         query = urlencode(options)
         return f"embedded://{self.data_dir}" + (f"?{query}" if query else "")
 
-    def open(self, clock: Clock = system_clock, **options: object) -> Runtime:
-        runtime = Runtime.open(self.url(**options), clock=clock)
+    def open(self, clock: Clock = system_clock, *, group_writes: bool = True, **options: object) -> Runtime:
+        """A runtime on the backend; `group_writes=False` makes every write of the core commit alone."""
+        runtime = Runtime.open(self.url(**options), clock=clock, group_writes=group_writes)
         self._opened.append(runtime)
         return runtime
 
@@ -126,6 +127,46 @@ class EmbeddedBackend:
         """The blob store lost a blob that is still referenced."""
         with self._db() as db:
             assert db.execute("DELETE FROM blob_content WHERE blob_id = ?", (blob_id,)).rowcount == 1
+
+    # Record 39's and record 23's tables, for the crash-order tests.
+    def blob_rows(self) -> set[str]:
+        """The blob ids of `blobs`."""
+        with self._db() as db:
+            return {blob_id for (blob_id,) in db.execute("SELECT blob_id FROM blobs")}
+
+    def blob_contents(self) -> set[str]:
+        """The blob ids whose content the blob store holds."""
+        with self._db() as db:
+            return {blob_id for (blob_id,) in db.execute("SELECT blob_id FROM blob_content")}
+
+    def references(self) -> dict[str, set[str]]:
+        """owner -> the blob ids it references."""
+        held: dict[str, set[str]] = {}
+        with self._db() as db:
+            for owner, blob_id in db.execute("SELECT owner, blob_id FROM blob_references"):
+                held.setdefault(owner, set()).add(blob_id)
+        return held
+
+    def deletions(self) -> list[str]:
+        """The blob id of every deletion, repeated ones included."""
+        with self._db() as db:
+            return sorted(blob_id for (blob_id,) in db.execute("SELECT blob_id FROM blob_deletions"))
+
+    def messages(self) -> dict[str, tuple[str, str]]:
+        """message id -> (header blob id, body blob id), as `messages` holds them."""
+        with self._db() as db:
+            rows = db.execute("SELECT message_id, header_blob_id, body_blob_id FROM messages")
+            return {message_id: (header, body) for message_id, header, body in rows}
+
+    def source_of_truth(self) -> set[tuple[str, int, str, str]]:
+        """(mailbox id, uid, message id, flags) of every `imap_uid_table` entry."""
+        with self._db() as db:
+            return set(db.execute("SELECT mailbox_id, uid, message_id, flags FROM imap_uid_table"))
+
+    def projection(self) -> set[tuple[str, int, str, str]]:
+        """(mailbox id, uid, message id, flags) of every `message_id_table` entry."""
+        with self._db() as db:
+            return set(db.execute("SELECT mailbox_id, uid, message_id, flags FROM message_id_table"))
 
     def agent(self, *arguments: str, **options: object) -> subprocess.Popen:
         """Another process working on the same queue (see agent.py)."""

@@ -86,21 +86,24 @@ def references(data_dir: Path) -> dict[str, set[str]]:
     return held
 
 
-def assert_message_blobs_referenced(data_dir: Path) -> None:
+def assert_message_blobs_referenced(data_dir: Path, left_over: frozenset[str] = frozenset()) -> None:
     """Every stored message's header and body are referenced by its message id, and by nothing else
-    of the mailboxes: a message in no mailbox has neither row nor references."""
+    of the mailboxes: a message in no mailbox has neither row nor references, unless an operation died
+    before releasing them (`left_over`: the orphan sweep's to release)."""
     held = references(data_dir)
     placed = {m for (m,) in rows(data_dir, "SELECT DISTINCT message_id FROM imap_uid_table")}
     messages = rows(data_dir, "SELECT message_id, header_blob_id, body_blob_id FROM messages")
-    assert {m for m, _, _ in messages} == placed
+    assert {m for m, _, _ in messages} == placed | left_over
     for message_id, header, body in messages:
         assert held.get(message_id) == {header, body}, message_id
 
 
-def agent(data_dir: Path, *arguments: object) -> subprocess.Popen:
-    """Another process on the same data directory (see mailbox_agent.py)."""
+def agent(data_dir: Path, *arguments: object, grouped: bool = True) -> subprocess.Popen:
+    """Another process on the same data directory (see mailbox_agent.py); `grouped=False`: every write
+    of its core commits alone."""
+    flags = [] if grouped else ["--ungrouped"]
     return subprocess.Popen(
-        [sys.executable, str(AGENT), f"embedded://{data_dir}", *map(str, arguments)],
+        [sys.executable, str(AGENT), f"embedded://{data_dir}", *flags, *map(str, arguments)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -3,16 +3,20 @@ A rejected change is a clear error naming the rule, and appends nothing to the e
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 
 import pytest
 
 from mailq_runtime import ConfigurationRejected, InvalidInput
 from mailq_runtime.clock import MICROS_PER_SECOND
-from mailq_runtime.config import QueueViewConfiguration
+from mailq_runtime.config import ConfigurationStore, QueueViewConfiguration
+from mailq_runtime.model import parse_duration
 
 from .conftest import QUEUE
 from .helpers import make_mail
+from .mailbox_checks import agent, results
 
 BASE = {"slice_window": "4s", "bucket_count": 2, "update_browse_start_pace": 10**9}
 
@@ -208,3 +212,65 @@ def test_processes_holding_old_and_new_slice_windows_keep_every_mail_visible(bac
     time.sleep(4.1)
     new.update_browse_start()
     assert backend.count("enqueued_mails") == 0
+
+
+# racing changes: without a transaction around the check and the append, one winner and the rules intact
+class _Interleaved:
+    """The store's configuration events, with another process's change landing just before this
+    process's first append: the race a transaction around the check and the append used to rule out."""
+
+    def __init__(self, events, other_change) -> None:
+        self.inner = events
+        self.other_change = other_change
+
+    def events(self, aggregate: str) -> list[str]:
+        return self.inner.events(aggregate)
+
+    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool:
+        if self.other_change is not None:
+            change, self.other_change = self.other_change, None
+            change()
+        return self.inner.append_event(aggregate, event, now, position)
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "appended"),
+    [
+        ("20m", "30m", False),  # each a divisor of 1h, but 20m is no divisor of 30m: refused on the recheck
+        ("30m", "30m", False),  # the same change: already in force
+        ("15m", "30m", True),  # 15m divides 30m too: appended after theirs
+    ],
+)
+def test_a_change_racing_another_is_checked_again_against_the_winner(backend, ours, theirs, appended):
+    runtime = backend.open()
+    current = runtime.configuration.current()
+    other = backend.open().configuration
+    racing = ConfigurationStore(
+        _Interleaved(
+            runtime.view,
+            lambda: other.register(replace(current, slice_window=parse_duration(theirs))),
+        ),
+        runtime.clock,
+    )
+    change = replace(current, slice_window=parse_duration(ours))
+    if ours == "20m":
+        with pytest.raises(ConfigurationRejected, match="divisor"):
+            racing.register(change)
+    else:
+        assert racing.register(change) is appended
+    windows = [c.slice_window // (60 * MICROS_PER_SECOND) for c in runtime.configuration.history()]
+    assert windows == [60, 30] + ([15] if appended else [])
+
+
+def test_racing_processes_leave_one_winner_and_the_rules_intact(backend):
+    backend.open()  # the store and its first configuration (1h) before the processes race
+    processes = [agent(backend.data_dir, "configure", window, grouped=False) for window in ("30m", "20m")]
+    outcomes = [json.loads(out) for out in results(processes)]
+    # Whichever registered first won; the other's change is no divisor of the winner's window.
+    assert outcomes.count(True) == 1
+    (refusal,) = [outcome for outcome in outcomes if outcome is not True]
+    assert "divisor" in refusal
+    history = [c.slice_window // (60 * MICROS_PER_SECOND) for c in backend.open().configuration.history()]
+    assert history in ([60, 30], [60, 20])
+    for older, newer in zip(history, history[1:], strict=False):
+        assert older % newer == 0

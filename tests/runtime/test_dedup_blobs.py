@@ -172,9 +172,12 @@ def test_concurrent_saves_from_threads_store_the_content_once(runtime: Runtime) 
     ) == [(threads * saves,)]
 
 
-def test_concurrent_saves_from_two_processes_store_the_content_once(backend) -> None:
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "ungrouped"])
+def test_concurrent_saves_from_two_processes_store_the_content_once(backend, grouped: bool) -> None:
+    """Ungrouped, both processes may find the blob new and write its content (the same bytes under the
+    same key): still one blob, one content, and every reference."""
     backend.open()  # creates the data directory and its schema before the processes race
-    processes = [agent(backend.data_dir, "save", f"p{n}", 50) for n in range(2)]
+    processes = [agent(backend.data_dir, "save", f"p{n}", 50, grouped=grouped) for n in range(2)]
     ids = {blob_id for out in results(processes) for blob_id in json.loads(out)}
     assert len(ids) == 1
     (blob_id,) = ids

@@ -1,0 +1,104 @@
+"""The orphan sweep's Spark work: what a write that died half-way leaves in the eligible generations.
+
+No write path of the runtime assumes a transaction, so a crash between two of its writes leaves garbage
+that no deletion names (see the crash-safe orders in mailq_runtime/blobs/dedup.py and mailbox.py):
+
+- references whose owner exists nowhere: the content of a mail or message was saved, then the
+  enqueue or append died before the mail or message that owns it existed, or an expunge died before
+  releasing it. They are released (deletions appended), and the normal GC collects their blobs;
+- blobs with neither a reference nor a deletion: a save died between the blob rows and the references;
+- content with no blob row (nor reference): a save died between the content and the blob rows.
+
+An owner is found nowhere by an anti-join of the references against the tables in OWNER_TABLES, rather
+than by a look-up per owner: Cassandra's `enqueued_mails` cannot be read by enqueue id, and one pass
+over each table is what Spark does best. Safety does not rest on the scan being current: only owners
+whose references all belong to eligible generations are candidates (no write in flight can still be
+using them: the n-2 rule), and only owners older than a grace period (an id's first 16 hex digits are
+its creation time in microseconds); the runtime checks the references and placements again before it
+releases (`Mailboxes.release_orphan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from .table_source import TABLES, read_table
+
+# Where an owner of blob references exists: an enqueue id while the queue holds its mail (a view row, a
+# delayed mail or a dead letter), a message id while a mailbox holds it (the source of truth; a `messages`
+# row alone is what a half-done append or expunge leaves). A table the store lacks is skipped.
+OWNER_TABLES = (
+    ("enqueued_mails", "enqueue_id"),
+    ("delayed_mails", "enqueue_id"),
+    ("dead_letters", "enqueue_id"),
+    ("imap_uid_table", "message_id"),
+)
+_OWNER_ID = r"^[0-9a-f]{32}$"
+_CREATED_AT_DIGITS = 16
+RESULT_SCHEMA = StructType(
+    [
+        StructField("owner", StringType(), False),
+        StructField("released", LongType(), True),
+        StructField("error", StringType(), True),
+    ]
+)
+
+
+def orphan_owners(spark, url: str, newest_eligible: int, created_before: int) -> DataFrame:
+    """Owners (with their reference count) whose references all belong to generations up to
+    `newest_eligible`, created before `created_before` (microseconds), and held by no table of
+    OWNER_TABLES. Owners that are not ids (tests save under any name) have no age and are never swept."""
+    created_at = F.conv(F.substring("owner", 1, _CREATED_AT_DIGITS), 16, 10).cast("decimal(20,0)")
+    candidates = (
+        read_table(spark, url, "blob_references", columns=["owner", "generation"])
+        .groupBy("owner")
+        .agg(F.count("*").alias("references"), F.max("generation").alias("newest_generation"))
+        .where(F.col("newest_generation") <= newest_eligible)
+        .where(F.col("owner").rlike(_OWNER_ID))
+        .where(created_at < F.lit(created_before))
+        .select("owner", "references")
+    )
+    for table, column in OWNER_TABLES:
+        if table in TABLES:
+            held = read_table(spark, url, table, columns=[column]).select(F.col(column).alias("owner"))
+            candidates = candidates.join(held, "owner", "left_anti")
+    return candidates
+
+
+def orphan_content(spark, url: str, eligible: list[int]) -> DataFrame:
+    """(blob_id, generation) of the content of eligible generations that has neither a row in `blobs` nor
+    a reference (a referenced blob that lost its row is damage for the GC's check to report, not garbage)."""
+    content = read_table(spark, url, "blob_content", columns=["blob_id"]).withColumn(
+        "generation", F.regexp_extract("blob_id", r"^g([0-9]+)_", 1).cast("long")
+    )
+    rows = read_table(spark, url, "blobs", columns=["blob_id"])
+    references = read_table(spark, url, "blob_references", columns=["blob_id"])
+    return (
+        content.where(F.col("generation").isin(eligible))
+        .join(rows, "blob_id", "left_anti")
+        .join(references, "blob_id", "left_anti")
+    )
+
+
+def _release_partition(url: str, owners: Iterator) -> Iterator[tuple]:
+    from mailq_runtime import Runtime  # imported on the executor
+
+    with Runtime.open(url, create=False) as runtime:
+        for row in owners:
+            try:
+                yield row["owner"], runtime.mailboxes.release_orphan(row["owner"]), None
+            except Exception as error:  # reported per owner and counted as an error; the next sweep retries
+                yield row["owner"], None, f"{type(error).__name__}: {error}"
+
+
+def release_owners(owners: DataFrame, url: str) -> DataFrame:
+    """Release the references of `owners`; returns owner, released (references), error per owner.
+
+    Checkpointed eagerly: the releases run exactly once, whatever reads the result afterwards.
+    """
+    released = owners.select("owner").rdd.mapPartitions(lambda rows: _release_partition(url, rows))
+    return owners.sparkSession.createDataFrame(released, RESULT_SCHEMA).localCheckpoint()
