@@ -11,8 +11,8 @@ from dataclasses import fields
 
 import pytest
 
+from mailq_demo.mailboxes import deliver_and_maintain
 from mailq_runtime import Counters, InvalidInput, Mail, Runtime, WorkerStats, run_worker
-from mailq_runtime.demo_mailboxes import deliver_and_maintain
 from mailq_runtime.mailbox import INBOX
 from mailq_runtime.worker import deliver, delivery_message_id
 
