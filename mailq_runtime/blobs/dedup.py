@@ -59,11 +59,14 @@ class Generations:
     def __init__(self, tables: BlobTables, clock: Clock) -> None:
         self.tables = tables
         self.clock = clock
-        with tables.transaction():
-            if tables.current(REFERENCE_GENERATION) is None:
-                now = clock()
-                tables.emit(REFERENCE_GENERATION, 1, now)
-                tables.emit(GC_ITERATION, 1, now)
+
+    def start(self) -> None:
+        """Emit the first reference generation and GC iteration when none is: a store's creation."""
+        with self.tables.transaction():
+            if self.tables.current(REFERENCE_GENERATION) is None:
+                now = self.clock()
+                self.tables.emit(REFERENCE_GENERATION, 1, now)
+                self.tables.emit(GC_ITERATION, 1, now)
 
     def current(self) -> int:
         return self.tables.current(REFERENCE_GENERATION)

@@ -38,7 +38,7 @@ def _paced(operation: Callable[[int], object], count: int) -> list:
 
 
 def main(url: str, command: str, *arguments: str) -> object:
-    with Runtime.open(url) as runtime:
+    with Runtime.open(url, create=True) as runtime:
         _ready_and_wait_for_start()
         if command == "save":
             prefix, count = arguments
