@@ -1,4 +1,4 @@
-"""The `mailq` console script: the runtime's commands (`mailq_runtime.cli`) plus the maintenance pipeline's.
+"""The maintenance pipeline's `mailq` commands, which `mailq_runtime.cli` imports once one is named:
 
     mailq gc [--dry-run] [--exact] [--orphans]   one GC iteration: the blob_gc assets (and the orphan sweep)
     mailq counters recompute                     the mailboxes group: counters and projection repaired
@@ -6,29 +6,25 @@
     mailq generation rotate                      the next reference generation and GC iteration
     mailq demo                                   traffic through the runtime, then every asset (assets.demo)
 
-The pipeline commands materialise the very assets of the code location, through `runner.materialize`,
-and print the figures of each materialisation and each check's result, as text or, with --json, as one
-JSON document. Dagster's console log is kept at WARNING; the run's events all go to the instance (the one
-of DAGSTER_HOME when it is set, so the UI shows the runs). The runtime package imports neither Dagster
-nor Spark, so these commands live here and `main` hands `mailq_runtime.cli.main` the whole set.
+They materialise the very assets of the code location, through `runner.materialize`, and print the
+figures of each materialisation and each check's result, as text or, with --json, as one JSON document.
+Dagster's console log is kept at WARNING; the run's events all go to the instance (the one of
+DAGSTER_HOME when it is set, so the UI shows the runs). Their names and help are `cli.PIPELINE_COMMANDS`.
 """
 
 import argparse
 import os
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import dagster as dg
 
 from mailq_runtime import cli
-from mailq_runtime.cli import Report
-from mailq_runtime.errors import InvalidInput, NoStore, shown
-from mailq_runtime.runtime import Runtime
-from mailq_runtime.settings import DEFAULT_URL, URL_VARIABLE, Settings
-from mailq_runtime.stores.embedded import EmbeddedStore
+from mailq_runtime.cli import PIPELINE_COMMANDS, Report
+from mailq_runtime.errors import InvalidInput, shown
+from mailq_runtime.runtime import Runtime, build
+from mailq_runtime.settings import Settings
 
 from . import jobs, runner
 
@@ -39,19 +35,13 @@ EXIT_RUN_FAILED = 1
 
 
 def pipeline_url(url: str | None) -> str:
-    """The runtime URL the Spark jobs read: the data dir made absolute, the options kept. The data dir
-    must hold a store: maintenance of a directory that has none is a mistake, not an empty run."""
-    settings = Settings.from_url(url)  # a bad URL is bad input before anything runs
-    data_dir = settings.data_dir.resolve()
-    try:
-        # Opened once here, so an unusable store is one line before Dagster and Spark start.
-        EmbeddedStore(data_dir, create=False).close()
-    except NoStore:
-        raise InvalidInput(
-            f"no mailq data in {shown(str(settings.data_dir))}: give --url embedded://<data dir>"
-        ) from None
-    query = urlsplit(url or os.environ.get(URL_VARIABLE) or DEFAULT_URL).query
-    return f"embedded://{data_dir}" + (f"?{query}" if query else "")
+    """The runtime URL the Spark jobs read: the settings' own, with the data dir made absolute. The store
+    must exist: maintenance of a place that holds none is a mistake (NoStore), not an empty run."""
+    settings = Settings.from_url(url).absolute()  # a bad URL is bad input before anything runs
+    # Opened once here, writing nothing, so a missing or unusable store is one line before Dagster and
+    # Spark start.
+    build(settings).close()
+    return settings.url
 
 
 def check_dagster_home() -> None:
@@ -243,9 +233,7 @@ def _gc(args: argparse.Namespace) -> Report:
 
 
 def add_gc_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "gc", help="one blob GC iteration (record 39) over the generations two behind the current one"
-    )
+    parser = subparsers.add_parser("gc", help=PIPELINE_COMMANDS["gc"])
     parser.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
     parser.add_argument(
         "--exact",
@@ -267,7 +255,7 @@ def _counters_recompute(args: argparse.Namespace) -> Report:
 
 
 def add_counters_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("counters", help="mailbox counters (record 23)")
+    parser = subparsers.add_parser("counters", help=PIPELINE_COMMANDS["counters"])
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     recompute = actions.add_parser(
         "recompute", help="heal the projection from the source of truth and reset the counters that differ"
@@ -280,7 +268,7 @@ def _queue_cleanup(args: argparse.Namespace) -> Report:
 
 
 def add_queue_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("queue", help="mail queue maintenance (records 31 and 32)")
+    parser = subparsers.add_parser("queue", help=PIPELINE_COMMANDS["queue"])
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     cleanup = actions.add_parser(
         "cleanup", help="per-slice statistics, then advance browse_start and clean the content before it"
@@ -305,7 +293,7 @@ def _generation_rotate(args: argparse.Namespace) -> Report:
 
 
 def add_generation_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("generation", help="reference generations of the blob store (record 39)")
+    parser = subparsers.add_parser("generation", help=PIPELINE_COMMANDS["generation"])
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     rotate = actions.add_parser("rotate", help="start the next reference generation and GC iteration")
     rotate.set_defaults(handler=_generation_rotate)
@@ -321,10 +309,7 @@ def _demo(args: argparse.Namespace) -> Report:
 
 
 def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "demo",
-        help="traffic through a fresh data dir, counter faults and rotations, then every maintenance asset",
-    )
+    parser = subparsers.add_parser("demo", help=PIPELINE_COMMANDS["demo"])
     parser.add_argument(
         "--data-dir",
         type=Path,
@@ -341,9 +326,10 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_demo)
 
 
-PIPELINE_SUBCOMMANDS = [add_gc_parser, add_counters_parser, add_queue_parser, add_generation_parser]
-SUBCOMMANDS = [*cli.SUBCOMMANDS, *PIPELINE_SUBCOMMANDS, add_demo_parser]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return cli.main(argv, SUBCOMMANDS)
+PIPELINE_SUBCOMMANDS = [
+    add_gc_parser,
+    add_counters_parser,
+    add_queue_parser,
+    add_generation_parser,
+    add_demo_parser,
+]

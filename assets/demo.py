@@ -1,10 +1,10 @@
 """`mailq demo`: mail traffic through the runtime, then the whole maintenance pipeline on what it left.
 
-1. traffic (`mailq_runtime.demo.simulate`): two simulated hours of generated mail through the queue,
+1. traffic (`mailq_demo.traffic.simulate`): two simulated hours of generated mail through the queue,
    most of it delivered to the local INBOXes by the worker's delivery, the spam run removed;
-2. mailboxes (`demo_mailboxes.deliver_and_maintain`): the worker drains the queue (the delayed mails
+2. mailboxes (`mailq_demo.mailboxes.deliver_and_maintain`): the worker drains the queue (the delayed mails
    stay), people read, flag, archive and expunge; the reference generation rotates;
-3. faults (`demo_mailboxes.inject_counter_faults`): a few mailbox operations die between their writes,
+3. faults (`mailq_demo.mailboxes.inject_counter_faults`): a few mailbox operations die between their writes,
    leaving counters and projection entries for the recomputation to repair;
 4. a second rotation: the traffic's generation rg1 is now two behind the current one, so eligible (n-2);
 5. every asset of the maintenance job, in lineage order, in one Dagster run with its checks.
@@ -20,10 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mailq_runtime import demo as traffic
+from mailq_demo import traffic
+from mailq_demo.mailboxes import deliver_and_maintain, inject_counter_faults
 from mailq_runtime.cli import progress_bar
 from mailq_runtime.clock import MICROS_PER_SECOND, to_datetime
-from mailq_runtime.demo_mailboxes import deliver_and_maintain, inject_counter_faults
 from mailq_runtime.model import parse_duration
 from mailq_runtime.runtime import Runtime
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from mailq_runtime.settings import Settings
+from mailq_runtime.errors import InvalidInput
+from mailq_runtime.settings import EMBEDDED, Settings
 from resources import MailqRuntime, spark_resource
 from resources.parquet_io import SparkParquetIOManager
 
@@ -14,13 +15,22 @@ from . import blobs, mailboxes, queue
 
 ASSETS = dg.load_assets_from_modules([blobs, mailboxes, queue])
 CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, queue])
+PIPELINE_DIR_VARIABLE = "MAILQ_PIPELINE_DIR"
 
 
 def pipeline_dir(url: str) -> str:
-    """Where the assets' Parquet outputs go: MAILQ_PIPELINE_DIR, else `<data dir>/pipeline`."""
-    return os.environ.get("MAILQ_PIPELINE_DIR") or str(
-        Path(Settings.from_url(url).data_dir, "pipeline").resolve()
-    )
+    """Where the assets' Parquet outputs go: MAILQ_PIPELINE_DIR, else, for the embedded deployment,
+    `<data dir>/pipeline`."""
+    settings = Settings.from_url(url)  # a bad URL is refused whether or not the variable is set
+    configured = os.environ.get(PIPELINE_DIR_VARIABLE)
+    if configured:
+        return configured
+    if settings.backend != EMBEDDED:
+        raise InvalidInput(
+            f"set {PIPELINE_DIR_VARIABLE} to where the pipeline's outputs go: the deployment of "
+            f"{settings.shown()} has no data dir of its own"
+        )
+    return str(Path(settings.data_dir, "pipeline").resolve())
 
 
 def build_resources(url: str | dg.EnvVar, data_dir_url: str) -> dict:

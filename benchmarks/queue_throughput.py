@@ -221,7 +221,7 @@ def main() -> None:
         settings = Settings(backend="embedded", data_dir=work / "throughput")
         synchronous = SYNCHRONOUS[settings.durability]
         print(f"data dir {work} (durability {settings.durability}: synchronous={synchronous})")
-        with Runtime(settings) as runtime:
+        with Runtime(settings, create=True) as runtime:
             single_enqueue = enqueue_phase(runtime, args.mails // 4, args.size, 1)
             single_dequeue = dequeue_phase(runtime, args.mails // 4, 1)
             enqueue, enqueue_wall = profiled(
@@ -230,7 +230,7 @@ def main() -> None:
             dequeue, dequeue_wall = profiled(
                 args.profile == "dequeue", lambda: dequeue_phase(runtime, args.mails, args.threads)
             )
-        with Runtime(Settings(backend="embedded", data_dir=work / "history")) as runtime:
+        with Runtime(Settings(backend="embedded", data_dir=work / "history"), create=True) as runtime:
             started = time.perf_counter()
             slices = build_history(runtime, args.history)
             history_seconds = time.perf_counter() - started

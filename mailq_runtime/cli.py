@@ -1,13 +1,18 @@
-"""The `mailq` command: operate the mail queues of a data dir (James's webadmin queue routes).
+"""The `mailq` command: operate the mail queues of a deployment (James's webadmin queue routes).
 
 Each subcommand registers itself through an `add_*_parser` function listed in `SUBCOMMANDS`; its handler
 returns a `Report` that `main` prints as text, or as one JSON document with `--json`. Bad input (a
 `MailqError`, a usage error, an unreadable file) exits with status 2 and one `mailq: error: ...` line.
+
+The maintenance pipeline's commands (`PIPELINE_COMMANDS`) run Dagster and Spark: they live in
+`assets.commands`, which is imported only when one of them is named, so the runtime's commands start
+without either.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import signal
 import sys
@@ -167,7 +172,7 @@ def _existing_queue(runtime: Runtime, name: str) -> MailQueue:
 def _open_queue(args: argparse.Namespace) -> Iterator[MailQueue]:
     """The command's existing queue, in a runtime that already holds data: operator commands create
     neither a data dir nor a queue."""
-    with Runtime.open(args.url, create=False) as runtime:
+    with Runtime.open(args.url) as runtime:
         yield _existing_queue(runtime, args.queue)
 
 
@@ -201,7 +206,7 @@ def _null_sender(sender: str) -> str | None:
 
 def _queues(args: argparse.Namespace) -> Report:
     try:
-        runtime = Runtime.open(args.url, create=False)
+        runtime = Runtime.open(args.url)
     except NoStore:
         return Report([], ["no queues"])
     with runtime:
@@ -372,7 +377,7 @@ def _enqueue(args: argparse.Namespace) -> Report:
     mail = Mail(recipients=tuple(args.rcpt), message=message, sender=_null_sender(args.sender), **mail_fields)
     max_size = Settings.from_url(args.url).max_message_size
     check_enqueue(mail, args.delay, args.priority, max_size, system_clock())
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url, create=True) as runtime:
         enqueue_id = runtime.queue(args.queue).enqueue(mail, delay=args.delay, priority=args.priority)
     data = {"queue": args.queue, "enqueue_id": enqueue_id, "name": mail.name, "size": len(message)}
     return Report(data, [f"enqueued {mail.name} ({len(message)} bytes) in {args.queue} as {enqueue_id}"])
@@ -411,7 +416,12 @@ def _worker(args: argparse.Namespace) -> Report:
     # SIGTERM and Ctrl-C ask for a graceful stop: the mail in hand is finished, then the worker returns.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    with Runtime.open(args.url, create=False) as runtime:
+    # A worker serves a queue that exists: checked on a runtime that writes nothing, so that a mistyped
+    # URL or queue name creates nothing; then opened as a creating command, registering the URL's
+    # configuration as James's queue does at start-up.
+    with Runtime.open(args.url) as existing:
+        existing.queue(args.queue, create=False)
+    with Runtime.open(args.url, create=True) as runtime:
         stats = run_worker(
             runtime,
             args.queue,
@@ -487,7 +497,7 @@ def _changes(runtime: Runtime) -> int:
 
 
 def _config_show(args: argparse.Namespace) -> Report:
-    with Runtime.open(args.url, create=False) as runtime:
+    with Runtime.open(args.url) as runtime:
         return _configuration_report(runtime.configuration.current(), _changes(runtime))
 
 
@@ -506,15 +516,14 @@ def _config_set(args: argparse.Namespace) -> Report:
         )
 
     try:
-        runtime = Runtime.open(args.url, create=False)
+        Runtime.open(args.url).close()
     except NoStore:
         # A new data dir starts from the default configuration (and the URL's values): the change is
         # checked against that before the data dir is created.
         settings = Settings.from_url(args.url)
         start = replace(QueueViewConfiguration(), **(settings.view_configuration or {}))
         start.validate_change(wanted(start))
-        runtime = Runtime.open(args.url)
-    with runtime:
+    with Runtime.open(args.url, create=True) as runtime:
         changed = runtime.configuration.register(wanted(runtime.configuration.current()))
         report = _configuration_report(runtime.configuration.current(), _changes(runtime), changed=changed)
     report.lines.insert(0, "configuration changed" if changed else "configuration unchanged")
@@ -540,10 +549,27 @@ def add_config_parser(subparsers: argparse._SubParsersAction) -> None:
     change.set_defaults(handler=_config_set)
 
 
+def _schema_create(args: argparse.Namespace) -> Report:
+    settings = Settings.from_url(args.url)
+    with Runtime(settings, create=True) as runtime:
+        created = runtime.deployment.created
+    data = {"url": redact(settings.url), "created": created}
+    done = "created" if created else "already there; anything it lacked added"
+    return Report(data, [f"mailq schema of {redact(settings.url)}: {done}"])
+
+
+def add_schema_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("schema", help="the store's schema (tables, keyspace)")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser(
+        "create", help="create the store and its tables, or add what an older one lacks (idempotent)"
+    )
+    create.set_defaults(handler=_schema_create)
+
+
 AddParser = Callable[[argparse._SubParsersAction], None]
 
-# A new subcommand joins by adding its `add_*_parser` here. (The maintenance pipeline's commands live in
-# `assets.commands`, which adds its own to these: this package imports neither Dagster nor Spark.)
+# A new subcommand joins by adding its `add_*_parser` here.
 SUBCOMMANDS: list[AddParser] = [
     add_queues_parser,
     add_size_parser,
@@ -556,26 +582,57 @@ SUBCOMMANDS: list[AddParser] = [
     add_update_browse_start_parser,
     add_config_parser,
     add_worker_parser,
+    add_schema_parser,
 ]
+
+# The maintenance pipeline's commands and their help: listed by `mailq --help`, added by the module
+# that implements them (its `PIPELINE_SUBCOMMANDS`, with this help) once one of them is named.
+PIPELINE_MODULE = "assets.commands"
+PIPELINE_COMMANDS = {
+    "gc": "one blob GC iteration (record 39) over the generations two behind the current one",
+    "counters": "mailbox counters (record 23)",
+    "queue": "mail queue maintenance (records 31 and 32)",
+    "generation": "reference generations of the blob store (record 39)",
+    "demo": "traffic through a fresh data dir, counter faults and rotations, then every maintenance asset",
+}
+
+
+def _add_pipeline_placeholders(subparsers: argparse._SubParsersAction) -> None:
+    """Each pipeline command as a parser of nothing (its arguments are left over): naming one is all
+    `main` needs to know before it imports the real ones."""
+    for name, help_text in PIPELINE_COMMANDS.items():
+        subparsers.add_parser(name, help=help_text, add_help=False).set_defaults(handler=None)
+
+
+def pipeline_subcommands() -> list[AddParser]:
+    return list(importlib.import_module(PIPELINE_MODULE).PIPELINE_SUBCOMMANDS)
 
 
 def build_parser(subcommands: Sequence[AddParser] | None = None) -> argparse.ArgumentParser:
+    """The parser of SUBCOMMANDS and placeholders of the pipeline's commands, or of `subcommands`."""
     parser = _Parser(prog="mailq", description="Operate mailq's mail queues.")
     parser.add_argument("--url", help=f"the runtime to act on (default: ${URL_VARIABLE}, else {DEFAULT_URL})")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_parser in SUBCOMMANDS if subcommands is None else subcommands:
         add_parser(subparsers)
+    if subcommands is None:
+        _add_pipeline_placeholders(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None, subcommands: Sequence[AddParser] | None = None) -> int:
-    """Run one `mailq` command; `subcommands` replaces SUBCOMMANDS (the console script passes the
-    pipeline's commands too). Returns the exit status."""
-    parser = build_parser(subcommands)
+    """Run one `mailq` command (the console script); `subcommands` replaces SUBCOMMANDS and the pipeline's
+    placeholders. Returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = parser.parse_args(argv)
+        parser = build_parser(subcommands)
+        args, left_over = parser.parse_known_args(argv)
+        if args.handler is None:
+            # A pipeline command: parsed again with the real parsers, now imported.
+            parser = build_parser([*SUBCOMMANDS, *pipeline_subcommands()])
+        if args.handler is None or left_over:
+            args = parser.parse_args(argv)
         report = args.handler(args)
     except (MailqError, _UsageError) as error:
         message = _usage_message(str(error), argv) if isinstance(error, _UsageError) else str(error)

@@ -1,68 +1,139 @@
-"""Builds the whole runtime (store, broker, blob stores, queues, mailboxes) from one settings URL."""
+"""The composition root: `build` makes a deployment's backends from its settings, `Runtime` the queues,
+blobs and mailboxes on top of them. Nothing else names a backend's classes.
+
+Opening writes nothing. A runtime opened with `create=True` (what `mailq enqueue`, `worker`, `config set`
+and `schema create` do) makes what is missing: the store and its schema, the first reference generation,
+and the configuration event (the URL's values registered over the stored ones). Without it, a store that
+does not exist is NoStore naming the place looked at, so a mistyped URL never starts an empty store, and
+the configuration is read as stored (the defaults while none is).
+
+`group_writes` is an optimisation, never a correctness need: the core is correct when every backend call
+commits on its own, and may wrap the writes of one operation in `group_writes()` so that a deployment
+able to do so commits them at once. The embedded deployment's is its store's transaction (which also
+holds the store's turn, see stores/embedded.py); any other's is `contextlib.nullcontext`.
+"""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from dataclasses import replace
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
 from types import TracebackType
 
-from .blobs.dedup import DeduplicatingBlobStore, Generations
+from .blobs.dedup import BlobTables, DeduplicatingBlobStore, Generations
 from .blobs.sqlite_store import SqliteBlobStore
+from .blobs.store import BlobStore
+from .brokers.base import Broker
 from .brokers.embedded import EmbeddedBroker
 from .clock import Clock, system_clock
-from .config import ConfigurationStore
-from .errors import UnknownQueue
+from .config import ConfigurationEvents, ConfigurationStore
+from .errors import InvalidInput, UnknownQueue
 from .faults import FaultInjector
-from .mailbox import Mailboxes
+from .mailbox import Mailboxes, MailboxTables
 from .model import QueueName
 from .queue import MailQueue
-from .settings import Settings
+from .queue_view import QueueView
+from .settings import EMBEDDED, Settings
 from .stores.embedded import EmbeddedStore
 from .stores.embedded_blobs import EmbeddedBlobTables
 from .stores.embedded_mailboxes import EmbeddedMailboxTables
 from .stores.embedded_queue_view import EmbeddedQueueView
 
+# The deployments this version builds; the others parse (settings.py) and are refused by `build`.
+BUILT = (EMBEDDED,)
+
+GroupWrites = Callable[[], AbstractContextManager]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The backends of one deployment: the metadata tables, the broker and the blob content."""
+
+    view: QueueView
+    configuration_events: ConfigurationEvents
+    broker: Broker
+    blob_tables: BlobTables
+    content: BlobStore
+    mailbox_tables: MailboxTables
+    group_writes: GroupWrites
+    created: bool  # whether this open made the store
+    # The embedded deployment's store (its file, its transactions), for what is about that store only.
+    store: EmbeddedStore | None
+    close: Callable[[], None]
+
+
+def check_built(settings: Settings) -> None:
+    """Refuse a deployment this version cannot build, naming it: its URL parses, its code is not here."""
+    if settings.backend not in BUILT:
+        raise InvalidInput(
+            f"the mailq URL scheme {settings.backend}:// ({settings.shown()}) names a deployment not built "
+            f"into this version of mailq, which runs {', '.join(f'{name}://' for name in BUILT)} only"
+        )
+
+
+def build(settings: Settings, clock: Clock = system_clock, *, create: bool = False) -> Deployment:
+    """The backends of `settings`' deployment. With `create`, what is missing of the store and its
+    schema is made; without, nothing is written and a missing store is NoStore."""
+    check_built(settings)
+    return _embedded(settings, clock, create)
+
+
+def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
+    store = EmbeddedStore(settings.data_dir, settings.durability, create)
+    view = EmbeddedQueueView(store)
+    return Deployment(
+        view=view,
+        configuration_events=view,
+        broker=EmbeddedBroker(store, clock, settings.visibility_timeout),
+        blob_tables=EmbeddedBlobTables(store),
+        content=SqliteBlobStore(store),
+        mailbox_tables=EmbeddedMailboxTables(store),
+        group_writes=store.transaction,
+        created=store.created,
+        store=store,
+        close=store.close,
+    )
+
 
 class Runtime:
     def __init__(
-        self, settings: Settings, clock: Clock = system_clock, create: bool = True, group_writes: bool = True
+        self, settings: Settings, clock: Clock = system_clock, create: bool = False, group_writes: bool = True
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.store = EmbeddedStore(settings.data_dir, settings.durability, create)
+        self.deployment = build(settings, clock, create=create)
         try:
-            self._build(settings, clock, group_writes)
+            self._build(settings, clock, create, group_writes)
         except BaseException:
-            self.store.close()
+            self.deployment.close()
             raise
 
-    def _build(self, settings: Settings, clock: Clock, group_writes: bool) -> None:
+    def _build(self, settings: Settings, clock: Clock, create: bool, group_writes: bool) -> None:
+        deployment = self.deployment
         # One injector for the whole runtime (off unless a test arms it: see faults.py).
         self.faults = FaultInjector()
         # `group_writes` is an optimisation, never a correctness need: the core orders the writes of every
         # path so that each may commit alone (as on Cassandra). The embedded store may group one step's
         # writes into one SQLite transaction, which costs one commit instead of several; tests turn it
         # off to see every write commit alone.
-        group = self.store.transaction if group_writes else nullcontext
-        self.view = EmbeddedQueueView(self.store)
-        self.broker = EmbeddedBroker(self.store, clock, settings.visibility_timeout)
-        self.blob_tables = EmbeddedBlobTables(self.store)
-        self.content = SqliteBlobStore(self.store)
+        group = deployment.group_writes if group_writes else nullcontext
+        self.store = deployment.store
+        self.group_writes = group
+        self.view = deployment.view
+        self.broker = deployment.broker
+        self.blob_tables = deployment.blob_tables
+        self.content = deployment.content
         self.blobs = DeduplicatingBlobStore(self.blob_tables, self.content, clock, self.faults, group)
         self.mailboxes = Mailboxes(
-            EmbeddedMailboxTables(self.store),
-            self.blobs,
-            clock,
-            settings.max_message_size,
-            self.faults,
-            group,
+            deployment.mailbox_tables, self.blobs, clock, settings.max_message_size, self.faults, group
         )
-        self.configuration = ConfigurationStore(self.view, clock)
-        # Registered even when nothing is asked, so the configuration in effect is an event that every
-        # later change is checked against.
-        self.configuration.register(
-            replace(self.configuration.current(), **(settings.view_configuration or {}))
-        )
+        self.configuration = ConfigurationStore(deployment.configuration_events, clock)
+        if create:
+            # Registered even when nothing is asked, so the configuration in effect is an event that every
+            # later change is checked against.
+            self.configuration.register(
+                replace(self.configuration.current(), **(settings.view_configuration or {}))
+            )
         # Read once, as James does at start-up, to write with: the rules on changes keep what a process
         # holding a stale value writes findable (old slices are multiples of new ones, old buckets a subset
         # of new ones), and browse_start stays behind the slices such a process may still fill
@@ -76,11 +147,11 @@ class Runtime:
         url: str | None = None,
         *,
         clock: Clock = system_clock,
-        create: bool = True,
+        create: bool = False,
         group_writes: bool = True,
     ) -> Runtime:
         """Open the runtime of `url`, or of $MAILQ_URL, or the embedded default `embedded://.mailq`.
-        With `create=False` a store that does not exist yet raises NoStore instead of being created."""
+        Writes nothing, and raises NoStore where there is no store, unless `create` (see the module)."""
         return cls(Settings.from_url(url), clock, create, group_writes)
 
     @property
@@ -115,7 +186,7 @@ class Runtime:
 
     def close(self) -> None:
         self.broker.close()
-        self.store.close()
+        self.deployment.close()
 
     def __enter__(self) -> Runtime:
         return self

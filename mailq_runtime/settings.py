@@ -1,16 +1,29 @@
-"""Runtime settings from one URL: `embedded://<data dir>?option=value&...` (default `embedded://.mailq`).
+"""Runtime settings from one URL, parsed here and nowhere else (`Settings.from_url`).
 
-A mailq URL never carries a password: passwords and keys come from the environment. A URL whose userinfo
-holds one is refused, and every message that shows a URL shows it through `redact`.
+    embedded://<data dir>?<options>                                      (default: embedded://.mailq)
+    cassandra://[user@]host[:port][,host[:port]...]/<keyspace>?s3=<bucket>&broker=<broker>&<options>
+
+The embedded deployment keeps the metadata, the broker and the content in one SQLite file under its data
+dir. The distributed one keeps the metadata in Cassandra (port 9042 unless given; `consistency`, default
+LOCAL_QUORUM; `replication`, default 1, used when `mailq schema create` makes the keyspace), the content in
+an S3 bucket (`s3_endpoint`, `s3_region`, `s3_prefix` optional) and its broker is `embedded:<dir>` or
+`amqp://[user@]host[:port]/<vhost>`. Both take the queue options of `_QUEUE_OPTIONS`.
+
+A mailq URL never carries a password: Cassandra's and RabbitMQ's come from MAILQ_CASSANDRA_PASSWORD and
+MAILQ_AMQP_PASSWORD, S3's credentials from the standard AWS chain, each read by the process that connects
+(a Spark executor included), so no Settings, no Spark plan and no message holds one. A URL whose userinfo
+holds one, the broker's included, is refused, and every message that shows a URL shows it through `redact`.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote_plus, urlsplit
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, unquote_plus, urlencode
 
 from .clock import MICROS_PER_SECOND
 from .config import QueueViewConfiguration
@@ -19,20 +32,60 @@ from .model import parse_count, parse_duration
 
 DEFAULT_URL = "embedded://.mailq"
 URL_VARIABLE = "MAILQ_URL"
-_CONFIGURATION_OPTIONS = {"slice_window", "bucket_count", "update_browse_start_pace"}
-_OPTIONS = {
+CASSANDRA_PASSWORD_VARIABLE = "MAILQ_CASSANDRA_PASSWORD"
+AMQP_PASSWORD_VARIABLE = "MAILQ_AMQP_PASSWORD"
+EMBEDDED = "embedded"
+CASSANDRA = "cassandra"
+CASSANDRA_PORT = 9042
+AMQP_PORT = 5672
+DEFAULT_CONSISTENCY = "LOCAL_QUORUM"
+# The levels that serve reads and writes alike (ANY only writes; SERIAL and LOCAL_SERIAL only order
+# lightweight transactions).
+CONSISTENCY_LEVELS = (
+    "ONE",
+    "TWO",
+    "THREE",
+    "QUORUM",
+    "ALL",
+    "LOCAL_QUORUM",
+    "EACH_QUORUM",
+    "LOCAL_ONE",
+)
+DURABILITIES = ("process", "power", "fsync")  # see stores/embedded.py
+
+_CONFIGURATION_OPTIONS = ("slice_window", "bucket_count", "update_browse_start_pace")
+_QUEUE_OPTIONS = (
     "visibility_timeout",
     "clock_skew_grace",
     "max_message_size",
     "durability",
     *_CONFIGURATION_OPTIONS,
-}
+)
+_DISTRIBUTED_OPTIONS = ("s3", "s3_endpoint", "s3_region", "s3_prefix", "broker", "consistency", "replication")
+OPTIONS = {EMBEDDED: _QUEUE_OPTIONS, CASSANDRA: (*_DISTRIBUTED_OPTIONS, *_QUEUE_OPTIONS)}
+# Options whose value is itself a URL: `redact` shows them redacted in turn.
+_URL_OPTIONS = ("broker", "s3_endpoint")
+_KNOWN_OPTIONS = frozenset(name for names in OPTIONS.values() for name in names)
+
 _AUTHORITY_END = re.compile(r"[/?#]")
+_HOST = re.compile(
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+_IPV6 = re.compile(r"\[[0-9A-Fa-f:.]+\]")
+_PORT = re.compile(r"[0-9]{1,5}")
+_USER = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=%-]{1,128}")
+# Unquoted CQL identifiers are folded to lower case: only lower-case names mean what they say.
+_KEYSPACE = re.compile(r"[a-z][a-z0-9_]{0,47}")
+_BUCKET = re.compile(r"(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_REGION = re.compile(r"[a-z0-9-]{1,64}")
+# S3's characters safe in any key; no leading '/' and no '//', so keys need no folder semantics.
+_PREFIX = re.compile(r"(?!/)(?!.*//)[A-Za-z0-9!_.*'()/-]{1,200}")
+_VHOST = re.compile(r"[!-~]{1,255}")
 
 
 def _authority(url: str) -> tuple[str, str, str]:
     """`url` as (what precedes its authority, the authority, what follows), never failing: `redact` must
-    work on the URLs that `urlsplit` refuses too."""
+    work on the URLs that the parser refuses too."""
     scheme, separator, rest = url.partition("://")
     if not separator:
         return "", "", url
@@ -47,9 +100,20 @@ def _userinfo(authority: str) -> str | None:
     return userinfo if at else None
 
 
+def _option_shown(option: str) -> str:
+    name, equals, value = option.partition("=")
+    known = unquote_plus(name)
+    if known not in _KNOWN_OPTIONS:
+        return name + "=***"
+    if known in _URL_OPTIONS and equals:
+        # Decoded first: an encoded password (%3A, %40) must not slip past.
+        return name + "=" + redact(unquote_plus(value))
+    return option
+
+
 def redact(url: str) -> str:
-    """`url` as a message may show it: a password in its userinfo, and the value of any option mailq does
-    not know (it may be a key), replaced by ***."""
+    """`url` as a message may show it: a password in its userinfo or in the URL of an option (the
+    broker's), and the value of any option mailq does not know (it may be a key), replaced by ***."""
     head, authority, tail = _authority(url)
     userinfo = _userinfo(authority)
     if userinfo is not None and ":" in userinfo:
@@ -57,79 +121,355 @@ def redact(url: str) -> str:
     path, question, rest = tail.partition("?")
     if question:
         query, hash_mark, fragment = rest.partition("#")
-        options = [
-            option
-            if unquote_plus(option.partition("=")[0]) in _OPTIONS
-            else option.partition("=")[0] + "=***"
-            for option in query.split("&")
-        ]
-        tail = path + "?" + "&".join(options) + hash_mark + fragment
+        tail = path + "?" + "&".join(map(_option_shown, query.split("&"))) + hash_mark + fragment
     return head + authority + tail
 
 
 @dataclass(frozen=True)
+class CassandraSettings:
+    """Where the metadata tables are: a Cassandra cluster's keyspace."""
+
+    contact_points: tuple[tuple[str, int], ...]
+    keyspace: str
+    user: str | None = None
+    consistency: str = DEFAULT_CONSISTENCY
+    replication: int = 1
+
+    def password(self) -> str | None:
+        """Read from the environment of the process that connects, never from the URL."""
+        return os.environ.get(CASSANDRA_PASSWORD_VARIABLE)
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Where the blob content is: a bucket of any S3 API (AWS's when no endpoint is given); credentials
+    from the standard AWS chain."""
+
+    bucket: str
+    endpoint: str | None = None
+    region: str | None = None
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
+class AmqpSettings:
+    """The broker when it is RabbitMQ."""
+
+    host: str
+    port: int = AMQP_PORT
+    vhost: str = "/"
+    user: str | None = None
+
+    def password(self) -> str | None:
+        """Read from the environment of the process that connects, never from the URL."""
+        return os.environ.get(AMQP_PASSWORD_VARIABLE)
+
+
+@dataclass(frozen=True)
 class Settings:
+    """The deployment's parts and the runtime's options. `backend` names the deployment; `data_dir` is
+    the directory of its embedded parts: the whole store of `embedded`, the broker's of `cassandra` with
+    `broker=embedded:<dir>`. No field ever holds a secret, so Settings can be shown and shipped."""
+
     backend: str
-    data_dir: Path
+    data_dir: Path | None = None
     visibility_timeout: int = 300 * MICROS_PER_SECOND
     clock_skew_grace: int = 60 * MICROS_PER_SECOND
     max_message_size: int = 32 * 1024 * 1024
-    durability: str = "process"  # see stores/embedded.py: process | power | fsync
-    # View configuration values to register at open, as James does at start-up; the others keep
+    durability: str = "process"
+    # View configuration values a creating open registers, as James does at start-up; the others keep
     # their stored values.
     view_configuration: dict[str, int] | None = None
+    cassandra: CassandraSettings | None = None
+    s3: S3Settings | None = None
+    amqp: AmqpSettings | None = None  # None: the embedded broker in data_dir
+    url: str = field(default="", compare=False)  # as given, for messages: always through `redact`
 
     @classmethod
     def from_url(cls, url: str | None = None) -> Settings:
+        """The settings of `url`, else of $MAILQ_URL, else of DEFAULT_URL."""
         url = url or os.environ.get(URL_VARIABLE) or DEFAULT_URL
         if not isinstance(url, str):
             raise InvalidInput(f"a mailq URL is text, not {type(url).__name__}")
-        userinfo = _userinfo(_authority(url)[1])
-        if userinfo is not None and ":" in userinfo:
-            raise InvalidInput(
-                f"the mailq URL {shown(redact(url))} carries a password: a mailq URL never does, "
-                "passwords and keys come from the environment"
-            )
-        try:
-            parts = urlsplit(url)
-        except ValueError as error:
-            raise InvalidInput(f"invalid mailq URL {shown(redact(url))}: {error}") from None
-        if parts.scheme != "embedded":
-            raise InvalidInput(
-                f"unsupported mailq URL scheme {shown(parts.scheme)} in {shown(redact(url))}: "
-                "expected 'embedded://<data dir>'"
-            )
-        if userinfo is not None:
+        return _parse(url)
+
+    def shown(self) -> str:
+        """The URL as a message shows it."""
+        return shown(redact(self.url or self.to_url()))
+
+    def absolute(self) -> Settings:
+        """The same settings with the data dir made absolute: what processes started elsewhere (Spark's
+        Python workers, a Dagster run) must be handed."""
+        if self.data_dir is None:
+            return self
+        absolute = self.data_dir.resolve()
+        return replace(self, data_dir=absolute, url=self.to_url(data_dir=absolute))
+
+    def to_url(self, *, data_dir: Path | None = None) -> str:
+        """A URL `from_url` reads back into these settings (it holds no secret: the settings have none)."""
+        data_dir = data_dir or self.data_dir
+        options: dict[str, str] = {}
+        if self.backend == CASSANDRA:
+            assert self.cassandra is not None and self.s3 is not None
+            cassandra, s3 = self.cassandra, self.s3
+            user = f"{cassandra.user}@" if cassandra.user else ""
+            hosts = ",".join(f"{_host_text(host)}:{port}" for host, port in cassandra.contact_points)
+            head = f"cassandra://{user}{hosts}/{cassandra.keyspace}"
+            options["s3"] = s3.bucket
+            for name, value in (
+                ("s3_endpoint", s3.endpoint),
+                ("s3_region", s3.region),
+                ("s3_prefix", s3.prefix),
+            ):
+                if value:
+                    options[name] = value
+            options["broker"] = _broker_text(self.amqp, data_dir)
+            options["consistency"] = cassandra.consistency
+            options["replication"] = str(cassandra.replication)
+        else:
+            head = f"embedded://{data_dir}"
+        defaults = Settings(backend=self.backend)
+        for name in ("visibility_timeout", "clock_skew_grace"):
+            if getattr(self, name) != getattr(defaults, name):
+                options[name] = f"{getattr(self, name)}us"
+        if self.max_message_size != defaults.max_message_size:
+            options["max_message_size"] = str(self.max_message_size)
+        if self.durability != defaults.durability:
+            options["durability"] = self.durability
+        for name, value in (self.view_configuration or {}).items():
+            options[name] = f"{value}us" if name == "slice_window" else str(value)
+        return head + (f"?{urlencode(options, safe=':/@,')}" if options else "")
+
+
+def _host_text(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _broker_text(amqp: AmqpSettings | None, data_dir: Path | None) -> str:
+    if amqp is None:
+        return f"embedded:{data_dir}"
+    user = f"{amqp.user}@" if amqp.user else ""
+    vhost = "" if amqp.vhost == "/" else quote(amqp.vhost, safe="")
+    return f"amqp://{user}{_host_text(amqp.host)}:{amqp.port}/{vhost}"
+
+
+# Parsing ----------------------------------------------------------------------------------------------------
+
+
+def _refuse_password(url: str, whole: str, what: str = "the mailq URL") -> None:
+    userinfo = _userinfo(_authority(url)[1])
+    if userinfo is not None and ":" in userinfo:
+        raise InvalidInput(
+            f"{what} {shown(redact(whole))} carries a password: a mailq URL never does, "
+            "passwords and keys come from the environment"
+        )
+
+
+def _parse(url: str) -> Settings:
+    _refuse_password(url, url)
+    head, authority, tail = _authority(url)
+    scheme = head.removesuffix("://")
+    if not head or scheme not in OPTIONS:
+        raise InvalidInput(
+            f"unsupported mailq URL scheme {shown(scheme or url)} in {shown(redact(url))}: expected "
+            "'embedded://<data dir>' or 'cassandra://host[:port][,host...]/<keyspace>?s3=<bucket>&broker=...'"
+        )
+    if "#" in tail:
+        raise InvalidInput(f"invalid mailq URL {shown(redact(url))}: a mailq URL has no '#' fragment")
+    path, _, query = tail.partition("?")
+    options = _options(query, scheme, url)
+    if scheme == EMBEDDED:
+        if _userinfo(authority) is not None:
             raise InvalidInput(
                 f"the embedded URL {shown(redact(url))} takes no user name: expected 'embedded://<data dir>'"
             )
-        data_dir = Path(parts.netloc + parts.path) if parts.netloc + parts.path else Path(".mailq")
-        options = dict(parse_qsl(parts.query, strict_parsing=False))
-        unknown = set(options) - _OPTIONS
-        if unknown:
+        if "[" in authority or "]" in authority:
+            raise InvalidInput(f"invalid mailq URL {shown(redact(url))}: '[' or ']' in its data dir")
+        data_dir = Path(authority + path) if authority + path else Path(".mailq")
+        return Settings(backend=EMBEDDED, data_dir=data_dir, url=url, **_queue_values(options))
+    return _cassandra(url, authority, path, options)
+
+
+def _options(query: str, scheme: str, url: str) -> dict[str, str]:
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise InvalidInput(
+            f"invalid mailq URL {shown(redact(url))}: its options are not name=value"
+        ) from None
+    known = OPTIONS[scheme]
+    unknown = {name for name, _ in pairs} - set(known)
+    if unknown:
+        raise InvalidInput(
+            f"unknown mailq URL option(s) {', '.join(shown(name) for name in sorted(unknown))} "
+            f"for {scheme}://: known are {sorted(known)}"
+        )
+    options: dict[str, str] = {}
+    for name, value in pairs:
+        if name in options:
+            raise InvalidInput(f"the mailq URL option {name} is given twice in {shown(redact(url))}")
+        if not value:
+            raise InvalidInput(f"the mailq URL option {name} has no value in {shown(redact(url))}")
+        options[name] = value
+    return options
+
+
+def _queue_values(options: dict[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in ("visibility_timeout", "clock_skew_grace"):
+        if name in options:
+            values[name] = parse_duration(options[name], name)
+    if "max_message_size" in options:
+        values["max_message_size"] = parse_count(options["max_message_size"], "max_message_size")
+    if "durability" in options:
+        values["durability"] = _choice(options["durability"], "durability", DURABILITIES)
+    changes: dict[str, int] = {}
+    if "slice_window" in options:
+        changes["slice_window"] = parse_duration(options["slice_window"], "slice_window")
+    for name in ("bucket_count", "update_browse_start_pace"):
+        if name in options:
+            changes[name] = parse_count(options[name], name)
+    if changes:
+        QueueViewConfiguration(**changes)  # validates the values; the rules on changes apply when registered
+        values["view_configuration"] = changes
+    return values
+
+
+def _choice(value: str, name: str, choices: tuple[str, ...], fold: Callable[[str], str] = str) -> str:
+    if fold(value) not in choices:
+        raise InvalidInput(f"invalid {name} {shown(value)}: expected one of {', '.join(choices)}")
+    return fold(value)
+
+
+def _matching(pattern: re.Pattern[str], value: str, name: str, expected: str) -> str:
+    if not pattern.fullmatch(value):
+        raise InvalidInput(f"invalid {name} {shown(value)}: expected {expected}")
+    return value
+
+
+def parse_port(text: str, name: str) -> int:
+    """A TCP port, 1..65535, from its decimal text: the one parser of ports."""
+    if not _PORT.fullmatch(text) or not 1 <= int(text) <= 65535:
+        raise InvalidInput(f"invalid {name} {shown(text)}: expected a port number from 1 to 65535")
+    return int(text)
+
+
+def _host_port(text: str, name: str, default_port: int) -> tuple[str, int]:
+    """`host`, `host:port`, `[v6]` or `[v6]:port`."""
+    if text.startswith("["):
+        host, _, port = text.partition("]")
+        host += "]"
+        if port and not port.startswith(":"):
+            raise InvalidInput(f"invalid {name} {shown(text)}: expected [address]:port")
+        port = port[1:]
+        _matching(_IPV6, host, name, "an IPv6 address in brackets")
+        host = host[1:-1]
+    else:
+        host, _, port = text.partition(":")
+        _matching(_HOST, host, name, "a host name or address, with an optional :port")
+    return host, parse_port(port, f"{name} port") if port else default_port
+
+
+def _user(authority: str, url: str) -> tuple[str | None, str]:
+    userinfo = _userinfo(authority)
+    hosts = authority.rpartition("@")[2]
+    if userinfo is None:
+        return None, hosts
+    if not _USER.fullmatch(userinfo):
+        raise InvalidInput(f"invalid user name {shown(userinfo)} in {shown(redact(url))}")
+    return unquote(userinfo), hosts
+
+
+def _cassandra(url: str, authority: str, path: str, options: dict[str, str]) -> Settings:
+    user, hosts = _user(authority, url)
+    if not hosts:
+        raise InvalidInput(
+            f"the cassandra URL {shown(redact(url))} names no host: expected cassandra://host/<keyspace>"
+        )
+    contact_points = tuple(_host_port(host, "Cassandra host", CASSANDRA_PORT) for host in hosts.split(","))
+    if path in ("", "/"):
+        raise InvalidInput(
+            f"the cassandra URL {shown(redact(url))} names no keyspace: expected cassandra://host/<keyspace>"
+        )
+    keyspace = _matching(
+        _KEYSPACE,
+        path.removeprefix("/"),
+        "keyspace",
+        "cassandra://host/<keyspace>, a keyspace of lower-case letters, digits and _ (at most 48, "
+        "starting with a letter)",
+    )
+    for required, example in (
+        ("s3", "s3=<bucket>"),
+        ("broker", "broker=embedded:<dir> or broker=amqp://host/<vhost>"),
+    ):
+        if required not in options:
+            raise InvalidInput(f"the cassandra URL {shown(redact(url))} needs the option {example}")
+    cassandra = CassandraSettings(
+        contact_points=contact_points,
+        keyspace=keyspace,
+        user=user,
+        consistency=_choice(
+            options.get("consistency", DEFAULT_CONSISTENCY), "consistency", CONSISTENCY_LEVELS, str.upper
+        ),
+        replication=parse_count(options.get("replication", "1"), "replication"),
+    )
+    amqp, data_dir = _broker(options["broker"], url)
+    return Settings(
+        backend=CASSANDRA,
+        data_dir=data_dir,
+        cassandra=cassandra,
+        s3=_s3(options),
+        amqp=amqp,
+        url=url,
+        **_queue_values(options),
+    )
+
+
+def _s3(options: dict[str, str]) -> S3Settings:
+    endpoint = options.get("s3_endpoint")
+    if endpoint is not None:
+        _refuse_password(endpoint, endpoint, "the s3_endpoint")
+        head, authority, tail = _authority(endpoint)
+        if head not in ("http://", "https://") or not authority or tail not in ("", "/") or "@" in authority:
             raise InvalidInput(
-                f"unknown mailq URL option(s) {', '.join(shown(name) for name in sorted(unknown))}: "
-                f"known are {sorted(_OPTIONS)}"
+                f"invalid s3_endpoint {shown(redact(endpoint))}: expected http[s]://host[:port], "
+                "with no credentials (they come from the AWS chain)"
             )
-        values: dict = {}
-        for name in ("visibility_timeout", "clock_skew_grace"):
-            if name in options:
-                values[name] = parse_duration(options[name], name)
-        if "max_message_size" in options:
-            values["max_message_size"] = parse_count(options["max_message_size"], "max_message_size")
-        if "durability" in options:
-            if options["durability"] not in ("process", "power", "fsync"):
-                raise InvalidInput(
-                    f"invalid durability {shown(options['durability'])}: expected process, power or fsync"
-                )
-            values["durability"] = options["durability"]
-        changes: dict[str, int] = {}
-        if "slice_window" in options:
-            changes["slice_window"] = parse_duration(options["slice_window"], "slice_window")
-        for name in ("bucket_count", "update_browse_start_pace"):
-            if name in options:
-                changes[name] = parse_count(options[name], name)
-        if changes:
-            QueueViewConfiguration(**changes)  # validates the values; the rules on changes apply at open
-            values["view_configuration"] = changes
-        return cls(backend=parts.scheme, data_dir=data_dir, **values)
+        _host_port(authority, "s3_endpoint host", 443 if head == "https://" else 80)
+    return S3Settings(
+        bucket=_matching(
+            _BUCKET, options["s3"], "s3 bucket", "an S3 bucket name (3-63 of a-z, 0-9, '.', '-')"
+        ),
+        endpoint=endpoint,
+        region=_matching(_REGION, options["s3_region"], "s3_region", "a region such as us-east-1")
+        if "s3_region" in options
+        else None,
+        prefix=_matching(
+            _PREFIX, options["s3_prefix"], "s3_prefix", "a key prefix without '//' or a leading '/'"
+        )
+        if "s3_prefix" in options
+        else "",
+    )
+
+
+def _broker(value: str, url: str) -> tuple[AmqpSettings | None, Path | None]:
+    """The broker option: `embedded:<dir>` (the embedded broker's data dir) or an amqp:// URL."""
+    if value.startswith("embedded:") and not value.startswith("embedded://"):
+        directory = value.removeprefix("embedded:")
+        return None, Path(directory)
+    if not value.startswith("amqp://"):
+        raise InvalidInput(
+            f"invalid broker {shown(redact(value))}: expected embedded:<dir> or amqp://[user@]host[:port]/<vhost>"
+        )
+    _refuse_password(value, url, "the broker URL in")
+    _, authority, tail = _authority(value)
+    user, host = _user(authority, value)
+    path, question, _ = tail.partition("?")
+    if question or "#" in tail:
+        raise InvalidInput(
+            f"invalid broker {shown(redact(value))}: expected amqp://[user@]host[:port]/<vhost>"
+        )
+    host, port = _host_port(host, "broker host", AMQP_PORT)
+    vhost = unquote(path.removeprefix("/")) or "/"
+    _matching(_VHOST, vhost, "broker vhost", "printable ASCII")
+    return AmqpSettings(host=host, port=port, vhost=vhost, user=user), None

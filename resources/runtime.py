@@ -12,14 +12,17 @@ from mailq_runtime.settings import DEFAULT_URL
 
 class MailqRuntime(dg.ConfigurableResource):
     """Opens the runtime of `url` (MAILQ_URL through EnvVar). A mailq URL carries no password, so the UI
-    shows nothing secret: a URL that has one is refused, and the error shows it redacted."""
+    shows nothing secret: a URL that has one is refused, and the error shows it redacted.
+
+    It never creates: maintenance of a store that does not exist is a mistyped URL, which fails naming
+    the place it looked at (NoStore) instead of starting an empty store."""
 
     url: str = DEFAULT_URL
 
     _runtime: Runtime | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._runtime = Runtime.open(self.url)
+        self._runtime = Runtime.open(self.url, create=False)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._runtime is not None:
@@ -30,13 +33,13 @@ class MailqRuntime(dg.ConfigurableResource):
     def runtime(self) -> Runtime:
         if self._runtime is None:
             # Sensors build resources without an execution context: open on first use.
-            self._runtime = Runtime.open(self.url)
+            self._runtime = Runtime.open(self.url, create=False)
         return self._runtime
 
     @contextmanager
     def session(self) -> Iterator[Runtime]:
         """A runtime for one sensor tick or one call, closed afterwards."""
-        runtime = Runtime.open(self.url)
+        runtime = Runtime.open(self.url, create=False)
         try:
             yield runtime
         finally:

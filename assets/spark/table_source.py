@@ -7,6 +7,11 @@ in parallel partitions, handing Spark Arrow record batches rather than Python ro
 Options: `url`, `table` (one of the schema's tables), `partitions` (default: 2 x cores; `read_table`
 passes Spark's default parallelism) and `columns` (comma-separated, default all, in table order).
 
+The url is the runtime's (`Settings.from_url` reads it, on the driver and in every task), so the data
+source finds everything it reads from there and the deployment's factory decides what it can read. A mailq
+URL holds no secret, so neither does the plan: a task that connects to a store with a password reads it
+from its own environment.
+
 Filters are left to Spark, not pushed into the SQL: in PySpark 4.3 the scans of one DataFrame within one
 query share the read planned for one of them, so two branches filtered differently (the GC's per-generation
 Bloom filters) would both read one branch's rows. Pushing `generation = g` read one generation of four
@@ -31,7 +36,6 @@ from importlib.resources import files
 from itertools import pairwise
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,8 +43,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructField, StructType
 
-from mailq_runtime.errors import shown
-from mailq_runtime.settings import redact
+from mailq_runtime.runtime import check_built
+from mailq_runtime.settings import EMBEDDED, Settings
 from mailq_runtime.stores.embedded import DATABASE_FILE
 
 NAME = "mailq"
@@ -70,20 +74,20 @@ def check_table(table: str) -> str:
 
 
 def embedded_database(url: str) -> Path:
-    """The SQLite file of an `embedded:///<absolute data dir>` url."""
-    parsed = urlparse(url)
-    if parsed.scheme != "embedded":
-        # Only the scheme is named: a distributed store's url may carry credentials.
+    """The SQLite file of the deployment of `url`, which must be an embedded one with an absolute data
+    dir (`embedded:///<data dir>`): Spark's tasks do not run where the driver's working directory is."""
+    settings = Settings.from_url(url)
+    check_built(settings)
+    if settings.backend != EMBEDDED:
+        # Cassandra's token ranges plug in as another Partitioning.
+        raise ValueError(f"the mailq data source reads embedded stores only, not {settings.shown()}")
+    if not settings.data_dir.is_absolute():
         raise ValueError(
-            f"unsupported store url scheme {parsed.scheme!r}: only embedded:///<data dir> is implemented"
+            f"the embedded store url needs an absolute path, embedded:///<data dir>: {settings.shown()}"
         )
-    if parsed.netloc or not parsed.path.startswith("/"):
-        raise ValueError(
-            f"the embedded store url needs an absolute path, embedded:///<data dir>: {shown(redact(url))}"
-        )
-    database = Path(unquote(parsed.path)) / DATABASE_FILE
+    database = settings.data_dir / DATABASE_FILE
     if not database.is_file():
-        raise FileNotFoundError(f"no embedded store at {database} (url {shown(redact(url))})")
+        raise FileNotFoundError(f"no embedded store at {database} (url {settings.shown()})")
     return database
 
 

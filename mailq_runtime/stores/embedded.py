@@ -7,10 +7,15 @@ back and forth. Measured with 8 threads, taking turns went about twice as fast f
 a connection per thread with commits shared between threads. `transaction()` is reentrant, so a queue
 operation groups the view, the broker and the blob metadata writes of one mail into one atomic commit.
 Processes are kept apart by SQLite's own file locks.
+
+Opening writes nothing: with `create` the store is made when missing and its schema completed (every
+statement only adds what a store lacks, so an older store gains the tables of this version); without it
+a missing store is NoStore and one lacking tables of this version is refused, naming them.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from importlib.resources import files
@@ -25,6 +30,7 @@ __all__ = ["DATABASE_FILE", "EmbeddedStore"]
 _BUSY_TIMEOUT_MS = 60_000
 # Tables every mailq store has had from the start: a database without them is something else's.
 _MAILQ_TABLES = {"enqueued_mails", "blob_references"}
+_SCHEMA = files(__package__).joinpath("embedded_schema.sql")
 
 
 # What survives a commit: the death of the process (the OS holds the written pages), the loss of power
@@ -35,7 +41,7 @@ SYNCHRONOUS = {"process": "OFF", "power": "NORMAL", "fsync": "FULL"}
 
 class EmbeddedStore:
     def __init__(self, data_dir: Path, durability: str = "process", create: bool = True) -> None:
-        self.path = prepare(data_dir, create, _initialise)
+        self.path, self.created = prepare(data_dir, create, _initialise)
         self.synchronous = SYNCHRONOUS[durability]
         self._turn = threading.RLock()
         self._depth = 0
@@ -51,7 +57,10 @@ class EmbeddedStore:
             self._connection.execute(f"PRAGMA synchronous={self.synchronous}")
             self._connection.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
             self._connection.execute("PRAGMA cache_size=-65536")
-            _initialise(self._connection)
+            if create:
+                _initialise(self._connection)
+            else:
+                _check_schema(self.path, tables)
             make_private(self.path)
         except sqlite3.Error as error:
             self._connection.close()
@@ -170,4 +179,15 @@ def _rollback(connection: sqlite3.Connection) -> None:
 def _initialise(connection: sqlite3.Connection) -> None:
     """WAL mode (kept in the file) and the schema, whose statements only add what a store lacks."""
     connection.execute("PRAGMA journal_mode=WAL")
-    connection.executescript(files(__package__).joinpath("embedded_schema.sql").read_text())
+    connection.executescript(_SCHEMA.read_text())
+
+
+def _check_schema(path: Path, found: set[str]) -> None:
+    """Refuse a store that lacks tables or indexes of this version, which only a creating open adds."""
+    wanted = re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", _SCHEMA.read_text(), re.IGNORECASE)
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        raise StoreUnusable(
+            f"mailq store {path} lacks {', '.join(missing)} of this version of mailq: "
+            "`mailq schema create` adds them"
+        )

@@ -59,21 +59,25 @@ def store_failure(path: Path, error: sqlite3.Error) -> StoreUnusable | None:
     return StoreUnusable(f"{_STORE} {path}: {problem}")
 
 
-def prepare(data_dir: Path, create: bool, initialise: Callable[[sqlite3.Connection], None]) -> Path:
-    """Check the data dir and its store file and return the store's path; with `create`, make what is
-    missing (the data dir, then a store set up by `initialise`). Raises NoStore when there is no store
-    and `create` is False, StoreUnusable when what is there cannot be used; nothing is written then.
-    An existing store's modes are left to `make_private`, once SQLite has found it a mailq store."""
+def prepare(
+    data_dir: Path, create: bool, initialise: Callable[[sqlite3.Connection], None]
+) -> tuple[Path, bool]:
+    """Check the data dir and its store file and return the store's path, and whether this call made
+    the store; with `create`, make what is missing (the data dir, then a store set up by `initialise`).
+    Raises NoStore when there is no store and `create` is False, StoreUnusable when what is there cannot
+    be used; nothing is written then. An existing store's modes are left to `make_private`, once SQLite
+    has found it a mailq store."""
     path = data_dir / DATABASE_FILE
     created_dir = _check_data_dir(data_dir, create)
     try:
-        if not _check_store_file(path, create):
+        found = _check_store_file(path, create)
+        if not found:
             _create_store(path, initialise)
     except BaseException:
         if created_dir:
             _remove_created(data_dir, created_dir)
         raise
-    return path
+    return path, not found
 
 
 def _no_store(data_dir: Path) -> NoStore:

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tomllib
+from contextlib import closing
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -295,8 +303,16 @@ def test_usage_errors_are_one_line(mailq):
 
 
 def test_bad_url_is_bad_input(capsys):
-    assert main(["--url", "cassandra://nowhere", "queues"]) == 2
+    assert main(["--url", "redis://nowhere", "queues"]) == 2
     assert capsys.readouterr().err.startswith("mailq: error: unsupported mailq URL scheme")
+    assert main(["--url", "cassandra://nowhere", "queues"]) == 2
+    assert "names no keyspace" in capsys.readouterr().err
+    assert (
+        main(["--url", "cassandra://db1/mailq?s3=mail-blobs&broker=embedded:/var/lib/mailq", "size", "spool"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("mailq: error: the mailq URL scheme cassandra:// ") and "not built into this" in err
 
 
 def test_url_from_environment(monkeypatch, tmp_path, eml, capsys):
@@ -539,3 +555,68 @@ def test_enqueue_keeps_accepting_real_world_mail(mailq, mailq_json, tmp_path):
     enqueue(mailq, path)
     stats = mailq_json("worker", "--domain", "example.org", "--idle-exit", "300ms")
     assert stats == {"delivered": 1, "retried": 0, "dead_lettered": 0, "appended": 1, "lease_expired": 0}
+
+
+# The console script: the runtime's commands start without Dagster or Spark ---------------------------------
+
+_IMPORTED = """
+import json, sys
+from mailq_runtime.cli import main
+status = main(sys.argv[1:])
+print(json.dumps({"status": status, "heavy": sorted(
+    name for name in sys.modules if name.split(".")[0] in ("dagster", "pyspark", "assets", "resources")
+)}), file=sys.stderr)
+"""
+
+
+def imported_by(*argv: str) -> tuple[int, list[str], str]:
+    """`mailq ARGV` in a fresh interpreter: its exit status, the heavy modules it imported, its stdout."""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTED, *argv], capture_output=True, text=True, timeout=120, env=environment
+    )
+    report = json.loads(done.stderr.splitlines()[-1])
+    return report["status"], report["heavy"], done.stdout
+
+
+def test_the_console_script_is_the_runtimes_cli():
+    scripts = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"mailq": "mailq_runtime.cli:main"}
+
+
+def test_mailq_size_on_existing_data_imports_neither_dagster_nor_pyspark(mailq, eml, url):
+    enqueue(mailq, eml)
+    status, heavy, out = imported_by("--url", url, "size", "spool")
+    assert (status, out) == (0, "spool: 1 mails\n")
+    assert heavy == []
+    status, heavy, out = imported_by("--help")
+    assert status == 0 and heavy == []
+    assert "    gc " in out and "    demo " in out  # listed, not imported
+
+
+def test_a_pipeline_command_is_imported_once_named(url):
+    status, heavy, out = imported_by("--url", url, "gc", "--help")
+    assert status == 0 and "--dry-run" in out
+    assert "assets.commands" in heavy and "dagster" in heavy
+
+
+# mailq schema create ----------------------------------------------------------------------------------------
+
+
+def test_schema_create_makes_the_store_then_is_idempotent(mailq_json, mailq, url, tmp_path):
+    assert mailq_json("schema", "create") == {"url": url, "created": True}
+    assert mailq_json("schema", "create") == {"url": url, "created": False}
+    assert mailq_json("queues") == []
+    assert mailq_json("config", "show")["changes"] == 0
+
+
+def test_a_store_lacking_tables_of_this_version_is_refused_until_schema_create(mailq, eml, url, tmp_path):
+    enqueue(mailq, eml)
+    schema = files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text()
+    newest = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", schema)[-1]
+    with closing(sqlite3.connect(tmp_path / "data" / "mailq.db")) as db:
+        db.execute(f"DROP TABLE {newest}")  # as a store of an older version lacks it
+    assert_bad_input(mailq("size", "spool"), f"lacks {newest} of this version", "`mailq schema create`")
+    status, out, err = mailq("schema", "create")
+    assert (status, err) == (0, "") and "already there; anything it lacked added" in out
+    assert mailq("size", "spool")[:2] == (0, "spool: 1 mails\n")

@@ -1,5 +1,6 @@
-"""The maintenance commands of the `mailq` console script (`assets.commands`), run in-process with Spark
-local[2] on small data dirs: what each run reports, what it changes, its JSON shape, its errors."""
+"""The maintenance commands of the `mailq` console script (`assets.commands`, which `mailq_runtime.cli`
+imports when one is named), run in-process with Spark local[2] on small data dirs: what each run reports,
+what it changes, its JSON shape, its errors."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from assets import demo, runner
-from assets.commands import describe_run, main
+from assets.commands import describe_run
 from mailq_runtime import InvalidInput, Mail, Runtime
+from mailq_runtime.cli import main
 from mailq_runtime.clock import MICROS_PER_SECOND, system_clock
 from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH
 from mailq_runtime.mailbox import INBOX, SEEN
@@ -43,7 +45,7 @@ def message(sender: str, recipient: str, body: str) -> bytes:
 def traffic(url: str) -> None:
     """Nine mails delivered to three INBOXes, one expunged, three spam mails removed from the queue: the
     spam's and the expunged message's blobs have no reference left; the others live in the mailboxes."""
-    with Runtime.open(url) as runtime:
+    with Runtime.open(url, create=True) as runtime:
         queue = runtime.queue("spool")
         for n in range(9):
             user = USERS[n % 3]
@@ -201,7 +203,7 @@ def test_counters_recompute_repairs_what_a_fault_left(url, mailq, mailq_json):
 def test_queue_cleanup_advances_browse_start_and_deletes_old_slices(url, mailq_json):
     # Mails enqueued and delivered three hours ago; browse_start stayed where they were.
     three_hours_ago = system_clock() - 3 * 3600 * MICROS_PER_SECOND
-    with Runtime(Settings.from_url(url), lambda: three_hours_ago) as runtime:
+    with Runtime(Settings.from_url(url), lambda: three_hours_ago, create=True) as runtime:
         queue = runtime.queue("spool")
         for n in range(4):
             queue.enqueue(Mail(recipients=(USERS[0],), message=message("d", USERS[0], f"{n}")))
@@ -268,7 +270,11 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(tmp_path, monkeypat
     assert_bad_input(run("--url", f"embedded://{missing}", "gc"), "no mailq data")
     assert_bad_input(run("--url", f"embedded://{missing}", "generation", "rotate"), "no mailq data")
     assert not missing.exists()
-    assert_bad_input(run("--url", "cassandra://nowhere", "counters", "recompute"), "unsupported mailq URL")
+    assert_bad_input(run("--url", "redis://nowhere", "counters", "recompute"), "unsupported mailq URL")
+    not_built = run(
+        "--url", "cassandra://db1/mailq?s3=mail-blobs&broker=embedded:/var/lib/mailq", "counters", "recompute"
+    )
+    assert_bad_input(not_built, "cassandra://", "not built into this version")
     assert_bad_input(run("generation"), "required")
     assert_bad_input(run("queue", "purge"), "invalid choice")
     assert_bad_input(run("demo", "--mails", "5", "--data-dir", str(tmp_path / "d")), "at least 10 mails")

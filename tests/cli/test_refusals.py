@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from assets.commands import main as mailq_with_pipeline
+from mailq_runtime.cli import main
 from tests.runtime.helpers import EmbeddedBackend
 from tests.runtime.test_store_files import snapshot
 
@@ -33,8 +33,8 @@ REFUSALS: dict[str, tuple[str, list[str], str]] = {
         ["enqueue", "fresh", "{eml}", "--sender", SENDER, "--rcpt", "bob@"],
         "'bob@'",
     ),
-    "enqueue-bad-delay": ("", [*ENQUEUE, "--delay", "soon"], "invalid delay"),
-    "enqueue-bad-priority": ("", [*ENQUEUE, "--priority", "high"], "invalid priority"),
+    "enqueue-bad-delay": ("", [*ENQUEUE, "--delay", "soon"], "invalid delay 'soon'"),
+    "enqueue-bad-priority": ("", [*ENQUEUE, "--priority", "high"], "invalid priority 'high'"),
     "enqueue-bad-name": ("", [*ENQUEUE, "--name", "a\nb"], "invalid mail name"),
     "enqueue-bad-queue": ("", ["enqueue", "bad name!", *ENQUEUE[2:]], "invalid queue name"),
     "enqueue-missing-file": ("", ["enqueue", "fresh", "{missing}", *ENQUEUE[3:]], "No such file"),
@@ -50,7 +50,11 @@ REFUSALS: dict[str, tuple[str, list[str], str]] = {
     "clear-unknown-queue": ("", ["clear", "fresh"], "unknown queue 'fresh'"),
     "flush-unknown-queue": ("", ["flush", "fresh"], "unknown queue 'fresh'"),
     "republish-unknown-queue": ("", ["republish", "fresh", "--older-than", "1h"], "unknown queue 'fresh'"),
-    "republish-bad-duration": ("", ["republish", "spool", "--older-than", "soon"], "invalid older_than"),
+    "republish-bad-duration": (
+        "",
+        ["republish", "spool", "--older-than", "soon"],
+        "invalid older_than 'soon'",
+    ),
     "update-browse-start-unknown-queue": ("", ["update-browse-start", "fresh"], "unknown queue 'fresh'"),
     "config-set-not-a-divisor": (
         "",
@@ -59,7 +63,7 @@ REFUSALS: dict[str, tuple[str, list[str], str]] = {
     ),
     "config-set-no-buckets": ("", ["config", "set", "--bucket-count", "0"], "invalid bucket_count"),
     "config-set-bad-pace": ("", ["config", "set", "--pace", "0"], "invalid update_browse_start_pace"),
-    "config-set-bad-window": ("", ["config", "set", "--slice-window", "soon"], "invalid slice_window"),
+    "config-set-bad-window": ("", ["config", "set", "--slice-window", "soon"], "invalid slice_window 'soon'"),
 }
 
 
@@ -127,11 +131,11 @@ def test_a_refused_demo_leaves_its_data_dir_as_it_was(data, capsys):
     ]
     for argv, word in cases:
         before = snapshot(data)
-        assert mailq_with_pipeline(argv) == 2
+        assert main(argv) == 2
         assert word in capsys.readouterr().err
         assert snapshot(data) == before
     os.chown(data, pwd.getpwnam("nobody").pw_uid, -1)
     before = snapshot(data)
-    assert mailq_with_pipeline(["demo", "--data-dir", str(data)]) == 2
+    assert main(["demo", "--data-dir", str(data)]) == 2
     assert f"mailq data dir {data} is owned by nobody" in capsys.readouterr().err
     assert snapshot(data) == before

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from assets.commands import main as mailq_with_pipeline
 from mailq_runtime.cli import main
 from tests.runtime.test_store_files import DAMAGES, a_store, snapshot
 
@@ -118,7 +117,7 @@ def test_the_pipeline_commands_refuse_an_unusable_store_in_one_line_before_they_
     data = tmp_path / "data"
     damage(data)
     before = snapshot(data)
-    result = mailq("--url", f"embedded://{data}", *command, command=mailq_with_pipeline)
+    result = mailq("--url", f"embedded://{data}", *command)
     assert_one_line(result, str((data / place).resolve()), problem)
     assert snapshot(data) == before
 

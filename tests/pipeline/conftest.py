@@ -68,7 +68,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[Runtime]:
     """A runtime on an empty data dir, `tmp_path / "data"` (its url: `runtime.settings.data_dir`)."""
-    opened = Runtime.open(f"embedded://{tmp_path / 'data'}")
+    opened = Runtime.open(f"embedded://{tmp_path / 'data'}", create=True)
     yield opened
     opened.close()
 

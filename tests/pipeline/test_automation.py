@@ -14,11 +14,10 @@ import pytest
 
 from assets import automation, queue
 from assets.definitions import defs
-from mailq_runtime import InvalidInput, Runtime
+from mailq_runtime import InvalidInput, Mail, NoStore, Runtime
 from mailq_runtime.clock import system_clock
 from mailq_runtime.queue import slice_of
 from resources import MailqRuntime
-from tests.runtime.helpers import make_mail
 
 HOUR = 3600 * 1_000_000
 USER = "alice@example.com"
@@ -125,7 +124,9 @@ def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(runtime: 
     assert automation.queue_cleanup_sensor.job_name == "queue_cleanup_job"
     assert runtime.view_configuration.slice_window == HOUR
     for name in ("current", "other"):
-        runtime.queue(name).enqueue(make_mail(name))  # a queue is created by its first enqueue
+        created = runtime.queue(name)
+        created.enqueue(Mail(recipients=(USER,), message=b"Subject: x\r\n\r\nhi\r\n"))  # creates it
+        created.dequeue(timeout=0).done()
 
     def starts(other_browse: int, other_content: int) -> Callable[[int], None]:
         def arrange(reachable: int) -> None:
@@ -218,3 +219,13 @@ def test_rotate_generation_schedule_and_job(runtime: Runtime) -> None:
     )
     (output,) = [e for e in result.all_node_events if e.is_successful_output]
     assert output.event_specific_data.metadata["reference_generation"].value == before[0] + 1
+
+
+def test_the_runtime_resource_never_creates_a_store(tmp_path) -> None:
+    """A mistyped MAILQ_URL fails naming the place, and leaves no empty store for the sensors to watch."""
+    missing = tmp_path / "mistyped"
+    resource = MailqRuntime(url=f"embedded://{missing}")
+    for attempt in (lambda: resource.runtime, lambda: resource.session().__enter__()):
+        with pytest.raises(NoStore, match=f"no mailq data in {missing}"):
+            attempt()
+    assert not missing.exists()

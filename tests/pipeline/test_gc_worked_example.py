@@ -39,7 +39,7 @@ def _record(step_name: str) -> dict:
 
 @pytest.fixture
 def example(tmp_path: Path):
-    runtime = Runtime.open(f"embedded://{tmp_path / 'data'}")
+    runtime = Runtime.open(f"embedded://{tmp_path / 'data'}", create=True)
     labels: dict[str, str] = {}
 
     def save(owner: str, blob: str) -> None:

@@ -31,7 +31,7 @@ SLICE_ASSETS = [
 def clocked_runtime(data_dir: Path, clock: FakeClock) -> Runtime:
     """One-second slices, no clock-skew grace, browse_start moved only when asked."""
     options = "slice_window=1s&clock_skew_grace=0s&update_browse_start_pace=1000000000"
-    return Runtime.open(f"embedded://{data_dir}?{options}", clock=clock)
+    return Runtime.open(f"embedded://{data_dir}?{options}", clock=clock, create=True)
 
 
 def enqueue(queue: MailQueue, clock: FakeClock, at: int, *names: str) -> list[str]:

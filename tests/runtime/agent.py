@@ -21,14 +21,14 @@ _LIMIT_SECONDS = 60
 
 
 def hold(url: str, queue: str) -> None:
-    with Runtime.open(url) as runtime:
+    with Runtime.open(url, create=True) as runtime:
         item = runtime.queue(queue).dequeue(timeout=30)
         print(item.enqueue_id if item else "none", flush=True)
         time.sleep(_LIMIT_SECONDS)
 
 
 def trickle(url: str, queue_name: str, count: int, interval: float) -> None:
-    with Runtime.open(url) as runtime:
+    with Runtime.open(url, create=True) as runtime:
         queue = runtime.queue(queue_name)
         print("ready", flush=True)
         for index in range(count):
@@ -41,7 +41,7 @@ def trickle(url: str, queue_name: str, count: int, interval: float) -> None:
 def work(url: str, queue_name: str, tag: str, count: int, directory: Path) -> None:
     deadline = time.monotonic() + _LIMIT_SECONDS
     consumed = []
-    with Runtime.open(url) as runtime:
+    with Runtime.open(url, create=True) as runtime:
         queue = runtime.queue(queue_name)
 
         def consume(timeout: float) -> bool:

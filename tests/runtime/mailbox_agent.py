@@ -45,7 +45,7 @@ def main(url: str, command: str, *arguments: str) -> object:
     grouped = command != "--ungrouped"
     if not grouped:
         command, *arguments = arguments
-    with Runtime.open(url, group_writes=grouped) as runtime:
+    with Runtime.open(url, create=True, group_writes=grouped) as runtime:
         _ready_and_wait_for_start()
         if command == "save":
             prefix, count = arguments

@@ -1,4 +1,4 @@
-"""What the mailbox, blob and worker tests check on the embedded store's tables, read with plain SQLite.
+"""What the mailbox, blob and worker tests check on a backend's tables, through its probes (helpers.py).
 
 `inconsistencies()` is record 23's recomputation in miniature: the counters against a recount from the
 source of truth (imap_uid_table), and the projection (message_id_table) against the source of truth.
@@ -6,11 +6,14 @@ source of truth (imap_uid_table), and the projection (message_id_table) against 
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mailq_runtime.mailbox import SEEN
+
+from .helpers import EmbeddedBackend
 
 AGENT = Path(__file__).with_name("mailbox_agent.py")
 # Every table an operation on mailboxes or blobs may write: equal snapshots mean nothing changed.
@@ -28,16 +31,8 @@ TABLES = (
 )
 
 
-def rows(data_dir: Path, sql: str, parameters: tuple = ()) -> list[tuple]:
-    connection = sqlite3.connect(data_dir / "mailq.db", timeout=30)
-    try:
-        return connection.execute(sql, parameters).fetchall()
-    finally:
-        connection.close()
-
-
-def snapshot(data_dir: Path) -> dict[str, list[tuple]]:
-    return {table: sorted(rows(data_dir, f"SELECT * FROM {table}"), key=repr) for table in TABLES}
+def snapshot(backend: EmbeddedBackend) -> dict[str, list[tuple]]:
+    return {table: backend.table(table) for table in TABLES}
 
 
 @dataclass
@@ -52,58 +47,48 @@ class Inconsistencies:
         return bool(self.counters or self.missing_from_projection or self.only_in_projection)
 
 
-def inconsistencies(data_dir: Path) -> Inconsistencies:
+def inconsistencies(backend: EmbeddedBackend) -> Inconsistencies:
     found = Inconsistencies()
-    recounted = dict.fromkeys((m for (m,) in rows(data_dir, "SELECT mailbox_id FROM mailboxes")), (0, 0))
-    recounted.update(
-        {
-            mailbox: (count, unseen)
-            for mailbox, count, unseen in rows(
-                data_dir,
-                "SELECT mailbox_id, COUNT(*), SUM(' ' || flags || ' ' NOT LIKE '% \\Seen %') "
-                "FROM imap_uid_table GROUP BY mailbox_id",
-            )
-        }
-    )
-    stored = {
-        m: (c, u) for m, c, u in rows(data_dir, "SELECT mailbox_id, count, unseen FROM mailbox_counters")
-    }
+    source = backend.source_of_truth()
+    recounted = dict.fromkeys(backend.mailbox_ids(), (0, 0))
+    for mailbox, _, _, flags in source:
+        count, unseen = recounted.get(mailbox, (0, 0))
+        recounted[mailbox] = (count + 1, unseen + (SEEN not in flags.split()))
+    stored = backend.stored_counters()
     for mailbox in recounted.keys() | stored.keys():
         if stored.get(mailbox) != recounted.get(mailbox):
             found.counters[mailbox] = (stored.get(mailbox), recounted.get(mailbox))
-    source = set(rows(data_dir, "SELECT mailbox_id, uid, message_id, flags FROM imap_uid_table"))
-    projection = set(rows(data_dir, "SELECT mailbox_id, uid, message_id, flags FROM message_id_table"))
+    projection = backend.projection()
     found.missing_from_projection = source - projection
     found.only_in_projection = projection - source
     return found
 
 
-def references(data_dir: Path) -> dict[str, set[str]]:
+def references(backend: EmbeddedBackend) -> dict[str, set[str]]:
     """owner -> the blob ids it references."""
-    held: dict[str, set[str]] = {}
-    for owner, blob_id in rows(data_dir, "SELECT owner, blob_id FROM blob_references"):
-        held.setdefault(owner, set()).add(blob_id)
-    return held
+    return backend.references()
 
 
-def assert_message_blobs_referenced(data_dir: Path, left_over: frozenset[str] = frozenset()) -> None:
+def assert_message_blobs_referenced(
+    backend: EmbeddedBackend, left_over: frozenset[str] = frozenset()
+) -> None:
     """Every stored message's header and body are referenced by its message id, and by nothing else
     of the mailboxes: a message in no mailbox has neither row nor references, unless an operation died
     before releasing them (`left_over`: the orphan sweep's to release)."""
-    held = references(data_dir)
-    placed = {m for (m,) in rows(data_dir, "SELECT DISTINCT message_id FROM imap_uid_table")}
-    messages = rows(data_dir, "SELECT message_id, header_blob_id, body_blob_id FROM messages")
-    assert {m for m, _, _ in messages} == placed | left_over
-    for message_id, header, body in messages:
+    held = backend.references()
+    placed = {message_id for _, _, message_id, _ in backend.source_of_truth()}
+    messages = backend.messages()
+    assert set(messages) == placed | left_over
+    for message_id, (header, body) in messages.items():
         assert held.get(message_id) == {header, body}, message_id
 
 
-def agent(data_dir: Path, *arguments: object, grouped: bool = True) -> subprocess.Popen:
-    """Another process on the same data directory (see mailbox_agent.py); `grouped=False`: every write
-    of its core commits alone."""
+def agent(backend: EmbeddedBackend, *arguments: object, grouped: bool = True) -> subprocess.Popen:
+    """Another process on the same deployment (see mailbox_agent.py); `grouped=False`: every write of its
+    core commits alone."""
     flags = [] if grouped else ["--ungrouped"]
     return subprocess.Popen(
-        [sys.executable, str(AGENT), f"embedded://{data_dir}", *flags, *map(str, arguments)],
+        [sys.executable, str(AGENT), backend.url(), *flags, *map(str, arguments)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -19,15 +19,8 @@ def starts(queue) -> tuple[int, int]:
     return queue.view.browse_start(QUEUE), queue.view.content_start(QUEUE)
 
 
-def rows_before(backend, table_query: str, moment: int) -> int:
-    return backend.rows(table_query, (QUEUE, moment))[0][0]
-
-
-ENQUEUED_BEFORE = "SELECT COUNT(*) FROM enqueued_mails WHERE queue = ? AND slice_start < ?"
-
-
 def references(backend, owner: str) -> int:
-    return backend.rows("SELECT COUNT(*) FROM blob_references WHERE owner = ?", (owner,))[0][0]
+    return len(backend.references_of(owner))
 
 
 def take(queue):
@@ -62,7 +55,7 @@ def test_browse_start_moves_to_the_first_live_slice_and_the_content_behind_it_go
     assert backend.count("deleted_mails") == 1
     assert clocked.update_browse_start() == t0 + SECOND
     assert starts(clocked) == (t0 + SECOND, t0 + SECOND)
-    assert rows_before(backend, ENQUEUED_BEFORE, t0 + SECOND) == 0
+    assert backend.mail_rows(QUEUE, slices_before=t0 + SECOND) == 0
     assert backend.count("deleted_mails") == 0
     assert [item.name for item in clocked.browse()] == ["b", "c"]
     assert clocked.size() == 2
@@ -122,8 +115,8 @@ def test_clean_up_releases_what_a_delete_left_referenced_and_spares_other_queues
     clocked.update_browse_start()
     assert references(backend, enqueue_id) == 0
     assert backend.count("blob_deletions") == deletions + 2
-    assert backend.rows("SELECT COUNT(*) FROM enqueued_mails WHERE queue = 'other'")[0][0] == 1
-    assert backend.rows("SELECT COUNT(*) FROM deleted_mails WHERE queue = 'other'")[0][0] == 1
+    assert backend.mail_rows("other") == 1
+    assert backend.deleted_marks("other") == 1
     assert (other.view.browse_start("other"), other.view.content_start("other")) == (t0, t0)
 
 
@@ -173,12 +166,12 @@ def test_a_failed_clean_up_leaves_content_start_behind_and_the_next_update_redoe
     with pytest.raises(OSError, match="unavailable"):
         clocked.update_browse_start()
     assert starts(clocked) == (t0 + 2 * SECOND, t0)
-    assert rows_before(backend, ENQUEUED_BEFORE, t0 + 2 * SECOND) == 1
+    assert backend.mail_rows(QUEUE, slices_before=t0 + 2 * SECOND) == 1
     assert references(backend, enqueue_id) == 2
     assert list(clocked.browse()) == [] and clocked.size() == 0
     clocked.update_browse_start()
     assert starts(clocked) == (t0 + 2 * SECOND, t0 + 2 * SECOND)
-    assert rows_before(backend, ENQUEUED_BEFORE, t0 + 2 * SECOND) == 0
+    assert backend.mail_rows(QUEUE, slices_before=t0 + 2 * SECOND) == 0
     assert references(backend, enqueue_id) == 0
     assert backend.count("deleted_mails") == 0
 
@@ -330,7 +323,7 @@ def test_size_matches_browse_after_random_operations(backend, clock, seed):
                 assert browse_start <= first_live, f"step {step}: browse_start passed a live mail"
             assert browse_start <= now
             assert starts(queue) == (browse_start, browse_start)
-            assert rows_before(backend, ENQUEUED_BEFORE, browse_start) == 0
+            assert backend.mail_rows(QUEUE, slices_before=browse_start) == 0
         browsed = [item.enqueue_id for item in queue.browse()]
         assert browsed == sorted(live, key=lambda e: live[e]["seq"]), f"step {step} ({operation})"
         assert queue.size() == len(browsed), f"step {step} ({operation})"

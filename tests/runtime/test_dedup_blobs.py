@@ -12,35 +12,23 @@ import pytest
 
 from mailq_runtime import BlobNotFound, InvalidInput, Runtime
 
-from .mailbox_checks import agent, results, rows, snapshot
+from .helpers import EmbeddedBackend
+from .mailbox_checks import agent, results, snapshot
 
 WORKED_EXAMPLE = json.loads((Path(__file__).parents[1] / "data" / "adr39-worked-example.json").read_text())
 CONTENT = {f"b{n}": f"content of blob b{n}\r\n".encode() for n in range(1, 7)}
 _OWNERS = r"(m\d+(?:, m\d+)*)"
 
 
-def _tables(data_dir: Path, label_of: dict[str, str]) -> dict[str, list]:
+def _tables(backend: EmbeddedBackend, label_of: dict[str, str]) -> dict[str, list]:
     """The four tables in the example's words: rgN, gciN, and b1..b6 for the real blob ids."""
-
-    def numbers(kind: str, prefix: str) -> list[str]:
-        query = "SELECT number FROM generations WHERE kind = ? ORDER BY number"
-        return [f"{prefix}{n}" for (n,) in rows(data_dir, query, (kind,))]
-
     return {
-        "generations": numbers("reference_generation", "rg"),
-        "gc_iterations": numbers("gc_iteration", "gci"),
-        "blobs": sorted(
-            (label_of[b], f"rg{g}") for b, g in rows(data_dir, "SELECT blob_id, generation FROM blobs")
-        ),
-        "references": sorted(
-            (owner, label_of[b], f"rg{g}")
-            for owner, b, g in rows(data_dir, "SELECT owner, blob_id, generation FROM blob_references")
-        ),
+        "generations": [f"rg{n}" for n in backend.generations("reference_generation")],
+        "gc_iterations": [f"gci{n}" for n in backend.generations("gc_iteration")],
+        "blobs": sorted((label_of[b], f"rg{g}") for b, g in backend.blobs()),
+        "references": sorted((owner, label_of[b], f"rg{g}") for owner, b, g in backend.blob_references()),
         # Dates are the record's wall-clock illustration: not compared.
-        "deletions": sorted(
-            (label_of[b], f"rg{g}", f"gci{i}")
-            for b, g, i in rows(data_dir, "SELECT blob_id, generation, gc_iteration FROM blob_deletions")
-        ),
+        "deletions": sorted((label_of[b], f"rg{g}", f"gci{i}") for b, g, i in backend.blob_deletions()),
     }
 
 
@@ -106,50 +94,48 @@ def test_the_worked_example_of_record_39_step_by_step(backend) -> None:
                     assert runtime.blobs.release(owner) == 1
             else:
                 pytest.fail(f"event {event!r} of step {step['step']!r} is not understood")
-        assert _tables(backend.data_dir, label_of) == _expected(step, not_collected), step["step"]
+        assert _tables(backend, label_of) == _expected(step, not_collected), step["step"]
         shown_before = shown
         replayed.append(step["step"])
     assert replayed[-1] == "generation 4, after deletions"
     assert sorted(not_collected["blobs"]) == [("b1", "rg1"), ("b2", "rg1"), ("b5", "rg3"), ("b6", "rg3")]
     # One content per blob row: m2/m3 and m8/m9 share theirs.
-    assert len(rows(backend.data_dir, "SELECT * FROM blob_content")) == 6
+    assert backend.count("blob_content") == 6
 
 
-def test_dedup_within_a_generation_not_across(runtime: Runtime) -> None:
+def test_dedup_within_a_generation_not_across(runtime: Runtime, backend: EmbeddedBackend) -> None:
     first = runtime.blobs.save("owner-a", b"same bytes")
     assert runtime.blobs.save("owner-b", b"same bytes") == first
     runtime.generations.rotate()
     later = runtime.blobs.save("owner-c", b"same bytes")
     assert later != first
     assert (later.generation, later.hash) == (first.generation + 1, first.hash)
-    data_dir = runtime.settings.data_dir
-    assert sorted(rows(data_dir, "SELECT generation FROM blobs")) == [(1,), (2,)]
-    assert len(rows(data_dir, "SELECT * FROM blob_content")) == 2
+    assert sorted(g for _, g in backend.blobs()) == [1, 2]
+    assert backend.count("blob_content") == 2
     assert runtime.blobs.read(first) == runtime.blobs.read(str(later)) == b"same bytes"
     assert runtime.blobs.references_of("owner-b") == [first]
 
 
-def test_release_appends_one_deletion_per_released_reference(runtime: Runtime) -> None:
+def test_release_appends_one_deletion_per_released_reference(
+    runtime: Runtime, backend: EmbeddedBackend
+) -> None:
     header = runtime.blobs.save("message-1", b"Subject: x\r\n\r\n")
     body = runtime.blobs.save("message-1", b"body")
     runtime.generations.rotate()
-    data_dir = runtime.settings.data_dir
     assert runtime.blobs.release("message-1", [body]) == 1
     assert runtime.blobs.references_of("message-1") == [header]
-    assert rows(data_dir, "SELECT blob_id, generation, gc_iteration FROM blob_deletions") == [
-        (str(body), 1, 2)
-    ]
+    assert backend.blob_deletions() == [(str(body), 1, 2)]
     assert runtime.blobs.release("message-1") == 1
     # Releasing what is already released is a no-op, so a clean-up can be retried safely.
     assert runtime.blobs.release("message-1") == 0
-    assert sorted(rows(data_dir, "SELECT blob_id FROM blob_deletions")) == sorted(
-        [(str(body),), (str(header),)]
-    )
+    assert sorted(b for b, _, _ in backend.blob_deletions()) == sorted([str(body), str(header)])
     # Release never deletes content: that is the GC's work, once no reference is left.
     assert runtime.blobs.read(header) == b"Subject: x\r\n\r\n"
 
 
-def test_concurrent_saves_from_threads_store_the_content_once(runtime: Runtime) -> None:
+def test_concurrent_saves_from_threads_store_the_content_once(
+    runtime: Runtime, backend: EmbeddedBackend
+) -> None:
     threads, saves = 6, 20
     start = threading.Barrier(threads)
     ids: list[str] = []
@@ -163,13 +149,10 @@ def test_concurrent_saves_from_threads_store_the_content_once(runtime: Runtime) 
         worker.start()
     for worker in workers:
         worker.join(timeout=30)
-    data_dir = runtime.settings.data_dir
     assert len(ids) == threads * saves and len(set(ids)) == 1
-    assert rows(data_dir, "SELECT blob_id FROM blobs") == [(ids[0],)]
-    assert rows(data_dir, "SELECT blob_id FROM blob_content") == [(ids[0],)]
-    assert rows(
-        data_dir, "SELECT COUNT(DISTINCT owner) FROM blob_references WHERE blob_id = ?", (ids[0],)
-    ) == [(threads * saves,)]
+    assert [b for b, _ in backend.blobs()] == [ids[0]]
+    assert backend.contents() == [ids[0]]
+    assert len({owner for owner, b, _ in backend.blob_references() if b == ids[0]}) == threads * saves
 
 
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "ungrouped"])
@@ -177,29 +160,29 @@ def test_concurrent_saves_from_two_processes_store_the_content_once(backend, gro
     """Ungrouped, both processes may find the blob new and write its content (the same bytes under the
     same key): still one blob, one content, and every reference."""
     backend.open()  # creates the data directory and its schema before the processes race
-    processes = [agent(backend.data_dir, "save", f"p{n}", 50, grouped=grouped) for n in range(2)]
+    processes = [agent(backend, "save", f"p{n}", 50, grouped=grouped) for n in range(2)]
     ids = {blob_id for out in results(processes) for blob_id in json.loads(out)}
     assert len(ids) == 1
     (blob_id,) = ids
-    assert rows(backend.data_dir, "SELECT blob_id FROM blobs") == [(blob_id,)]
-    assert rows(backend.data_dir, "SELECT blob_id FROM blob_content") == [(blob_id,)]
-    owners = [
-        owner for (owner,) in rows(backend.data_dir, "SELECT owner FROM blob_references ORDER BY rowid")
-    ]
+    assert [b for b, _ in backend.blobs()] == [blob_id]
+    assert backend.contents() == [blob_id]
+    owners = [owner for owner, _ in backend.references_in_write_order()]
     assert sorted(owners) == sorted(f"p{n}-{i}" for n in range(2) for i in range(50))
     switches = sum(a[:2] != b[:2] for a, b in zip(owners, owners[1:], strict=False))
     assert switches > 2, f"the processes hardly interleaved: {owners}"
 
 
-def test_release_of_a_blob_the_owner_does_not_hold_is_refused_and_changes_nothing(runtime: Runtime) -> None:
+def test_release_of_a_blob_the_owner_does_not_hold_is_refused_and_changes_nothing(
+    runtime: Runtime, backend: EmbeddedBackend
+) -> None:
     mine = runtime.blobs.save("owner-a", b"a's content")
     theirs = runtime.blobs.save("owner-b", b"b's content")
-    before = snapshot(runtime.settings.data_dir)
+    before = snapshot(backend)
     with pytest.raises(InvalidInput, match="owner-a"):
         runtime.blobs.release("owner-a", [mine, theirs])
     with pytest.raises(InvalidInput, match=str(mine)):
         runtime.blobs.release("owner-b", [mine])
-    assert snapshot(runtime.settings.data_dir) == before
+    assert snapshot(backend) == before
 
 
 @pytest.mark.parametrize(
@@ -221,22 +204,24 @@ def test_release_of_a_blob_the_owner_does_not_hold_is_refused_and_changes_nothin
         None,
     ],
 )
-def test_malformed_blob_ids_are_refused(runtime: Runtime, blob_id: object) -> None:
+def test_malformed_blob_ids_are_refused(runtime: Runtime, blob_id: object, backend: EmbeddedBackend) -> None:
     runtime.blobs.save("owner-a", b"content")
-    before = snapshot(runtime.settings.data_dir)
+    before = snapshot(backend)
     with pytest.raises(InvalidInput, match="invalid blob id"):
         runtime.blobs.read(blob_id)
     with pytest.raises(InvalidInput, match="invalid blob id"):
         runtime.blobs.release("owner-a", [blob_id])
-    assert snapshot(runtime.settings.data_dir) == before
+    assert snapshot(backend) == before
 
 
-def test_bad_owners_and_contents_are_refused_and_unknown_blobs_not_found(runtime: Runtime) -> None:
+def test_bad_owners_and_contents_are_refused_and_unknown_blobs_not_found(
+    runtime: Runtime, backend: EmbeddedBackend
+) -> None:
     for owner in ("", "has space", "x" * 201, None):
         with pytest.raises(InvalidInput, match="invalid blob owner"):
             runtime.blobs.save(owner, b"content")
     with pytest.raises(InvalidInput, match="must be bytes"):
         runtime.blobs.save("owner-a", "text")
-    assert rows(runtime.settings.data_dir, "SELECT COUNT(*) FROM blobs") == [(0,)]
+    assert backend.count("blobs") == 0
     with pytest.raises(BlobNotFound):
         runtime.blobs.read("g1_" + "0" * 64)

@@ -1,17 +1,33 @@
 """The embedded store's transactions and turns: a queue operation inside a caller's transaction joins it,
-and threads taking turns for whole operations lose and duplicate nothing."""
+and threads taking turns for whole operations lose and duplicate nothing. Embedded-only: these tests run
+on the embedded deployment whatever the contract suite's backends."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import pytest
 
+from mailq_runtime import Runtime
+
 from .conftest import QUEUE
-from .helpers import make_mail
+from .helpers import EmbeddedBackend, make_mail
 
 
-def test_an_enqueue_inside_a_transaction_rolls_back_with_it(runtime):
+@pytest.fixture
+def backend(tmp_path) -> Iterator[EmbeddedBackend]:
+    embedded = EmbeddedBackend(tmp_path / "data")
+    yield embedded
+    embedded.close()
+
+
+@pytest.fixture
+def runtime(backend: EmbeddedBackend) -> Runtime:
+    return backend.open()
+
+
+def test_an_enqueue_inside_a_transaction_rolls_back_with_it(runtime, backend):
     queue = runtime.queue(QUEUE)
     with pytest.raises(RuntimeError):
         with runtime.store.transaction():
@@ -20,7 +36,7 @@ def test_an_enqueue_inside_a_transaction_rolls_back_with_it(runtime):
     assert queue.size() == 0
     assert list(queue.browse()) == []
     assert queue.dequeue(timeout=0) is None
-    assert runtime.store.read_one("SELECT COUNT(*) FROM blob_references") == (0,)
+    assert backend.count("blob_references") == 0
 
 
 def test_threads_taking_turns_enqueue_and_dequeue_every_mail_once(runtime):

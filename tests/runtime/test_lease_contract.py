@@ -20,7 +20,7 @@ def leased(backend, clock):
 
 
 def leases(backend) -> list[tuple]:
-    return backend.rows("SELECT id, lease, available_at FROM broker_messages ORDER BY id")
+    return backend.lease_state()
 
 
 def taken_over(leased, clock):
@@ -47,7 +47,7 @@ def assert_gone(backend, leased, enqueue_id) -> None:
     assert leased.dequeue(timeout=0) is None
     assert backend.count("broker_messages") == 0
     assert leased.dead_letters() == []
-    assert backend.rows("SELECT * FROM blob_references WHERE owner = ?", (enqueue_id,)) == []
+    assert backend.references_of(enqueue_id) == []
 
 
 @pytest.mark.parametrize(("action", "done"), [("retry", "retried"), ("reject", "rejected")])
@@ -76,7 +76,7 @@ def test_a_slow_consumers_done_raises_but_records_the_delivery(backend, leased, 
     # Marked deleted and its content released, but still held by the broker under the other lease.
     assert leased.size() == 0
     assert [item.enqueue_id for item in leased.browse()] == []
-    assert backend.rows("SELECT * FROM blob_references WHERE owner = ?", (slow.enqueue_id,)) == []
+    assert backend.references_of(slow.enqueue_id) == []
     assert backend.count("broker_messages") == 1
 
 

@@ -22,6 +22,7 @@ from mailq_runtime import (
 from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH
 from mailq_runtime.mailbox import Mailboxes
 
+from .helpers import EmbeddedBackend
 from .mailbox_checks import (
     Inconsistencies,
     agent,
@@ -29,7 +30,6 @@ from .mailbox_checks import (
     inconsistencies,
     references,
     results,
-    rows,
     snapshot,
 )
 
@@ -42,10 +42,9 @@ def message(n: int = 1, body: bytes | None = None) -> bytes:
     )
 
 
-def assert_consistent(runtime: Runtime) -> None:
-    data_dir = runtime.settings.data_dir
-    assert not inconsistencies(data_dir), inconsistencies(data_dir)
-    assert_message_blobs_referenced(data_dir)
+def assert_consistent(backend: EmbeddedBackend) -> None:
+    assert not inconsistencies(backend), inconsistencies(backend)
+    assert_message_blobs_referenced(backend)
 
 
 @pytest.fixture
@@ -54,7 +53,9 @@ def mailboxes(runtime: Runtime) -> Mailboxes:
 
 
 # mailboxes
-def test_create_get_and_list_mailboxes(runtime: Runtime, mailboxes: Mailboxes) -> None:
+def test_create_get_and_list_mailboxes(
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
+) -> None:
     inbox = mailboxes.create("Alice@Example.org", "inbox")
     archive = mailboxes.create(USER, "Archive.2024")
     other = mailboxes.create("bob@example.org", "INBOX")
@@ -66,10 +67,12 @@ def test_create_get_and_list_mailboxes(runtime: Runtime, mailboxes: Mailboxes) -
     created = mailboxes.get_or_create(USER, "Sent Items")
     assert mailboxes.get(USER, "Sent Items").id == created
     assert mailboxes.counters(inbox) == Counters(0, 0)
-    assert_consistent(runtime)
+    assert_consistent(backend)
 
 
-def test_get_or_create_is_safe_when_workers_race(runtime: Runtime, mailboxes: Mailboxes) -> None:
+def test_get_or_create_is_safe_when_workers_race(
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
+) -> None:
     start = threading.Barrier(6)
     ids: list[MailboxId] = []
 
@@ -83,11 +86,11 @@ def test_get_or_create_is_safe_when_workers_race(runtime: Runtime, mailboxes: Ma
     for thread in threads:
         thread.join(timeout=30)
     assert len(ids) == 6 and len(set(ids)) == 1
-    assert rows(runtime.settings.data_dir, "SELECT COUNT(*) FROM mailboxes") == [(1,)]
+    assert backend.count("mailboxes") == 1
 
 
 # messages
-def test_append_read_and_list(runtime: Runtime, mailboxes: Mailboxes) -> None:
+def test_append_read_and_list(runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend) -> None:
     inbox = mailboxes.create(USER, "INBOX")
     first = mailboxes.append(inbox, message(1))
     second = mailboxes.append(inbox, message(2), flags=["\\seen", "$Important", "\\FLAGGED"])
@@ -98,19 +101,23 @@ def test_append_read_and_list(runtime: Runtime, mailboxes: Mailboxes) -> None:
     assert listed[1].flags == {"\\Seen", "$Important", "\\Flagged"}
     assert mailboxes.counters(inbox) == Counters(2, 1)
     assert mailboxes.locate(first.message_id) == {inbox: 1}
-    assert_consistent(runtime)
+    assert_consistent(backend)
 
 
-def test_append_with_a_message_id_is_idempotent(runtime: Runtime, mailboxes: Mailboxes) -> None:
+def test_append_with_a_message_id_is_idempotent(
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
+) -> None:
     inbox = mailboxes.create(USER, "INBOX")
     message_id = "0123456789abcdef0123456789abcdef"
     appended = mailboxes.append(inbox, message(1), message_id=message_id)
-    before = snapshot(runtime.settings.data_dir)
+    before = snapshot(backend)
     assert mailboxes.append(inbox, message(1), message_id=message_id) == appended == (message_id, 1)
-    assert snapshot(runtime.settings.data_dir) == before
+    assert snapshot(backend) == before
 
 
-def test_set_flags_moves_the_unseen_counter(runtime: Runtime, mailboxes: Mailboxes) -> None:
+def test_set_flags_moves_the_unseen_counter(
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
+) -> None:
     inbox = mailboxes.create(USER, "INBOX")
     for n in range(3):
         mailboxes.append(inbox, message(n))
@@ -119,53 +126,50 @@ def test_set_flags_moves_the_unseen_counter(runtime: Runtime, mailboxes: Mailbox
     assert mailboxes.set_flags(inbox, 2, add=["\\Seen"]) == {"\\Seen", "$Label"}  # no change, no write
     assert mailboxes.set_flags(inbox, 2, remove=["\\Seen"]) == {"$Label"}
     assert mailboxes.counters(inbox) == Counters(3, 3)
-    assert_consistent(runtime)
+    assert_consistent(backend)
 
 
-def test_move_keeps_flags_and_content_and_gives_a_new_uid(runtime: Runtime, mailboxes: Mailboxes) -> None:
+def test_move_keeps_flags_and_content_and_gives_a_new_uid(
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
+) -> None:
     inbox, archive = mailboxes.create(USER, "INBOX"), mailboxes.create(USER, "Archive")
     mailboxes.append(archive, message(0))
     moved = mailboxes.append(inbox, message(1), flags=["\\Seen"])
-    held = references(runtime.settings.data_dir)[moved.message_id]
+    held = references(backend)[moved.message_id]
     assert mailboxes.move(inbox, moved.uid, archive) == 2
     assert mailboxes.list_messages(inbox) == []
     assert mailboxes.list_messages(archive)[1].flags == {"\\Seen"}
     assert mailboxes.read(archive, 2) == message(1)
     assert (mailboxes.counters(inbox), mailboxes.counters(archive)) == (Counters(0, 0), Counters(2, 1))
-    assert references(runtime.settings.data_dir)[moved.message_id] == held
-    assert_consistent(runtime)
+    assert references(backend)[moved.message_id] == held
+    assert_consistent(backend)
 
 
 def test_expunge_releases_the_blobs_of_a_message_in_no_mailbox(
-    runtime: Runtime, mailboxes: Mailboxes
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
 ) -> None:
     inbox = mailboxes.create(USER, "INBOX")
     gone = mailboxes.append(inbox, message(1, b"shared body\r\n"))
     kept = mailboxes.append(inbox, message(2, b"shared body\r\n"))
     runtime.generations.rotate()
-    data_dir = runtime.settings.data_dir
-    ((header, body),) = rows(
-        data_dir, "SELECT header_blob_id, body_blob_id FROM messages WHERE message_id = ?", (gone.message_id,)
-    )
+    header, body = backend.messages()[gone.message_id]
     assert mailboxes.expunge(inbox, [gone.uid]) == 1
-    assert gone.message_id not in references(data_dir)
-    assert rows(data_dir, "SELECT message_id FROM messages") == [(kept.message_id,)]
-    assert sorted(rows(data_dir, "SELECT blob_id, gc_iteration FROM blob_deletions")) == sorted(
-        [(header, 2), (body, 2)]
-    )
+    assert gone.message_id not in references(backend)
+    assert list(backend.messages()) == [kept.message_id]
+    assert sorted((b, i) for b, _, i in backend.blob_deletions()) == sorted([(header, 2), (body, 2)])
     # The body both messages share, stored once, stays referenced by the one still in the mailbox.
-    assert body in references(data_dir)[kept.message_id]
+    assert body in references(backend)[kept.message_id]
     with pytest.raises(UnknownMailbox):
         mailboxes.read(inbox, gone.uid)
     assert mailboxes.read(inbox, kept.uid) == message(2, b"shared body\r\n")
     assert mailboxes.counters(inbox) == Counters(1, 1)
     # UIDs are never reused.
     assert mailboxes.append(inbox, message(3)).uid == 3
-    assert_consistent(runtime)
+    assert_consistent(backend)
 
 
 def test_delete_mailbox_expunges_everything_and_drops_its_counters(
-    runtime: Runtime, mailboxes: Mailboxes
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
 ) -> None:
     inbox, archive = mailboxes.create(USER, "INBOX"), mailboxes.create(USER, "Archive")
     for n in range(3):
@@ -176,14 +180,13 @@ def test_delete_mailbox_expunges_everything_and_drops_its_counters(
         mailboxes.get(USER, "Archive")
     with pytest.raises(UnknownMailbox):
         mailboxes.counters(archive)
-    data_dir = runtime.settings.data_dir
-    assert rows(data_dir, "SELECT mailbox_id FROM mailbox_counters") == [(inbox,)]
-    assert set(references(data_dir)) == {kept.message_id}
-    assert_consistent(runtime)
+    assert list(backend.stored_counters()) == [inbox]
+    assert set(references(backend)) == {kept.message_id}
+    assert_consistent(backend)
 
 
 def test_a_sequence_of_operations_keeps_counters_equal_to_a_recount(
-    runtime: Runtime, mailboxes: Mailboxes
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
 ) -> None:
     choose = random.Random(23)
     boxes = [mailboxes.create(USER, name) for name in ("INBOX", "Archive", "Trash")]
@@ -201,10 +204,8 @@ def test_a_sequence_of_operations_keeps_counters_equal_to_a_recount(
             mailboxes.move(box, choose.choice(uids), choose.choice([b for b in boxes if b != box]))
         else:
             mailboxes.expunge(box, choose.sample(uids, min(len(uids), 2)))
-    assert_consistent(runtime)
-    assert sum(mailboxes.counters(box).count for box in boxes) == len(
-        rows(runtime.settings.data_dir, "SELECT * FROM messages")
-    )
+    assert_consistent(backend)
+    assert sum(mailboxes.counters(box).count for box in boxes) == backend.count("messages")
 
 
 # faults between the writes: exactly record 23's inconsistencies
@@ -265,30 +266,29 @@ CASES: dict[tuple[str, str], tuple[Callable, Callable]] = {
 
 @pytest.mark.parametrize(("operation", "point"), list(CASES), ids=[f"{o}-{p}" for o, p in CASES])
 def test_a_fault_between_the_writes_leaves_exactly_the_expected_inconsistency(
-    runtime: Runtime, mailboxes: Mailboxes, operation: str, point: str
+    runtime: Runtime, mailboxes: Mailboxes, operation: str, point: str, backend: EmbeddedBackend
 ) -> None:
     act, expected = CASES[operation, point]
     inbox, archive, first = _one_message(mailboxes)
-    known = {m for (m,) in rows(runtime.settings.data_dir, "SELECT message_id FROM messages")}
+    known = set(backend.messages())
     mailboxes.faults.arm(point)
     with pytest.raises(InjectedFault, match=point):
         act(mailboxes, inbox, archive)
-    data_dir = runtime.settings.data_dir
-    appended = {m for (m,) in rows(data_dir, "SELECT message_id FROM messages")} - known
-    assert inconsistencies(data_dir) == expected(inbox, archive, first, next(iter(appended), None))
+    appended = set(backend.messages()) - known
+    assert inconsistencies(backend) == expected(inbox, archive, first, next(iter(appended), None))
     # The content comes before the source of truth and goes after it: a message in a mailbox always has
     # its content, and one whose expunge died keeps it until the orphan sweep releases it.
-    assert_message_blobs_referenced(data_dir, frozenset({first}) if operation == "expunge" else frozenset())
+    assert_message_blobs_referenced(backend, frozenset({first}) if operation == "expunge" else frozenset())
     # One-shot: the next operation runs whole and adds no inconsistency of its own.
     assert mailboxes.faults.armed is None
-    before = inconsistencies(data_dir)
+    before = inconsistencies(backend)
     third = mailboxes.create(USER, "Third")
     mailboxes.append(third, message(3))
-    assert inconsistencies(data_dir) == before
+    assert inconsistencies(backend) == before
 
 
 def test_a_mailbox_half_deleted_by_a_fault_can_be_deleted_again(
-    runtime: Runtime, mailboxes: Mailboxes
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
 ) -> None:
     inbox, _, _ = _one_message(mailboxes)
     mailboxes.append(inbox, message(2))
@@ -296,18 +296,17 @@ def test_a_mailbox_half_deleted_by_a_fault_can_be_deleted_again(
     with pytest.raises(InjectedFault):
         mailboxes.delete_mailbox(inbox)
     assert mailboxes.delete_mailbox(inbox) == 0  # the messages went in the first attempt
-    data_dir = runtime.settings.data_dir
-    assert rows(data_dir, "SELECT COUNT(*) FROM message_id_table") == [(0,)]
+    assert backend.count("message_id_table") == 0
     # Their content, which the first attempt died before releasing, is the orphan sweep's.
-    left_over = frozenset(m for (m,) in rows(data_dir, "SELECT message_id FROM messages"))
+    left_over = frozenset(backend.messages())
     assert len(left_over) == 2
-    assert_message_blobs_referenced(data_dir, left_over)
+    assert_message_blobs_referenced(backend, left_over)
     # Only once their generation is eligible: until then an owner may be in the middle of a write.
     assert [mailboxes.release_orphan(m) for m in left_over] == [0, 0]
     runtime.generations.rotate()
     runtime.generations.rotate()
     assert [mailboxes.release_orphan(m) for m in left_over] == [2, 2]
-    assert_consistent(runtime)
+    assert_consistent(backend)
 
 
 def test_unknown_fault_points_are_refused(mailboxes: Mailboxes) -> None:
@@ -318,30 +317,29 @@ def test_unknown_fault_points_are_refused(mailboxes: Mailboxes) -> None:
 
 # uids under concurrency
 def _assert_uids_strictly_increase(
-    runtime: Runtime, inbox: MailboxId, per_writer: list[list[int]], grouped: bool = True
+    runtime: Runtime,
+    backend: EmbeddedBackend,
+    inbox: MailboxId,
+    per_writer: list[list[int]],
+    grouped: bool = True,
 ) -> None:
     total = sum(len(uids) for uids in per_writer)
     for uids in per_writer:
         assert uids == sorted(uids) and len(set(uids)) == len(uids)
     assert sorted(uid for uids in per_writer for uid in uids) == list(range(1, total + 1))
-    committed = [
-        uid
-        for (uid,) in rows(
-            runtime.settings.data_dir,
-            "SELECT uid FROM imap_uid_table WHERE mailbox_id = ? ORDER BY rowid",
-            (inbox,),
-        )
-    ]
+    committed = backend.uids_in_write_order(inbox)
     if grouped:
         # In commit order too: a uid commits with its entry, so the source of truth's rows, in insertion
         # (rowid) order, have increasing uids. Ungrouped, entries commit as their appends get there.
         assert committed == list(range(1, total + 1))
     assert sorted(committed) == list(range(1, total + 1))
     assert runtime.mailboxes.counters(inbox) == Counters(total, total)
-    assert_consistent(runtime)
+    assert_consistent(backend)
 
 
-def test_uids_strictly_increase_under_concurrent_threads(runtime: Runtime, mailboxes: Mailboxes) -> None:
+def test_uids_strictly_increase_under_concurrent_threads(
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
+) -> None:
     inbox = mailboxes.create(USER, "INBOX")
     threads, appends = 4, 25
     start = threading.Barrier(threads)
@@ -357,30 +355,34 @@ def test_uids_strictly_increase_under_concurrent_threads(runtime: Runtime, mailb
         worker.start()
     for worker in workers:
         worker.join(timeout=30)
-    _assert_uids_strictly_increase(runtime, inbox, per_thread)
+    _assert_uids_strictly_increase(runtime, backend, inbox, per_thread)
 
 
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "ungrouped"])
 def test_uids_strictly_increase_under_concurrent_processes(
-    runtime: Runtime, mailboxes: Mailboxes, grouped: bool
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend, grouped: bool
 ) -> None:
     inbox = mailboxes.create(USER, "INBOX")
-    processes = [agent(runtime.settings.data_dir, "append", inbox, 30, grouped=grouped) for _ in range(2)]
+    processes = [agent(backend, "append", inbox, 30, grouped=grouped) for _ in range(2)]
     first, second = (json.loads(out) for out in results(processes))
-    _assert_uids_strictly_increase(runtime, inbox, [first, second], grouped)
+    _assert_uids_strictly_increase(runtime, backend, inbox, [first, second], grouped)
     switches = sum((uid in first) != (uid + 1 in first) for uid in range(1, 60))
     assert switches > 2, f"the processes hardly interleaved: {first} / {second}"
 
 
 # bad input: a clear error, and nothing changed
-def _unchanged(runtime: Runtime, error: type[Exception], match: str, call: Callable[[], object]) -> None:
-    before = snapshot(runtime.settings.data_dir)
+def _unchanged(
+    backend: EmbeddedBackend, error: type[Exception], match: str, call: Callable[[], object]
+) -> None:
+    before = snapshot(backend)
     with pytest.raises(error, match=match):
         call()
-    assert snapshot(runtime.settings.data_dir) == before
+    assert snapshot(backend) == before
 
 
-def test_unknown_mailboxes_and_uids_change_nothing(runtime: Runtime, mailboxes: Mailboxes) -> None:
+def test_unknown_mailboxes_and_uids_change_nothing(
+    runtime: Runtime, mailboxes: Mailboxes, backend: EmbeddedBackend
+) -> None:
     inbox, archive, _ = _one_message(mailboxes)
     nowhere = MailboxId("0" * 32)
     calls = [
@@ -395,16 +397,16 @@ def test_unknown_mailboxes_and_uids_change_nothing(runtime: Runtime, mailboxes: 
         lambda: mailboxes.read(nowhere, 1),
     ]
     for call in calls:
-        _unchanged(runtime, UnknownMailbox, "unknown mailbox", call)
+        _unchanged(backend, UnknownMailbox, "unknown mailbox", call)
     for call in [
         lambda: mailboxes.set_flags(inbox, 7, add=["\\Seen"]),
         lambda: mailboxes.move(inbox, 7, archive),
         lambda: mailboxes.expunge(inbox, [1, 7]),  # uid 1 exists: it must stay
         lambda: mailboxes.read(inbox, 7),
     ]:
-        _unchanged(runtime, UnknownMailbox, "no message with uid 7", call)
+        _unchanged(backend, UnknownMailbox, "no message with uid 7", call)
     _unchanged(
-        runtime,
+        backend,
         UnknownMailbox,
         "unknown mailbox 'Drafts' of alice@example.org",
         lambda: mailboxes.get(USER, "Drafts"),
@@ -427,12 +429,12 @@ def test_unknown_mailboxes_and_uids_change_nothing(runtime: Runtime, mailboxes: 
     ],
 )
 def test_invalid_flags_change_nothing(
-    runtime: Runtime, mailboxes: Mailboxes, flags: object, match: str
+    runtime: Runtime, mailboxes: Mailboxes, flags: object, match: str, backend: EmbeddedBackend
 ) -> None:
     inbox, _, _ = _one_message(mailboxes)
-    _unchanged(runtime, InvalidInput, match, lambda: mailboxes.append(inbox, message(2), flags=flags))
-    _unchanged(runtime, InvalidInput, match, lambda: mailboxes.set_flags(inbox, 1, add=flags))
-    _unchanged(runtime, InvalidInput, match, lambda: mailboxes.set_flags(inbox, 1, remove=flags))
+    _unchanged(backend, InvalidInput, match, lambda: mailboxes.append(inbox, message(2), flags=flags))
+    _unchanged(backend, InvalidInput, match, lambda: mailboxes.set_flags(inbox, 1, add=flags))
+    _unchanged(backend, InvalidInput, match, lambda: mailboxes.set_flags(inbox, 1, remove=flags))
 
 
 def test_other_bad_input_changes_nothing(runtime: Runtime, mailboxes: Mailboxes, backend) -> None:
@@ -463,10 +465,10 @@ def test_other_bad_input_changes_nothing(runtime: Runtime, mailboxes: Mailboxes,
     for name in ("", "a..b", ".a", "a.", "a*b", "50%", "#news", "tab\there", " padded", "x." * 101):
         cases.append((lambda name=name: mailboxes.create(USER, name), "invalid mailbox name"))
     for call, match in cases:
-        _unchanged(runtime, InvalidInput, match, call)
+        _unchanged(backend, InvalidInput, match, call)
     small = backend.open(max_message_size=100).mailboxes
     _unchanged(
-        runtime, InvalidInput, "exceeds the maximum size", lambda: small.append(inbox, message(2, b"x" * 200))
+        backend, InvalidInput, "exceeds the maximum size", lambda: small.append(inbox, message(2, b"x" * 200))
     )
 
 

@@ -256,7 +256,7 @@ def test_a_mail_removed_while_in_flight_is_gone_after_its_retry(queue):
 
 
 def _references(backend, enqueue_id: str) -> int:
-    return backend.rows("SELECT COUNT(*) FROM blob_references WHERE owner = ?", (enqueue_id,))[0][0]
+    return len(backend.references_of(enqueue_id))
 
 
 @pytest.mark.parametrize("how", ["done", "remove", "clear"])
@@ -307,9 +307,7 @@ def test_rejecting_a_mail_removed_while_in_flight_leaves_no_dead_letter(backend,
 def test_a_mail_whose_content_is_lost_is_dead_lettered_not_retried(backend, queue):
     enqueue_id = queue.enqueue(make_mail("lost", body=b"content that goes missing"))
     queue.enqueue(make_mail("fine"))
-    (body_blob,) = backend.rows(
-        "SELECT body_blob_id FROM enqueued_mails WHERE enqueue_id = ?", (enqueue_id,)
-    )[0]
+    _, body_blob = backend.mail_blobs(enqueue_id)
     backend.lose_content(body_blob)
     item = queue.dequeue(timeout=5)
     assert item.mail.name == "fine"

@@ -1,6 +1,7 @@
 """The embedded store's files: a damaged or unusable store is one StoreUnusable naming the place and the
 problem, with nothing written; the data dir and the store's files are private to their owner whatever the
-umask; a new store appears whole, even when processes create it at once."""
+umask; a new store appears whole, even when processes create it at once; opening one writes nothing.
+Embedded-only: these are the SQLite files of the embedded deployment, not the contract suite's backends."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def snapshot(root: Path) -> dict[str, tuple]:
 
 
 def a_store(data_dir: Path, mails: int = 50) -> Path:
-    with Runtime.open(f"embedded://{data_dir}") as runtime:
+    with Runtime.open(f"embedded://{data_dir}", create=True) as runtime:
         queue = runtime.queue("spool")
         for n in range(mails):
             queue.enqueue(make_mail(f"m{n}", body=os.urandom(2000).hex().encode()))
@@ -127,7 +128,7 @@ def test_a_data_dir_under_a_file_is_refused_and_nothing_is_created(tmp_path):
     (tmp_path / "file").write_bytes(b"x")
     before = snapshot(tmp_path)
     with pytest.raises(StoreUnusable, match="a part of its path is not a directory"):
-        Runtime.open(f"embedded://{tmp_path / 'file' / 'data'}")
+        Runtime.open(f"embedded://{tmp_path / 'file' / 'data'}", create=True)
     assert snapshot(tmp_path) == before
 
 
@@ -160,7 +161,7 @@ def modes(root: Path) -> dict[str, str]:
 def test_a_new_store_is_private_to_its_owner_whatever_the_umask(tmp_path, umask):
     previous = os.umask(umask)
     try:
-        with Runtime.open(f"embedded://{tmp_path / 'data'}") as runtime:
+        with Runtime.open(f"embedded://{tmp_path / 'data'}", create=True) as runtime:
             runtime.queue("spool").enqueue(make_mail())
             # While it is open SQLite's companions exist: they take the mode of mailq.db.
             assert modes(tmp_path / "data") == {
@@ -175,7 +176,7 @@ def test_a_new_store_is_private_to_its_owner_whatever_the_umask(tmp_path, umask)
 
 def test_an_older_store_readable_by_others_is_made_private_at_open(tmp_path, umask_022):
     data = tmp_path / "data"
-    with Runtime.open(f"embedded://{data}") as runtime:
+    with Runtime.open(f"embedded://{data}", create=True) as runtime:
         runtime.queue("spool").enqueue(make_mail())
         data.chmod(0o755)
         for path in data.iterdir():
@@ -203,7 +204,7 @@ from mailq_runtime import Mail, Runtime
 go = Path(sys.argv[2])
 while not go.exists():
     time.sleep(0.001)
-with Runtime.open(sys.argv[1]) as runtime:
+with Runtime.open(sys.argv[1], create=True) as runtime:
     runtime.queue("spool").enqueue(Mail(recipients=("r@example.com",), message=b"Subject: x\\r\\n\\r\\nhi"))
 """
 
@@ -227,3 +228,14 @@ def test_processes_creating_one_store_at_once_all_use_the_same_whole_store(tmp_p
     with Runtime.open(url, create=False) as runtime:
         assert runtime.queue("spool").size() == 6
     assert sorted(path.name for path in (tmp_path / "data").iterdir()) == ["mailq.db"]
+
+
+def test_opening_an_existing_store_writes_nothing_to_its_files(tmp_path):
+    data = tmp_path / "data"
+    a_store(data, mails=3)
+    before = snapshot(tmp_path)
+    with Runtime.open(f"embedded://{data}") as runtime:
+        queue = runtime.queue("spool", create=False)
+        assert queue.size() == 3 and len(list(queue.browse())) == 3
+        assert runtime.configuration.history() and runtime.generations.current() == 1
+    assert snapshot(tmp_path) == before

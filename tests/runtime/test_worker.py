@@ -11,13 +11,13 @@ from dataclasses import fields
 
 import pytest
 
+from mailq_demo.mailboxes import deliver_and_maintain
 from mailq_runtime import Counters, InvalidInput, Mail, Runtime, WorkerStats, run_worker
-from mailq_runtime.demo_mailboxes import deliver_and_maintain
 from mailq_runtime.mailbox import INBOX
 from mailq_runtime.worker import deliver, delivery_message_id
 
-from .helpers import FakeClock
-from .mailbox_checks import agent, assert_message_blobs_referenced, inconsistencies, references, results, rows
+from .helpers import EmbeddedBackend, FakeClock
+from .mailbox_checks import agent, assert_message_blobs_referenced, inconsistencies, references, results
 
 QUEUE = "spool"
 DOMAIN = "example.org"
@@ -56,18 +56,19 @@ def inbox_of(runtime: Runtime, user: str):
     return runtime.mailboxes.get(user, INBOX)
 
 
-def assert_delivered_state(runtime: Runtime, delivered_ids: list[str], dead_ids: list[str]) -> None:
-    data_dir = runtime.settings.data_dir
-    assert not inconsistencies(data_dir), inconsistencies(data_dir)
-    assert_message_blobs_referenced(data_dir)
-    held = references(data_dir)
+def assert_delivered_state(
+    runtime: Runtime, backend: EmbeddedBackend, delivered_ids: list[str], dead_ids: list[str]
+) -> None:
+    assert not inconsistencies(backend), inconsistencies(backend)
+    assert_message_blobs_referenced(backend)
+    held = references(backend)
     assert not held.keys() & set(delivered_ids), "a delivered mail's enqueue id still holds references"
     # Dead letters keep their content: their enqueue ids still hold their references.
     assert all(dead in held for dead in dead_ids)
     assert runtime.queue(QUEUE).size() == 0
 
 
-def test_two_worker_threads_deliver_everything_once(runtime: Runtime) -> None:
+def test_two_worker_threads_deliver_everything_once(runtime: Runtime, backend: EmbeddedBackend) -> None:
     plain = [enqueue(runtime, USERS[n % 3], subject=f"mail {n}") for n in range(12)]
     shared = enqueue(runtime, "Bob@Example.org", "carol@example.org", "BOB@example.org", subject="shared")
     mixed = enqueue(runtime, "alice@example.org", "eve@elsewhere.net", subject="mixed")
@@ -89,30 +90,29 @@ def test_two_worker_threads_deliver_everything_once(runtime: Runtime) -> None:
     copy_id = delivery_message_id(shared, "carol@example.org")
     (copy,) = [m for m in runtime.mailboxes.list_messages(carol) if m.message_id == copy_id]
     assert runtime.mailboxes.read(carol, copy.uid) == message("shared")
-    assert_delivered_state(runtime, plain + [shared], [mixed, unknown])
+    assert_delivered_state(runtime, backend, plain + [shared], [mixed, unknown])
     # Delivered in the generation it was enqueued in, the content is stored once: the copies add no blob
     # to those the queue saved, and share them with the dead letters' content where it is the same.
-    data_dir = runtime.settings.data_dir
-    queued = {
-        b for row in rows(data_dir, "SELECT header_blob_id, body_blob_id FROM enqueued_mails") for b in row
-    }
-    assert {b for (b,) in rows(data_dir, "SELECT blob_id FROM blobs")} == queued
+    queued = {b for enqueue_id in [*plain, shared, mixed, unknown] for b in backend.mail_blobs(enqueue_id)}
+    assert {b for b, _ in backend.blobs()} == queued
 
 
-def test_two_worker_processes_deliver_everything_once(runtime: Runtime) -> None:
+def test_two_worker_processes_deliver_everything_once(runtime: Runtime, backend: EmbeddedBackend) -> None:
     users = [f"user{n}@{DOMAIN}" for n in range(4)]
     ids = [enqueue(runtime, users[n % 4], subject=f"mail {n}") for n in range(100)]
-    processes = [agent(runtime.settings.data_dir, "worker", QUEUE, DOMAIN, 1.0) for _ in range(2)]
+    processes = [agent(backend, "worker", QUEUE, DOMAIN, 1.0) for _ in range(2)]
     stats = [WorkerStats(**json.loads(out)) for out in results(processes, timeout=60)]
     assert total(stats) == WorkerStats(delivered=100, retried=0, dead_lettered=0, appended=100)
     assert all(s.delivered for s in stats), f"one process did all the work: {stats}"
     for user in users:
         inbox = inbox_of(runtime, user)
         assert [m.uid for m in runtime.mailboxes.list_messages(inbox)] == list(range(1, 26))
-    assert_delivered_state(runtime, ids, [])
+    assert_delivered_state(runtime, backend, ids, [])
 
 
-def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(runtime: Runtime) -> None:
+def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(
+    runtime: Runtime, backend: EmbeddedBackend
+) -> None:
     enqueue_id = enqueue(runtime, "alice@example.org", "bob@example.org")
     item = runtime.queue(QUEUE).dequeue(timeout=5)
     deliver(runtime.mailboxes, item.enqueue_id, item.mail, [DOMAIN])
@@ -126,12 +126,12 @@ def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(runtime:
     assert stats == WorkerStats(delivered=1, retried=0, dead_lettered=0, appended=0)
     assert runtime.mailboxes.counters(alice) == Counters(0, 0)
     assert runtime.mailboxes.counters(inbox_of(runtime, "bob@example.org")) == Counters(1, 1)
-    assert len(rows(runtime.settings.data_dir, "SELECT * FROM messages")) == 2
-    assert_delivered_state(runtime, [enqueue_id], [])
+    assert backend.count("messages") == 2
+    assert_delivered_state(runtime, backend, [enqueue_id], [])
 
 
 def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, backend: EmbeddedBackend
 ) -> None:
     flaky, broken = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
     append = runtime.mailboxes.append
@@ -152,7 +152,7 @@ def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
     assert letter.enqueue_id == broken
     assert letter.reason == "gave up after 3 attempts: OSError: disk hiccup"
     assert runtime.mailboxes.counters(inbox_of(runtime, "alice@example.org")) == Counters(1, 1)
-    assert_delivered_state(runtime, [flaky], [broken])
+    assert_delivered_state(runtime, backend, [flaky], [broken])
 
 
 def test_a_delivery_slower_than_the_visibility_timeout_is_delivered_once(
@@ -171,7 +171,7 @@ def test_a_delivery_slower_than_the_visibility_timeout_is_delivered_once(
 
     assert total(stats) == WorkerStats(delivered=1, appended=1)
     assert runtime.mailboxes.counters(inbox_of(runtime, "alice@example.org")) == Counters(1, 1)
-    assert_delivered_state(runtime, [enqueue_id], [])
+    assert_delivered_state(runtime, backend, [enqueue_id], [])
 
 
 def test_a_lost_lease_is_logged_and_counted_and_the_worker_goes_on(
@@ -200,11 +200,11 @@ def test_a_lost_lease_is_logged_and_counted_and_the_worker_goes_on(
     other.done()  # the other consumer finds the mail delivered and settles it
     for user in ("alice@example.org", "bob@example.org"):
         assert runtime.mailboxes.counters(inbox_of(runtime, user)) == Counters(1, 1)
-    assert_delivered_state(runtime, [lost, kept], [])
+    assert_delivered_state(runtime, backend, [lost, kept], [])
 
 
 def test_stop_finishes_the_mail_in_hand_then_returns(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, backend: EmbeddedBackend
 ) -> None:
     first, second = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
     stop = threading.Event()
@@ -220,8 +220,8 @@ def test_stop_finishes_the_mail_in_hand_then_returns(
     assert stats == WorkerStats(delivered=1, retried=0, dead_lettered=0, appended=1)
     assert runtime.queue(QUEUE).size() == 1
     assert [item.enqueue_id for item in runtime.queue(QUEUE).browse()] == [second]
-    assert_message_blobs_referenced(runtime.settings.data_dir)
-    assert first not in references(runtime.settings.data_dir)
+    assert_message_blobs_referenced(backend)
+    assert first not in references(backend)
 
 
 def test_an_idle_worker_stops_promptly(runtime: Runtime) -> None:
@@ -304,7 +304,9 @@ def test_the_queue_accepts_exactly_the_messages_the_worker_delivers(
         assert queue.size() == 0 and runtime.mailboxes.list() == []
 
 
-def test_the_demo_delivers_then_flags_archives_expunges_and_rotates(runtime: Runtime) -> None:
+def test_the_demo_delivers_then_flags_archives_expunges_and_rotates(
+    runtime: Runtime, backend: EmbeddedBackend
+) -> None:
     for n in range(9):
         enqueue(runtime, USERS[n % 3], subject=f"mail {n}")
     enqueue(runtime, "dave@elsewhere.net")
@@ -321,11 +323,8 @@ def test_the_demo_delivers_then_flags_archives_expunges_and_rotates(runtime: Run
     }
     assert (figures["seen"], figures["flagged"], figures["archived"], figures["expunged"]) == (3, 3, 3, 3)
     assert (figures["reference_generation"], figures["gc_iteration"]) == (2, 2)
-    data_dir = runtime.settings.data_dir
-    assert figures["tables"] == {
-        table: rows(data_dir, f"SELECT COUNT(*) FROM {table}")[0][0] for table in figures["tables"]
-    }
+    assert figures["tables"] == {table: backend.count(table) for table in figures["tables"]}
     assert figures["tables"]["messages"] == 9 - 3
-    assert not inconsistencies(data_dir)
-    assert_message_blobs_referenced(data_dir)
+    assert not inconsistencies(backend)
+    assert_message_blobs_referenced(backend)
     assert any("alice@example.org: INBOX holds 1 message(s), 0 unseen" in line for line in lines)

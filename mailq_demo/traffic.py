@@ -2,7 +2,7 @@
 
 The steps are plain functions on one runtime (`generate_traffic`, `deliver`, `remove_by_sender`);
 `simulate` runs them on a runtime from `open_demo`. The demo, `assets.demo`, goes on from there with the
-mailboxes (`demo_mailboxes`) and the maintenance pipeline. Time is simulated so that the traffic spreads
+mailboxes (`mailq_demo.mailboxes`) and the maintenance pipeline. Time is simulated so that the traffic spreads
 over many slices in a few seconds: that is what lets the demo show browse_start moving and record 32's
 clean-up dropping the rows of finished slices.
 """
@@ -22,16 +22,16 @@ from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
-from .clock import MICROS_PER_SECOND, system_clock, to_datetime
-from .config import QueueViewConfiguration
-from .errors import InvalidInput, StoreUnusable, shown
-from .mailbox import Mailboxes
-from .model import Mail
-from .queue import MailQueue
-from .runtime import Runtime
-from .settings import Settings
-from .stores.embedded_files import DATABASE_FILE, check_data_dir
-from .worker import WorkerStats, handle, normalise_domains
+from mailq_runtime.clock import MICROS_PER_SECOND, system_clock, to_datetime
+from mailq_runtime.config import QueueViewConfiguration
+from mailq_runtime.errors import InvalidInput, StoreUnusable, shown
+from mailq_runtime.mailbox import Mailboxes
+from mailq_runtime.model import Mail
+from mailq_runtime.queue import MailQueue
+from mailq_runtime.runtime import Runtime
+from mailq_runtime.settings import Settings
+from mailq_runtime.stores.embedded_files import DATABASE_FILE, check_data_dir
+from mailq_runtime.worker import WorkerStats, handle, normalise_domains
 
 QUEUE = "outbound"
 SPAN = 2 * 3600 * MICROS_PER_SECOND
@@ -350,7 +350,7 @@ def open_demo(
     fresh_data_dir(data_dir)
     clock = SimulatedClock(system_clock() - SPAN - DELIVERY_SPAN - later)
     settings = Settings(backend="embedded", data_dir=data_dir, view_configuration=asdict(configuration))
-    return Runtime(settings, clock), clock
+    return Runtime(settings, clock, create=True), clock
 
 
 def describe_configuration(configuration: QueueViewConfiguration) -> dict[str, int]:

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
-from .errors import UnknownMailbox
-from .faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH, InjectedFault
-from .mailbox import INBOX, SEEN, Mailbox
-from .model import MailAddress
-from .worker import run_worker
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from mailq_runtime.errors import UnknownMailbox
+from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH, InjectedFault
+from mailq_runtime.mailbox import INBOX, SEEN, Mailbox
+from mailq_runtime.model import MailAddress
+from mailq_runtime.runtime import Runtime
+from mailq_runtime.worker import run_worker
 
 ARCHIVE = "Archive"
 # The worker stops once no mail has come for this long: the queue is drained (delayed mails aside).
