@@ -251,18 +251,15 @@ class EmbeddedBackend:
     # Record 39's and record 23's tables, for the crash-order tests.
     def blob_rows(self) -> set[str]:
         """The blob ids of `blobs`."""
-        with self._db() as db:
-            return {blob_id for (blob_id,) in db.execute("SELECT blob_id FROM blobs")}
+        return {blob_id for (blob_id,) in self.rows("SELECT blob_id FROM blobs")}
 
     def blob_contents(self) -> set[str]:
         """The blob ids whose content the blob store holds."""
-        with self._db() as db:
-            return {blob_id for (blob_id,) in db.execute("SELECT blob_id FROM blob_content")}
+        return {blob_id for (blob_id,) in self.rows("SELECT blob_id FROM blob_content")}
 
     def deletions(self) -> list[str]:
         """The blob id of every deletion, repeated ones included."""
-        with self._db() as db:
-            return sorted(blob_id for (blob_id,) in db.execute("SELECT blob_id FROM blob_deletions"))
+        return sorted(blob_id for (blob_id,) in self.rows("SELECT blob_id FROM blob_deletions"))
 
     def agent(self, *arguments: str, **options: object) -> subprocess.Popen:
         """Another process working on the same queue (see agent.py)."""

@@ -264,7 +264,7 @@ def test_a_change_racing_another_is_checked_again_against_the_winner(backend, ou
 
 def test_racing_processes_leave_one_winner_and_the_rules_intact(backend):
     backend.open()  # the store and its first configuration (1h) before the processes race
-    processes = [agent(backend.data_dir, "configure", window, grouped=False) for window in ("30m", "20m")]
+    processes = [agent(backend, "configure", window, grouped=False) for window in ("30m", "20m")]
     outcomes = [json.loads(out) for out in results(processes)]
     # Whichever registered first won; the other's change is no divisor of the winner's window.
     assert outcomes.count(True) == 1
