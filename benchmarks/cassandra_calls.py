@@ -4,8 +4,9 @@
 
 Host, port and datacenter default to $MAILQ_CASSANDRA_HOST/_PORT/_DATACENTER, which
 `python -m tests.servers env cassandra` prints for the harness's node. Works in a fresh keyspace, dropped
-at the end. Measures the queue view's insert, is_live and mark_deleted, the blob tables'
-add_references (two new blobs, as an enqueue of fresh content) and release, and allocate_uid, beside
+at the end. Measures the queue view's insert, is_live and mark_deleted, the blob tables' writes of a
+save of two new blobs (add_blobs, add_references) and of its release (add_deletions, remove_references),
+and the mailbox tables' allocate_uid and set_source_flags (a compare-and-set that applies), beside
 the floor of one prepared INSERT and one lightweight transaction on the same node. Prints the median
 and 90th percentile of each, then one JSON object as the last line.
 """
@@ -60,6 +61,11 @@ def enqueued(n: int) -> EnqueuedMail:
     )
 
 
+def pair(n: int) -> list[BlobId]:
+    """A message's two blobs (header and body), new for each call."""
+    return [BlobId(1, f"{2 * n:064x}"), BlobId(1, f"{2 * n + 1:064x}")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300)
@@ -84,6 +90,7 @@ def main() -> None:
         )
         view.create_queue("bench", SLICE, NOW)
         mailboxes.create_mailbox("0" * 32, "bench@example.com", "INBOX")
+        mailboxes.add_to_source_of_truth("1" * 32, "0" * 32, 1, "")
         calls = args.calls
         results = {
             "floor: prepared INSERT": timed(
@@ -102,15 +109,19 @@ def main() -> None:
             "mark_deleted": timed(
                 calls, lambda n: view.mark_deleted("bench", enqueued(n).enqueue_id, SLICE, n % 4)
             ),
-            "add_references (2 new blobs)": timed(
+            "add_blobs (2 new blobs)": timed(
                 calls,
-                lambda n: blobs.add_references(
-                    f"owner-{n}",
-                    [(BlobId(1, f"{2 * n:064x}"), 1000), (BlobId(1, f"{2 * n + 1:064x}"), 9000)],
-                    NOW,
+                lambda n: blobs.add_blobs([(blob_id, 1000) for blob_id in pair(n)], NOW),
+            ),
+            "add_references (2)": timed(calls, lambda n: blobs.add_references(f"owner-{n}", pair(n))),
+            "add_deletions (2)": timed(calls, lambda n: blobs.add_deletions(pair(n), 1, NOW)),
+            "remove_references (2)": timed(calls, lambda n: blobs.remove_references(f"owner-{n}", pair(n))),
+            "set_source_flags": timed(
+                calls,
+                lambda n: mailboxes.set_source_flags(
+                    "1" * 32, "0" * 32, f"$Bench{n + 1}", "" if n == 0 else f"$Bench{n}"
                 ),
             ),
-            "release (2 references)": timed(calls, lambda n: blobs.release(f"owner-{n}", None, 1, NOW)),
             "allocate_uid": timed(calls, lambda n: mailboxes.allocate_uid("0" * 32)),
         }
         for name, figures in results.items():

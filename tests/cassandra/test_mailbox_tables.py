@@ -3,6 +3,10 @@ names, uids, the source of truth, the projection, the counters and their repairs
 
 from __future__ import annotations
 
+from mailq_runtime.blobs.dedup import DeduplicatingBlobStore
+from mailq_runtime.blobs.store import FileBlobStore
+from mailq_runtime.mailbox import Counters, Mailboxes
+
 from .conftest import Tables, same_on_both
 
 T0 = 1_700_002_800 * 1_000_000
@@ -86,8 +90,12 @@ def test_source_of_truth_projection_and_counters_as_the_embedded_ones(both):
         seen["source"] += [m.uids(INBOX), m.uids(ARCHIVE), m.recount(INBOX), m.recount(ARCHIVE)]
         seen["projection"] = m.projection(INBOX)
         seen["counters"] = [m.counters(INBOX), m.counters(ARCHIVE)]
-        # A flag change whose projection write was lost, then healed.
-        m.set_source_flags(M1, INBOX, "\\Seen")
+        # A flag change whose projection write was lost, then healed; one from flags read before it fails.
+        seen["flagged"] = [
+            m.set_source_flags(M1, INBOX, "\\Seen", ""),
+            m.set_source_flags(M1, INBOX, "\\Flagged", ""),
+            m.set_source_flags(M1, "f" * 32, "\\Seen", ""),
+        ]
         seen["outdated"] = [m.entry(INBOX, 1), m.projection(INBOX)[0], m.recount(INBOX)]
         m.heal_projection(INBOX, M1)
         seen["healed"] = m.projection(INBOX)[0]
@@ -112,9 +120,9 @@ def test_source_of_truth_projection_and_counters_as_the_embedded_ones(both):
             m.reset_counters(ARCHIVE, 1, 0, None),
             m.reset_counters("f" * 32, 1, 0, None),
         ]
-        # A flag change racing an expunge: the update lands after the removal.
+        # A flag change racing an expunge: the compare-and-set comes after the removal and writes nothing.
         m.remove_from_source_of_truth(INBOX, 1)
-        m.set_source_flags(M1, INBOX, "\\Deleted")
+        seen["flag after removal"] = m.set_source_flags(M1, INBOX, "\\Deleted", "\\Seen")
         m.project(M1, INBOX)
         seen["raced"] = [m.placements(M1), m.uids(INBOX), m.recount(INBOX), m.entry(INBOX, 1)]
         seen["raced"] += [m.projection(INBOX), m.add_to_source_of_truth(M1, INBOX, 8, "")]
@@ -133,6 +141,7 @@ def test_source_of_truth_projection_and_counters_as_the_embedded_ones(both):
     assert seen["source"] == [[(INBOX, 1)], [], (M2, "\\Seen \\Flagged"), None, [1, 2, 3], [], (3, 2), (0, 0)]
     assert seen["projection"] == [(1, M1, ""), (2, M2, "\\Seen \\Flagged"), (3, M3, "$Seen")]
     assert seen["counters"] == [(3, 2), (0, 0)]
+    assert seen["flagged"] == [True, False, False]
     assert seen["outdated"] == [(M1, "\\Seen"), (1, M1, ""), (3, 1)]
     assert seen["healed"] == (1, M1, "\\Seen")
     assert seen["moved"] == [(M2, "\\Seen \\Flagged"), None]
@@ -147,8 +156,49 @@ def test_source_of_truth_projection_and_counters_as_the_embedded_ones(both):
     assert seen["expunged"] == (M3, "$Seen")
     assert seen["stale"] == [[(1, M1, "\\Seen"), (3, M3, "$Seen")], (1, 0), (2, 2)]
     assert seen["repaired"] == [[(1, M1, "\\Seen")], False, True, (1, 0), False, False]
+    assert seen["flag after removal"] is False
     assert seen["raced"] == [[], [], (0, 0), None, [(1, M1, "\\Seen")], True]
     assert seen["re-added"] == [[(INBOX, 8)], (M1, "")]
     assert seen["deleted message"] is None
     assert seen["drop"] == [False, (M2, "\\Seen \\Flagged"), True, None, []]
     assert seen["late counter"] is None
+
+
+def test_the_mailbox_core_over_either_store_answers_alike(both, tmp_path):
+    """`Mailboxes` and the deduplicating blob store over each store's tables, every write committing
+    alone: append, flags, move, expunge and the orphan release see the same on both."""
+
+    def scenario(t: Tables) -> dict:
+        clock = iter(range(T0, T0 + 10_000_000, 1_000)).__next__
+        content = FileBlobStore(tmp_path / t.name)
+        blobs = DeduplicatingBlobStore(t.blobs, content, clock)
+        mailboxes = Mailboxes(t.mailboxes, blobs, clock, 1_000_000)
+        inbox = mailboxes.create("alice@example.com", "INBOX")
+        archive = mailboxes.create("alice@example.com", "Archive")
+        first = mailboxes.append(inbox, b"Subject: one\r\n\r\nbody", message_id=M1)
+        second = mailboxes.append(inbox, b"Subject: two\r\n\r\nbody", flags=["\\Seen"], message_id=M2)
+        again = mailboxes.append(inbox, b"Subject: one\r\n\r\nbody", message_id=M1)
+        seen: dict = {"appended": [first.uid, second.uid, again.uid]}
+        seen["flags"] = [
+            sorted(mailboxes.set_flags(inbox, first.uid, add=["\\Seen", "\\Flagged"])),
+            sorted(mailboxes.set_flags(inbox, first.uid, remove=["\\Seen"])),
+        ]
+        seen["moved"] = mailboxes.move(inbox, second.uid, archive)
+        seen["counters"] = [mailboxes.counters(inbox), mailboxes.counters(archive)]
+        seen["expunged"] = [mailboxes.expunge(inbox, [first.uid]), blobs.references_of(M1)]
+        # Content saved for a message id no mailbox holds, as an append that died after saving it.
+        blobs.save_all(M3, [b"Subject: three\r\n", b"body"])
+        blobs.generations.rotate()
+        blobs.generations.rotate()
+        seen["orphan"] = [mailboxes.release_orphan(M2), mailboxes.release_orphan(M3), blobs.references_of(M3)]
+        seen["backlog"] = blobs.deletion_backlog().count
+        return seen
+
+    seen = same_on_both(both, scenario)
+    assert seen["appended"] == [1, 2, 1]
+    assert seen["flags"] == [["\\Flagged", "\\Seen"], ["\\Flagged"]]
+    assert seen["moved"] == 1
+    assert seen["counters"] == [Counters(1, 1), Counters(1, 0)]
+    assert seen["expunged"] == [1, []]
+    assert seen["orphan"] == [0, 2, []]
+    assert seen["backlog"] == 4

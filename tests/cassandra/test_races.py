@@ -53,6 +53,26 @@ def test_two_processes_allocating_uids_get_distinct_increasing_ones(connect):
     assert a.mailboxes.allocate_uid(MAILBOX) > max(every)
 
 
+def test_two_processes_changing_flags_read_alike_one_wins(connect):
+    """The compare-and-set of the source of truth's flags: of two changes from the same flags read, one
+    is applied and the other told to read again."""
+    a, b = connect(), connect()
+    message_id = "1" * 32
+    assert a.mailboxes.create_mailbox(MAILBOX, "alice@example.com", "INBOX")
+    assert a.mailboxes.add_to_source_of_truth(message_id, MAILBOX, 1, "")
+    for round_ in range(5):
+        read = a.mailboxes.entry(MAILBOX, 1)[1]
+        wanted = [f"$Round{round_} \\Seen", f"$Round{round_} \\Flagged"]
+        won = race(
+            [a, b],
+            lambda tables, index, read=read, wanted=wanted: tables.mailboxes.set_source_flags(
+                message_id, MAILBOX, wanted[index], read
+            ),
+        )
+        assert sorted(won) == [False, True]
+        assert a.mailboxes.entry(MAILBOX, 1) == (message_id, wanted[won.index(True)])
+
+
 def test_two_processes_emitting_the_same_generation_one_wins(connect):
     a, b = connect(), connect()
     for number in range(1, 6):

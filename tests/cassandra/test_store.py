@@ -107,9 +107,8 @@ def test_a_generations_deletions_are_its_own_partitions(cassandra):
     would scan the table is refused without ALLOW FILTERING)."""
     tables = CassandraBlobTables(cassandra)
     owners = {f"m{n}": [BlobId(generation, f"{n:064x}") for generation in (3, 4)] for n in range(40)}
-    for owner, blob_ids in owners.items():
-        tables.add_references(owner, [(blob_id, 1) for blob_id in blob_ids], T0)
-        tables.release(owner, None, 5, T0 + 1)
+    for blob_ids in owners.values():
+        tables.add_deletions(blob_ids, 5, T0)
     rows = cassandra.execute(
         "SELECT blob_id FROM blob_deletions WHERE generation = ? AND shard IN ?",
         (3, list(range(DELETION_SHARDS))),

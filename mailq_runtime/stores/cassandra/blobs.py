@@ -1,16 +1,23 @@
 """Record 39's tables on Cassandra: generations, blobs, blob_references and blob_deletions, one small DAO a
 table behind `CassandraBlobTables`, which has the methods of the embedded store's blob tables.
 
+Each method is one step that commits on its own: `blobs/dedup.py` orders them (content, then `blobs` rows,
+then references on a save; deletions, then the removal of references on a release; content, then rows
+on a collection), so that none needs another's transaction, which Cassandra does not have across tables.
+
 - generations: `emit` is a lightweight transaction (INSERT ... IF NOT EXISTS) and returns whether this
   call emitted the number, so of two processes rotating at once one emits generation n+1 and the
-  other learns that it did not.
-- add_references reads which blobs exist, writes the missing `blobs` rows, then the owner's references
-  (one partition, one batch). No transaction: two processes saving the same new content at once may
-  both report it new and both write it, which is harmless since a content write is idempotent (its key
-  is the blob id); a blob reported as known always has its row.
-- release writes the deletions first, then removes the references: a crash in between leaves
-  references whose deletions are already appended, and the retry appends them again (the GC counts
-  blob ids, not deletions).
+  other learns that it did not. It is the only lightweight transaction of these tables.
+- add_blobs is a plain INSERT a blob, all at once. The caller writes only the blobs that `sizes` did
+  not find, so a row present already is rewritten only when two processes save the same new content at
+  once: with the same size (a blob id is its content's hash) and the later `created_at`, which nothing
+  reads. That is why it needs no IF NOT EXISTS.
+- add_references writes the owner's references in one batch, a single mutation of one partition.
+- add_deletions appends a row a blob id. A repeated release (after a crash between its deletions and
+  its references' removal) appends them again at its own time, counted again as on the embedded store;
+  the GC counts blob ids, not deletions, either way.
+- remove_references deletes exactly the blob ids given, one statement in the owner's partition: a
+  reference saved meanwhile, which has no deletion, is kept.
 - blob_deletions is partitioned by (generation, shard): the deletions of one generation are its
   DELETION_SHARDS partitions, read without touching any other generation's.
 """
@@ -69,7 +76,7 @@ class BlobsDAO:
         )
         return {row.blob_id: row.size for rows in results for row in rows}
 
-    def add(self, blobs: list[tuple[BlobId, int]], now: int) -> None:
+    def add(self, blobs: Sequence[tuple[BlobId, int]], now: int) -> None:
         self.store.execute_all(
             "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
             [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs],
@@ -83,7 +90,9 @@ class BlobReferencesDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
 
-    def add(self, owner: str, blob_ids: list[BlobId]) -> None:
+    def add(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+        if not blob_ids:
+            return  # Cassandra refuses an empty batch
         insert = self.store.statement(
             "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)"
         )
@@ -93,26 +102,29 @@ class BlobReferencesDAO:
             batch.add(insert, (owner, str(blob_id), blob_id.generation))
         self.store.session.execute(batch)
 
-    def of(self, owner: str) -> list[tuple[str, int]]:
-        """(blob id, generation) of the owner's references, by blob id."""
-        rows = self.store.execute("SELECT blob_id, generation FROM blob_references WHERE owner = ?", (owner,))
-        return [(row.blob_id, row.generation) for row in rows]
+    def of(self, owner: str) -> list[str]:
+        """The owner's references, by blob id."""
+        rows = self.store.execute("SELECT blob_id FROM blob_references WHERE owner = ?", (owner,))
+        return [row.blob_id for row in rows]
 
-    def remove(self, owner: str, blob_ids: list[str]) -> None:
-        self.store.execute("DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?", (owner, blob_ids))
+    def remove(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+        self.store.execute(
+            "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
+            (owner, [str(blob_id) for blob_id in blob_ids]),
+        )
 
 
 class BlobDeletionsDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
 
-    def add(self, owner: str, blobs: list[tuple[str, int]], gc_iteration: int, now: int) -> None:
+    def add(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         self.store.execute_all(
-            "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, owner, gc_iteration) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration) "
+            "VALUES (?, ?, ?, ?, ?)",
             [
-                (generation, shard_of(blob_id), blob_id, now, owner, gc_iteration)
-                for blob_id, generation in blobs
+                (blob_id.generation, shard_of(blob_id), str(blob_id), now, gc_iteration)
+                for blob_id in blob_ids
             ],
         )
 
@@ -165,34 +177,28 @@ class CassandraBlobTables:
         return self.generations.history(kind)
 
     # blobs and references
-    def add_references(self, owner: str, blobs: Sequence[tuple[BlobId, int]], now: int) -> set[str]:
-        """Record the blobs (those not yet known) and the owner's references to them; returns the ids of
-        the blobs that were new (see the module's docstring under a race)."""
-        sized = dict(blobs)
-        if not sized:
-            return set()
-        known = self.blobs.sizes([str(blob_id) for blob_id in sized])
-        new = [(blob_id, size) for blob_id, size in sized.items() if str(blob_id) not in known]
-        self.blobs.add(new, now)
-        self.references.add(owner, list(sized))
-        return {str(blob_id) for blob_id, _ in new}
+    def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]:
+        """The size of each blob that has a row in `blobs`."""
+        by_name = {str(blob_id): blob_id for blob_id in blob_ids}
+        return {by_name[name]: size for name, size in self.blobs.sizes(list(by_name)).items()}
+
+    def add_blobs(self, blobs: Sequence[tuple[BlobId, int]], now: int) -> None:
+        """Rows in `blobs` for (blob id, size) (see the module's docstring for a row present already)."""
+        self.blobs.add(blobs, now)
+
+    def add_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+        """The owner's references to the blobs; those present already are kept (rewritten as they were)."""
+        self.references.add(owner, blob_ids)
 
     def references_of(self, owner: str) -> list[BlobId]:
-        return [BlobId.parse(blob_id) for blob_id, _ in self.references.of(owner)]
+        return [BlobId.parse(blob_id) for blob_id in self.references.of(owner)]
 
-    def release(self, owner: str, blob_ids: Iterable[BlobId] | None, gc_iteration: int, now: int) -> int:
-        """Remove the owner's references (to `blob_ids`, or all of them) and append one deletion for each
-        reference removed."""
-        held = self.references.of(owner)
-        if blob_ids is not None:
-            chosen = {str(blob_id) for blob_id in blob_ids}
-            held = [(blob_id, generation) for blob_id, generation in held if blob_id in chosen]
-        if not held:
-            return 0
-        self.deletions.add(owner, held, gc_iteration, now)
-        # Exactly the references read, not the whole partition: one saved meanwhile has no deletion.
-        self.references.remove(owner, [blob_id for blob_id, _ in held])
-        return len(held)
+    def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
+        """Append one deletion a blob id, in its generation's partitions."""
+        self.deletions.add(blob_ids, gc_iteration, now)
+
+    def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+        self.references.remove(owner, blob_ids)
 
     def forget(self, blob_ids: Iterable[BlobId]) -> None:
         """Drop collected blobs from `blobs` and `blob_deletions` (their content is already gone)."""
@@ -216,8 +222,3 @@ class CassandraBlobTables:
             min(oldest for _, oldest, _ in counted),
             max(newest for _, _, newest in counted),
         )
-
-    def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]:
-        blob_ids = list(blob_ids)
-        found = self.blobs.sizes([str(blob_id) for blob_id in blob_ids])
-        return {blob_id: found[str(blob_id)] for blob_id in blob_ids if str(blob_id) in found}

@@ -1,7 +1,9 @@
 """Record 23's tables on Cassandra: mailboxes and mailbox_paths, messages, imap_uid_table (the source of
 truth), message_id_table (the projection by mailbox and uid) and mailbox_counters (Cassandra counters, as
 James's), one small DAO a table behind `CassandraMailboxTables`, which has the methods of the embedded
-store's mailbox tables.
+store's mailbox tables. Each method is one step that commits on its own: `mailbox.py` orders them (record
+23's source of truth, projection, counters; a message's content first and released last), so that none
+needs another's transaction.
 
 Lightweight transactions, and why:
 - `mailboxes.next_uid`: allocate_uid reads it and sets it one higher IF it still holds what was read,
@@ -13,10 +15,18 @@ Lightweight transactions, and why:
   mailbox. A mailbox's row is written before its name is claimed, so a name whose mailbox row is
   missing was left by a deletion that stopped half-way: the next creation takes the name over (IF it
   still names that mailbox).
+- `imap_uid_table.flags`: set_source_flags is a compare-and-set (UPDATE ... IF flags = the flags read),
+  so that the unseen delta `mailbox.py` counts is exact when two processes change one message's flags
+  at once: the loser is told so and reads again. An entry gone meanwhile has no flags to compare, and
+  nothing is written.
 
 Everything else is plain writes. What a race or a crash can leave, and why it is harmless:
-- set_source_flags is an UPDATE, which creates the row when a concurrent expunge removed it: such a row
-  has no uid and every read ignores it.
+- set_source_flags's Paxos round can still meet a concurrent plain removal of the entry (the removal
+  timestamped before the round's ballot): the flags it writes outlive the deletion as a row without a
+  uid, which every read ignores.
+- add_to_source_of_truth reads then inserts: two appends of one message id to one mailbox at once may
+  both write the entry (the later uid wins) and both count it, the drift that record 23's
+  recomputation repairs, as it does the projection row of the uid that lost.
 - remove_from_source_of_truth reads the entry then deletes it: two concurrent expunges of one message
   may both return it and both decrement the counters, the drift that record 23's recomputation repairs.
 - A counter incremented after its mailbox was deleted comes back as a stray row: `counters` answers
@@ -201,11 +211,11 @@ class ImapUidDAO:
             (message_id, mailbox_id, uid, flags),
         )
 
-    def set_flags(self, message_id: str, mailbox_id: str, flags: str) -> None:
-        self.store.execute(
-            "UPDATE imap_uid_table SET flags = ? WHERE message_id = ? AND mailbox_id = ?",
-            (flags, message_id, mailbox_id),
-        )
+    def set_flags(self, message_id: str, mailbox_id: str, flags: str, expected: str) -> bool:
+        return self.store.applied(
+            "UPDATE imap_uid_table SET flags = ? WHERE message_id = ? AND mailbox_id = ? IF flags = ?",
+            (flags, message_id, mailbox_id, expected),
+        ).applied
 
     def remove(self, message_id: str, mailbox_id: str) -> None:
         self.store.execute(
@@ -375,8 +385,10 @@ class CassandraMailboxTables:
         self.source.add(message_id, mailbox_id, uid, flags)
         return True
 
-    def set_source_flags(self, message_id: str, mailbox_id: str, flags: str) -> None:
-        self.source.set_flags(message_id, mailbox_id, flags)
+    def set_source_flags(self, message_id: str, mailbox_id: str, flags: str, expected: str) -> bool:
+        """Compare-and-set, a lightweight transaction: False, and nothing written, if the flags are no
+        longer `expected` (or the entry is gone)."""
+        return self.source.set_flags(message_id, mailbox_id, flags, expected)
 
     def remove_from_source_of_truth(self, mailbox_id: str, uid: int) -> tuple[str, str] | None:
         """Remove the entry at this uid; its (message id, flags), or None if there was none."""

@@ -90,10 +90,11 @@ TABLES = {
     "blob_references": """CREATE TABLE IF NOT EXISTS blob_references (
         owner text, blob_id text, generation bigint, PRIMARY KEY ((owner), blob_id)
     )""",
-    # A generation's deletions in its DELETION_SHARDS partitions.
+    # A generation's deletions in its DELETION_SHARDS partitions; a blob's repeated deletions apart by
+    # their time.
     "blob_deletions": f"""CREATE TABLE IF NOT EXISTS blob_deletions (
-        generation bigint, shard int, blob_id text, deleted_at bigint, owner text, gc_iteration bigint,
-        PRIMARY KEY ((generation, shard), blob_id, deleted_at, owner)
+        generation bigint, shard int, blob_id text, deleted_at bigint, gc_iteration bigint,
+        PRIMARY KEY ((generation, shard), blob_id, deleted_at)
     ) WITH {_SHORT_GC_GRACE}""",
     # Record 23. `mailbox_paths` finds a user's mailbox by name (a lightweight transaction claims a
     # name); `mailboxes` holds the mailbox and its next uid.
