@@ -11,12 +11,15 @@ from .brokers.embedded import EmbeddedBroker
 from .clock import Clock, system_clock
 from .config import ConfigurationStore
 from .errors import UnknownQueue
+from .faults import FaultInjector
 from .mailbox import Mailboxes
 from .model import QueueName
 from .queue import MailQueue
 from .settings import Settings
 from .stores.embedded import EmbeddedStore
 from .stores.embedded_blobs import EmbeddedBlobTables
+from .stores.embedded_dead_letters import EmbeddedDeadLetters
+from .stores.embedded_delayed_mails import EmbeddedDelayedMails
 from .stores.embedded_mailboxes import EmbeddedMailboxTables
 from .stores.embedded_queue_view import EmbeddedQueueView
 
@@ -34,6 +37,15 @@ class Runtime:
 
     def _build(self, settings: Settings, clock: Clock) -> None:
         self.view = EmbeddedQueueView(self.store)
+        self.dead_letters = EmbeddedDeadLetters(self.store)
+        self.delayed_mails = EmbeddedDelayedMails(self.store)
+        # Tests arm it to make an operation die between two of its writes (faults.py).
+        self.faults = FaultInjector()
+        # An optimisation, never a correctness need: the core is correct with every call committing on
+        # its own (contextlib.nullcontext), as on a store without transactions. The embedded store groups
+        # one operation's writes into one SQLite transaction, which also holds the store's turn, so a
+        # mail costs one commit instead of one per table.
+        self.group_writes = self.store.transaction
         self.broker = EmbeddedBroker(self.store, clock, settings.visibility_timeout)
         self.blob_tables = EmbeddedBlobTables(self.store)
         self.content = SqliteBlobStore(self.store)
@@ -78,11 +90,15 @@ class Runtime:
                 self.view,
                 self.broker,
                 self.blobs,
+                self.dead_letters,
+                self.delayed_mails,
                 self.view_configuration,
                 self.configuration,
                 self.clock,
                 self.settings.max_message_size,
                 self.settings.clock_skew_grace,
+                group_writes=self.group_writes,
+                faults=self.faults,
             )
             self._queues[name] = queue
         return queue

@@ -115,7 +115,7 @@ def test_clean_up_releases_what_a_delete_left_referenced_and_spares_other_queues
     enqueue_id = clocked.enqueue(make_mail("x", body=b"x content"))
     # A delete that stopped after marking the mail (a non-transactional store can do that): record 32's
     # clean-up is what releases its content.
-    assert clocked.view.mark_deleted(QUEUE, enqueue_id, t0)
+    assert clocked.view.mark_deleted(QUEUE, enqueue_id, t0, 0)
     assert references(backend, enqueue_id) == 2
     deletions = backend.count("blob_deletions")
     clock.advance(2)
@@ -158,7 +158,7 @@ def test_a_failed_clean_up_leaves_content_start_behind_and_the_next_update_redoe
 ):
     t0 = clock()
     enqueue_id = clocked.enqueue(make_mail("a"))
-    clocked.view.mark_deleted(QUEUE, enqueue_id, t0)
+    clocked.view.mark_deleted(QUEUE, enqueue_id, t0, 0)
     clock.advance(2)
     release = clocked.blobs.release
     failures = []

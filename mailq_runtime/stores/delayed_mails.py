@@ -1,0 +1,34 @@
+"""Delayed mails as records of the metadata store, so that every broker offers delays of any length and a
+working flush: a mail is held here, keyed by its due time, until a publisher hands it to the broker
+(`MailQueue.publish_due`).
+
+Every store implements the same small interface, `DelayedMails` (stores/embedded_delayed_mails.py). A
+delayed mail is keyed by (queue, due, enqueue id): the same mail delayed again (a retry) is a second record.
+
+- add(mail): hold it until `mail.due`; adding it again changes nothing.
+- due(queue, now, limit): at most `limit` of the queue's mails due at `now` or earlier, by due time
+  then enqueue id: what the publisher publishes next.
+- remove(mail): drop it once published (nothing if absent), so publishing is at-least-once.
+- all(queue): every mail the queue holds, in the same order, for a flush.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class DelayedMail:
+    queue: str
+    enqueue_id: str
+    due: int
+    priority: int
+    payload: str
+
+
+class DelayedMails(Protocol):
+    def add(self, mail: DelayedMail) -> None: ...
+    def due(self, queue: str, now: int, limit: int) -> list[DelayedMail]: ...
+    def remove(self, mail: DelayedMail) -> None: ...
+    def all(self, queue: str) -> list[DelayedMail]: ...

@@ -1,0 +1,46 @@
+"""Dead letters on the embedded store (the `DeadLetters` interface of stores/dead_letters.py), in the
+`dead_letters` table."""
+
+from __future__ import annotations
+
+import builtins
+
+from .dead_letters import DeadLetter
+from .embedded import EmbeddedStore
+
+_FIELDS = "queue, enqueue_id, reason, died_at, payload"
+
+
+class EmbeddedDeadLetters:
+    def __init__(self, store: EmbeddedStore) -> None:
+        self.store = store
+
+    def add(self, letter: DeadLetter) -> None:
+        with self.store.transaction() as db:
+            db.execute(
+                "DELETE FROM dead_letters WHERE queue = ? AND enqueue_id = ?",
+                (letter.queue, letter.enqueue_id),
+            )
+            db.execute(
+                f"INSERT INTO dead_letters ({_FIELDS}) VALUES (?, ?, ?, ?, ?)",
+                (letter.queue, letter.enqueue_id, letter.reason, letter.died_at, letter.payload),
+            )
+
+    def list(self, queue: str) -> builtins.list[DeadLetter]:
+        rows = self.store.read(
+            f"SELECT {_FIELDS} FROM dead_letters WHERE queue = ? ORDER BY enqueue_id", (queue,)
+        )
+        return [DeadLetter(*row) for row in rows]
+
+    def get(self, queue: str, enqueue_id: str) -> DeadLetter | None:
+        row = self.store.read_one(
+            f"SELECT {_FIELDS} FROM dead_letters WHERE queue = ? AND enqueue_id = ?", (queue, enqueue_id)
+        )
+        return None if row is None else DeadLetter(*row)
+
+    def remove(self, queue: str, enqueue_id: str) -> None:
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM dead_letters WHERE queue = ? AND enqueue_id = ?", (queue, enqueue_id))
+
+    def count(self, queue: str) -> int:
+        return self.store.read_one("SELECT COUNT(*) FROM dead_letters WHERE queue = ?", (queue,))[0]

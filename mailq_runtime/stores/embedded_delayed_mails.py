@@ -1,0 +1,42 @@
+"""Delayed mails on the embedded store (the `DelayedMails` interface of stores/delayed_mails.py), in the
+`delayed_mails` table, whose key (queue, due, enqueue id) is the order they come due in."""
+
+from __future__ import annotations
+
+from .delayed_mails import DelayedMail
+from .embedded import EmbeddedStore
+
+_FIELDS = "queue, enqueue_id, due, priority, payload"
+
+
+class EmbeddedDelayedMails:
+    def __init__(self, store: EmbeddedStore) -> None:
+        self.store = store
+
+    def add(self, mail: DelayedMail) -> None:
+        with self.store.transaction() as db:
+            db.execute(
+                f"INSERT OR REPLACE INTO delayed_mails ({_FIELDS}) VALUES (?, ?, ?, ?, ?)",
+                (mail.queue, mail.enqueue_id, mail.due, mail.priority, mail.payload),
+            )
+
+    def due(self, queue: str, now: int, limit: int) -> list[DelayedMail]:
+        rows = self.store.read(
+            f"SELECT {_FIELDS} FROM delayed_mails WHERE queue = ? AND due <= ? "
+            "ORDER BY due, enqueue_id LIMIT ?",
+            (queue, now, max(limit, 0)),
+        )
+        return [DelayedMail(*row) for row in rows]
+
+    def remove(self, mail: DelayedMail) -> None:
+        with self.store.transaction() as db:
+            db.execute(
+                "DELETE FROM delayed_mails WHERE queue = ? AND due = ? AND enqueue_id = ?",
+                (mail.queue, mail.due, mail.enqueue_id),
+            )
+
+    def all(self, queue: str) -> list[DelayedMail]:
+        rows = self.store.read(
+            f"SELECT {_FIELDS} FROM delayed_mails WHERE queue = ? ORDER BY due, enqueue_id", (queue,)
+        )
+        return [DelayedMail(*row) for row in rows]
