@@ -495,9 +495,10 @@ class MailQueue:
         with self._publishing:
             now = self.clock()
             waiting = self.delayed.all(self.name)
-            for mail in waiting:
+            for first in range(0, len(waiting), _PUBLISH_BATCH):
                 with self.group_writes():
-                    self._hand_over(mail)
+                    for mail in waiting[first : first + _PUBLISH_BATCH]:
+                        self._hand_over(mail)
         self.faults.reached(FLUSH_AFTER_DELAYED_ROWS)
         self.view.reschedule([item._row for item in self.browse() if item._row.next_delivery > now], now)
         return len(waiting)
