@@ -67,7 +67,8 @@ CREATE TABLE IF NOT EXISTS broker_messages (
     queue TEXT NOT NULL,
     enqueue_id TEXT NOT NULL,
     priority INTEGER NOT NULL,
-    available_at INTEGER NOT NULL,         -- end of the lease when leased, else a time already past
+    available_at INTEGER NOT NULL,         -- end of the lease when leased, else 0 (or the due time of a
+                                           -- delay published by a version before the delayed mails)
     lease TEXT,                            -- token of the consumer holding it, NULL when ready
     attempts INTEGER NOT NULL DEFAULT 0,
     payload TEXT NOT NULL                  -- the named, versioned record of queue_view.EnqueuedMail
