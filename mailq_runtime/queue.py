@@ -72,9 +72,10 @@ Delay = timedelta | int | float | str | None
 GroupWrites = Callable[[], AbstractContextManager]
 log = logging.getLogger(__name__)
 
-# How often a waiting consumer looks for delayed mails that other processes wrote and that fell due (its
-# own process's delays it publishes on time); the bound on how late such a mail is delivered.
-PUBLISH_INTERVAL = MICROS_PER_SECOND
+# Seconds between a waiting consumer's looks for delayed mails that other processes wrote and that fell
+# due (its own process's delays it publishes on time): the bound on how late such a mail is delivered.
+PUBLISH_INTERVAL = 1.0
+_NEVER = LATEST + 1
 # Delayed mails handed to the broker per group of writes.
 _PUBLISH_BATCH = 100
 
@@ -250,12 +251,14 @@ class MailQueue:
         self._exists = False  # created by an enqueue of this process: no need to create it again
         # One publisher at a time in this process (it takes the store after this lock, never before).
         self._publishing = threading.Lock()
-        # The publisher's schedule: when a dequeue next looks for due mails, and the due times of the
-        # delays this process wrote, so that those are published on time and not up to an interval late.
-        # Its lock is held for nothing else, as delays are scheduled in the middle of a group of writes.
+        # The publisher's schedule: when a dequeue next looks for due mails (time.monotonic(), so that a
+        # clock set back delays nothing), and the due times of the delays this process wrote, so that those
+        # are published on time rather than up to an interval late. Its lock is held for nothing else, as
+        # delays are scheduled in the middle of a group of writes.
         self._schedule = threading.Lock()
-        self._publish_at = 0
+        self._look_at = 0.0
         self._dues: list[int] = []
+        self._next_due = _NEVER
 
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"
@@ -306,8 +309,8 @@ class MailQueue:
         if due <= now:
             self.broker.publish(self.name, row.enqueue_id, payload, row.priority)
             return
-        self.delayed.add(DelayedMail(self.name, row.enqueue_id, due, row.priority, payload))
         self._expect(due)
+        self.delayed.add(DelayedMail(self.name, row.enqueue_id, due, row.priority, payload))
 
     def dequeue(self, timeout: Delay = None) -> MailQueueItem | None:
         """The next deliverable mail; blocks while there is none, or returns None after `timeout` (seconds,
@@ -317,11 +320,10 @@ class MailQueue:
             timeout = parse_duration(timeout, "dequeue timeout") / MICROS_PER_SECOND
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            now = self.clock()
-            if now >= self._publish_at:
+            if self._publishing_due():
                 self._publish_if_due()
-                now = self.clock()
-            wait = max(0.0, (self._publish_at - now) / MICROS_PER_SECOND)
+            until_due = (self._next_due - self.clock()) / MICROS_PER_SECOND
+            wait = max(0.0, min(self._look_at - time.monotonic(), until_due))
             if deadline is not None:
                 wait = min(wait, max(0.0, deadline - time.monotonic()))
             delivery = self.broker.receive(self.name, wait)
@@ -391,6 +393,7 @@ class MailQueue:
             return
         later = replace(row, next_delivery=deliver_at)
         delayed = DelayedMail(self.name, row.enqueue_id, deliver_at, row.priority, later.to_payload(attempts))
+        self._expect(deliver_at)  # first: a look for nothing costs less than a row published late
         with self.group_writes():
             self.delayed.add(delayed)
             self.faults.reached(RETRY_AFTER_DELAYED_ROW)
@@ -402,7 +405,6 @@ class MailQueue:
                 self.delayed.remove(delayed)
         if not acked:
             raise self._lost(row, "retried")
-        self._expect(deliver_at)
 
     def _reject(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:
         """Crash-safe order: 1. extend the lease, which says whether it still holds (a mail another consumer
@@ -446,16 +448,19 @@ class MailQueue:
     def _expect(self, due: int) -> None:
         with self._schedule:
             heapq.heappush(self._dues, due)
-            self._publish_at = min(self._publish_at, due)
+            self._next_due = self._dues[0]
+
+    def _publishing_due(self) -> bool:
+        return time.monotonic() >= self._look_at or self.clock() >= self._next_due
 
     def _publish_if_due(self) -> None:
         with self._publishing:
-            if self.clock() >= self._publish_at:  # another thread may just have done it
+            if self._publishing_due():  # another thread may just have done it
                 self._publish_due()
 
     def publish_due(self) -> int:
         """Hand the delayed mails that are due to the broker; returns how many. `dequeue` calls it when a
-        delay of this process falls due and every PUBLISH_INTERVAL while it waits.
+        delay of this process falls due and every PUBLISH_INTERVAL seconds while it waits.
 
         Crash-safe order, mail by mail: 1. publish; 2. delete the delayed row. A crash after 1 leaves the
         row, which the next run publishes again: a duplicate delivery, which at-least-once allows and the
@@ -477,7 +482,8 @@ class MailQueue:
         with self._schedule:
             while self._dues and self._dues[0] <= now:
                 heapq.heappop(self._dues)
-            self._publish_at = min([now + PUBLISH_INTERVAL, *self._dues[:1]])
+            self._next_due = self._dues[0] if self._dues else _NEVER
+            self._look_at = time.monotonic() + PUBLISH_INTERVAL
         return handed
 
     def _hand_over(self, mail: DelayedMail) -> None:
