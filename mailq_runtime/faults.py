@@ -8,7 +8,8 @@ write of each path in turn. Production never arms it: a fresh injector is disarm
 environment variable reaches it.
 
 Record 23's two mailbox points are also groups: arming AFTER_SOURCE_OF_TRUTH (or AFTER_PROJECTION)
-fires at that step of whichever mailbox operation reaches it first.
+fires at that step of whichever mailbox operation reaches it first. One injector serves a runtime
+(`Runtime.faults`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,46 @@ from __future__ import annotations
 import threading
 
 from .errors import InvalidInput, shown
+
+# The mail queue's write paths (queue.py).
+ENQUEUE_AFTER_REFERENCES = "enqueue.after_references"  # content and references saved; no view row yet
+ENQUEUE_AFTER_VIEW_ROW = "enqueue.after_view_row"  # view row written; not published nor delayed yet
+DONE_AFTER_MARK = "done.after_mark"  # marked deleted; references kept, broker message not acked
+DONE_AFTER_RELEASE = "done.after_release"  # references released; broker message not acked
+RETRY_AFTER_DELAYED_ROW = "retry.after_delayed_row"  # delayed row written; broker message not acked
+RETRY_AFTER_ACK = "retry.after_ack"  # acked; the view row's next delivery not updated
+REJECT_AFTER_DEAD_LETTER = "reject.after_dead_letter"  # dead letter written; not marked deleted
+REJECT_AFTER_MARK = "reject.after_mark"  # marked deleted; broker message not acked
+REMOVE_AFTER_MARK = "remove.after_mark"  # marked deleted; references kept (remove and clear)
+REMOVE_AFTER_RELEASE = "remove.after_release"  # references released; delayed row kept
+PUBLISH_DUE_AFTER_PUBLISH = "publish_due.after_publish"  # published; delayed row kept (flush too)
+FLUSH_AFTER_DELAYED_ROWS = "flush.after_delayed_rows"  # every delayed mail published; view not rescheduled
+CLEAN_AFTER_BROWSE_START = "clean.after_browse_start"  # browse_start advanced; nothing cleaned
+CLEAN_AFTER_RELEASE = "clean.after_release"  # the slices' references released; rows kept
+CLEAN_AFTER_DELETE = "clean.after_delete"  # the slices' rows deleted; content_start not moved
+REQUEUE_AFTER_ENQUEUE = "requeue.after_enqueue"  # a dead letter enqueued anew; letter kept
+REQUEUE_AFTER_REMOVE = "requeue.after_remove"  # letter removed; the old enqueue id's references kept
+PURGE_AFTER_REMOVE = "purge.after_remove"  # letter removed; its references kept
+QUEUE_POINTS = (
+    ENQUEUE_AFTER_REFERENCES,
+    ENQUEUE_AFTER_VIEW_ROW,
+    DONE_AFTER_MARK,
+    DONE_AFTER_RELEASE,
+    RETRY_AFTER_DELAYED_ROW,
+    RETRY_AFTER_ACK,
+    REJECT_AFTER_DEAD_LETTER,
+    REJECT_AFTER_MARK,
+    REMOVE_AFTER_MARK,
+    REMOVE_AFTER_RELEASE,
+    PUBLISH_DUE_AFTER_PUBLISH,
+    FLUSH_AFTER_DELAYED_ROWS,
+    CLEAN_AFTER_BROWSE_START,
+    CLEAN_AFTER_RELEASE,
+    CLEAN_AFTER_DELETE,
+    REQUEUE_AFTER_ENQUEUE,
+    REQUEUE_AFTER_REMOVE,
+    PURGE_AFTER_REMOVE,
+)
 
 # Record 39's deduplicating blob store (blobs/dedup.py).
 SAVE_AFTER_CONTENT = "blobs.save.after_content"  # content written; no blob row yet
@@ -65,7 +106,7 @@ MAILBOX_POINTS = (
     ORPHAN_AFTER_MESSAGE_ROW,
 )
 
-POINTS = (*BLOB_POINTS, *MAILBOX_POINTS)
+POINTS = (*QUEUE_POINTS, *BLOB_POINTS, *MAILBOX_POINTS)
 
 AFTER_SOURCE_OF_TRUTH = "after_source_of_truth"  # imap_uid_table written; message_id_table not yet
 AFTER_PROJECTION = "after_projection"  # message_id_table written; mailbox_counters not yet

@@ -1,18 +1,28 @@
-"""The mail queue of records 31 and 32: enqueue, dequeue, browse, size, remove, clear, flush, republish.
+"""The mail queue of records 31 and 32: enqueue, dequeue, browse, size, remove, clear, flush, republish,
+and the dead letters.
 
 Content goes to the deduplicating blob store (owner: the enqueue id), the mail's row to the time series
-`enqueued_mails` (queue, slice, bucket), the delivery to the broker. A dequeue is a broker delivery
-checked against `deleted_mails`; browse and size read the view from `browse_start` on.
+`enqueued_mails` (queue, slice, bucket), the delivery to the broker, or, while it waits for a delay, to
+the delayed mails of the metadata store. A dequeue is a broker delivery checked against `deleted_mails`;
+browse and size read the view from `browse_start` on. Mails that will not be delivered become dead
+letters, records of the metadata store that an operator lists, requeues or purges.
+
+No path assumes a transaction across its writes: each call to a store or the broker commits on its own,
+and each path writes in an order where a crash leaves only what a later step heals (its docstring says
+which). `group_writes` may group one operation's writes for speed (runtime.py); nothing here depends on it.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import random
+import threading
 import time
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import TracebackType
 
@@ -21,6 +31,27 @@ from .brokers.base import Broker, Delivery
 from .clock import LATEST, MICROS_PER_SECOND, Clock, to_datetime
 from .config import ConfigurationStore, QueueViewConfiguration
 from .errors import BlobNotFound, InvalidInput, LeaseExpired, UnknownQueue, shown
+from .faults import (
+    CLEAN_AFTER_BROWSE_START,
+    CLEAN_AFTER_DELETE,
+    CLEAN_AFTER_RELEASE,
+    DONE_AFTER_MARK,
+    DONE_AFTER_RELEASE,
+    ENQUEUE_AFTER_REFERENCES,
+    ENQUEUE_AFTER_VIEW_ROW,
+    FLUSH_AFTER_DELAYED_ROWS,
+    PUBLISH_DUE_AFTER_PUBLISH,
+    PURGE_AFTER_REMOVE,
+    REJECT_AFTER_DEAD_LETTER,
+    REJECT_AFTER_MARK,
+    REMOVE_AFTER_MARK,
+    REMOVE_AFTER_RELEASE,
+    REQUEUE_AFTER_ENQUEUE,
+    REQUEUE_AFTER_REMOVE,
+    RETRY_AFTER_ACK,
+    RETRY_AFTER_DELAYED_ROW,
+    FaultInjector,
+)
 from .model import (
     NULL_SENDER_SPELLINGS,
     EnqueueId,
@@ -34,9 +65,19 @@ from .model import (
     parse_duration,
 )
 from .queue_view import EnqueuedMail, QueueView
+from .stores.dead_letters import DeadLetter, DeadLetters
+from .stores.delayed_mails import DelayedMail, DelayedMails
 
 Delay = timedelta | int | float | str | None
+GroupWrites = Callable[[], AbstractContextManager]
 log = logging.getLogger(__name__)
+
+# Seconds between a waiting consumer's looks for delayed mails that other processes wrote and that fell
+# due (its own process's delays it publishes on time): the bound on how late such a mail is delivered.
+PUBLISH_INTERVAL = 1.0
+_NEVER = LATEST + 1
+# Delayed mails handed to the broker per group of writes.
+_PUBLISH_BATCH = 100
 
 
 def split_message(message: bytes) -> tuple[bytes, bytes]:
@@ -80,6 +121,28 @@ class BrowseItem:
         return self._queue._load(self._row)
 
 
+@dataclass
+class DeadLetterItem:
+    """A dead letter as the operator sees it. The mail's fields are None when its broker message could
+    not be read (the reason says so); `mail` reads the content."""
+
+    enqueue_id: str
+    reason: str
+    died_at: datetime
+    name: str | None
+    sender: str | None
+    recipients: list[str]
+    enqueued_time: datetime | None
+    _row: EnqueuedMail | None = field(repr=False)
+    _queue: MailQueue = field(repr=False)
+
+    @property
+    def mail(self) -> Mail:
+        if self._row is None:
+            raise InvalidInput(f"dead letter {self.enqueue_id} holds no readable mail: {self.reason}")
+        return self._queue._load(self._row)
+
+
 class MailQueueItem:
     """A dequeued mail, leased to this consumer until `done()`, `retry()` or `reject()`.
 
@@ -87,13 +150,15 @@ class MailQueueItem:
     the broker may give the mail to another consumer; then `done()`, `retry()` and `reject()` raise
     LeaseExpired (the item still counts as settled)."""
 
-    def __init__(self, queue: MailQueue, delivery: Delivery, row: EnqueuedMail, mail: Mail) -> None:
+    def __init__(
+        self, queue: MailQueue, delivery: Delivery, row: EnqueuedMail, mail: Mail, attempts: int
+    ) -> None:
         self._queue = queue
         self._delivery = delivery
         self._row = row
         self.mail = mail
         self.enqueue_id = row.enqueue_id
-        self.attempts = delivery.attempts
+        self.attempts = attempts  # deliveries of this mail so far, this one included
         self.settled = False
 
     def _settle(self) -> None:
@@ -102,7 +167,7 @@ class MailQueueItem:
         self.settled = True
 
     def done(self) -> None:
-        """Delivered: mark it deleted, acknowledge it, release its content. With the lease lost, the
+        """Delivered: mark it deleted, release its content, acknowledge it. With the lease lost, the
         mail is still marked deleted and its content released, then LeaseExpired is raised."""
         self._settle()
         self._queue._done(self._delivery, self._row)
@@ -112,28 +177,26 @@ class MailQueueItem:
         changes nothing and raises LeaseExpired."""
         deliver_at = delivery_time(self._queue.clock(), delay)  # a malformed delay leaves the item unsettled
         self._settle()
-        self._queue._retry(self._delivery, self._row, deliver_at)
+        self._queue._retry(self._delivery, self._row, deliver_at, self.attempts)
 
     def reject(self, reason: str = "rejected") -> None:
         """Never deliverable: move it to the dead letters, which keep its content. With the lease lost
         it changes nothing and raises LeaseExpired."""
         self._settle()
-        self._queue._dead_letter(self._delivery, self._row, reason)
+        self._queue._reject(self._delivery, self._row, reason)
 
     def extend_lease(self, duration: Delay = None) -> None:
         """Keep the mail leased to this consumer for `duration` from now (default: the visibility
         timeout), so that a long delivery is not given to another consumer meanwhile. Raises
         LeaseExpired if another consumer already has it."""
-        broker = self._queue.broker
-        length = broker.visibility_timeout
+        length = self._queue.broker.visibility_timeout
         if duration is not None:
             length = parse_duration(duration, "lease extension")
             if not length:
                 raise InvalidInput(f"invalid lease extension {shown(duration)}: must be longer than zero")
         if self.settled:
             raise InvalidInput(f"mail {self.enqueue_id} was already acknowledged: it holds no lease")
-        now = self._queue.clock()
-        if not broker.extend(self._delivery, min(now + length, LATEST)):
+        if not self._queue._extend(self._delivery, length):
             raise LeaseExpired(
                 f"the lease on mail {self.enqueue_id} was lost: it expired and another consumer took the "
                 "mail, which delivers it now"
@@ -158,16 +221,23 @@ class MailQueue:
         view: QueueView,
         broker: Broker,
         blobs: DeduplicatingBlobStore,
+        dead_letters: DeadLetters,
+        delayed: DelayedMails,
         configuration: QueueViewConfiguration,
         configurations: ConfigurationStore,
         clock: Clock,
         max_message_size: int,
         clock_skew_grace: int,
+        *,
+        group_writes: GroupWrites = nullcontext,
+        faults: FaultInjector | None = None,
     ) -> None:
         self.name = name
         self.view = view
         self.broker = broker
         self.blobs = blobs
+        self.dead_letter_records = dead_letters
+        self.delayed = delayed
         # The configuration this process writes with, read once at open as James does; readers of the
         # view ask `configurations` for what other processes may be writing with.
         self.configuration = configuration
@@ -175,69 +245,104 @@ class MailQueue:
         self.clock = clock
         self.max_message_size = max_message_size
         self.clock_skew_grace = clock_skew_grace
+        self.group_writes = group_writes
+        self.faults = FaultInjector() if faults is None else faults
         self._random = random.Random()
         self._exists = False  # created by an enqueue of this process: no need to create it again
+        # One publisher at a time in this process (it takes the store after this lock, never before).
+        self._publishing = threading.Lock()
+        # The publisher's schedule: when a dequeue next looks for due mails (time.monotonic(), so that a
+        # clock set back delays nothing), and the due times of the delays this process wrote, so that those
+        # are published on time rather than up to an interval late. Its lock is held for nothing else, as
+        # delays are scheduled in the middle of a group of writes.
+        self._schedule = threading.Lock()
+        self._look_at = 0.0
+        self._dues: list[int] = []
+        self._next_due = _NEVER
 
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"
 
     # enqueue / dequeue
     def enqueue(self, mail: Mail, delay: Delay = None, priority: int | None = None) -> EnqueueId:
+        """Accept `mail`, deliverable after `delay`; returns its enqueue id.
+
+        Crash-safe order: 1. the queue's browse_start and content_start, at its first enqueue; 2. the
+        content and its references (owner: the new enqueue id); 3. the view row; 4. the broker message,
+        or with a delay the delayed row. Every step is idempotent, and a mail is only delivered through
+        what step 4 writes, so a crash never delivers part of a mail. A crash after 2 leaves references
+        whose owner exists nowhere, which the orphan sweep releases; after 3, a mail that browse and size
+        show but that no broker holds, which republish sends (or delays again).
+        """
         priority = check_enqueue(mail, delay, priority, self.max_message_size, self.clock())
-        # The whole operation is one turn (stores/embedded.py): its Python competing for the GIL with
-        # another thread's statements would only slow both down.
-        with self.view.turn():
-            now = self.clock()
-            next_delivery = delivery_time(now, delay)
-            enqueue_id = EnqueueId.generate(now)
-            header, body = split_message(mail.message)
-            window = self.configuration.slice_window
-            bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
-            # On the embedded store the content references, the view row and the broker message commit
-            # together or not at all.
-            with self.view.transaction():
-                if not self._exists:
-                    # Created by its first accepted mail, so refused input never leaves an empty queue.
-                    self.view.create_queue(self.name, self.browse_start_limit(), now)
-                row = EnqueuedMail.of(
-                    mail,
-                    self.name,
-                    enqueue_id,
-                    now,
-                    next_delivery,
-                    priority,
-                    slice_of(now, window),
-                    bucket,
-                    *self.blobs.save_all(enqueue_id, [header, body]),
-                )
-                self.view.insert(row)
-                self.broker.publish(self.name, enqueue_id, row.to_payload(), priority, next_delivery)
-            self._exists = True
+        now = self.clock()
+        next_delivery = delivery_time(now, delay)
+        enqueue_id = EnqueueId.generate(now)
+        header, body = split_message(mail.message)
+        bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
+        with self.group_writes():
+            if not self._exists:
+                # Created by its first accepted mail, so refused input never leaves an empty queue.
+                self.view.create_queue(self.name, self.browse_start_limit(), now)
+            blob_ids = self.blobs.save_all(enqueue_id, [header, body])
+            self.faults.reached(ENQUEUE_AFTER_REFERENCES)
+            row = EnqueuedMail.of(
+                mail,
+                self.name,
+                enqueue_id,
+                now,
+                next_delivery,
+                priority,
+                slice_of(now, self.configuration.slice_window),
+                bucket,
+                *blob_ids,
+            )
+            self.view.insert(row)
+            self.faults.reached(ENQUEUE_AFTER_VIEW_ROW)
+            self._send(row, next_delivery, now)
+        self._exists = True
         return enqueue_id
+
+    def _send(self, row: EnqueuedMail, due: int, now: int, attempts: int = 0) -> None:
+        """Publish the mail, or hold it in the delayed mails until `due`."""
+        payload = row.to_payload(attempts)
+        if due <= now:
+            self.broker.publish(self.name, row.enqueue_id, payload, row.priority)
+            return
+        self._expect(due)
+        self.delayed.add(DelayedMail(self.name, row.enqueue_id, due, row.priority, payload))
 
     def dequeue(self, timeout: Delay = None) -> MailQueueItem | None:
         """The next deliverable mail; blocks while there is none, or returns None after `timeout` (seconds,
-        or a duration as `parse_duration` reads it)."""
+        or a duration as `parse_duration` reads it). While it waits it publishes the delayed mails that
+        fall due, so consumers need nothing else running."""
         if timeout is not None:
             timeout = parse_duration(timeout, "dequeue timeout") / MICROS_PER_SECOND
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            delivery = self.broker.receive(self.name, remaining)
+            if self._publishing_due():
+                self._publish_if_due()
+            until_due = (self._next_due - self.clock()) / MICROS_PER_SECOND
+            wait = max(0.0, min(self._look_at - time.monotonic(), until_due))
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - time.monotonic()))
+            delivery = self.broker.receive(self.name, wait)
             if delivery is None:
-                return None
-            with self.view.turn():
-                item = self._deliverable(delivery)
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            item = self._deliverable(delivery)
             if item is not None:
                 return item
 
     def _deliverable(self, delivery: Delivery) -> MailQueueItem | None:
         """The item of a broker delivery, or None when the delivery was settled here instead."""
         try:
-            row = EnqueuedMail.from_payload(delivery.payload)
+            row, attempts_before = EnqueuedMail.from_payload(delivery.payload)
         except (ValueError, TypeError) as error:
             # Requeued, it would come back after every visibility timeout and fail every time.
-            self.broker.dead_letter(delivery, f"unreadable message: {error}")
+            with self.group_writes():
+                self._bury(delivery, None, f"unreadable message: {error}")
             return None
         if not self.view.is_live(row):
             self.broker.ack(delivery)  # removed or cleared while waiting in the broker
@@ -245,21 +350,29 @@ class MailQueue:
         try:
             mail = self._load(row)
         except BlobNotFound as error:
-            self.broker.dead_letter(delivery, f"content missing: {error}")
+            with self.group_writes():
+                self._bury(delivery, row, f"content missing: {error}")
             return None
-        return MailQueueItem(self, delivery, row, mail)
+        return MailQueueItem(self, delivery, row, mail, attempts_before + delivery.attempts)
 
     def _load(self, row: EnqueuedMail) -> Mail:
         return row.to_mail(self.blobs.read(row.header_blob_id) + self.blobs.read(row.body_blob_id))
 
+    def _extend(self, delivery: Delivery, length: int) -> bool:
+        return self.broker.extend(delivery, min(self.clock() + length, LATEST))
+
     def _done(self, delivery: Delivery, row: EnqueuedMail) -> None:
-        with self.view.transaction():
+        """Crash-safe order: 1. mark the mail deleted; 2. release its references; 3. ack. A crash after 1
+        or 2 leaves the broker message, which the next consumer acks as not live; after 1, also the
+        references, which record 32's clean-up releases with the mail's slice."""
+        with self.group_writes():
             self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
+            self.faults.reached(DONE_AFTER_MARK)
             self.blobs.release(row.enqueue_id)
+            self.faults.reached(DONE_AFTER_RELEASE)
             acked = self.broker.ack(delivery)
-        # Checked once the transaction has committed: raising inside it would roll back the deletion
-        # mark, which is right even with the lease lost (the mail was delivered) and is what keeps a
-        # consumer that has not loaded the mail yet from delivering it again.
+        # Raised once the writes are done, and not undone: the mail was delivered even with the lease
+        # lost, and the mark keeps a consumer that has not loaded it yet from delivering it again.
         self._maybe_update_browse_start()
         if not acked:
             raise LeaseExpired(
@@ -267,31 +380,62 @@ class MailQueue:
                 "another consumer took the mail, which may deliver it again (at-least-once)"
             )
 
-    def _retry(self, delivery: Delivery, row: EnqueuedMail, deliver_at: int) -> None:
-        with self.view.transaction():
-            # A lease that expired meanwhile belongs to another consumer now: leave its mail alone.
-            returned = self.broker.nack(delivery, deliver_at)
-            if returned:
+    def _retry(self, delivery: Delivery, row: EnqueuedMail, deliver_at: int, attempts: int) -> None:
+        """Without a delay, one write: the broker requeues the message. With one, crash-safe order: 1. the
+        delayed row (its payload counts the attempts so far); 2. ack; 3. the view row's next delivery. A
+        crash after 1 leaves the broker message too, delivered again once the lease expires and once more
+        when the row falls due (at-least-once; the view's deletion mark absorbs the later copy once the
+        mail is done); after 2, browse shows the former next delivery until the row is published.
+        A lease lost meanwhile (the ack fails) takes the delayed row back: the mail is another consumer's."""
+        if deliver_at <= self.clock():
+            if not self.broker.requeue(delivery):
+                raise self._lost(row, "retried")
+            return
+        later = replace(row, next_delivery=deliver_at)
+        delayed = DelayedMail(self.name, row.enqueue_id, deliver_at, row.priority, later.to_payload(attempts))
+        self._expect(deliver_at)  # first: a look for nothing costs less than a row published late
+        with self.group_writes():
+            self.delayed.add(delayed)
+            self.faults.reached(RETRY_AFTER_DELAYED_ROW)
+            acked = self.broker.ack(delivery)
+            if acked:
+                self.faults.reached(RETRY_AFTER_ACK)
                 self.view.reschedule([row], deliver_at)
-        if not returned:
+            else:
+                self.delayed.remove(delayed)
+        if not acked:
             raise self._lost(row, "retried")
 
-    def _dead_letter(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:
-        with self.view.transaction():
-            if self.view.is_live(row):
-                # The broker first, as its answer says whether the lease holds; and a crash between the
-                # two writes then leaves a live mail that republish sends again, where the other order
-                # would leave a deleted one that the next consumer acknowledges without a dead letter.
-                held = self.broker.dead_letter(delivery, reason)
-                if held:
-                    self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
-            else:
-                # Delivered by a consumer whose lease had expired, or removed: its content is released,
-                # so a dead letter would be an empty one. There is nothing left to reject.
-                held = self.broker.ack(delivery)
-        if not held:
+    def _reject(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:
+        """Crash-safe order: 1. extend the lease, which says whether it still holds (a mail another consumer
+        took is left alone, unchanged); 2. the dead letter; 3. mark the mail deleted; 4. ack. A crash
+        after 2 leaves a live mail that is delivered again once the lease expires (its dead letter is
+        replaced if it is rejected again); after 3, a broker message the next consumer acks as not live.
+        The mail is never lost: it is in the queue or in the dead letters, or both."""
+        if not self.view.is_live(row):
+            # Delivered by a consumer whose lease had expired, or removed: its content is released, so a
+            # dead letter would be an empty one. There is nothing left to reject.
+            if not self.broker.ack(delivery):
+                raise self._lost(row, "rejected")
+            return
+        if not self._extend(delivery, self.broker.visibility_timeout):
             raise self._lost(row, "rejected")
+        with self.group_writes():
+            self._bury(delivery, row, reason)
         self._maybe_update_browse_start()
+
+    def _bury(self, delivery: Delivery, row: EnqueuedMail | None, reason: str) -> None:
+        """Dead-letter a delivery this consumer holds (`row` None: its payload is unreadable), in the
+        crash-safe order of `_reject`'s steps 2 to 4."""
+        letter = DeadLetter(self.name, delivery.enqueue_id, reason, self.clock(), delivery.payload)
+        self.dead_letter_records.add(letter)
+        self.faults.reached(REJECT_AFTER_DEAD_LETTER)
+        if row is not None:
+            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
+            self.faults.reached(REJECT_AFTER_MARK)
+        # An ack that finds the lease lost is no failure: the letter is written, and the consumer that
+        # took the mail acks it as not live.
+        self.broker.ack(delivery)
 
     @staticmethod
     def _lost(row: EnqueuedMail, action: str) -> LeaseExpired:
@@ -299,6 +443,71 @@ class MailQueue:
             f"mail {row.enqueue_id} was not {action}, nothing changed: its lease was lost (it expired and "
             "another consumer took the mail, which settles it now)"
         )
+
+    # delays
+    def _expect(self, due: int) -> None:
+        with self._schedule:
+            heapq.heappush(self._dues, due)
+            self._next_due = self._dues[0]
+
+    def _publishing_due(self) -> bool:
+        return time.monotonic() >= self._look_at or self.clock() >= self._next_due
+
+    def _publish_if_due(self) -> None:
+        with self._publishing:
+            if self._publishing_due():  # another thread may just have done it
+                self._publish_due()
+
+    def publish_due(self) -> int:
+        """Hand the delayed mails that are due to the broker; returns how many. `dequeue` calls it when a
+        delay of this process falls due and every PUBLISH_INTERVAL seconds while it waits.
+
+        Crash-safe order, mail by mail: 1. publish; 2. delete the delayed row. A crash after 1 leaves the
+        row, which the next run publishes again: a duplicate delivery, which at-least-once allows and the
+        view's deletion mark absorbs once the first copy is done."""
+        with self._publishing:
+            return self._publish_due()
+
+    def _publish_due(self) -> int:
+        now = self.clock()
+        handed = 0
+        while True:
+            with self.group_writes():
+                due = self.delayed.due(self.name, now, _PUBLISH_BATCH)
+                for mail in due:
+                    self._hand_over(mail)
+            handed += len(due)
+            if len(due) < _PUBLISH_BATCH:
+                break
+        with self._schedule:
+            while self._dues and self._dues[0] <= now:
+                heapq.heappop(self._dues)
+            self._next_due = self._dues[0] if self._dues else _NEVER
+            self._look_at = time.monotonic() + PUBLISH_INTERVAL
+        return handed
+
+    def _hand_over(self, mail: DelayedMail) -> None:
+        self.broker.publish(self.name, mail.enqueue_id, mail.payload, mail.priority)
+        self.faults.reached(PUBLISH_DUE_AFTER_PUBLISH)
+        self.delayed.remove(mail)
+
+    def flush(self) -> int:
+        """Make every delayed mail deliverable now; returns how many were waiting.
+
+        Crash-safe order: 1. publish each delayed mail and delete its row, as `publish_due` does; 2. set
+        the view rows' next delivery to now. A crash in 1 leaves rows that are published again when due
+        (a duplicate, absorbed as there); after 1, browse shows the former next deliveries, which
+        flushing again corrects."""
+        with self._publishing:
+            now = self.clock()
+            waiting = self.delayed.all(self.name)
+            for first in range(0, len(waiting), _PUBLISH_BATCH):
+                with self.group_writes():
+                    for mail in waiting[first : first + _PUBLISH_BATCH]:
+                        self._hand_over(mail)
+        self.faults.reached(FLUSH_AFTER_DELAYED_ROWS)
+        self.view.reschedule([item._row for item in self.browse() if item._row.next_delivery > now], now)
+        return len(waiting)
 
     # browse / size
     def browse(self) -> Iterator[BrowseItem]:
@@ -330,7 +539,7 @@ class MailQueue:
     ) -> int:
         """Delete the mails matching exactly one criterion; a multi-recipient mail goes if any recipient
         matches. Addresses match as James's do: the local part exactly, the domain in any case; the
-        sender "<>" (or "") is the null sender of bounces."""
+        sender "<>" (or "") is the null sender of bounces. The crash-safe order is `_delete_where`'s."""
         given = (("name", name), ("sender", sender), ("recipient", recipient))
         criteria = {k: v for k, v in given if v is not None}
         if len(criteria) != 1:
@@ -348,46 +557,141 @@ class MailQueue:
         return self._delete_where(lambda row: any(address_key(r) == wanted for r in row.recipient_list))
 
     def clear(self) -> int:
+        """Delete every mail; the crash-safe order is `_delete_where`'s."""
         return self._delete_where(lambda row: True)
 
-    def _delete_where(self, matches) -> int:
+    def _delete_where(self, matches: Callable[[EnqueuedMail], bool]) -> int:
+        """Crash-safe order, mail by mail: 1. mark it deleted; 2. release its references; 3. drop its
+        delayed row, if it waits for one. A crash after 1 leaves the references, which record 32's
+        clean-up releases with the slice; after 2, a delayed row that is published when due and acked as
+        not live. A mail marked is out of browse and size, so running the removal again finds the rest."""
         deleted = 0
+        now = self.clock()
         for item in list(self.browse()):
-            if matches(item._row):
-                with self.view.transaction():
-                    if self.view.mark_deleted(
-                        self.name, item.enqueue_id, item._row.slice_start, item._row.bucket
-                    ):
-                        self.blobs.release(item.enqueue_id)
-                        deleted += 1
+            row = item._row
+            if not matches(row):
+                continue
+            with self.group_writes():
+                if self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket):
+                    self.faults.reached(REMOVE_AFTER_MARK)
+                    self.blobs.release(row.enqueue_id)
+                    self.faults.reached(REMOVE_AFTER_RELEASE)
+                    if row.next_delivery > now:
+                        self.delayed.remove(
+                            DelayedMail(self.name, row.enqueue_id, row.next_delivery, row.priority, "")
+                        )
+                    deleted += 1
         if deleted:
             self._maybe_update_browse_start()
         return deleted
 
-    def flush(self) -> int:
-        """Make every delayed mail deliverable now; returns how many the broker held back."""
-        now = self.clock()
-        delayed = [item._row for item in self.browse() if item._row.next_delivery > now]
-        with self.view.transaction():
-            self.view.reschedule(delayed, now)
-            return self.broker.flush(self.name)
-
     def republish(self, older_than: Delay) -> int:
-        """Publish again the mails older than `older_than` that the view holds but the broker lost."""
-        cutoff = self.clock() - parse_duration(older_than, "older_than")
+        """Publish again the mails older than `older_than` that the view holds but neither the broker nor
+        the delayed mails do (a broker outage, a crash in the middle of an enqueue); a mail whose next
+        delivery is still to come is delayed again instead. Each mail is one write, so a crash leaves
+        the rest to the next run."""
+        now = self.clock()
+        cutoff = now - parse_duration(older_than, "older_than")
         candidates = [item._row for item in self.browse() if item._row.enqueued_time < cutoff]
         held = self.broker.published(self.name, [row.enqueue_id for row in candidates])
+        held |= {mail.enqueue_id for mail in self.delayed.all(self.name)}
         republished = 0
         for row in candidates:
             if row.enqueue_id not in held:
-                self.broker.publish(
-                    self.name, row.enqueue_id, row.to_payload(), row.priority, row.next_delivery
-                )
+                self._send(row, row.next_delivery, now)
                 republished += 1
         return republished
 
-    def dead_letters(self):
-        return self.broker.dead_letters(self.name)
+    # dead letters
+    def dead_letters(self) -> list[DeadLetterItem]:
+        """The queue's dead letters, in enqueue order."""
+        return [self._dead_letter_item(letter) for letter in self.dead_letter_records.list(self.name)]
+
+    def dead_letter(self, enqueue_id: str) -> DeadLetterItem:
+        """One dead letter; its `mail` holds the content. Raises InvalidInput if there is no such letter."""
+        return self._dead_letter_item(self._letter(enqueue_id))
+
+    def _letter(self, enqueue_id: str) -> DeadLetter:
+        letter = self.dead_letter_records.get(self.name, EnqueueId(enqueue_id))
+        if letter is None:
+            raise InvalidInput(f"queue {self.name!r} holds no dead letter {enqueue_id}")
+        return letter
+
+    def _dead_letter_item(self, letter: DeadLetter) -> DeadLetterItem:
+        try:
+            row, _ = EnqueuedMail.from_payload(letter.payload)
+        except (ValueError, TypeError):
+            row = None
+        return DeadLetterItem(
+            letter.enqueue_id,
+            letter.reason,
+            to_datetime(letter.died_at),
+            None if row is None else row.name,
+            None if row is None else row.sender,
+            [] if row is None else row.recipient_list,
+            None if row is None else to_datetime(row.enqueued_time),
+            row,
+            self,
+        )
+
+    def requeue_dead_letters(self, enqueue_id: str | None = None, *, every: bool = False) -> list[EnqueueId]:
+        """Put the dead letter `enqueue_id` (or `every` one) back in the queue, deliverable now with its
+        priority; returns the new enqueue ids. Each is enqueued anew under a new enqueue id (its view
+        row is deleted for good), with the same mail fields.
+
+        Crash-safe order, letter by letter: 1. enqueue its mail anew (enqueue's own order); 2. remove the
+        letter; 3. release the old enqueue id's references. A crash after 1 leaves the letter as well as
+        the requeued mail, so requeueing it again delivers it twice (at-least-once); after 2, references
+        whose owner is gone, which the content clean-up or the orphan sweep releases. Letters whose
+        message cannot be read are refused before anything is written: purge those."""
+        letters = self._chosen_letters(enqueue_id, every=every)
+        rows = []
+        for letter in letters:
+            try:
+                rows.append(EnqueuedMail.from_payload(letter.payload)[0])
+            except (ValueError, TypeError):
+                raise InvalidInput(
+                    f"dead letter {letter.enqueue_id} holds no readable mail ({letter.reason}): it cannot "
+                    "be requeued, only purged"
+                ) from None
+        requeued = []
+        for letter, row in zip(letters, rows, strict=True):
+            requeued.append(self.enqueue(self._load(row), priority=row.priority))
+            self.faults.reached(REQUEUE_AFTER_ENQUEUE)
+            self.dead_letter_records.remove(self.name, letter.enqueue_id)
+            self.faults.reached(REQUEUE_AFTER_REMOVE)
+            self.blobs.release(letter.enqueue_id)
+        return requeued
+
+    def purge_dead_letters(self, enqueue_id: str | None = None, *, older_than: Delay = None) -> int:
+        """Delete the dead letter `enqueue_id`, or those that died more than `older_than` ago, and
+        release their content; returns how many.
+
+        Crash-safe order, letter by letter: 1. remove the letter; 2. release its references. A crash
+        after 1 leaves references whose owner is gone, which the content clean-up or the orphan sweep
+        releases."""
+        if (enqueue_id is None) == (older_than is None):
+            raise InvalidInput("purge takes exactly one of an enqueue id or older_than")
+        if enqueue_id is not None:
+            letters = [self._letter(enqueue_id)]
+        else:
+            cutoff = self.clock() - parse_duration(older_than, "older_than")
+            letters = [
+                letter for letter in self.dead_letter_records.list(self.name) if letter.died_at < cutoff
+            ]
+        for letter in letters:
+            with self.group_writes():
+                self.dead_letter_records.remove(self.name, letter.enqueue_id)
+                self.faults.reached(PURGE_AFTER_REMOVE)
+                self.blobs.release(letter.enqueue_id)
+        return len(letters)
+
+    def _chosen_letters(self, enqueue_id: str | None, *, every: bool) -> list[DeadLetter]:
+        if (enqueue_id is None) == (not every):
+            raise InvalidInput("requeue takes exactly one of an enqueue id or every")
+        if every:
+            return self.dead_letter_records.list(self.name)
+        return [self._letter(enqueue_id)]
 
     # record 31's browse_start and record 32's content clean-up
     def browse_start(self) -> int:
@@ -411,8 +715,8 @@ class MailQueue:
 
     def _maybe_update_browse_start(self) -> None:
         # Random piggy-backing (record 31): no coordination between nodes, and liveness on average.
-        # It runs after the operation that triggered it has committed, so its failure must not fail
-        # that operation; content_start stays behind and the next update redoes the clean-up.
+        # It runs after the operation that triggered it is written, so its failure must not fail that
+        # operation; content_start stays behind and the next update redoes the clean-up.
         if self._random.random() * self.configuration.update_browse_start_pace < 1:
             try:
                 self.update_browse_start()
@@ -434,7 +738,10 @@ class MailQueue:
 
     def update_browse_start(self) -> int:
         """Advance browse_start to the first slice holding a live mail (never past the current slice minus
-        the clock-skew grace), then clean content_start .. browse_start. Returns the new browse_start."""
+        the clock-skew grace), then clean content_start .. browse_start. Returns the new browse_start.
+
+        Crash-safe order: 1. advance browse_start; 2. the clean-up (`clean_content`). A crash after 1
+        leaves content_start behind, and the next update or clean-up does the work."""
         current = self.browse_start()
         limit = self.browse_start_limit()
         new_start = limit
@@ -446,21 +753,28 @@ class MailQueue:
                 break
         if new_start > current:
             self.view.advance_browse_start(self.name, new_start)
+        self.faults.reached(CLEAN_AFTER_BROWSE_START)
         self.clean_content()
         return self.browse_start()
 
     def clean_content(self) -> int:
         """Record 32: release and delete what lies between content_start and browse_start, then move
-        content_start. A failure leaves content_start behind, so the next call redoes the work."""
+        content_start. Returns the number of rows deleted.
+
+        Crash-safe order: 1. release the references of the slices' mails (not those of dead letters,
+        which keep their content); 2. delete the slices' rows; 3. move content_start. A crash after 1 or
+        2 leaves content_start behind, so the next call does it again: releasing a released owner and
+        deleting deleted rows change nothing."""
         content_start = self.content_start()
         browse_start = self.browse_start()
         if content_start >= browse_start:
             return 0
-        # Dead letters keep their content: they were marked deleted, but are not gone.
-        dead = {letter.enqueue_id for letter in self.broker.dead_letters(self.name)}
+        dead = {letter.enqueue_id for letter in self.dead_letter_records.list(self.name)}
         for enqueue_id in self.view.mails_before(self.name, content_start, browse_start):
             if enqueue_id not in dead:
                 self.blobs.release(enqueue_id)
+        self.faults.reached(CLEAN_AFTER_RELEASE)
         removed = self.view.delete_slices(self.name, content_start, browse_start)
+        self.faults.reached(CLEAN_AFTER_DELETE)
         self.view.advance_content_start(self.name, browse_start)
         return removed

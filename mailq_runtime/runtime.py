@@ -34,8 +34,12 @@ from .model import QueueName
 from .queue import MailQueue
 from .queue_view import QueueView
 from .settings import EMBEDDED, Settings
+from .stores.dead_letters import DeadLetters
+from .stores.delayed_mails import DelayedMails
 from .stores.embedded import EmbeddedStore
 from .stores.embedded_blobs import EmbeddedBlobTables
+from .stores.embedded_dead_letters import EmbeddedDeadLetters
+from .stores.embedded_delayed_mails import EmbeddedDelayedMails
 from .stores.embedded_mailboxes import EmbeddedMailboxTables
 from .stores.embedded_queue_view import EmbeddedQueueView
 
@@ -55,6 +59,8 @@ class Deployment:
     blob_tables: BlobTables
     content: BlobStore
     mailbox_tables: MailboxTables
+    dead_letters: DeadLetters
+    delayed_mails: DelayedMails
     group_writes: GroupWrites
     created: bool  # whether this open made the store
     # The embedded deployment's store (its file, its transactions), for what is about that store only.
@@ -88,6 +94,8 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         blob_tables=EmbeddedBlobTables(store),
         content=SqliteBlobStore(store),
         mailbox_tables=EmbeddedMailboxTables(store),
+        dead_letters=EmbeddedDeadLetters(store),
+        delayed_mails=EmbeddedDelayedMails(store),
         group_writes=store.transaction,
         created=store.created,
         store=store,
@@ -123,6 +131,8 @@ class Runtime:
         self.broker = deployment.broker
         self.blob_tables = deployment.blob_tables
         self.content = deployment.content
+        self.dead_letters = deployment.dead_letters
+        self.delayed_mails = deployment.delayed_mails
         self.blobs = DeduplicatingBlobStore(self.blob_tables, self.content, clock, self.faults, group)
         self.mailboxes = Mailboxes(
             deployment.mailbox_tables, self.blobs, clock, settings.max_message_size, self.faults, group
@@ -172,11 +182,15 @@ class Runtime:
                 self.view,
                 self.broker,
                 self.blobs,
+                self.dead_letters,
+                self.delayed_mails,
                 self.view_configuration,
                 self.configuration,
                 self.clock,
                 self.settings.max_message_size,
                 self.settings.clock_skew_grace,
+                group_writes=self.group_writes,
+                faults=self.faults,
             )
             self._queues[name] = queue
         return queue

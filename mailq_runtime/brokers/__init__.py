@@ -1,5 +1,5 @@
 """The messaging leg of the queue: one module per broker behind the small `Broker` interface."""
 
-from .base import Broker, DeadLetter, Delivery
+from .base import Broker, Delivery
 
-__all__ = ["Broker", "DeadLetter", "Delivery"]
+__all__ = ["Broker", "Delivery"]

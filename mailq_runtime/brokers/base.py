@@ -1,4 +1,9 @@
-"""The broker interface: durable per-queue messages with delays, priorities, leases and dead letters."""
+"""The broker interface: durable per-queue messages that are deliverable now, with priorities and leases.
+
+A broker carries only what may be delivered at once. Delays and dead letters are records of the metadata
+store (stores/delayed_mails.py, stores/dead_letters.py), so every broker offers delays of any length, a
+flush, and dead letters an operator can browse and requeue, whatever it can do itself.
+"""
 
 from __future__ import annotations
 
@@ -8,57 +13,42 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class Delivery:
-    """A message handed to one consumer; it stays leased to it until acked, nacked or dead-lettered."""
+    """A message handed to one consumer; it stays leased to it until acked or requeued. `handle` is the
+    broker's own business (the embedded broker's row id and lease; a channel and delivery tag elsewhere):
+    the queue only hands it back to the broker that made it."""
 
     queue: str
-    tag: int
-    lease: str
     enqueue_id: str
     payload: str
-    attempts: int
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    queue: str
-    enqueue_id: str
-    reason: str
-    died_at: int
-    payload: str
+    attempts: int  # deliveries of this message so far, this one included
+    handle: object
 
 
 class Broker(Protocol):
     # Microseconds a received message stays leased to its consumer before it is delivered again.
     visibility_timeout: int
 
-    def publish(self, queue: str, enqueue_id: str, payload: str, priority: int, deliver_at: int) -> None: ...
+    def publish(self, queue: str, enqueue_id: str, payload: str, priority: int) -> None: ...
 
     def receive(self, queue: str, timeout: float | None) -> Delivery | None:
-        """The next deliverable message (highest priority, then oldest); None once `timeout` seconds pass."""
+        """The next message (highest priority, then oldest); None once `timeout` seconds pass."""
         ...
 
     # Each operation on a delivery acts only while the delivery's lease holds, and returns whether it
     # did: once another consumer has received the message, the message is that consumer's.
     def ack(self, delivery: Delivery) -> bool: ...
 
-    def nack(self, delivery: Delivery, deliver_at: int) -> bool:
-        """Give the message back, deliverable again at `deliver_at`."""
+    def requeue(self, delivery: Delivery) -> bool:
+        """Give the message back, deliverable again at once."""
         ...
 
     def extend(self, delivery: Delivery, until: int) -> bool:
         """Keep the message leased to this consumer until `until` (microseconds since the epoch)."""
         ...
 
-    def dead_letter(self, delivery: Delivery, reason: str) -> bool: ...
-
-    def flush(self, queue: str) -> int:
-        """Make every delayed message of the queue deliverable now; returns how many."""
-        ...
-
     def published(self, queue: str, enqueue_ids: list[str]) -> set[str]:
-        """Which of these mails the broker still holds (a broker that cannot tell returns none)."""
+        """Which of these mails the broker still holds (a broker that cannot tell returns none), for
+        republish."""
         ...
-
-    def dead_letters(self, queue: str) -> list[DeadLetter]: ...
 
     def close(self) -> None: ...

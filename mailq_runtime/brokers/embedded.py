@@ -1,9 +1,11 @@
 """The embedded broker: a durable, cross-process message table in the store's SQLite file.
 
 A consumer leases a message by pushing its `available_at` past a visibility timeout; if the consumer dies
-the lease simply expires and the message is delivered again (at-least-once). Waiting consumers sleep on a
-condition that local publishers signal, and re-check at a bounded interval for other processes' work,
-so an idle consumer costs a couple of indexed reads per interval rather than a spinning core.
+the lease simply expires and the message is delivered again (at-least-once). Messages go out by priority,
+then in enqueue order (enqueue ids sort by creation time), so a flushed mail takes its place among the
+mails enqueued after it. Waiting consumers sleep on a condition that local publishers signal, and
+re-check at a bounded interval for other processes' work, so an idle consumer costs a couple of indexed
+reads per interval rather than a spinning core.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 
 from ..clock import MICROS_PER_SECOND, Clock
 from ..stores.embedded import EmbeddedStore
-from .base import DeadLetter, Delivery
+from .base import Delivery
 
 _POLL_SECONDS = 0.2
 
@@ -32,12 +34,13 @@ class EmbeddedBroker:
             self._version += 1
             self._signal.notify_all()
 
-    def publish(self, queue: str, enqueue_id: str, payload: str, priority: int, deliver_at: int) -> None:
+    def publish(self, queue: str, enqueue_id: str, payload: str, priority: int) -> None:
+        # available_at 0: deliverable at once (a message is only ever held back by a lease).
         with self.store.transaction() as db:
             db.execute(
                 "INSERT INTO broker_messages (queue, enqueue_id, priority, available_at, payload) "
-                "VALUES (?,?,?,?,?)",
-                (queue, enqueue_id, priority, deliver_at, payload),
+                "VALUES (?,?,?,0,?)",
+                (queue, enqueue_id, priority, payload),
             )
         self._notify()
 
@@ -47,14 +50,14 @@ class EmbeddedBroker:
         with self.store.transaction() as db:
             row = db.execute(
                 "UPDATE broker_messages SET lease = ?, available_at = ?, attempts = attempts + 1 "
-                "WHERE id = (SELECT id FROM broker_messages INDEXED BY broker_ready "
+                "WHERE id = (SELECT id FROM broker_messages INDEXED BY broker_order "
                 "WHERE queue = ? AND available_at <= ? "
-                "ORDER BY priority DESC, id LIMIT 1) RETURNING id, enqueue_id, payload, attempts",
+                "ORDER BY priority DESC, enqueue_id LIMIT 1) RETURNING id, enqueue_id, payload, attempts",
                 (lease, now + self.visibility_timeout, queue, now),
             ).fetchone()
         if row is None:
             return None
-        return Delivery(queue, row[0], lease, row[1], row[2], row[3])
+        return Delivery(queue, row[1], row[2], row[3], (row[0], lease))
 
     def _seconds_until_next(self, queue: str) -> float | None:
         (next_at,) = self.store.read_one(
@@ -84,16 +87,14 @@ class EmbeddedBroker:
     def ack(self, delivery: Delivery) -> bool:
         with self.store.transaction() as db:
             return bool(
-                db.execute(
-                    "DELETE FROM broker_messages WHERE id = ? AND lease = ?", (delivery.tag, delivery.lease)
-                ).rowcount
+                db.execute("DELETE FROM broker_messages WHERE id = ? AND lease = ?", delivery.handle).rowcount
             )
 
-    def nack(self, delivery: Delivery, deliver_at: int) -> bool:
+    def requeue(self, delivery: Delivery) -> bool:
         with self.store.transaction() as db:
             returned = db.execute(
-                "UPDATE broker_messages SET lease = NULL, available_at = ? WHERE id = ? AND lease = ?",
-                (deliver_at, delivery.tag, delivery.lease),
+                "UPDATE broker_messages SET lease = NULL, available_at = 0 WHERE id = ? AND lease = ?",
+                delivery.handle,
             ).rowcount
         self._notify()
         return bool(returned)
@@ -105,47 +106,15 @@ class EmbeddedBroker:
             return bool(
                 db.execute(
                     "UPDATE broker_messages SET available_at = ? WHERE id = ? AND lease = ?",
-                    (until, delivery.tag, delivery.lease),
+                    (until, *delivery.handle),
                 ).rowcount
             )
-
-    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
-        with self.store.transaction() as db:
-            held = db.execute(
-                "DELETE FROM broker_messages WHERE id = ? AND lease = ?", (delivery.tag, delivery.lease)
-            ).rowcount
-            if held:
-                db.execute(
-                    "INSERT INTO dead_letters (queue, enqueue_id, reason, died_at, payload) "
-                    "VALUES (?,?,?,?,?)",
-                    (delivery.queue, delivery.enqueue_id, reason, self.clock(), delivery.payload),
-                )
-        return bool(held)
-
-    def flush(self, queue: str) -> int:
-        now = self.clock()
-        with self.store.transaction() as db:
-            flushed = db.execute(
-                "UPDATE broker_messages SET available_at = ? "
-                "WHERE queue = ? AND lease IS NULL AND available_at > ?",
-                (now, queue, now),
-            ).rowcount
-        self._notify()
-        return flushed
 
     def published(self, queue: str, enqueue_ids: list[str]) -> set[str]:
         # One scan of the queue's messages: republishing is rare and an index would tax every publish.
         rows = self.store.read("SELECT enqueue_id FROM broker_messages WHERE queue = ?", (queue,))
         held = {e for (e,) in rows}
         return held & set(enqueue_ids)
-
-    def dead_letters(self, queue: str) -> list[DeadLetter]:
-        rows = self.store.read(
-            "SELECT queue, enqueue_id, reason, died_at, payload FROM dead_letters "
-            "WHERE queue = ? ORDER BY id",
-            (queue,),
-        )
-        return [DeadLetter(*row) for row in rows]
 
     def close(self) -> None:
         self._notify()

@@ -1,18 +1,26 @@
 """Dead letters as records of the metadata store, like James's mail repositories: a queue's mails that will
 never be delivered, each with its reason and its broker payload (and so its content's blob ids, whose
-references it keeps), until an operator requeues or purges it.
+references its enqueue id keeps), until an operator requeues or purges it.
 
-Every store implements the same small interface, `DeadLetters` (stores/embedded_dead_letters.py,
-stores/cassandra/dead_letters.py). A letter is keyed by its queue and enqueue id: adding one again
-replaces it, and a queue's letters are listed by enqueue id, which is enqueue order.
+Every store implements the same small interface, `DeadLetters` (stores/embedded_dead_letters.py). A letter
+is keyed by its queue and enqueue id: adding one again replaces it, so dead-lettering is idempotent, and a
+queue's letters are listed by enqueue id, which is enqueue order.
 """
 
 from __future__ import annotations
 
 import builtins
+from dataclasses import dataclass
 from typing import Protocol
 
-from ..brokers.base import DeadLetter
+
+@dataclass(frozen=True)
+class DeadLetter:
+    queue: str
+    enqueue_id: str
+    reason: str
+    died_at: int
+    payload: str
 
 
 class DeadLetters(Protocol):

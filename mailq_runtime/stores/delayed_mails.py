@@ -1,11 +1,11 @@
 """Delayed mails as records of the metadata store, so that every broker offers delays of any length and a
-working flush: a mail is held here, keyed by its due time, until a publisher hands it to the broker.
+working flush: a mail is held here, keyed by its due time, until a publisher hands it to the broker
+(`MailQueue.publish_due`).
 
-Every store implements the same small interface, `DelayedMails` (stores/embedded_delayed_mails.py,
-stores/cassandra/delayed_mails.py). A delayed mail is keyed by (queue, due, enqueue id): the same mail
-delayed again (a retry) is a second record.
+Every store implements the same small interface, `DelayedMails` (stores/embedded_delayed_mails.py). A
+delayed mail is keyed by (queue, due, enqueue id): the same mail delayed again (a retry) is a second record.
 
-- add(mail): hold it until `mail.due`.
+- add(mail): hold it until `mail.due`; adding it again changes nothing.
 - due(queue, now, limit): at most `limit` of the queue's mails due at `now` or earlier, by due time
   then enqueue id: what the publisher publishes next.
 - remove(mail): drop it once published (nothing if absent), so publishing is at-least-once.

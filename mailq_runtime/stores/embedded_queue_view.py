@@ -1,5 +1,6 @@
 """Records 31 and 32 on the embedded store: enqueued_mails, deleted_mails, browse_start, content_start,
-the per-slice counters and the configuration event log."""
+the per-slice counters and the configuration event log. Each method is one transaction; the queue may
+group one operation's calls into one (`group_writes`), which nests them."""
 
 from __future__ import annotations
 
@@ -19,10 +20,8 @@ class EmbeddedQueueView:
         self.store = store
 
     def transaction(self):
+        """For `config.ConfigurationEvents`, whose register still checks and appends in one transaction."""
         return self.store.transaction()
-
-    def turn(self):
-        return self.store.turn()
 
     # queues
     def queue_names(self) -> list[str]:
@@ -40,10 +39,14 @@ class EmbeddedQueueView:
 
     # enqueued_mails and deleted_mails
     def insert(self, mail: EnqueuedMail) -> None:
+        """Add the mail's row and count it in its slice; inserting it again changes nothing."""
         with self.store.transaction() as db:
-            db.execute(
-                f"INSERT INTO enqueued_mails ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", mail.row()
-            )
+            inserted = db.execute(
+                f"INSERT OR IGNORE INTO enqueued_mails ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                mail.row(),
+            ).rowcount
+            if not inserted:
+                return
             db.execute(
                 "INSERT INTO slice_counters (queue, slice_start, enqueued) VALUES (?, ?, 1) "
                 "ON CONFLICT (queue, slice_start) DO UPDATE SET enqueued = enqueued + 1",
@@ -52,7 +55,7 @@ class EmbeddedQueueView:
 
     def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int, bucket: int) -> bool:
         """Record the mail as deleted; True only the first time, so counters count each mail once. (The
-        counters are per slice here; the Cassandra store keeps them per slice and `bucket`.)"""
+        counters are per slice here; a store may keep them per slice and `bucket`.)"""
         with self.store.transaction() as db:
             marked = db.execute("INSERT OR IGNORE INTO deleted_mails VALUES (?, ?)", (queue, enqueue_id))
             if not marked.rowcount:

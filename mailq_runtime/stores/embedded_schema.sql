@@ -60,19 +60,25 @@ CREATE TABLE IF NOT EXISTS configuration_events (
     at INTEGER NOT NULL
 );
 
--- The embedded broker: the messaging leg that RabbitMQ plays in the distributed deployment.
+-- The embedded broker: the messaging leg that RabbitMQ plays in the distributed deployment. It carries only
+-- mails deliverable now; delays and dead letters are the metadata tables below.
 CREATE TABLE IF NOT EXISTS broker_messages (
     id INTEGER PRIMARY KEY,
     queue TEXT NOT NULL,
     enqueue_id TEXT NOT NULL,
     priority INTEGER NOT NULL,
-    available_at INTEGER NOT NULL,         -- delivery time, or end of the visibility timeout when leased
+    available_at INTEGER NOT NULL,         -- end of the lease when leased, else 0 (or the due time of a
+                                           -- delay published by a version before the delayed mails)
     lease TEXT,                            -- token of the consumer holding it, NULL when ready
     attempts INTEGER NOT NULL DEFAULT 0,
-    payload TEXT NOT NULL
+    payload TEXT NOT NULL                  -- the named, versioned record of queue_view.EnqueuedMail
 );
-CREATE INDEX IF NOT EXISTS broker_ready ON broker_messages (queue, priority DESC, id);
+-- By priority, then in enqueue order (enqueue ids sort by time): a flushed mail takes its place.
+DROP INDEX IF EXISTS broker_ready;
+CREATE INDEX IF NOT EXISTS broker_order ON broker_messages (queue, priority DESC, enqueue_id);
 
+-- Dead letters, as James's mail repositories: mails that will not be delivered, with their reason and
+-- their payload (whose blob ids their enqueue id keeps referenced), until requeued or purged.
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY,
     queue TEXT NOT NULL,

@@ -620,3 +620,53 @@ def test_a_store_lacking_tables_of_this_version_is_refused_until_schema_create(m
     status, out, err = mailq("schema", "create")
     assert (status, err) == (0, "") and "already there; anything it lacked added" in out
     assert mailq("size", "spool")[:2] == (0, "spool: 1 mails\n")
+
+
+# mailq dead-letters --------------------------------------------------------------------------------------
+
+
+def test_dead_letters_list_show_requeue_and_purge(mailq, mailq_json, eml, url):
+    dead = enqueue(mailq, eml, rcpt=(CAROL,))
+    mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    (entry,) = mailq_json("dead-letters", "list", "spool")
+    assert (entry["enqueue_id"], entry["sender"], entry["recipients"]) == (dead, ALICE, [CAROL])
+    assert entry["name"].startswith("mail-")
+    assert entry["reason"] == f"unknown recipients: {CAROL}"
+    status, out, _ = mailq("dead-letters", "list", "spool")
+    assert status == 0 and dead in out and out.rstrip().endswith("1 dead letters in spool")
+    shown = mailq_json("dead-letters", "show", "spool", dead)
+    assert (shown["message"].encode(), shown["size"]) == (MESSAGE, len(MESSAGE))
+    status, out, _ = mailq("dead-letters", "show", "spool", dead)
+    assert status == 0 and "Tomorrow at noon?" in out and f"recipients: {CAROL}" in out
+
+    (requeued,) = mailq_json("dead-letters", "requeue", "spool", dead)["requeued"]
+    assert requeued != dead
+    assert mailq_json("dead-letters", "list", "spool") == []
+    assert [m["enqueue_id"] for m in mailq_json("browse", "spool")] == [requeued]
+
+    mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    assert mailq_json("dead-letters", "requeue", "spool", "--all")["requeued"] != []
+    mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    assert mailq_json("dead-letters", "purge", "spool", "--older-than", "0s") == {
+        "queue": "spool",
+        "purged": 1,
+    }
+    assert mailq_json("dead-letters", "list", "spool") == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "words"),
+    [
+        (("requeue", "spool"), ("ENQUEUE_ID", "--all", "required")),
+        (("requeue", "spool", "0" * 32, "--all"), ("not allowed with",)),
+        (("purge", "spool"), ("ENQUEUE_ID", "--older-than", "required")),
+        (("purge", "spool", "--older-than=-1h"), ("older_than",)),
+        (("show", "spool", "zz"), ("invalid enqueue id",)),
+        (("show", "spool", "0" * 32), ("holds no dead letter",)),
+        (("purge", "spool", "0" * 32), ("holds no dead letter",)),
+        (("list", "nowhere"), ("unknown queue",)),
+    ],
+)
+def test_dead_letters_refuse_bad_input(mailq, eml, arguments, words):
+    enqueue(mailq, eml)
+    assert_bad_input(mailq("dead-letters", *arguments), *words)

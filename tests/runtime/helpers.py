@@ -33,6 +33,7 @@ TABLES = (
     "configuration_events",
     "broker_messages",
     "dead_letters",
+    "delayed_mails",
     "blobs",
     "blob_references",
     "blob_deletions",

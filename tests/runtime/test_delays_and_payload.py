@@ -1,0 +1,141 @@
+"""Delays as records of the metadata store (the broker carries only what is deliverable now), and the
+broker payload as a named, versioned record that older and newer versions can read."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+
+import pytest
+
+from mailq_runtime.faults import ENQUEUE_AFTER_VIEW_ROW, InjectedFault
+from mailq_runtime.queue import PUBLISH_INTERVAL
+
+from .conftest import QUEUE
+from .helpers import make_mail
+
+# The positional row that versions before the named record published, in its order.
+LEGACY_ORDER = (
+    "queue",
+    "slice_start",
+    "bucket",
+    "enqueue_id",
+    "enqueued_time",
+    "next_delivery",
+    "priority",
+    "name",
+    "sender",
+    "recipients",
+    "header_blob_id",
+    "body_blob_id",
+    "metadata",
+)
+
+
+def test_a_delayed_mail_waits_in_the_delayed_mails_not_in_the_broker(backend, clocked):
+    enqueue_id = clocked.enqueue(make_mail("later"), delay="5000y")
+    (item,) = clocked.browse()
+    (delayed,) = clocked.delayed.all(QUEUE)
+    assert (delayed.enqueue_id, delayed.due) == (enqueue_id, int(item.next_delivery.timestamp() * 1e6))
+    assert backend.count("broker_messages") == 0
+    assert clocked.publish_due() == 0
+    assert clocked.flush() == 1
+    assert (backend.count("broker_messages"), clocked.delayed.all(QUEUE)) == (1, [])
+    assert clocked.dequeue(timeout=0).mail.name == "later"
+
+
+def test_a_consumer_publishes_the_delays_another_process_wrote(backend):
+    producer, consumer = backend.open().queue(QUEUE), backend.open().queue(QUEUE)
+    started = time.monotonic()
+    producer.enqueue(make_mail("later"), delay=1)
+    item = consumer.dequeue(timeout=10)
+    waited = time.monotonic() - started
+    assert item is not None and item.mail.name == "later"
+    assert 1 <= waited < 1 + 2 * PUBLISH_INTERVAL
+
+
+def test_removing_a_delayed_mail_drops_its_delayed_row(clocked):
+    clocked.enqueue(make_mail("later"), delay="1h")
+    assert clocked.remove(name="later") == 1
+    assert clocked.delayed.all(QUEUE) == []
+
+
+def test_a_retry_after_a_delay_keeps_counting_the_attempts(clocked, clock):
+    clocked.enqueue(make_mail("flaky"))
+    attempts = []
+    for delay in (5, None, 5):
+        item = clocked.dequeue(timeout=0)
+        attempts.append(item.attempts)
+        item.retry(delay=delay)
+        clock.advance(5)
+    attempts.append(clocked.dequeue(timeout=0).attempts)
+    assert attempts == [1, 2, 3, 4]
+
+
+def test_republish_delays_again_a_mail_whose_delayed_row_was_never_written(backend, clock):
+    runtime = backend.open(clock, slice_window="1s", clock_skew_grace="0s")
+    runtime.group_writes = nullcontext  # each write commits on its own, as without transactions
+    queue = runtime.queue(QUEUE)
+    queue.faults.arm(ENQUEUE_AFTER_VIEW_ROW)
+    with pytest.raises(InjectedFault):
+        queue.enqueue(make_mail("later"), delay="1h")
+    clock.advance(1)
+    assert queue.republish("0s") == 1
+    (item,) = queue.browse()
+    (delayed,) = queue.delayed.all(QUEUE)
+    assert delayed.due == int(item.next_delivery.timestamp() * 1e6)
+    assert backend.count("broker_messages") == 0
+    assert queue.republish("0s") == 0
+
+
+def republished(runtime, queue, change) -> None:
+    """Take the broker message of the queue's one mail and publish `change(record)` in its place."""
+    delivery = runtime.broker.receive(QUEUE, 0)
+    record = json.loads(delivery.payload)
+    assert record["v"] == 1
+    assert runtime.broker.ack(delivery)
+    runtime.broker.publish(QUEUE, delivery.enqueue_id, json.dumps(change(record)), record["priority"])
+
+
+def legacy(record: dict) -> list:
+    return [record[name] for name in LEGACY_ORDER]
+
+
+def test_a_mail_in_flight_across_an_upgrade_still_dequeues(clocked_runtime, clocked):
+    mail = make_mail("old", attributes={"a": 1}, remote_addr="192.0.2.1")
+    clocked.enqueue(mail)
+    republished(clocked_runtime, clocked, legacy)
+    item = clocked.dequeue(timeout=0)
+    assert item.mail == mail
+    item.done()
+    assert clocked.size() == 0
+
+
+def test_unknown_fields_are_ignored_and_missing_optional_ones_take_their_defaults(clocked_runtime, clocked):
+    mail = make_mail("new")
+    clocked.enqueue(mail)
+
+    def from_a_later_version(record: dict) -> dict:
+        del record["metadata"], record["attempts"]
+        return {**record, "v": 7, "added_later": {"anything": [1, 2]}}
+
+    republished(clocked_runtime, clocked, from_a_later_version)
+    item = clocked.dequeue(timeout=0)
+    assert (item.mail.name, item.mail.message, item.mail.recipients) == (
+        mail.name,
+        mail.message,
+        mail.recipients,
+    )
+    assert (item.mail.attributes, item.mail.state, item.attempts) == ({}, "root", 1)
+
+
+def test_a_record_without_a_required_field_is_dead_lettered(clocked_runtime, clocked):
+    enqueue_id = clocked.enqueue(make_mail("broken"))
+    republished(
+        clocked_runtime, clocked, lambda record: {k: v for k, v in record.items() if k != "body_blob_id"}
+    )
+    assert clocked.dequeue(timeout=0) is None
+    (letter,) = clocked.dead_letters()
+    assert letter.enqueue_id == enqueue_id
+    assert letter.reason == "unreadable message: mail record without 'body_blob_id'"
