@@ -3,8 +3,8 @@ and a flush included."""
 
 from __future__ import annotations
 
-from mailq_runtime.brokers.base import DeadLetter
 from mailq_runtime.clock import LATEST
+from mailq_runtime.stores.dead_letters import DeadLetter
 from mailq_runtime.stores.delayed_mails import DelayedMail
 
 from .conftest import Tables, same_on_both

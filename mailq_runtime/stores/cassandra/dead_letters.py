@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import builtins
 
-from ...brokers.base import DeadLetter
+from ..dead_letters import DeadLetter
 from .store import CassandraStore
 
 _FIELDS = "queue, enqueue_id, reason, died_at, payload"
