@@ -46,7 +46,7 @@ def _die(runtime: Runtime, point: str, operation) -> None:
 
 
 def test_one_sweep_heals_every_leftover_and_keeps_what_lives(tmp_path: Path, pipeline_resources) -> None:
-    runtime = Runtime.open(f"embedded://{tmp_path / 'data'}", clock=Clock(), group_writes=False)
+    runtime = Runtime.open(f"embedded://{tmp_path / 'data'}", clock=Clock(), group_writes=False, create=True)
     boxes = runtime.mailboxes
     inbox = boxes.create("alice@example.org", "INBOX")
     # What lives: a queued mail, a message in a mailbox.
