@@ -33,7 +33,7 @@ from .mailbox import Mailboxes, MailboxTables
 from .model import QueueName
 from .queue import MailQueue
 from .queue_view import QueueView
-from .settings import EMBEDDED, Settings
+from .settings import CASSANDRA, EMBEDDED, Settings
 from .stores.dead_letters import DeadLetters
 from .stores.delayed_mails import DelayedMails
 from .stores.embedded import EmbeddedStore
@@ -44,7 +44,7 @@ from .stores.embedded_mailboxes import EmbeddedMailboxTables
 from .stores.embedded_queue_view import EmbeddedQueueView
 
 # The deployments this version builds; the others parse (settings.py) and are refused by `build`.
-BUILT = (EMBEDDED,)
+BUILT = (EMBEDDED, CASSANDRA)
 
 GroupWrites = Callable[[], AbstractContextManager]
 
@@ -81,6 +81,13 @@ def build(settings: Settings, clock: Clock = system_clock, *, create: bool = Fal
     """The backends of `settings`' deployment. With `create`, what is missing of the store and its
     schema is made; without, nothing is written and a missing store is NoStore."""
     check_built(settings)
+    if settings.backend == CASSANDRA:
+        if settings.amqp is not None:
+            raise InvalidInput(
+                f"the broker amqp:// in {settings.shown()} is not built into this version of mailq: "
+                "use broker=embedded:<dir>"
+            )
+        return _distributed(settings, clock, create)
     return _embedded(settings, clock, create)
 
 
@@ -100,6 +107,70 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         created=store.created,
         store=store,
         close=store.close,
+    )
+
+
+def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
+    """Cassandra for the metadata, S3 for the content, the embedded broker in its own directory. The
+    drivers are imported here, so that a process on the embedded deployment never loads them."""
+    from .blobs.s3_store import S3BlobStore
+    from .stores.cassandra import (
+        CassandraBlobTables,
+        CassandraDeadLetters,
+        CassandraDelayedMails,
+        CassandraMailboxTables,
+        CassandraQueueView,
+        CassandraStore,
+    )
+
+    cassandra, s3 = settings.cassandra, settings.s3
+    assert cassandra is not None and s3 is not None and settings.data_dir is not None
+    # Where the embedded broker is, first: it is the only part on this machine, and the cheapest to refuse.
+    broker_store = EmbeddedStore(settings.data_dir, settings.durability, create)
+    opened: list[Callable[[], None]] = [broker_store.close]
+    try:
+        (host, port), *others = cassandra.contact_points
+        if any(other_port != port for _, other_port in others):
+            raise InvalidInput(
+                f"the Cassandra hosts of {settings.shown()} name different ports: the driver takes one port"
+            )
+        metadata = CassandraStore(
+            [host for host, _ in cassandra.contact_points],
+            cassandra.keyspace,
+            port=port,
+            username=cassandra.user,
+            password=cassandra.password(),
+            consistency=cassandra.consistency,
+            replication={"class": "SimpleStrategy", "replication_factor": cassandra.replication},
+            create=create,
+        )
+        opened.append(metadata.close)
+        content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
+        opened.append(content.close)
+        content.open_bucket(create)
+    except BaseException:
+        for close in reversed(opened):
+            close()
+        raise
+    view = CassandraQueueView(metadata)
+
+    def close() -> None:
+        for close_one in reversed(opened):
+            close_one()
+
+    return Deployment(
+        view=view,
+        configuration_events=view,
+        broker=EmbeddedBroker(broker_store, clock, settings.visibility_timeout),
+        blob_tables=CassandraBlobTables(metadata),
+        content=content,
+        mailbox_tables=CassandraMailboxTables(metadata),
+        dead_letters=CassandraDeadLetters(metadata),
+        delayed_mails=CassandraDelayedMails(metadata, settings.clock_skew_grace),
+        group_writes=nullcontext,
+        created=metadata.created,
+        store=None,
+        close=close,
     )
 
 

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import boto3
+import botocore.loaders
+import botocore.session
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import (
@@ -26,7 +28,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from ..errors import BlobNotFound, BlobStoreUnavailable, InvalidInput
+from ..errors import BlobNotFound, BlobStoreUnavailable, InvalidInput, NoStore
 from ..model import BlobId
 from .store import distinct_ids
 
@@ -47,10 +49,12 @@ READ_TIMEOUT_SECONDS = 60
 #: does not match it; gets ask for it back and boto3 checks what it read.
 CHECKSUM = "CRC32"
 
+_MODELS = botocore.loaders.create_loader()
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # AWS's "safe characters" for keys: the prefix is part of every key and must mean the same on every server.
 _PREFIX = re.compile(r"(?!/)(?!.*//)[A-Za-z0-9!_.*'()/-]{0,512}")
 _MISSING_BLOB = {"NoSuchKey"}
+_MISSING_BUCKET = {"NoSuchBucket", "404", "NotFound"}
 _MISSING_ON_HEAD = {"404", "NotFound", "NoSuchKey"}
 _REFUSED = {
     "403",
@@ -98,6 +102,7 @@ class S3BlobStore:
             raise InvalidInput(f"invalid max_attempts {max_attempts!r}: expected an integer >= 1")
         self.bucket = bucket
         self.prefix = prefix
+        self.region = region
         self.endpoint = endpoint_url or (f"AWS S3 ({region})" if region else "AWS S3")
         config = Config(
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
@@ -111,8 +116,12 @@ class S3BlobStore:
             s3={"addressing_style": "path"} if endpoint_url else None,
         )
         with self._failures("creating the S3 client"):
-            # A session per store: sessions are not thread-safe, the client made from one is.
-            self._client = boto3.session.Session().client(
+            # A session per store: sessions are not thread-safe (the client made from one is), and each
+            # finds the credentials the AWS chain holds now. They share the loader of botocore's service
+            # models, which costs a tenth of a second a session to read again.
+            botocore_session = botocore.session.get_session()
+            botocore_session.register_component("data_loader", _MODELS)
+            self._client = boto3.session.Session(botocore_session=botocore_session).client(
                 "s3", endpoint_url=endpoint_url, region_name=region, config=config
             )
         self._transfer = TransferConfig(
@@ -130,6 +139,30 @@ class S3BlobStore:
         """Fail with BlobStoreUnavailable unless the bucket exists and the credentials may use it."""
         with self._failures("checking the bucket"):
             self._client.head_bucket(Bucket=self.bucket)
+
+    def open_bucket(self, create: bool) -> None:
+        """Check the bucket is there and usable; with `create`, make it first where it is missing (an
+        operator who provisions buckets elsewhere keeps that: an existing bucket is used as it is)."""
+        try:
+            self.check()
+        except BlobStoreUnavailable as error:
+            missing = isinstance(error.__cause__, ClientError) and _code(error.__cause__) in _MISSING_BUCKET
+            if not missing:
+                raise
+            if not create:
+                raise NoStore(
+                    f"no {self._where()}: nothing was created there yet (create the schema first)"
+                ) from None
+            with self._failures("creating the bucket"):
+                try:
+                    where = {}
+                    if self.region and self.region != "us-east-1":  # AWS's default needs no constraint
+                        where = {"CreateBucketConfiguration": {"LocationConstraint": self.region}}
+                    self._client.create_bucket(Bucket=self.bucket, **where)
+                except ClientError as race:
+                    # Another process made it between the check and the create: that is what was asked.
+                    if _code(race) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                        raise
 
     def close(self) -> None:
         self._client.close()

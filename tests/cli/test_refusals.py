@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mailq_runtime.cli import main
-from tests.runtime.helpers import EmbeddedBackend
+from tests.runtime.backends import EmbeddedBackend
 from tests.runtime.test_store_files import snapshot
 
 from .test_store_errors import MESSAGE, RECIPIENT, SENDER, assert_one_line, mailq

@@ -1,4 +1,4 @@
-"""Fixtures of the runtime contract suite: every test runs once per backend."""
+"""Fixtures of the runtime contract suite: every test runs once per deployment (backends.py)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,45 @@ import pytest
 from mailq_runtime import Runtime
 from mailq_runtime.queue import MailQueue
 
-from .helpers import EmbeddedBackend, FakeClock
+from .backends import Backend, CassandraBackend, CassandraS3, EmbeddedBackend
+from .helpers import FakeClock
 
 QUEUE = "spool"
 
 
-@pytest.fixture(params=["embedded"])
-def backend(request: pytest.FixtureRequest, tmp_path) -> Iterator[EmbeddedBackend]:
-    backends = {"embedded": lambda: EmbeddedBackend(tmp_path / "data")}
-    opened = backends[request.param]()
+@pytest.fixture(scope="session")
+def cassandra_s3(cassandra_server, s3_server) -> Iterator[CassandraS3]:
+    cluster = cassandra_server.cluster()
+    s3 = s3_server.client()
+    yield CassandraS3(cassandra_server, s3_server, cluster.connect(), s3)
+    cluster.shutdown()
+    s3.close()
+
+
+@pytest.fixture(params=["embedded", "cassandra"])
+def backend(request: pytest.FixtureRequest, tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+    if request.param == "embedded":
+        opened: Backend = EmbeddedBackend(tmp_path / "data")
+    else:
+        servers: CassandraS3 = request.getfixturevalue("cassandra_s3")
+        # The AWS chain finds the harness's keys, in this process and the agents it starts.
+        for variable in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+            monkeypatch.delenv(variable, raising=False)
+        for variable, value in servers.s3_server.env().items():
+            monkeypatch.setenv(variable, value)
+        opened = CassandraBackend(
+            tmp_path / "broker",
+            servers,
+            request.getfixturevalue("keyspace_name"),
+            request.getfixturevalue("bucket_name"),
+        )
+        opened.empty()
     yield opened
     opened.close()
 
 
 @pytest.fixture
-def runtime(backend: EmbeddedBackend) -> Runtime:
+def runtime(backend: Backend) -> Runtime:
     return backend.open()
 
 
@@ -38,7 +62,7 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def clocked_runtime(backend: EmbeddedBackend, clock: FakeClock) -> Runtime:
+def clocked_runtime(backend: Backend, clock: FakeClock) -> Runtime:
     """A runtime on the fake clock: 1 s slices, no clock-skew grace, browse_start moved only on request."""
     return backend.open(clock, slice_window="1s", clock_skew_grace="0s", update_browse_start_pace=10**9)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mailq_runtime.mailbox import SEEN
 
-from .helpers import EmbeddedBackend
+from .backends import Backend
 
 AGENT = Path(__file__).with_name("mailbox_agent.py")
 # Every table an operation on mailboxes or blobs may write: equal snapshots mean nothing changed.
@@ -31,7 +31,7 @@ TABLES = (
 )
 
 
-def snapshot(backend: EmbeddedBackend) -> dict[str, list[tuple]]:
+def snapshot(backend: Backend) -> dict[str, list[tuple]]:
     return {table: backend.table(table) for table in TABLES}
 
 
@@ -47,7 +47,7 @@ class Inconsistencies:
         return bool(self.counters or self.missing_from_projection or self.only_in_projection)
 
 
-def inconsistencies(backend: EmbeddedBackend) -> Inconsistencies:
+def inconsistencies(backend: Backend) -> Inconsistencies:
     found = Inconsistencies()
     source = backend.source_of_truth()
     recounted = dict.fromkeys(backend.mailbox_ids(), (0, 0))
@@ -64,14 +64,12 @@ def inconsistencies(backend: EmbeddedBackend) -> Inconsistencies:
     return found
 
 
-def references(backend: EmbeddedBackend) -> dict[str, set[str]]:
+def references(backend: Backend) -> dict[str, set[str]]:
     """owner -> the blob ids it references."""
     return backend.references()
 
 
-def assert_message_blobs_referenced(
-    backend: EmbeddedBackend, left_over: frozenset[str] = frozenset()
-) -> None:
+def assert_message_blobs_referenced(backend: Backend, left_over: frozenset[str] = frozenset()) -> None:
     """Every stored message's header and body are referenced by its message id, and by nothing else
     of the mailboxes: a message in no mailbox has neither row nor references, unless an operation died
     before releasing them (`left_over`: the orphan sweep's to release)."""
@@ -83,7 +81,7 @@ def assert_message_blobs_referenced(
         assert held.get(message_id) == {header, body}, message_id
 
 
-def agent(backend: EmbeddedBackend, *arguments: object, grouped: bool = True) -> subprocess.Popen:
+def agent(backend: Backend, *arguments: object, grouped: bool = True) -> subprocess.Popen:
     """Another process on the same deployment (see mailbox_agent.py); `grouped=False`: every write of its
     core commits alone."""
     flags = [] if grouped else ["--ungrouped"]

@@ -296,7 +296,7 @@ def test_a_worker_on_an_unknown_queue_is_refused_and_writes_nothing(backend, lim
 )
 def test_an_invalid_runtime_url_is_refused(backend, query, message):
     with pytest.raises(InvalidInput, match=message):
-        Runtime.open(f"{backend.url()}?{query}")
+        Runtime.open(backend.url(**dict([query.split("=", 1)])))
 
 
 def test_an_unsupported_url_scheme_is_refused():
@@ -383,6 +383,12 @@ def test_a_malformed_url_is_bad_input():
 # Long values are echoed cut short -----------------------------------------------------------------------
 
 
+def _with_option(runtime: Runtime, name: str, value: str) -> str:
+    """The runtime's own URL with one more option."""
+    url = runtime.settings.to_url()
+    return f"{url}{'&' if '?' in url else '?'}{name}={value}"
+
+
 LONG_VALUES = {
     "queue-name": lambda runtime: runtime.queue(LONG),
     "sender": lambda runtime: make_mail(sender=LONG + "@example.com"),
@@ -396,8 +402,8 @@ LONG_VALUES = {
     "blob-owner": lambda runtime: runtime.blobs.save(LONG, b"x"),
     "mailbox-name": lambda runtime: runtime.mailboxes.get("user@example.com", LONG),
     "flag": lambda runtime: parse_flags([LONG]),
-    "url-option": lambda runtime: Runtime.open(f"embedded://{runtime.settings.data_dir}?durability={LONG}"),
-    "url-option-name": lambda runtime: Runtime.open(f"embedded://{runtime.settings.data_dir}?{LONG}=1"),
+    "url-option": lambda runtime: Runtime.open(_with_option(runtime, "durability", LONG)),
+    "url-option-name": lambda runtime: Runtime.open(_with_option(runtime, LONG, "1")),
     "url-scheme": lambda runtime: Runtime.open(f"{LONG}://host"),
 }
 

@@ -15,7 +15,7 @@ import pytest
 from mailq_runtime import InjectedFault, Runtime, faults
 from mailq_runtime.model import BlobId
 
-from .helpers import EmbeddedBackend
+from .backends import Backend
 
 POINTS = [p for p in faults.POINTS if p.startswith(("blobs.", "generations."))]
 KEPT = b"kept: saved before the fault, by an owner the fault must not touch\r\n"
@@ -26,13 +26,13 @@ GARBAGE = b"garbage: released two generations ago\r\n"
 @dataclass
 class Scene:
     runtime: Runtime
-    backend: EmbeddedBackend
+    backend: Backend
     kept: BlobId
     released: tuple[BlobId, ...] = ()
     garbage: BlobId | None = None
 
 
-def _scene(backend: EmbeddedBackend, grouping: bool) -> Scene:
+def _scene(backend: Backend, grouping: bool) -> Scene:
     runtime = backend.open(group_writes=grouping)
     return Scene(runtime, backend, runtime.blobs.save("keeper", KEPT))
 
@@ -147,7 +147,7 @@ def test_every_blob_path_has_its_points() -> None:
 @pytest.mark.parametrize("grouping", [True, False], ids=["grouped", "ungrouped"])
 @pytest.mark.parametrize("point", POINTS)
 def test_a_fault_after_each_write_loses_nothing_and_a_rerun_completes(
-    backend: EmbeddedBackend, point: str, grouping: bool
+    backend: Backend, point: str, grouping: bool
 ) -> None:
     setup, operation, done = PATHS[point.rsplit(".", 1)[0]]
     scene = _scene(backend, grouping)
@@ -169,7 +169,7 @@ def test_a_fault_after_each_write_loses_nothing_and_a_rerun_completes(
     assert not any(_leftovers(scene).values())
 
 
-def test_content_left_without_its_row_is_written_again_by_the_next_save(backend: EmbeddedBackend) -> None:
+def test_content_left_without_its_row_is_written_again_by_the_next_save(backend: Backend) -> None:
     scene = _scene(backend, grouping=False)
     scene.runtime.faults.arm(faults.SAVE_AFTER_CONTENT)
     with pytest.raises(InjectedFault):
@@ -181,7 +181,7 @@ def test_content_left_without_its_row_is_written_again_by_the_next_save(backend:
     _assert_sound(scene)
 
 
-def test_a_half_done_rotation_is_completed_not_repeated(backend: EmbeddedBackend) -> None:
+def test_a_half_done_rotation_is_completed_not_repeated(backend: Backend) -> None:
     scene = _scene(backend, grouping=False)
     generations = scene.runtime.generations
     scene.runtime.faults.arm(faults.ROTATE_AFTER_REFERENCE_GENERATION)

@@ -12,7 +12,7 @@ import pytest
 
 from mailq_runtime import BlobNotFound, InvalidInput, Runtime
 
-from .helpers import EmbeddedBackend
+from .backends import Backend
 from .mailbox_checks import agent, results, snapshot
 
 WORKED_EXAMPLE = json.loads((Path(__file__).parents[1] / "data" / "adr39-worked-example.json").read_text())
@@ -20,7 +20,7 @@ CONTENT = {f"b{n}": f"content of blob b{n}\r\n".encode() for n in range(1, 7)}
 _OWNERS = r"(m\d+(?:, m\d+)*)"
 
 
-def _tables(backend: EmbeddedBackend, label_of: dict[str, str]) -> dict[str, list]:
+def _tables(backend: Backend, label_of: dict[str, str]) -> dict[str, list]:
     """The four tables in the example's words: rgN, gciN, and b1..b6 for the real blob ids."""
     return {
         "generations": [f"rg{n}" for n in backend.generations("reference_generation")],
@@ -103,7 +103,7 @@ def test_the_worked_example_of_record_39_step_by_step(backend) -> None:
     assert backend.count("blob_content") == 6
 
 
-def test_dedup_within_a_generation_not_across(runtime: Runtime, backend: EmbeddedBackend) -> None:
+def test_dedup_within_a_generation_not_across(runtime: Runtime, backend: Backend) -> None:
     first = runtime.blobs.save("owner-a", b"same bytes")
     assert runtime.blobs.save("owner-b", b"same bytes") == first
     runtime.generations.rotate()
@@ -116,9 +116,7 @@ def test_dedup_within_a_generation_not_across(runtime: Runtime, backend: Embedde
     assert runtime.blobs.references_of("owner-b") == [first]
 
 
-def test_release_appends_one_deletion_per_released_reference(
-    runtime: Runtime, backend: EmbeddedBackend
-) -> None:
+def test_release_appends_one_deletion_per_released_reference(runtime: Runtime, backend: Backend) -> None:
     header = runtime.blobs.save("message-1", b"Subject: x\r\n\r\n")
     body = runtime.blobs.save("message-1", b"body")
     runtime.generations.rotate()
@@ -133,9 +131,7 @@ def test_release_appends_one_deletion_per_released_reference(
     assert runtime.blobs.read(header) == b"Subject: x\r\n\r\n"
 
 
-def test_concurrent_saves_from_threads_store_the_content_once(
-    runtime: Runtime, backend: EmbeddedBackend
-) -> None:
+def test_concurrent_saves_from_threads_store_the_content_once(runtime: Runtime, backend: Backend) -> None:
     threads, saves = 6, 20
     start = threading.Barrier(threads)
     ids: list[str] = []
@@ -173,7 +169,7 @@ def test_concurrent_saves_from_two_processes_store_the_content_once(backend, gro
 
 
 def test_release_of_a_blob_the_owner_does_not_hold_is_refused_and_changes_nothing(
-    runtime: Runtime, backend: EmbeddedBackend
+    runtime: Runtime, backend: Backend
 ) -> None:
     mine = runtime.blobs.save("owner-a", b"a's content")
     theirs = runtime.blobs.save("owner-b", b"b's content")
@@ -204,7 +200,7 @@ def test_release_of_a_blob_the_owner_does_not_hold_is_refused_and_changes_nothin
         None,
     ],
 )
-def test_malformed_blob_ids_are_refused(runtime: Runtime, blob_id: object, backend: EmbeddedBackend) -> None:
+def test_malformed_blob_ids_are_refused(runtime: Runtime, blob_id: object, backend: Backend) -> None:
     runtime.blobs.save("owner-a", b"content")
     before = snapshot(backend)
     with pytest.raises(InvalidInput, match="invalid blob id"):
@@ -215,7 +211,7 @@ def test_malformed_blob_ids_are_refused(runtime: Runtime, blob_id: object, backe
 
 
 def test_bad_owners_and_contents_are_refused_and_unknown_blobs_not_found(
-    runtime: Runtime, backend: EmbeddedBackend
+    runtime: Runtime, backend: Backend
 ) -> None:
     for owner in ("", "has space", "x" * 201, None):
         with pytest.raises(InvalidInput, match="invalid blob owner"):

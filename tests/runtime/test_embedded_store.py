@@ -11,8 +11,9 @@ import pytest
 
 from mailq_runtime import Runtime
 
+from .backends import EmbeddedBackend
 from .conftest import QUEUE
-from .helpers import EmbeddedBackend, make_mail
+from .helpers import make_mail
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 from mailq_runtime import Counters, InjectedFault, MailboxId, MessageId, Runtime, UnknownMailbox, faults
 
-from .helpers import EmbeddedBackend
+from .backends import Backend
 
 POINTS = [p for p in faults.POINTS if p.startswith("mailbox.")]
 SEEN = "\\Seen"
@@ -35,7 +35,7 @@ def message(n: int) -> bytes:
 @dataclass
 class Scene:
     runtime: Runtime
-    backend: EmbeddedBackend
+    backend: Backend
     inbox: MailboxId
     archive: MailboxId
     told: dict[str, bytes]  # message id -> content, of every append a caller was told succeeded
@@ -43,7 +43,7 @@ class Scene:
     new: str = field(default_factory=lambda: MessageId.generate(0))
 
 
-def _scene(backend: EmbeddedBackend, grouping: bool) -> Scene:
+def _scene(backend: Backend, grouping: bool) -> Scene:
     runtime = backend.open(group_writes=grouping)
     boxes = runtime.mailboxes
     inbox, archive = boxes.create(USER, "INBOX"), boxes.create(USER, "Archive")
@@ -188,7 +188,7 @@ def test_every_mailbox_path_has_its_points() -> None:
 @pytest.mark.parametrize("grouping", [True, False], ids=["grouped", "ungrouped"])
 @pytest.mark.parametrize("point", POINTS)
 def test_a_fault_after_each_write_loses_nothing_and_leaves_only_what_is_healed(
-    backend: EmbeddedBackend, point: str, grouping: bool
+    backend: Backend, point: str, grouping: bool
 ) -> None:
     path = point.rsplit(".", 1)[0]
     setup, operation, done = PATHS[path]
@@ -217,7 +217,7 @@ def test_a_fault_after_each_write_loses_nothing_and_leaves_only_what_is_healed(
     done(scene)
 
 
-def test_a_message_is_never_in_neither_mailbox_during_a_move(backend: EmbeddedBackend) -> None:
+def test_a_message_is_never_in_neither_mailbox_during_a_move(backend: Backend) -> None:
     scene = _scene(backend, grouping=False)
     boxes = scene.runtime.mailboxes
     scene.runtime.faults.arm(faults.MOVE_AFTER_TARGET)

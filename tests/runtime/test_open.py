@@ -10,17 +10,19 @@ from mailq_runtime.clock import MICROS_PER_SECOND
 from mailq_runtime.config import QueueViewConfiguration
 
 from .conftest import QUEUE
-from .helpers import TABLES, make_mail
+from .helpers import make_mail
 
 
 def everything(backend) -> dict[str, list[tuple]]:
-    return {table: backend.table(table) for table in TABLES}
+    return {table: backend.table(table) for table in backend.tables}
 
 
 def test_where_there_is_no_store_an_open_names_the_place_and_creates_nothing(backend):
-    with pytest.raises(NoStore, match=f"no mailq data in {backend.data_dir}"):
-        Runtime.open(backend.url())
-    assert not backend.exists()
+    nowhere = backend.elsewhere()
+    with pytest.raises(NoStore, match=nowhere.missing_store):
+        Runtime.open(nowhere.url())
+    assert not nowhere.exists()
+    nowhere.close()
 
 
 def test_a_creating_open_records_the_configuration(backend):

@@ -22,7 +22,8 @@ from mailq_runtime import Runtime, StoreUnusable
 from mailq_runtime.blobs.store import FileBlobStore
 from mailq_runtime.model import BlobId
 
-from .helpers import EmbeddedBackend, make_mail
+from .backends import EmbeddedBackend
+from .helpers import make_mail
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 ROOT_NAME = pwd.getpwuid(os.geteuid()).pw_name

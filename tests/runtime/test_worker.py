@@ -16,7 +16,8 @@ from mailq_runtime import Counters, InvalidInput, Mail, Runtime, WorkerStats, ru
 from mailq_runtime.mailbox import INBOX
 from mailq_runtime.worker import deliver, delivery_message_id
 
-from .helpers import EmbeddedBackend, FakeClock
+from .backends import Backend
+from .helpers import FakeClock
 from .mailbox_checks import agent, assert_message_blobs_referenced, inconsistencies, references, results
 
 QUEUE = "spool"
@@ -57,7 +58,7 @@ def inbox_of(runtime: Runtime, user: str):
 
 
 def assert_delivered_state(
-    runtime: Runtime, backend: EmbeddedBackend, delivered_ids: list[str], dead_ids: list[str]
+    runtime: Runtime, backend: Backend, delivered_ids: list[str], dead_ids: list[str]
 ) -> None:
     assert not inconsistencies(backend), inconsistencies(backend)
     assert_message_blobs_referenced(backend)
@@ -68,7 +69,7 @@ def assert_delivered_state(
     assert runtime.queue(QUEUE).size() == 0
 
 
-def test_two_worker_threads_deliver_everything_once(runtime: Runtime, backend: EmbeddedBackend) -> None:
+def test_two_worker_threads_deliver_everything_once(runtime: Runtime, backend: Backend) -> None:
     plain = [enqueue(runtime, USERS[n % 3], subject=f"mail {n}") for n in range(12)]
     shared = enqueue(runtime, "Bob@Example.org", "carol@example.org", "BOB@example.org", subject="shared")
     mixed = enqueue(runtime, "alice@example.org", "eve@elsewhere.net", subject="mixed")
@@ -97,7 +98,7 @@ def test_two_worker_threads_deliver_everything_once(runtime: Runtime, backend: E
     assert {b for b, _ in backend.blobs()} == queued
 
 
-def test_two_worker_processes_deliver_everything_once(runtime: Runtime, backend: EmbeddedBackend) -> None:
+def test_two_worker_processes_deliver_everything_once(runtime: Runtime, backend: Backend) -> None:
     users = [f"user{n}@{DOMAIN}" for n in range(4)]
     ids = [enqueue(runtime, users[n % 4], subject=f"mail {n}") for n in range(100)]
     processes = [agent(backend, "worker", QUEUE, DOMAIN, 1.0) for _ in range(2)]
@@ -111,7 +112,7 @@ def test_two_worker_processes_deliver_everything_once(runtime: Runtime, backend:
 
 
 def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(
-    runtime: Runtime, backend: EmbeddedBackend
+    runtime: Runtime, backend: Backend
 ) -> None:
     enqueue_id = enqueue(runtime, "alice@example.org", "bob@example.org")
     item = runtime.queue(QUEUE).dequeue(timeout=5)
@@ -131,7 +132,7 @@ def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(
 
 
 def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, backend: EmbeddedBackend
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, backend: Backend
 ) -> None:
     flaky, broken = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
     append = runtime.mailboxes.append
@@ -204,7 +205,7 @@ def test_a_lost_lease_is_logged_and_counted_and_the_worker_goes_on(
 
 
 def test_stop_finishes_the_mail_in_hand_then_returns(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, backend: EmbeddedBackend
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, backend: Backend
 ) -> None:
     first, second = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
     stop = threading.Event()
@@ -305,7 +306,7 @@ def test_the_queue_accepts_exactly_the_messages_the_worker_delivers(
 
 
 def test_the_demo_delivers_then_flags_archives_expunges_and_rotates(
-    runtime: Runtime, backend: EmbeddedBackend
+    runtime: Runtime, backend: Backend
 ) -> None:
     for n in range(9):
         enqueue(runtime, USERS[n % 3], subject=f"mail {n}")

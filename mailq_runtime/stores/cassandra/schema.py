@@ -149,13 +149,22 @@ def _literal(value: str | int) -> str:
 
 def create_schema(session: Session, keyspace: str, replication: Mapping[str, str | int]) -> None:
     """Create the keyspace and every table and index that does not exist yet; existing ones are kept
-    as they are (a keyspace's replication too)."""
-    options = ", ".join(f"{_literal(key)}: {_literal(value)}" for key, value in replication.items())
-    try:
-        session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {{{options}}}")
-    except RequestValidationException as error:
-        raise InvalidInput(f"Cassandra refused the replication {{{options}}}: {error}") from None
+    as they are (a keyspace's replication too). What the driver's schema metadata already shows is not
+    asked for again: a creating open of a complete keyspace costs no schema round trip."""
+    existing = session.cluster.metadata.keyspaces.get(keyspace)
+    tables = {} if existing is None else existing.tables
+    indexes = set() if existing is None else set(existing.indexes)
+    if existing is None:
+        options = ", ".join(f"{_literal(key)}: {_literal(value)}" for key, value in replication.items())
+        try:
+            session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {{{options}}}")
+        except RequestValidationException as error:
+            raise InvalidInput(f"Cassandra refused the replication {{{options}}}: {error}") from None
     for name, cql in TABLES.items():
-        session.execute(cql.replace(f"EXISTS {name} (", f"EXISTS {keyspace}.{name} (", 1))
+        if name not in tables:
+            session.execute(cql.replace(f"EXISTS {name} (", f"EXISTS {keyspace}.{name} (", 1))
     for index, (table, column) in INDEXES.items():
-        session.execute(f"CREATE INDEX IF NOT EXISTS {index} ON {keyspace}.{table} ({column}) USING 'sai'")
+        if index not in indexes:
+            session.execute(
+                f"CREATE INDEX IF NOT EXISTS {index} ON {keyspace}.{table} ({column}) USING 'sai'"
+            )

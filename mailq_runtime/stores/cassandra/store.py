@@ -107,6 +107,7 @@ class CassandraStore:
             if password:
                 reason = reason.replace(password, "***")
             raise StoreUnavailable(f"cannot connect to Cassandra at {self.where}: {reason}") from None
+        self.created = create and self.keyspace not in self.cluster.metadata.keyspaces
         if create:
             create_schema(session, self.keyspace, replication)
         else:

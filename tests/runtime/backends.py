@@ -1,0 +1,528 @@
+"""The deployments the runtime contract suite runs on, each with the probes and hooks its tests need.
+
+A backend is everything a contract test needs beyond the public API, as James's contracts take hooks:
+opening runtimes on one deployment, named probes that read its logical tables (row counts, whole tables
+to prove that bad input changed nothing, the references of an owner, the lease state, ...) and hooks that
+damage it on purpose (lose a broker message or a blob's content, corrupt a message). Tests read no SQL or
+CQL: each backend answers the probes in its own terms here, and nowhere else. A new deployment joins by
+adding a class with the same methods and a param to the `backend` fixture in conftest.py; the tests
+themselves do not change.
+
+- `EmbeddedBackend`: the embedded default, one SQLite file in a data directory.
+- `CassandraBackend`: Cassandra for the metadata, S3 for the content, on the harness's servers
+  (tests/servers), with the embedded broker in a directory of the test's own.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterable
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlencode
+
+from mailq_runtime import Runtime
+from mailq_runtime.clock import Clock, system_clock
+from mailq_runtime.stores.cassandra.schema import TABLES as CASSANDRA_TABLES
+
+if TYPE_CHECKING:
+    from botocore.client import BaseClient
+    from cassandra.cluster import Session
+
+    from tests.servers.cassandra import CassandraServer
+    from tests.servers.s3 import S3Server
+
+AGENT = Path(__file__).with_name("agent.py")
+# The logical tables every deployment has: probes and hooks name these.
+TABLES = (
+    "queues",
+    "enqueued_mails",
+    "deleted_mails",
+    "slice_counters",
+    "browse_start",
+    "content_start",
+    "configuration_events",
+    "broker_messages",
+    "dead_letters",
+    "delayed_mails",
+    "blobs",
+    "blob_references",
+    "blob_deletions",
+    "blob_content",
+    "generations",
+    "mailboxes",
+    "messages",
+    "message_id_table",
+    "imap_uid_table",
+    "mailbox_counters",
+)
+
+
+class Backend:
+    """What every deployment's backend shares: opening runtimes on its URL, other processes on it, and
+    the embedded broker's probes (the only broker built so far, in `broker_dir`)."""
+
+    name: str
+    # Whether one operation's writes commit together (group_writes): only then does commit order follow
+    # the order the core decided things in (uids, references).
+    groups_writes: bool
+    # The start of the NoStore message of an open where nothing was created yet (a regex).
+    missing_store: str
+    # Every table the deployment has, the logical ones (TABLES) among them.
+    tables: tuple[str, ...]
+
+    def __init__(self, broker_dir: Path) -> None:
+        self.broker_dir = broker_dir
+        self._opened: list[Runtime] = []
+
+    def url(self, **options: object) -> str:
+        raise NotImplementedError
+
+    def open(self, clock: Clock = system_clock, *, group_writes: bool = True, **options: object) -> Runtime:
+        """A runtime on the backend; `group_writes=False` makes every write of the core commit alone."""
+        runtime = Runtime.open(self.url(**options), clock=clock, create=True, group_writes=group_writes)
+        self._opened.append(runtime)
+        return runtime
+
+    def agent(self, *arguments: str, **options: object) -> subprocess.Popen:
+        """Another process working on the same queue (see agent.py)."""
+        return subprocess.Popen(
+            [sys.executable, str(AGENT), self.url(**options), *arguments],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def close(self) -> None:
+        for runtime in self._opened:
+            runtime.close()
+
+    def count(self, table: str) -> int:
+        raise NotImplementedError
+
+    def counts(self) -> dict[str, int]:
+        return {table: self.count(table) for table in TABLES}
+
+    # The embedded broker: its table in the SQLite file of its directory
+
+    def _broker_sql(self, sql: str, parameters: tuple = ()) -> tuple[list[tuple], int]:
+        """The rows a statement returns, and how many it changed (committed)."""
+        with closing(sqlite3.connect(self.broker_dir / "mailq.db", timeout=30)) as db, db:
+            cursor = db.execute(sql, parameters)
+            return cursor.fetchall(), cursor.rowcount
+
+    def _broker_messages(self) -> list[tuple]:
+        if not (self.broker_dir / "mailq.db").exists():
+            return []
+        return self._broker_sql("SELECT * FROM broker_messages")[0]
+
+    def lease_state(self) -> list[tuple]:
+        """Who may deliver what from when, for every message the broker holds: equal before and after
+        means no lease was taken, extended or given back."""
+        return self._broker_sql("SELECT id, lease, available_at FROM broker_messages ORDER BY id")[0]
+
+    def lose_broker_message(self, queue: str, enqueue_id: str) -> None:
+        """What a broker outage can do: the message is gone while the view still holds the mail."""
+        lost = self._broker_sql(
+            "DELETE FROM broker_messages WHERE queue = ? AND enqueue_id = ?", (queue, enqueue_id)
+        )[1]
+        assert lost == 1
+
+    def corrupt_broker_message(self, queue: str, enqueue_id: str) -> None:
+        """A message whose payload no longer decodes (a bug in another version, a bad manual edit)."""
+        corrupted = self._broker_sql(
+            "UPDATE broker_messages SET payload = ? WHERE queue = ? AND enqueue_id = ?",
+            ('{"not": "a mail"', queue, enqueue_id),
+        )[1]
+        assert corrupted == 1
+
+    # Probes derived from the ones each backend answers
+
+    def references(self) -> dict[str, set[str]]:
+        """owner -> the blob ids it references."""
+        held: dict[str, set[str]] = {}
+        for owner, blob_id, _ in self.blob_references():
+            held.setdefault(owner, set()).add(blob_id)
+        return held
+
+    def references_of(self, owner: str) -> list[str]:
+        return sorted(self.references().get(owner, ()))
+
+    def blob_references(self) -> list[tuple[str, str, int]]:
+        """(owner, blob id, generation) of every reference."""
+        raise NotImplementedError
+
+    def blob_rows(self) -> set[str]:
+        """The blob ids of `blobs`."""
+        return {blob_id for blob_id, _ in self.blobs()}
+
+    def blobs(self) -> list[tuple[str, int]]:
+        raise NotImplementedError
+
+    def contents(self) -> list[str]:
+        raise NotImplementedError
+
+    def blob_contents(self) -> set[str]:
+        """The blob ids whose content the blob store holds."""
+        return set(self.contents())
+
+    def deletions(self) -> list[str]:
+        """The blob id of every deletion, repeated ones included."""
+        return sorted(blob_id for blob_id, _, _ in self.blob_deletions())
+
+    def blob_deletions(self) -> list[tuple[str, int, int]]:
+        raise NotImplementedError
+
+
+class EmbeddedBackend(Backend):
+    """The embedded default: one SQLite file in a data directory, the broker's table in it too."""
+
+    name = "embedded"
+    groups_writes = True
+    tables = TABLES
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(data_dir)
+        self.data_dir = data_dir
+        self.missing_store = f"no mailq data in {data_dir}"
+
+    def url(self, **options: object) -> str:
+        query = urlencode(options)
+        return f"embedded://{self.data_dir}" + (f"?{query}" if query else "")
+
+    def elsewhere(self) -> EmbeddedBackend:
+        """A backend of the same deployment where nothing was created."""
+        return EmbeddedBackend(self.data_dir.with_name(self.data_dir.name + "-elsewhere"))
+
+    def rows(self, sql: str, parameters: tuple = ()) -> list[tuple]:
+        """The embedded store's own SQL: what the probes below read with, not for the tests."""
+        return self._broker_sql(sql, parameters)[0]
+
+    # Probes: the logical tables, by their names --------------------------------------------------------
+
+    def exists(self) -> bool:
+        """Whether anything of the deployment's store is there."""
+        return self.data_dir.exists()
+
+    def count(self, table: str) -> int:
+        assert table in TABLES, table
+        return self.rows(f"SELECT COUNT(*) FROM {table}")[0][0]
+
+    def table(self, table: str) -> list[tuple]:
+        """Every row of a table, in a fixed order: equal before and after means nothing changed."""
+        assert table in TABLES, table
+        return sorted(self.rows(f"SELECT * FROM {table}"), key=repr)
+
+    # the queue view
+
+    def mail_rows(self, queue: str, *, slices_before: int | None = None) -> int:
+        """`enqueued_mails` rows of a queue (in the slices starting before a moment)."""
+        if slices_before is None:
+            return self.rows("SELECT COUNT(*) FROM enqueued_mails WHERE queue = ?", (queue,))[0][0]
+        return self.rows(
+            "SELECT COUNT(*) FROM enqueued_mails WHERE queue = ? AND slice_start < ?", (queue, slices_before)
+        )[0][0]
+
+    def deleted_marks(self, queue: str) -> int:
+        """`deleted_mails` rows of a queue."""
+        return self.rows("SELECT COUNT(*) FROM deleted_mails WHERE queue = ?", (queue,))[0][0]
+
+    def buckets(self, queue: str) -> set[int]:
+        """The buckets holding a queue's `enqueued_mails` rows."""
+        return {
+            bucket for (bucket,) in self.rows("SELECT bucket FROM enqueued_mails WHERE queue = ?", (queue,))
+        }
+
+    def mail_blobs(self, enqueue_id: str) -> tuple[str, str]:
+        """The header and body blob ids of a mail's view row."""
+        (blobs,) = self.rows(
+            "SELECT header_blob_id, body_blob_id FROM enqueued_mails WHERE enqueue_id = ?", (enqueue_id,)
+        )
+        return blobs
+
+    # blobs (record 39)
+
+    def references_in_write_order(self) -> list[tuple[str, str]]:
+        """(owner, blob id) of every reference, in the order they were written."""
+        return self.rows("SELECT owner, blob_id FROM blob_references ORDER BY rowid")
+
+    def blob_references(self) -> list[tuple[str, str, int]]:
+        return sorted(self.rows("SELECT owner, blob_id, generation FROM blob_references"))
+
+    def blobs(self) -> list[tuple[str, int]]:
+        """(blob id, generation) of every row of `blobs`."""
+        return sorted(self.rows("SELECT blob_id, generation FROM blobs"))
+
+    def blob_deletions(self) -> list[tuple[str, int, int]]:
+        """(blob id, generation, GC iteration) of every deletion."""
+        return sorted(self.rows("SELECT blob_id, generation, gc_iteration FROM blob_deletions"))
+
+    def contents(self) -> list[str]:
+        """The blob ids whose content the blob store holds."""
+        return sorted(b for (b,) in self.rows("SELECT blob_id FROM blob_content"))
+
+    def generations(self, kind: str) -> list[int]:
+        """The numbers emitted of `reference_generation` or `gc_iteration`, in order."""
+        return [
+            n for (n,) in self.rows("SELECT number FROM generations WHERE kind = ? ORDER BY number", (kind,))
+        ]
+
+    # mailboxes (record 23)
+
+    def mailbox_ids(self) -> set[str]:
+        return {m for (m,) in self.rows("SELECT mailbox_id FROM mailboxes")}
+
+    def messages(self) -> dict[str, tuple[str, str]]:
+        """message id -> its (header, body) blob ids, for every stored message."""
+        return {
+            m: (h, b)
+            for m, h, b in self.rows("SELECT message_id, header_blob_id, body_blob_id FROM messages")
+        }
+
+    def source_of_truth(self) -> set[tuple[str, int, str, str]]:
+        """(mailbox id, uid, message id, flags) of every `imap_uid_table` entry."""
+        return set(self.rows("SELECT mailbox_id, uid, message_id, flags FROM imap_uid_table"))
+
+    def projection(self) -> set[tuple[str, int, str, str]]:
+        """(mailbox id, uid, message id, flags) of every `message_id_table` entry."""
+        return set(self.rows("SELECT mailbox_id, uid, message_id, flags FROM message_id_table"))
+
+    def stored_counters(self) -> dict[str, tuple[int, int]]:
+        """mailbox id -> (count, unseen) as `mailbox_counters` holds them."""
+        return {m: (c, u) for m, c, u in self.rows("SELECT mailbox_id, count, unseen FROM mailbox_counters")}
+
+    def uids_in_write_order(self, mailbox_id: str) -> list[int]:
+        """A mailbox's uids in the source of truth, in the order they were written."""
+        return [
+            uid
+            for (uid,) in self.rows(
+                "SELECT uid FROM imap_uid_table WHERE mailbox_id = ? ORDER BY rowid", (mailbox_id,)
+            )
+        ]
+
+    # Hooks that damage the deployment on purpose -------------------------------------------------------
+
+    def lose_content(self, blob_id: str) -> None:
+        """The blob store lost a blob that is still referenced."""
+        assert self._broker_sql("DELETE FROM blob_content WHERE blob_id = ?", (blob_id,))[1] == 1
+
+
+@dataclass
+class CassandraS3:
+    """The harness's Cassandra and S3 servers, and one probe session and client on them for the whole
+    test session (connecting costs more than most probes)."""
+
+    cassandra_server: CassandraServer
+    s3_server: S3Server
+    session: Session
+    s3: BaseClient
+
+
+class CassandraBackend(Backend):
+    """Cassandra + S3 on the harness's servers. The tests of a session share one keyspace and one bucket:
+    each test starts with every table emptied and its own key prefix in the bucket, so nothing it finds
+    was written by another."""
+
+    name = "cassandra"
+    groups_writes = False
+    tables = (*TABLES, *sorted(set(CASSANDRA_TABLES) - set(TABLES)))
+
+    def __init__(self, broker_dir: Path, servers: CassandraS3, keyspace: str, bucket: str) -> None:
+        super().__init__(broker_dir)
+        self.servers = servers
+        self.keyspace = keyspace
+        self.bucket = bucket
+        self.prefix = f"t{secrets.token_hex(4)}/"
+        self.missing_store = f"no keyspace '{keyspace}' in Cassandra"
+        self.session = servers.session
+        self.s3 = servers.s3
+
+    def url(self, **options: object) -> str:
+        query = urlencode(
+            {
+                "s3": self.bucket,
+                "s3_endpoint": self.servers.s3_server.endpoint_url,
+                "s3_region": self.servers.s3_server.region,
+                "s3_prefix": self.prefix,
+                "broker": f"embedded:{self.broker_dir}",
+                **options,
+            },
+            safe=":/",
+        )
+        server = self.servers.cassandra_server
+        return f"cassandra://{server.host}:{server.port}/{self.keyspace}?{query}"
+
+    def elsewhere(self) -> CassandraBackend:
+        """A backend of the same deployment where nothing was created: a keyspace no one made."""
+        return CassandraBackend(
+            self.broker_dir.with_name(self.broker_dir.name + "-elsewhere"),
+            self.servers,
+            f"{self.keyspace}_elsewhere",
+            self.bucket,
+        )
+
+    def empty(self) -> None:
+        """Empty every table. A partition at a time, which costs a few reads and deletes where TRUNCATE
+        costs a flush; but the counters are truncated, as a deleted counter cannot be counted again."""
+        self.session.cluster.refresh_schema_metadata()
+        keyspace = self.session.cluster.metadata.keyspaces.get(self.keyspace)
+        if keyspace is None:
+            return
+        for name, table in keyspace.tables.items():
+            if any(column.cql_type == "counter" for column in table.columns.values()):
+                if self.session.execute(f"SELECT * FROM {self.keyspace}.{name} LIMIT 1").one() is not None:
+                    self.session.execute(f"TRUNCATE {self.keyspace}.{name}", timeout=120)
+                continue
+            key = [column.name for column in table.partition_key]
+            where = " AND ".join(f"{column} = ?" for column in key)
+            delete = self.session.prepare(f"DELETE FROM {self.keyspace}.{name} WHERE {where}")
+            for partition in self.session.execute(
+                f"SELECT DISTINCT {', '.join(key)} FROM {self.keyspace}.{name}"
+            ):
+                self.session.execute(delete, tuple(partition))
+
+    def _rows(self, cql: str, parameters: Iterable = ()) -> list[tuple]:
+        return [
+            tuple(row)
+            for row in self.session.execute(
+                cql.replace("FROM ", f"FROM {self.keyspace}.", 1), tuple(parameters)
+            )
+        ]
+
+    # Probes: the logical tables, by their names --------------------------------------------------------
+
+    def exists(self) -> bool:
+        """Whether anything of the deployment's store is there: the keyspace, or the broker's directory."""
+        self.session.cluster.refresh_schema_metadata()
+        return self.keyspace in self.session.cluster.metadata.keyspaces or self.broker_dir.exists()
+
+    def count(self, table: str) -> int:
+        return len(self.table(table))
+
+    def table(self, table: str) -> list[tuple]:
+        """Every row of a table, in a fixed order: equal before and after means nothing changed."""
+        assert table in self.tables, table
+        if table == "broker_messages":
+            rows = self._broker_messages()
+        elif table == "blob_content":
+            rows = [(key, etag) for key, etag in self._objects()]
+        else:
+            rows = self._rows(f"SELECT * FROM {table}")
+        return sorted(rows, key=repr)
+
+    def _objects(self) -> list[tuple[str, str]]:
+        """(blob id, ETag) of every object under this test's prefix."""
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+        try:
+            return [
+                (item["Key"].removeprefix(self.prefix), item["ETag"])
+                for page in pages
+                for item in page.get("Contents", ())
+            ]
+        except self.s3.exceptions.NoSuchBucket:
+            return []
+
+    # the queue view
+
+    def mail_rows(self, queue: str, *, slices_before: int | None = None) -> int:
+        """`enqueued_mails` rows of a queue (in the slices starting before a moment)."""
+        starts = [
+            start
+            for (start,) in self._rows(
+                "SELECT slice_start FROM enqueued_mails WHERE queue = ? ALLOW FILTERING", (queue,)
+            )
+        ]
+        return sum(slices_before is None or start < slices_before for start in starts)
+
+    def deleted_marks(self, queue: str) -> int:
+        """`deleted_mails` rows of a queue."""
+        return len(
+            self._rows("SELECT enqueue_id FROM deleted_mails WHERE queue = ? ALLOW FILTERING", (queue,))
+        )
+
+    def buckets(self, queue: str) -> set[int]:
+        """The buckets holding a queue's `enqueued_mails` rows."""
+        return {
+            b
+            for (b,) in self._rows(
+                "SELECT bucket FROM enqueued_mails WHERE queue = ? ALLOW FILTERING", (queue,)
+            )
+        }
+
+    def mail_blobs(self, enqueue_id: str) -> tuple[str, str]:
+        """The header and body blob ids of a mail's view row."""
+        (blobs,) = self._rows(
+            "SELECT header_blob_id, body_blob_id FROM enqueued_mails WHERE enqueue_id = ? ALLOW FILTERING",
+            (enqueue_id,),
+        )
+        return blobs
+
+    # blobs (record 39)
+
+    def references_in_write_order(self) -> list[tuple[str, str]]:
+        """(owner, blob id) of every reference, in the order of their write timestamps."""
+        rows = self._rows("SELECT owner, blob_id, writetime(generation) FROM blob_references")
+        return [(owner, blob_id) for owner, blob_id, _ in sorted(rows, key=lambda row: row[2])]
+
+    def blob_references(self) -> list[tuple[str, str, int]]:
+        return sorted(self._rows("SELECT owner, blob_id, generation FROM blob_references"))
+
+    def blobs(self) -> list[tuple[str, int]]:
+        return sorted(self._rows("SELECT blob_id, generation FROM blobs"))
+
+    def blob_deletions(self) -> list[tuple[str, int, int]]:
+        return sorted(self._rows("SELECT blob_id, generation, gc_iteration FROM blob_deletions"))
+
+    def contents(self) -> list[str]:
+        return sorted(blob_id for blob_id, _ in self._objects())
+
+    def generations(self, kind: str) -> list[int]:
+        return sorted(n for (n,) in self._rows("SELECT number FROM generations WHERE kind = ?", (kind,)))
+
+    # mailboxes (record 23)
+
+    def mailbox_ids(self) -> set[str]:
+        return {m for (m,) in self._rows("SELECT mailbox_id FROM mailboxes")}
+
+    def messages(self) -> dict[str, tuple[str, str]]:
+        return {
+            m: (h, b)
+            for m, h, b in self._rows("SELECT message_id, header_blob_id, body_blob_id FROM messages")
+        }
+
+    def source_of_truth(self) -> set[tuple[str, int, str, str]]:
+        return set(self._rows("SELECT mailbox_id, uid, message_id, flags FROM imap_uid_table"))
+
+    def projection(self) -> set[tuple[str, int, str, str]]:
+        return set(self._rows("SELECT mailbox_id, uid, message_id, flags FROM message_id_table"))
+
+    def stored_counters(self) -> dict[str, tuple[int, int]]:
+        """mailbox id -> (count, unseen) as `mailbox_counters` holds them; a counter never written reads
+        as 0, as Cassandra's counters do."""
+        stored = dict.fromkeys(self.mailbox_ids(), (0, 0))
+        stored.update(
+            {
+                m: (c or 0, u or 0)
+                for m, c, u in self._rows("SELECT mailbox_id, count, unseen FROM mailbox_counters")
+            }
+        )
+        return stored
+
+    def uids_in_write_order(self, mailbox_id: str) -> list[int]:
+        """A mailbox's uids in the source of truth, in the order of their write timestamps."""
+        rows = self._rows(
+            "SELECT uid, writetime(flags) FROM imap_uid_table WHERE mailbox_id = ?", (mailbox_id,)
+        )
+        return [uid for uid, _ in sorted(rows, key=lambda row: row[1])]
+
+    # Hooks that damage the deployment on purpose -------------------------------------------------------
+
+    def lose_content(self, blob_id: str) -> None:
+        """The blob store lost a blob that is still referenced."""
+        assert blob_id in self.contents()
+        self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + blob_id)
