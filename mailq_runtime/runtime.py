@@ -125,15 +125,14 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
 
     cassandra, s3 = settings.cassandra, settings.s3
     assert cassandra is not None and s3 is not None and settings.data_dir is not None
-    # Where the embedded broker is, first: it is the only part on this machine, and the cheapest to refuse.
-    broker_store = EmbeddedStore(settings.data_dir, settings.durability, create)
-    opened: list[Callable[[], None]] = [broker_store.close]
+    opened: list[Callable[[], None]] = []
     try:
         (host, port), *others = cassandra.contact_points
         if any(other_port != port for _, other_port in others):
             raise InvalidInput(
                 f"the Cassandra hosts of {settings.shown()} name different ports: the driver takes one port"
             )
+        # The keyspace first: it is what a mistyped URL most likely names wrong.
         metadata = CassandraStore(
             [host for host, _ in cassandra.contact_points],
             cassandra.keyspace,
@@ -148,6 +147,8 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
         opened.append(content.close)
         content.open_bucket(create)
+        broker_store = EmbeddedStore(settings.data_dir, settings.durability, create)
+        opened.append(broker_store.close)
     except BaseException:
         for close in reversed(opened):
             close()
