@@ -135,8 +135,8 @@ def test_passwords_come_from_the_environment_and_no_settings_hold_them(monkeypat
         assert "secret" not in shown
 
 
-def test_the_factory_refuses_a_deployment_this_version_does_not_build(tmp_path):
-    url = f"cassandra://db1/mailq?s3=mail-blobs&broker=embedded:{tmp_path / 'broker'}"
+def test_the_factory_refuses_a_broker_this_version_does_not_build(tmp_path):
+    url = "cassandra://db1/mailq?s3=mail-blobs&broker=amqp://mq1/"
     for attempt in (
         lambda: Runtime.open(url, create=True),
         lambda: build(Settings.from_url(url), create=True),
@@ -144,6 +144,6 @@ def test_the_factory_refuses_a_deployment_this_version_does_not_build(tmp_path):
         with pytest.raises(InvalidInput) as refused:
             attempt()
         message = str(refused.value)
-        assert message.startswith("the mailq URL scheme cassandra:// ('cassandra://db1/mailq?")
-        assert "not built into this version of mailq, which runs embedded:// only" in message
+        assert message.startswith("the broker amqp:// in 'cassandra://db1/mailq?")
+        assert "not built into this version of mailq: use broker=embedded:<dir>" in message
     assert list(tmp_path.iterdir()) == []
