@@ -18,7 +18,8 @@ Measures:
      `--threads` concurrent callers (as an MTA's SMTP sessions are), and of N/4 from one thread;
   2. dequeue + done() of each, likewise;
   3. size() on a queue with a long history (`--history` processed mails over 30 days of 1h slices,
-     browse_start left at its start: the worst case) and `--live` live mails, checked against a browse;
+     browse_start left at its start: the worst case) and `--live` live mails, checked against a browse
+     (embedded: in a store of its own, beside the deployment's; Cassandra: in the same keyspace);
   4. the floor. Embedded: the rate of one-row SQLite transactions (BEGIN IMMEDIATE; INSERT; COMMIT) in
      WAL mode with the runtime's durability, the ceiling any queue operation on this disk works under.
      Cassandra: the bare cassandra-driver statements, boto3 puts and gets and broker SQLite writes that
@@ -48,6 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -484,15 +486,21 @@ def main() -> None:
             with Runtime(settings, create=True) as runtime:
                 run = Phases(runtime, floor, args.size, args.threads, args.profile)
                 run.throughput(mails, single)
-                started = time.perf_counter()
-                if floor is None:
-                    slices = build_history(runtime, history)
-                else:
+                if floor is not None:
+                    started = time.perf_counter()
                     slices = build_history_distributed(runtime, floor, history)
-                history_seconds = time.perf_counter() - started
-                sizes, answer, browse_seconds = size_phase(runtime, live, args.size)
+                    history_seconds = time.perf_counter() - started
+                    sizes, answer, browse_seconds = size_phase(runtime, live, args.size)
             raw_rate = None
             if floor is None:
+                # A store of its own, beside the deployment's: the content the phases above left in the
+                # deployment's file is not what size() is measured against.
+                history_settings = replace(settings, data_dir=scratch / "history", url="")
+                with Runtime(history_settings, create=True) as runtime:
+                    started = time.perf_counter()
+                    slices = build_history(runtime, history)
+                    history_seconds = time.perf_counter() - started
+                    sizes, answer, browse_seconds = size_phase(runtime, live, args.size)
                 raw_rate = raw_sqlite_rate(scratch / "raw.db", synchronous, RAW_TRANSACTIONS)
     finally:
         if work is not None:
