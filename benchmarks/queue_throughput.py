@@ -24,8 +24,8 @@ Measures:
      WAL mode with the runtime's durability, the ceiling any queue operation on this disk works under.
      Cassandra: the bare cassandra-driver statements, boto3 puts and gets and broker SQLite writes that
      one enqueue and one dequeue + done() make (queue_floor.py), in the same phases with the same
-     threads, taking turns with mailq in ROUNDS rounds a phase; the ratio is mailq's rate over the
-     floor's;
+     threads, taking turns with mailq in ROUNDS rounds a phase (each first in every other round); the
+     ratio is mailq's rate over the floor's;
   5. where the time goes: in the single-thread phases each backend call of mailq (every method of the
      view, blob tables, content, broker and delayed mails) is timed, as is each of the floor's calls:
      milliseconds per mail by call kind, and what is left, mailq's own work. (The timing costs about a
@@ -75,7 +75,7 @@ SIZE_CALLS = 200
 RAW_TRANSACTIONS = 20_000
 WARM_UP_MAILS = 4
 # With a floor, each phase alternates it with mailq in this many rounds.
-ROUNDS = 6
+ROUNDS = 10
 # mails, history, live: bounded on a distributed deployment, where each call is a network round trip.
 DEFAULTS = {EMBEDDED: (20_000, 1_000_000, 1000), CASSANDRA: (300, 2000, 50)}
 TARGET_RATE = 3000
@@ -412,15 +412,22 @@ class Phases:
         rounds = 1 if self.floor is None else ROUNDS
         for number in range(rounds):
             count = mails * (number + 1) // rounds - mails * number // rounds
-            if self.floor is not None:
-                self.floor.timings = self.timings["floor"][timed] if timed else None
-                self._add(f"floor_{phase}", of_floor(count))
-                self.floor.timings = None
+            # The floor first in even rounds, mailq first in odd ones.
+            if self.floor is not None and number % 2 == 0:
+                self._floor(phase, count, of_floor, timed)
             if timed is None:
                 self._add(phase, of_mailq(count))
-                continue
-            with timed_calls(self.runtime, self.timings["mailq"][timed]):
-                self._add(phase, of_mailq(count))
+            else:
+                with timed_calls(self.runtime, self.timings["mailq"][timed]):
+                    self._add(phase, of_mailq(count))
+            if self.floor is not None and number % 2 == 1:
+                self._floor(phase, count, of_floor, timed)
+
+    def _floor(self, phase: str, count: int, of_floor: Callable, timed: str | None) -> None:
+        assert self.floor is not None
+        self.floor.timings = self.timings["floor"][timed] if timed else None
+        self._add(f"floor_{phase}", of_floor(count))
+        self.floor.timings = None
 
     def _add(self, phase: str, measured: tuple[list[float], float]) -> None:
         latencies, wall = self.measured.get(phase, ([], 0.0))
