@@ -10,7 +10,10 @@ the configuration is read as stored (the defaults while none is).
 `group_writes` is an optimisation, never a correctness need: the core is correct when every backend call
 commits on its own, and may wrap the writes of one operation in `group_writes()` so that a deployment
 able to do so commits them at once. The embedded deployment's is its store's transaction (which also
-holds the store's turn, see stores/embedded.py); any other's is `contextlib.nullcontext`.
+holds the store's turn, see stores/embedded.py); any other's is `contextlib.nullcontext`. So is `one_turn`,
+held over a whole queue operation, its reads and its own work included: the embedded store's turn, so that
+the threads of a process take turns rather than hand the GIL and the connection back and forth between
+their statements; nothing on any other deployment.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Deployment:
     dead_letters: DeadLetters
     delayed_mails: DelayedMails
     group_writes: GroupWrites
+    one_turn: GroupWrites
     created: bool  # whether this open made the store
     # The embedded deployment's store (its file, its transactions), for what is about that store only.
     store: EmbeddedStore | None
@@ -104,6 +108,7 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         dead_letters=EmbeddedDeadLetters(store),
         delayed_mails=EmbeddedDelayedMails(store),
         group_writes=store.transaction,
+        one_turn=store.turn,
         created=store.created,
         store=store,
         close=store.close,
@@ -169,6 +174,8 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         dead_letters=CassandraDeadLetters(metadata),
         delayed_mails=CassandraDelayedMails(metadata, settings.clock_skew_grace),
         group_writes=nullcontext,
+        # The broker's store is not held over operations that spend their time waiting on Cassandra and S3.
+        one_turn=nullcontext,
         created=metadata.created,
         store=None,
         close=close,
@@ -195,10 +202,11 @@ class Runtime:
         # `group_writes` is an optimisation, never a correctness need: the core orders the writes of every
         # path so that each may commit alone (as on Cassandra). The embedded store may group one step's
         # writes into one SQLite transaction, which costs one commit instead of several; tests turn it
-        # off to see every write commit alone.
+        # off to see every write commit alone, and the threads of one process interleave their operations.
         group = deployment.group_writes if group_writes else nullcontext
         self.store = deployment.store
         self.group_writes = group
+        self.one_turn = deployment.one_turn if group_writes else nullcontext
         self.view = deployment.view
         self.broker = deployment.broker
         self.blob_tables = deployment.blob_tables
@@ -262,6 +270,7 @@ class Runtime:
                 self.settings.max_message_size,
                 self.settings.clock_skew_grace,
                 group_writes=self.group_writes,
+                one_turn=self.one_turn,
                 faults=self.faults,
             )
             self._queues[name] = queue
