@@ -82,11 +82,6 @@ def build(settings: Settings, clock: Clock = system_clock, *, create: bool = Fal
     schema is made; without, nothing is written and a missing store is NoStore."""
     check_built(settings)
     if settings.backend == CASSANDRA:
-        if settings.amqp is not None:
-            raise InvalidInput(
-                f"the broker amqp:// in {settings.shown()} is not built into this version of mailq: "
-                "use broker=embedded:<dir>"
-            )
         return _distributed(settings, clock, create)
     return _embedded(settings, clock, create)
 
@@ -110,9 +105,31 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
     )
 
 
+def _rabbitmq(settings: Settings, clock: Clock) -> Broker:
+    """The RabbitMQ broker of an amqp:// broker option; it connects at its first use. Without a user in
+    the URL, RabbitMQ's own guest (whose password is guest); the password comes from MAILQ_AMQP_PASSWORD."""
+    from .brokers.rabbitmq import RabbitMQBroker
+
+    amqp = settings.amqp
+    assert amqp is not None
+    password = amqp.password()
+    if password is None:
+        password = "guest" if amqp.user is None else ""
+    return RabbitMQBroker(
+        amqp.host,
+        amqp.port,
+        amqp.vhost,
+        amqp.user or "guest",
+        password,
+        clock=clock,
+        visibility_timeout=settings.visibility_timeout,
+    )
+
+
 def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
-    """Cassandra for the metadata, S3 for the content, the embedded broker in its own directory. The
-    drivers are imported here, so that a process on the embedded deployment never loads them."""
+    """Cassandra for the metadata, S3 for the content, RabbitMQ or the embedded broker in its own
+    directory. The drivers are imported here, so that a process on the embedded deployment never loads
+    them."""
     from .blobs.s3_store import S3BlobStore
     from .stores.cassandra import (
         CassandraBlobTables,
@@ -124,10 +141,18 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
     )
 
     cassandra, s3 = settings.cassandra, settings.s3
-    assert cassandra is not None and s3 is not None and settings.data_dir is not None
-    # Where the embedded broker is, first: it is the only part on this machine, and the cheapest to refuse.
-    broker_store = EmbeddedStore(settings.data_dir, settings.durability, create)
-    opened: list[Callable[[], None]] = [broker_store.close]
+    assert cassandra is not None and s3 is not None
+    broker: Broker
+    if settings.amqp is not None:
+        broker = _rabbitmq(settings, clock)
+        opened: list[Callable[[], None]] = [broker.close]
+    else:
+        assert settings.data_dir is not None
+        # Where the embedded broker is, first: it is the only part on this machine, and the cheapest to
+        # refuse.
+        broker_store = EmbeddedStore(settings.data_dir, settings.durability, create)
+        broker = EmbeddedBroker(broker_store, clock, settings.visibility_timeout)
+        opened = [broker_store.close]
     try:
         (host, port), *others = cassandra.contact_points
         if any(other_port != port for _, other_port in others):
@@ -161,7 +186,7 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
     return Deployment(
         view=view,
         configuration_events=view,
-        broker=EmbeddedBroker(broker_store, clock, settings.visibility_timeout),
+        broker=broker,
         blob_tables=CassandraBlobTables(metadata),
         content=content,
         mailbox_tables=CassandraMailboxTables(metadata),

@@ -5,7 +5,10 @@ instance are left alone."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -13,7 +16,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from .base import HOST, Proc, Server, ServerError, log_tails, port_setting, run_logged, say, wait_for
+from .base import (
+    HOST,
+    Proc,
+    Server,
+    ServerError,
+    log_tails,
+    port_answers,
+    port_setting,
+    run_logged,
+    say,
+    wait_for,
+)
 
 if TYPE_CHECKING:
     import pika
@@ -59,14 +73,41 @@ class RabbitMQ(Server):
         "distribution": ("MAILQ_RABBITMQ_DIST_PORT", 26572),
     }
 
-    def __init__(self, cache: Path | None = None) -> None:
+    def __init__(
+        self,
+        cache: Path | None = None,
+        *,
+        node: str = NODE,
+        ports: dict[str, int] | None = None,
+        epmd_port: int | None = None,
+    ) -> None:
         super().__init__(cache)
+        self.node = node
+        self._ports = ports
+        self._epmd_port = epmd_port
         self.pid_file = self.run_dir / "rabbit.pid"
         self.log = self.run_dir / "log" / "rabbit.log"
         self.launch_log = self.run_dir / "log" / "launch.log"
 
+    @classmethod
+    def private(cls, directory: Path) -> RabbitMQ:
+        """A node of its own in `directory`, on free ports and with its own epmd: for tests that stop, kill
+        or restart RabbitMQ, which must never do that to the shared node other test runs are using."""
+        amqp, distribution, epmd = _free_ports(3)
+        return cls(
+            directory,
+            node=f"mailq-{secrets.token_hex(4)}@localhost",
+            ports={"amqp": amqp, "distribution": distribution},
+            epmd_port=epmd,
+        )
+
+    def ports(self) -> dict[str, int]:
+        return dict(self._ports) if self._ports is not None else super().ports()
+
     def epmd_port(self) -> int:
         # Its own epmd, so that stopping it never disturbs another Erlang node of the machine.
+        if self._epmd_port is not None:
+            return self._epmd_port
         return port_setting("MAILQ_RABBITMQ_EPMD_PORT", 14369)
 
     def installed(self) -> bool:
@@ -139,14 +180,14 @@ class RabbitMQ(Server):
         wait_for("rabbitmq", self._amqp_answers, alive=server.alive, logs=logs, timeout=60)
 
     def facts(self) -> dict:
-        return asdict(RabbitMQServer(HOST, self.ports()["amqp"], "guest", "guest", "/", NODE))
+        return asdict(RabbitMQServer(HOST, self.ports()["amqp"], "guest", "guest", "/", self.node))
 
     def shut_down(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
         if server.alive():
             # The pid file form waits until the VM has exited; plain `stop` returns before.
             stop = subprocess.run(
-                [str(SCRIPTS / "rabbitmqctl"), "-n", NODE, "stop", str(self.pid_file)],
+                [str(SCRIPTS / "rabbitmqctl"), "-n", self.node, "stop", str(self.pid_file)],
                 env=self._env(),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
@@ -158,6 +199,39 @@ class RabbitMQ(Server):
             server.terminate("rabbitmq", timeout=60)
         self._stop_epmd()
 
+    def kill(self) -> None:
+        """SIGKILL the running node, as a crash would. Its state file stays, so the next `ensure()` finds it
+        dead, cleans up and starts it again on the same data."""
+        with self.lock():
+            running = self.recorded()
+            if running is None:
+                raise ServerError("rabbitmq: no running node to kill")
+            server = running.procs["server"]
+            server.signal(signal.SIGKILL)
+            if not server.wait_gone(30):
+                raise ServerError(f"rabbitmq: pid {server.pid} still alive 30 s after SIGKILL")
+            # A dying VM's threads may still hold its listeners for a moment after it shows as dead.
+            deadline = time.monotonic() + 30
+            while any(port_answers(port) for port in running.ports.values()):
+                if time.monotonic() > deadline:
+                    raise ServerError("rabbitmq: its ports still answer 30 s after SIGKILL")
+                time.sleep(0.1)
+
+    def ctl(self, *arguments: str) -> str:
+        """Run `rabbitmqctl` on this node; its output, or ServerError with its message."""
+        done = subprocess.run(
+            [str(SCRIPTS / "rabbitmqctl"), "-q", "-n", self.node, *arguments],
+            env=self._env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip()[-300:]
+            raise ServerError(f"rabbitmqctl {' '.join(arguments)}: {said}")
+        return done.stdout
+
     def _env(self) -> dict[str, str]:
         run = self.run_dir
         ports = self.ports()
@@ -165,7 +239,7 @@ class RabbitMQ(Server):
             **os.environ,
             # The Erlang cookie lives in $HOME: this node's own, shared with rabbitmqctl.
             "HOME": str(run / "home"),
-            "RABBITMQ_NODENAME": NODE,
+            "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_IP_ADDRESS": HOST,
             "RABBITMQ_NODE_PORT": str(ports["amqp"]),
             "RABBITMQ_DIST_PORT": str(ports["distribution"]),
@@ -220,3 +294,15 @@ class RabbitMQ(Server):
         names = subprocess.run([epmd, *port, "-names"], capture_output=True, text=True, timeout=30)
         if names.returncode == 0 and "name " not in names.stdout:
             subprocess.run([epmd, *port, "-kill"], capture_output=True, timeout=30)
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` loopback ports free right now (held open together, so that they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for one in sockets:
+            one.bind((HOST, 0))
+        return [one.getsockname()[1] for one in sockets]
+    finally:
+        for one in sockets:
+            one.close()
