@@ -356,11 +356,13 @@ class RabbitMQBroker:
         return consumer
 
     def held(self, queue: str) -> list[tuple[str, int | None]]:
-        """The messages of `queue` this broker holds unsettled: enqueue id and lease end (microseconds),
-        or None for those received and not handed out yet."""
+        """The messages of `queue` this broker holds unsettled, once those RabbitMQ sent it have arrived:
+        enqueue id and lease end (microseconds), or None for those received and not handed out yet."""
         consumer = self._consumers.get(queue_name(queue))
         if consumer is None:
             return []
+        if consumer.live and not self._closed:
+            self._sync(consumer)
         with consumer.cond:
             leased = [(enqueue_id, until) for enqueue_id, until in consumer.outstanding.values()]
             return leased + [(entry[1], None) for entry in consumer.buffer]

@@ -11,22 +11,29 @@ themselves do not change.
 - `EmbeddedBackend`: the embedded default, one SQLite file in a data directory.
 - `CassandraBackend`: Cassandra for the metadata, S3 for the content, on the harness's servers
   (tests/servers), with the embedded broker in a directory of the test's own.
+- `RabbitMQBackend`: the same with RabbitMQ as the broker, in a virtual host of the test's own.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
+
+import pika
+import pika.exceptions
 
 from mailq_runtime import Runtime
+from mailq_runtime.brokers.rabbitmq import queue_name
 from mailq_runtime.clock import Clock, system_clock
 from mailq_runtime.stores.cassandra.schema import TABLES as CASSANDRA_TABLES
 
@@ -35,6 +42,7 @@ if TYPE_CHECKING:
     from cassandra.cluster import Session
 
     from tests.servers.cassandra import CassandraServer
+    from tests.servers.rabbitmq import RabbitMQ, RabbitMQServer
     from tests.servers.s3 import S3Server
 
 AGENT = Path(__file__).with_name("agent.py")
@@ -71,6 +79,8 @@ class Backend:
     # Whether one operation's writes commit together (group_writes): only then does commit order follow
     # the order the core decided things in (uids, references).
     groups_writes: bool
+    # Whether the broker gives a consumer's mails back as soon as it dies, not once their leases end.
+    leases_end_with_their_consumer = False
     # The start of the NoStore message of an open where nothing was created yet (a regex).
     missing_store: str
     # Every table the deployment has, the logical ones (TABLES) among them.
@@ -387,12 +397,9 @@ class CassandraBackend(Backend):
                 self.session.execute(delete, tuple(partition))
 
     def _rows(self, cql: str, parameters: Iterable = ()) -> list[tuple]:
-        return [
-            tuple(row)
-            for row in self.session.execute(
-                cql.replace("FROM ", f"FROM {self.keyspace}.", 1), tuple(parameters)
-            )
-        ]
+        # Prepared: a plain statement's markers are %s, not the ? the probes write.
+        statement = self.session.prepare(cql.replace("FROM ", f"FROM {self.keyspace}.", 1))
+        return [tuple(row) for row in self.session.execute(statement, tuple(parameters))]
 
     # Probes: the logical tables, by their names --------------------------------------------------------
 
@@ -526,3 +533,146 @@ class CassandraBackend(Backend):
         """The blob store lost a blob that is still referenced."""
         assert blob_id in self.contents()
         self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + blob_id)
+
+
+class Vhosts:
+    """Virtual hosts on the harness's RabbitMQ node, a fresh one for each test of the session: made in
+    batches, since one rabbitmqctl call costs seconds, and all deleted at the session's end."""
+
+    BATCH = 40
+
+    def __init__(self, node: RabbitMQ, user: str) -> None:
+        self.node = node
+        self.user = user
+        self.prefix = f"mailq-test-{int(time.time())}-{secrets.token_hex(3)}"
+        self.made: list[str] = []
+        self.free: list[str] = []
+
+    def take(self) -> str:
+        if not self.free:
+            batch = [f"{self.prefix}-{len(self.made) + n}" for n in range(self.BATCH)]
+            self.node.ctl("eval", _erlang_each(batch, self._add))
+            self.made += batch
+            self.free += batch
+        return self.free.pop(0)
+
+    def _add(self, vhost: str) -> str:
+        everything = _binary(".*")
+        return (
+            f'ok = rabbit_vhost:add({vhost}, <<"mailq-tests">>), '
+            f"ok = rabbit_auth_backend_internal:set_permissions({_binary(self.user)}, {vhost}, "
+            f'{everything}, {everything}, {everything}, <<"mailq-tests">>)'
+        )
+
+    def delete_all(self) -> None:
+        if self.made:
+            self.node.ctl(
+                "eval", _erlang_each(self.made, lambda v: f'rabbit_vhost:delete({v}, <<"mailq-tests">>)')
+            )
+
+
+def _binary(text: str) -> str:
+    return "<<" + json.dumps(text) + ">>"
+
+
+def _erlang_each(vhosts: list[str], step) -> str:
+    return f"[begin {step('V')} end || V <- [{', '.join(_binary(v) for v in vhosts)}]], ok."
+
+
+class RabbitMQBackend(CassandraBackend):
+    """Cassandra + S3 + RabbitMQ on the harness's servers, the broker in a virtual host of the test's own.
+    The broker's probes read RabbitMQ through AMQP, which shows how many messages a queue holds ready
+    but not the unacknowledged ones: those are the ones the test's runtimes hold, which their brokers
+    tell (`RabbitMQBroker.held`). A message is lost or corrupted by taking every ready message and
+    publishing the others again as they were."""
+
+    name = "rabbitmq"
+    leases_end_with_their_consumer = True  # RabbitMQ sees the consumer's connection close
+
+    def __init__(
+        self, servers: CassandraS3, keyspace: str, bucket: str, rabbitmq: RabbitMQServer, vhost: str
+    ) -> None:
+        super().__init__(Path("/nonexistent/rabbitmq-has-no-broker-dir"), servers, keyspace, bucket)
+        self.rabbitmq = rabbitmq
+        self.vhost = vhost
+        self._probe: pika.BlockingConnection | None = None
+
+    def url(self, **options: object) -> str:
+        broker = f"amqp://{self.rabbitmq.host}:{self.rabbitmq.port}/{quote(self.vhost, safe='')}"
+        return super().url(broker=broker, **options)
+
+    def elsewhere(self) -> RabbitMQBackend:
+        return RabbitMQBackend(
+            self.servers, f"{self.keyspace}_elsewhere", self.bucket, self.rabbitmq, self.vhost
+        )
+
+    def close(self) -> None:
+        super().close()
+        if self._probe is not None and self._probe.is_open:
+            self._probe.close()
+
+    def _channel(self):
+        if self._probe is None or not self._probe.is_open:
+            params = replace_vhost(self.rabbitmq.connection_parameters(), self.vhost)
+            self._probe = pika.BlockingConnection(params)
+        return self._probe.channel()
+
+    def _queue_names(self) -> list[str]:
+        return sorted({"spool", *(queue for (queue,) in self._rows("SELECT queue FROM queues"))})
+
+    def _ready(self, queue: str) -> int:
+        """Messages ready in the queue's RabbitMQ queue (0 when it was never declared)."""
+        channel = self._channel()
+        try:
+            return channel.queue_declare(queue_name(queue), passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker as closed:
+            assert closed.reply_code == 404, closed
+            return 0
+        finally:
+            if channel.is_open:
+                channel.close()
+
+    def _broker_messages(self) -> list[tuple]:
+        """(queue, enqueue id, lease end) of every message a runtime of the test holds (lease end None:
+        received, not handed out yet), and (queue, None, ready count) of each queue."""
+        rows: list[tuple] = []
+        for queue in self._queue_names():
+            for runtime in self._opened:
+                rows += [(queue, enqueue_id, until) for enqueue_id, until in runtime.broker.held(queue)]
+            rows += [(queue, None, 1)] * self._ready(queue)
+        return rows
+
+    def lease_state(self) -> list[tuple]:
+        return sorted(self._broker_messages(), key=repr)
+
+    def _rewrite(self, queue: str, enqueue_id: str, change) -> None:
+        """Take every ready message of the queue and publish the others again as they were, the one of
+        `enqueue_id` as `change(body)` makes it (None: not at all)."""
+        channel = self._channel()
+        name = queue_name(queue)
+        ready = channel.queue_declare(name, passive=True).method.message_count
+        channel.confirm_delivery()
+        found = 0
+        for _ in range(ready):
+            method, properties, body = channel.basic_get(name)
+            if method is None:
+                break
+            if properties.message_id == enqueue_id:
+                found += 1
+                body = change(body)
+            if body is not None:
+                channel.basic_publish("", name, body, properties=properties)
+            channel.basic_ack(method.delivery_tag)
+        channel.close()
+        assert found == 1, f"{enqueue_id} is not ready in RabbitMQ ({found} found)"
+
+    def lose_broker_message(self, queue: str, enqueue_id: str) -> None:
+        self._rewrite(queue, enqueue_id, lambda body: None)
+
+    def corrupt_broker_message(self, queue: str, enqueue_id: str) -> None:
+        self._rewrite(queue, enqueue_id, lambda body: b'{"not": "a mail"')
+
+
+def replace_vhost(parameters: pika.ConnectionParameters, vhost: str) -> pika.ConnectionParameters:
+    parameters.virtual_host = vhost
+    return parameters

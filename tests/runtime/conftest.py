@@ -9,7 +9,7 @@ import pytest
 from mailq_runtime import Runtime
 from mailq_runtime.queue import MailQueue
 
-from .backends import Backend, CassandraBackend, CassandraS3, EmbeddedBackend
+from .backends import Backend, CassandraBackend, CassandraS3, EmbeddedBackend, RabbitMQBackend, Vhosts
 from .helpers import FakeClock
 
 QUEUE = "spool"
@@ -24,7 +24,16 @@ def cassandra_s3(cassandra_server, s3_server) -> Iterator[CassandraS3]:
     s3.close()
 
 
-@pytest.fixture(params=["embedded", "cassandra"])
+@pytest.fixture(scope="session")
+def rabbitmq_vhosts(rabbitmq_server) -> Iterator[Vhosts]:
+    from tests.servers.rabbitmq import RabbitMQ
+
+    vhosts = Vhosts(RabbitMQ(), rabbitmq_server.username)
+    yield vhosts
+    vhosts.delete_all()
+
+
+@pytest.fixture(params=["embedded", "cassandra", "rabbitmq"])
 def backend(request: pytest.FixtureRequest, tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
     if request.param == "embedded":
         opened: Backend = EmbeddedBackend(tmp_path / "data")
@@ -35,12 +44,14 @@ def backend(request: pytest.FixtureRequest, tmp_path, monkeypatch: pytest.Monkey
             monkeypatch.delenv(variable, raising=False)
         for variable, value in servers.s3_server.env().items():
             monkeypatch.setenv(variable, value)
-        opened = CassandraBackend(
-            tmp_path / "broker",
-            servers,
-            request.getfixturevalue("keyspace_name"),
-            request.getfixturevalue("bucket_name"),
-        )
+        keyspace, bucket = request.getfixturevalue("keyspace_name"), request.getfixturevalue("bucket_name")
+        if request.param == "cassandra":
+            opened = CassandraBackend(tmp_path / "broker", servers, keyspace, bucket)
+        else:
+            vhost = request.getfixturevalue("rabbitmq_vhosts").take()
+            opened = RabbitMQBackend(
+                servers, keyspace, bucket, request.getfixturevalue("rabbitmq_server"), vhost
+            )
         opened.empty()
     yield opened
     opened.close()
