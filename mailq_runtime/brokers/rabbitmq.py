@@ -199,7 +199,16 @@ class RabbitMQBroker:
                 continue
             if isinstance(waiter.outcome, BaseException):
                 raise waiter.outcome
+            self._stir(queue_name(queue))
             return
+
+    def _stir(self, name: str) -> None:
+        """This process changed what RabbitMQ queue `name` holds: its consumer's next receive catches up
+        with what RabbitMQ sent it since, so that it hands out the best message, not the best received."""
+        consumer = self._consumers.get(name)
+        if consumer is not None:
+            with consumer.cond:
+                consumer.dirty = True
 
     def published(self, queue: str, enqueue_ids: list[str]) -> set[str]:
         """Which of these mails RabbitMQ holds: those this broker's consumer holds, and those ready in the
@@ -275,7 +284,11 @@ class RabbitMQBroker:
             for tag in ended:
                 del consumer.outstanding[tag]
             epoch = consumer.epoch
+        if not ended:
+            return
         link = self._started()
+        with consumer.cond:
+            consumer.dirty = True
         for tag in ended:
             link.submit(partial(link.settle, consumer, epoch, tag, True))
 
@@ -284,6 +297,8 @@ class RabbitMQBroker:
         deadline with nothing on its way, or once closed; _MISSING when its queue must be declared again."""
         settle_until = None
         while True:
+            if consumer.dirty or consumer.republishing:
+                self._catch_up(consumer)
             with consumer.cond:
                 while True:
                     self._not_refused()
@@ -320,6 +335,21 @@ class RabbitMQBroker:
                 if ready is None or not (consumer.republishing or (ready and room)):
                     return None
                 consumer.cond.wait(min(0.05, max(settle_until - now, 0.001)))
+
+    def _catch_up(self, consumer: Consumer) -> None:
+        """Wait until the copies of this process's redelivered messages are confirmed and every message
+        RabbitMQ sent the consumer has arrived (bounded: under load this is a best effort)."""
+        end = time.monotonic() + _SETTLE_WAIT
+        while True:
+            with consumer.cond:
+                while consumer.republishing and consumer.live and time.monotonic() < end:
+                    consumer.cond.wait(max(end - time.monotonic(), 0.001))
+                consumer.dirty = False
+            if not consumer.live or self._sync(consumer) is None or time.monotonic() >= end:
+                return
+            with consumer.cond:
+                if not consumer.dirty and not consumer.republishing:
+                    return
 
     def _sync(self, consumer: Consumer) -> int | None:
         """The messages ready in the consumer's queue, once every message RabbitMQ sent it before has
@@ -390,6 +420,7 @@ class RabbitMQBroker:
             if not consumer.holds(handle):
                 return False
             del consumer.outstanding[handle.tag]
+            consumer.dirty = consumer.dirty or requeue
         # Not waited for: AMQP answers no ack, and one sent just before a connection dies is lost all the
         # same, the message then being delivered again (at-least-once).
         link = self._started()

@@ -164,6 +164,9 @@ class Consumer:
         self.ever_live = False
         self.outstanding: dict[int, list] = {}  # delivery tag -> [enqueue id, lease end], handed out
         self.republishing = 0  # redelivered messages whose copy RabbitMQ has not confirmed yet
+        # This process published to the queue or gave a message back since the last sync: messages may
+        # be on their way here that should go out before those the buffer holds.
+        self.dirty = False
         self.start_lock = threading.Lock()
         self.started = False  # its queues declared and its start handed to the I/O thread
         self.missing = False  # its queue vanished: the next receive declares it again
@@ -511,6 +514,7 @@ class Link(threading.Thread):
                 if epoch != consumer.epoch:
                     return  # the channel was lost: RabbitMQ delivers the original again
                 consumer.republishing -= 1
+                consumer.dirty = True
                 consumer.cond.notify_all()
             self.settle(consumer, epoch, tag, requeue=False)
 

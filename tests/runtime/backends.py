@@ -16,12 +16,10 @@ themselves do not change.
 
 from __future__ import annotations
 
-import json
 import secrets
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass
@@ -42,7 +40,7 @@ if TYPE_CHECKING:
     from cassandra.cluster import Session
 
     from tests.servers.cassandra import CassandraServer
-    from tests.servers.rabbitmq import RabbitMQ, RabbitMQServer
+    from tests.servers.rabbitmq import RabbitMQServer
     from tests.servers.s3 import S3Server
 
 AGENT = Path(__file__).with_name("agent.py")
@@ -533,50 +531,6 @@ class CassandraBackend(Backend):
         """The blob store lost a blob that is still referenced."""
         assert blob_id in self.contents()
         self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + blob_id)
-
-
-class Vhosts:
-    """Virtual hosts on the harness's RabbitMQ node, a fresh one for each test of the session: made in
-    batches, since one rabbitmqctl call costs seconds, and all deleted at the session's end."""
-
-    BATCH = 40
-
-    def __init__(self, node: RabbitMQ, user: str) -> None:
-        self.node = node
-        self.user = user
-        self.prefix = f"mailq-test-{int(time.time())}-{secrets.token_hex(3)}"
-        self.made: list[str] = []
-        self.free: list[str] = []
-
-    def take(self) -> str:
-        if not self.free:
-            batch = [f"{self.prefix}-{len(self.made) + n}" for n in range(self.BATCH)]
-            self.node.ctl("eval", _erlang_each(batch, self._add))
-            self.made += batch
-            self.free += batch
-        return self.free.pop(0)
-
-    def _add(self, vhost: str) -> str:
-        everything = _binary(".*")
-        return (
-            f'ok = rabbit_vhost:add({vhost}, <<"mailq-tests">>), '
-            f"ok = rabbit_auth_backend_internal:set_permissions({_binary(self.user)}, {vhost}, "
-            f'{everything}, {everything}, {everything}, <<"mailq-tests">>)'
-        )
-
-    def delete_all(self) -> None:
-        if self.made:
-            self.node.ctl(
-                "eval", _erlang_each(self.made, lambda v: f'rabbit_vhost:delete({v}, <<"mailq-tests">>)')
-            )
-
-
-def _binary(text: str) -> str:
-    return "<<" + json.dumps(text) + ">>"
-
-
-def _erlang_each(vhosts: list[str], step) -> str:
-    return f"[begin {step('V')} end || V <- [{', '.join(_binary(v) for v in vhosts)}]], ok."
 
 
 class RabbitMQBackend(CassandraBackend):

@@ -9,7 +9,7 @@ import pytest
 from mailq_runtime import Runtime
 from mailq_runtime.queue import MailQueue
 
-from .backends import Backend, CassandraBackend, CassandraS3, EmbeddedBackend, RabbitMQBackend, Vhosts
+from .backends import Backend, CassandraBackend, CassandraS3, EmbeddedBackend, RabbitMQBackend
 from .helpers import FakeClock
 
 QUEUE = "spool"
@@ -22,15 +22,6 @@ def cassandra_s3(cassandra_server, s3_server) -> Iterator[CassandraS3]:
     yield CassandraS3(cassandra_server, s3_server, cluster.connect(), s3)
     cluster.shutdown()
     s3.close()
-
-
-@pytest.fixture(scope="session")
-def rabbitmq_vhosts(rabbitmq_server) -> Iterator[Vhosts]:
-    from tests.servers.rabbitmq import RabbitMQ
-
-    vhosts = Vhosts(RabbitMQ(), rabbitmq_server.username)
-    yield vhosts
-    vhosts.delete_all()
 
 
 @pytest.fixture(params=["embedded", "cassandra", "rabbitmq"])

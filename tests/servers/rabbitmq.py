@@ -4,6 +4,7 @@ instance are left alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -306,3 +307,47 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for one in sockets:
             one.close()
+
+
+class Vhosts:
+    """Virtual hosts on a RabbitMQ node of the harness, a fresh one for each test that asks: made in
+    batches, since one rabbitmqctl call costs seconds, and all deleted by `delete_all`."""
+
+    BATCH = 40
+
+    def __init__(self, node: RabbitMQ, user: str) -> None:
+        self.node = node
+        self.user = user
+        self.prefix = f"mailq-test-{int(time.time())}-{secrets.token_hex(3)}"
+        self.made: list[str] = []
+        self.free: list[str] = []
+
+    def take(self) -> str:
+        if not self.free:
+            batch = [f"{self.prefix}-{len(self.made) + n}" for n in range(self.BATCH)]
+            self.node.ctl("eval", _erlang_each(batch, self._add))
+            self.made += batch
+            self.free += batch
+        return self.free.pop(0)
+
+    def _add(self, vhost: str) -> str:
+        everything = _binary(".*")
+        return (
+            f'ok = rabbit_vhost:add({vhost}, <<"mailq-tests">>), '
+            f"ok = rabbit_auth_backend_internal:set_permissions({_binary(self.user)}, {vhost}, "
+            f'{everything}, {everything}, {everything}, <<"mailq-tests">>)'
+        )
+
+    def delete_all(self) -> None:
+        if self.made:
+            self.node.ctl(
+                "eval", _erlang_each(self.made, lambda v: f'rabbit_vhost:delete({v}, <<"mailq-tests">>)')
+            )
+
+
+def _binary(text: str) -> str:
+    return "<<" + json.dumps(text) + ">>"
+
+
+def _erlang_each(vhosts: list[str], step) -> str:
+    return f"[begin {step('V')} end || V <- [{', '.join(_binary(v) for v in vhosts)}]], ok."
