@@ -57,7 +57,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
 
@@ -260,7 +261,8 @@ class RabbitMQBroker:
             if consumer is None:
                 return None
             self._expire(consumer)
-            taken = self._take(consumer, started, deadline)
+            with self._asking(consumer):
+                taken = self._take(consumer, started, deadline)
             if taken is None:
                 return None
             if taken is not _MISSING:
@@ -275,6 +277,21 @@ class RabbitMQBroker:
             attempts=deliveries(properties) + 1,
             handle=Handle(consumer, epoch, tag),
         )
+
+    @contextmanager
+    def _asking(self, consumer: Consumer) -> Iterator[None]:
+        """A caller waits for the consumer's messages meanwhile: an idle consumer consumes again."""
+        with consumer.cond:
+            consumer.asking(+1)
+            paused = consumer.paused
+        if paused:
+            link = self._started()
+            link.submit(partial(link.resume, consumer))
+        try:
+            yield
+        finally:
+            with consumer.cond:
+                consumer.asking(-1)
 
     def _expire(self, consumer: Consumer) -> None:
         """Give back the deliveries of this process whose lease has ended, so that a receive may take them."""
@@ -438,16 +455,17 @@ class RabbitMQBroker:
         consumer = self._consumer(queue, dead_letter_queue(queue), deadline)
         if consumer is None:
             return 0
-        with consumer.cond:
-            while not consumer.live and not self._closed and time.monotonic() < deadline:
-                consumer.cond.wait(max(deadline - time.monotonic(), 0.001))
-        if self._sync(consumer) is None:
-            return 0
         taken = []
-        with consumer.cond:
-            while (one := consumer.take()) is not None:
-                consumer.outstanding[one[1]] = [one[2].message_id or "", LATEST]
-                taken.append(one)
+        with self._asking(consumer):
+            with consumer.cond:
+                while not consumer.live and not self._closed and time.monotonic() < deadline:
+                    consumer.cond.wait(max(deadline - time.monotonic(), 0.001))
+            if self._sync(consumer) is None:
+                return 0
+            with consumer.cond:
+                while (one := consumer.take()) is not None:
+                    consumer.outstanding[one[1]] = [one[2].message_id or "", LATEST]
+                    taken.append(one)
         if not taken:
             return 0
         link = self._started()

@@ -12,6 +12,7 @@ import heapq
 import logging
 import random
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ from ..errors import BrokerRefused, BrokerUnavailable
 log = logging.getLogger("mailq_runtime.brokers.rabbitmq")
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
+# A consumer nobody has asked for a message for this long (seconds) stops consuming and gives back what
+# it holds, so that a process busy with a long delivery, or done receiving, starves no other consumer.
+IDLE = 1.0
 ROUTE_LOST = object()  # the outcome of a publish that RabbitMQ confirmed but could not route
 # Message headers of mailq's own: deliveries before this copy of the message was published, and for a
 # dead letter, why and when (microseconds since the epoch) the broker gave up on it.
@@ -167,6 +171,9 @@ class Consumer:
         # This process published to the queue or gave a message back since the last sync: messages may
         # be on their way here that should go out before those the buffer holds.
         self.dirty = False
+        self.waiting = 0  # callers in receive
+        self.last_asked = 0.0  # when a caller last was (time.monotonic())
+        self.paused = False  # stopped consuming while idle; the next receive resumes it
         self.start_lock = threading.Lock()
         self.started = False  # its queues declared and its start handed to the I/O thread
         self.missing = False  # its queue vanished: the next receive declares it again
@@ -174,7 +181,13 @@ class Consumer:
         self.wanted = False
         self.channel: Any = None
         self.opening = False
+        self.tag: str | None = None  # the consumer tag while consuming
         self.syncs: list[Waiter] = []
+
+    def asking(self, more: int) -> None:
+        """A caller starts (+1) or ends (-1) asking for a message. Under `cond`."""
+        self.waiting += more
+        self.last_asked = time.monotonic()
 
     def take(self) -> tuple[int, int, pika.BasicProperties, bytes] | None:
         """The best message received (epoch, tag, properties, body), or None. Under `cond`."""
@@ -231,6 +244,7 @@ class Link(threading.Thread):
         self.stopped = False
         self.failures = 0
         self.reconnect_timer: Any = None
+        self.idle_timer: Any = None
         # Read by callers: why the last connection failed, and whether RabbitMQ refused the login or the
         # virtual host (waiting for it is of no use then).
         self.error: str | None = None
@@ -291,6 +305,8 @@ class Link(threading.Thread):
             log.warning("RabbitMQ at %s: connected again", self.target)
         self.failures = 0
         self.error = self.refused = None
+        if self.idle_timer is None:
+            self.idle_timer = self.ioloop.call_later(IDLE / 2, self._check_idle)
         connection.channel(on_open_callback=self._on_publish_channel)
         for consumer in self.consumers.values():
             if consumer.wanted:
@@ -320,6 +336,7 @@ class Link(threading.Thread):
         self._requeue_pending()
         for consumer in self.consumers.values():
             consumer.channel = None
+            consumer.tag = None
             consumer.opening = False
             self._end_syncs(consumer)
             consumer.lose()
@@ -463,8 +480,12 @@ class Link(threading.Thread):
             return
         with consumer.cond:
             consumer.epoch += 1
-            epoch = consumer.epoch
-        channel.basic_consume(
+            consumer.paused = False
+        self._start_consuming(consumer)
+
+    def _start_consuming(self, consumer: Consumer) -> None:
+        epoch = consumer.epoch
+        consumer.tag = consumer.channel.basic_consume(
             consumer.name,
             partial(self._on_message, consumer, epoch),
             callback=partial(self._on_consuming, consumer, epoch),
@@ -476,6 +497,35 @@ class Link(threading.Thread):
                 consumer.live = consumer.ever_live = True
                 consumer.cond.notify_all()
 
+    def resume(self, consumer: Consumer) -> None:
+        """Consume again after an idle pause."""
+        channel = consumer.channel
+        with consumer.cond:
+            if not consumer.paused or channel is None or not channel.is_open:
+                return
+            consumer.paused = False
+        self._start_consuming(consumer)
+
+    def _check_idle(self) -> None:
+        self.idle_timer = None
+        if self.closing:
+            return
+        now = time.monotonic()
+        for consumer in self.consumers.values():
+            channel = consumer.channel
+            with consumer.cond:
+                idle = consumer.waiting == 0 and now - consumer.last_asked > IDLE
+                if not idle or consumer.paused or not consumer.live or consumer.tag is None:
+                    continue
+                consumer.paused = True
+                held, consumer.buffer = consumer.buffer, []
+                epoch = consumer.epoch
+            channel.basic_cancel(consumer.tag)
+            consumer.tag = None
+            for _, _, tag, properties, body in held:
+                self._send_copy(consumer, epoch, tag, consumer.name, properties, body)
+        self.idle_timer = self.ioloop.call_later(IDLE / 2, self._check_idle)
+
     def _on_message(
         self,
         consumer: Consumer,
@@ -485,25 +535,37 @@ class Link(threading.Thread):
         properties: pika.BasicProperties,
         body: bytes,
     ) -> None:
+        tag = method.delivery_tag
         if method.redelivered and consumer.dead_letters is not None:
             # Its consumer died, lost its lease, gave it back, or RabbitMQ restarted: RabbitMQ does not
             # count deliveries of a classic queue, so the copy that replaces it carries the count.
-            self._redeliver(consumer, epoch, method.delivery_tag, properties, body)
+            routing_key, copy = redelivery(
+                properties, consumer.name, consumer.dead_letters, self.delivery_limit, self.clock
+            )
+            self._send_copy(consumer, epoch, tag, routing_key, copy, body)
             return
         with consumer.cond:
             if epoch != consumer.epoch:
                 return  # from a channel given up on: RabbitMQ delivers it again
-            entry = (-(properties.priority or 0), properties.message_id or "", method.delivery_tag)
-            heapq.heappush(consumer.buffer, (*entry, properties, body))
-            consumer.cond.notify()
+            if not consumer.paused:
+                entry = (-(properties.priority or 0), properties.message_id or "", tag)
+                heapq.heappush(consumer.buffer, (*entry, properties, body))
+                consumer.cond.notify()
+                return
+        self._send_copy(consumer, epoch, tag, consumer.name, properties, body)  # sent before the pause
 
-    def _redeliver(
-        self, consumer: Consumer, epoch: int, tag: int, properties: pika.BasicProperties, body: bytes
+    def _send_copy(
+        self,
+        consumer: Consumer,
+        epoch: int,
+        tag: int,
+        routing_key: str,
+        copy: pika.BasicProperties,
+        body: bytes,
     ) -> None:
-        assert consumer.dead_letters is not None
-        routing_key, copy = redelivery(
-            properties, consumer.name, consumer.dead_letters, self.delivery_limit, self.clock
-        )
+        """Replace a message this consumer received by a copy, then ack the original once the copy is
+        confirmed: how a delivery is counted, and how an idle consumer gives back what it holds (the count
+        kept), without RabbitMQ marking it delivered again."""
         with consumer.cond:
             if epoch != consumer.epoch:
                 return
@@ -518,12 +580,13 @@ class Link(threading.Thread):
                 consumer.cond.notify_all()
             self.settle(consumer, epoch, tag, requeue=False)
 
-        self.send(Publish(routing_key, properties.message_id or "", body, copy, confirmed))
+        self.send(Publish(routing_key, copy.message_id or "", body, copy, confirmed))
 
     def _on_consumer_channel_closed(self, consumer: Consumer, channel: Any, reason: BaseException) -> None:
         if channel is not consumer.channel:
             return
         consumer.channel = None
+        consumer.tag = None
         self._end_syncs(consumer)
         consumer.lose()
         if isinstance(reason, pika.exceptions.ChannelClosedByBroker) and reason.reply_code == 404:
@@ -585,8 +648,9 @@ class Link(threading.Thread):
             consumer.wanted = False
             self._end_syncs(consumer)
             consumer.lose()
-        if self.reconnect_timer is not None:
-            self.ioloop.remove_timeout(self.reconnect_timer)
+        for timer in (self.reconnect_timer, self.idle_timer):
+            if timer is not None:
+                self.ioloop.remove_timeout(timer)
         if self.connection is None or self.connection.is_closed:
             self._stop_loop()
             return

@@ -5,7 +5,6 @@ which other test runs are using)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -60,7 +59,3 @@ def private_node(
 
 def private_server(node: RabbitMQ) -> RabbitMQServer:
     return RabbitMQServer(**node.facts())
-
-
-def node_log(node: RabbitMQ) -> Path:
-    return node.log

@@ -143,6 +143,24 @@ def test_prefetch_bounds_what_a_consumer_holds_and_unacked_mails_stay_its_own(br
     assert other.receive(QUEUE, 1) is None
 
 
+def test_a_consumer_nobody_asks_gives_back_what_it_holds_with_its_count_kept(brokers: Brokers):
+    busy, idle = brokers(), brokers()
+    for n in range(5):
+        busy.publish(QUEUE, f"m{n}", "{}", 5)
+    in_hand = busy.receive(QUEUE, 0)  # the other four wait in its buffer
+    assert len(busy.held(QUEUE)) == 5
+    time.sleep(2)  # a long delivery: nobody asks the busy consumer for more
+    assert busy.held(QUEUE) == [(in_hand.enqueue_id, busy.held(QUEUE)[0][1])], "it keeps only its lease"
+    taken = []
+    while (delivery := idle.receive(QUEUE, 2)) is not None:
+        taken.append((delivery.enqueue_id, delivery.attempts))
+        idle.ack(delivery)
+    assert taken == [(f"m{n}", 1) for n in range(1, 5)], "given back in order, delivered once"
+    assert busy.ack(in_hand)
+    busy.publish(QUEUE, "next", "{}", 5)
+    assert busy.receive(QUEUE, 5).enqueue_id == "next", "asked again, it consumes again"
+
+
 def test_a_lease_ends_on_the_brokers_clock_and_a_receive_gives_it_to_another_consumer(brokers: Brokers):
     now = [1_000 * MICROS_PER_SECOND]
     broker = brokers(clock=lambda: now[0], visibility_timeout=10 * MICROS_PER_SECOND)

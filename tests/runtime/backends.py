@@ -587,14 +587,18 @@ class RabbitMQBackend(CassandraBackend):
                 channel.close()
 
     def _broker_messages(self) -> list[tuple]:
-        """(queue, enqueue id, lease end) of every message a runtime of the test holds (lease end None:
-        received, not handed out yet), and (queue, None, ready count) of each queue."""
+        """(queue, enqueue id, lease end) of every message leased to a runtime of the test, and (queue,
+        None, None) for every other one: ready in RabbitMQ, or received by a consumer and not handed out
+        (which an idle consumer gives back: either way deliverable, no lease taken)."""
         rows: list[tuple] = []
         for queue in self._queue_names():
             for runtime in self._opened:
                 rows += [(queue, enqueue_id, until) for enqueue_id, until in runtime.broker.held(queue)]
-            rows += [(queue, None, 1)] * self._ready(queue)
-        return rows
+            rows += [(queue, None, None)] * self._ready(queue)
+        return [
+            (queue, None, None) if until is None else (queue, enqueue_id, until)
+            for queue, enqueue_id, until in rows
+        ]
 
     def lease_state(self) -> list[tuple]:
         return sorted(self._broker_messages(), key=repr)

@@ -313,7 +313,9 @@ class Vhosts:
     """Virtual hosts on a RabbitMQ node of the harness, a fresh one for each test that asks: made in
     batches, since one rabbitmqctl call costs seconds, and all deleted by `delete_all`."""
 
-    BATCH = 40
+    # A batch doubles each time, from FIRST_BATCH: a run of a few tests pays for few vhosts (each costs
+    # RabbitMQ two message stores), a run of hundreds for few rabbitmqctl calls.
+    FIRST_BATCH, LAST_BATCH = 8, 64
 
     def __init__(self, node: RabbitMQ, user: str) -> None:
         self.node = node
@@ -324,7 +326,8 @@ class Vhosts:
 
     def take(self) -> str:
         if not self.free:
-            batch = [f"{self.prefix}-{len(self.made) + n}" for n in range(self.BATCH)]
+            size = min(max(self.FIRST_BATCH, len(self.made)), self.LAST_BATCH)
+            batch = [f"{self.prefix}-{len(self.made) + n}" for n in range(size)]
             self.node.ctl("eval", _erlang_each(batch, self._add))
             self.made += batch
             self.free += batch
