@@ -11,18 +11,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlencode
 
 import pytest
 
 from mailq_runtime import LeaseExpired, Runtime
 from tests.runtime.helpers import make_mail
-from tests.servers.fixtures import fresh_keyspace_name
 from tests.servers.rabbitmq import RabbitMQ
 
-from .conftest import broker_factory, private_server
+from .conftest import Deployment, broker_factory, private_server
 
 AGENT = Path(__file__).parents[1] / "runtime" / "consumer_agent.py"
 RESTARTS = {"stopped": RabbitMQ.stop, "killed": RabbitMQ.kill}
@@ -93,51 +91,10 @@ def test_rabbitmq_restarting_under_a_publisher_and_a_consumer_loses_no_confirmed
     assert not failures, failures
 
 
-@pytest.fixture(scope="module")
-def keyspace(cassandra_server) -> Iterator[str]:
-    """A keyspace of this module's own: the other suites empty theirs between tests, and a blob row of
-    theirs would make the deduplicating store skip content this module's prefix does not hold."""
-    name = fresh_keyspace_name()
-    yield name
-    cluster = cassandra_server.cluster()
-    try:
-        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
-    finally:
-        cluster.shutdown()
-
-
 @pytest.fixture
-def distributed_url(
-    private_node: RabbitMQ,
-    cassandra_server,
-    s3_server,
-    keyspace: str,
-    bucket_name: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[Callable[..., str]]:
-    """The URL of the distributed deployment: the harness's Cassandra and S3, the private RabbitMQ node."""
-    for variable in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-        monkeypatch.delenv(variable, raising=False)
-    for variable, value in s3_server.env().items():
-        monkeypatch.setenv(variable, value)
-    rabbitmq = private_server(private_node)
-    prefix = f"{keyspace}/"
-
-    def url(**options: object) -> str:
-        query = urlencode(
-            {
-                "s3": bucket_name,
-                "s3_endpoint": s3_server.endpoint_url,
-                "s3_region": s3_server.region,
-                "s3_prefix": prefix,
-                "broker": f"amqp://{rabbitmq.host}:{rabbitmq.port}/",
-                **options,
-            },
-            safe=":/",
-        )
-        return f"cassandra://{cassandra_server.host}:{cassandra_server.port}/{keyspace}?{query}"
-
-    yield url
+def distributed_url(private_node: RabbitMQ, deployment: Deployment) -> Callable[..., str]:
+    """The URL of the distributed deployment on the private RabbitMQ node."""
+    return deployment.url(private_server(private_node), "/")
 
 
 @pytest.mark.parametrize("how", list(RESTARTS))
