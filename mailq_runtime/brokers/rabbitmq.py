@@ -31,7 +31,12 @@ unavailable (not lost: its messages are on disk) while that node is down.
 
 Delivery order: RabbitMQ delivers by priority, in publish order within one; a consumer keeps up to
 `prefetch` messages and hands out what it holds by priority, then enqueue id (creation time), as the
-embedded broker does, so a message given back or republished takes its place again among those.
+embedded broker does, so a message given back or republished takes its place again among those. After
+this process published to a queue or gave a message back, its next receive first catches up with what
+RabbitMQ sent it since (a passive declare on the consumer's channel, answered after those messages), so
+a mail this process just enqueued is found by a receive(timeout=0). A consumer nobody asked for a message
+for a second (its process busy with a long delivery, or done receiving) stops consuming and gives back
+what it holds, as copies keeping their count, so it starves no other consumer; the next receive resumes.
 
 Threads: each broker object has one I/O thread (rabbitmq_link.py) owning its AMQP connection (pika's
 SelectConnection) and every channel on it, started by the first publish or receive; callers hand it work
