@@ -9,7 +9,8 @@ letters, records of the metadata store that an operator lists, requeues or purge
 
 No path assumes a transaction across its writes: each call to a store or the broker commits on its own,
 and each path writes in an order where a crash leaves only what a later step heals (its docstring says
-which). `group_writes` may group one operation's writes for speed (runtime.py); nothing here depends on it.
+which). `group_writes` may group one operation's writes and `one_turn` hold the store over a whole operation,
+for speed (runtime.py); nothing here depends on either.
 """
 
 from __future__ import annotations
@@ -238,6 +239,7 @@ class MailQueue:
         clock_skew_grace: int,
         *,
         group_writes: GroupWrites = nullcontext,
+        one_turn: GroupWrites = nullcontext,
         faults: FaultInjector | None = None,
     ) -> None:
         self.name = name
@@ -254,6 +256,7 @@ class MailQueue:
         self.max_message_size = max_message_size
         self.clock_skew_grace = clock_skew_grace
         self.group_writes = group_writes
+        self.one_turn = one_turn
         self.faults = FaultInjector() if faults is None else faults
         self._random = random.Random()
         self._exists = False  # created by an enqueue of this process: no need to create it again
@@ -283,31 +286,32 @@ class MailQueue:
         show but that no broker holds, which republish sends (or delays again).
         """
         priority = check_enqueue(mail, delay, priority, self.max_message_size, self.clock())
-        now = self.clock()
-        next_delivery = delivery_time(now, delay)
-        enqueue_id = EnqueueId.generate(now)
-        header, body = split_message(mail.message)
-        bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
-        with self.group_writes():
-            if not self._exists:
-                # Created by its first accepted mail, so refused input never leaves an empty queue.
-                self.view.create_queue(self.name, self.browse_start_limit(), now)
-            blob_ids = self.blobs.save_all(enqueue_id, [header, body])
-            self.faults.reached(ENQUEUE_AFTER_REFERENCES)
-            row = EnqueuedMail.of(
-                mail,
-                self.name,
-                enqueue_id,
-                now,
-                next_delivery,
-                priority,
-                slice_of(now, self.configuration.slice_window),
-                bucket,
-                *blob_ids,
-            )
-            self.view.insert(row)
-            self.faults.reached(ENQUEUE_AFTER_VIEW_ROW)
-            self._send(row, next_delivery, now)
+        with self.one_turn():
+            now = self.clock()
+            next_delivery = delivery_time(now, delay)
+            enqueue_id = EnqueueId.generate(now)
+            header, body = split_message(mail.message)
+            bucket = zlib.crc32(mail.name.encode()) % self.configuration.bucket_count
+            with self.group_writes():
+                if not self._exists:
+                    # Created by its first accepted mail, so refused input never leaves an empty queue.
+                    self.view.create_queue(self.name, self.browse_start_limit(), now)
+                blob_ids = self.blobs.save_all(enqueue_id, [header, body])
+                self.faults.reached(ENQUEUE_AFTER_REFERENCES)
+                row = EnqueuedMail.of(
+                    mail,
+                    self.name,
+                    enqueue_id,
+                    now,
+                    next_delivery,
+                    priority,
+                    slice_of(now, self.configuration.slice_window),
+                    bucket,
+                    *blob_ids,
+                )
+                self.view.insert(row)
+                self.faults.reached(ENQUEUE_AFTER_VIEW_ROW)
+                self._send(row, next_delivery, now)
         self._exists = True
         return enqueue_id
 
@@ -346,7 +350,8 @@ class MailQueue:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
-            item = self._deliverable(delivery)
+            with self.one_turn():
+                item = self._deliverable(delivery)
             if item is not None:
                 return item
 

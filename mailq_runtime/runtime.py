@@ -10,7 +10,10 @@ the configuration is read as stored (the defaults while none is).
 `group_writes` is an optimisation, never a correctness need: the core is correct when every backend call
 commits on its own, and may wrap the writes of one operation in `group_writes()` so that a deployment
 able to do so commits them at once. The embedded deployment's is its store's transaction (which also
-holds the store's turn, see stores/embedded.py); any other's is `contextlib.nullcontext`.
+holds the store's turn, see stores/embedded.py); any other's is `contextlib.nullcontext`. So is `one_turn`,
+held over a whole queue operation, its reads and its own work included: the embedded store's turn, so that
+the threads of a process take turns rather than hand the GIL and the connection back and forth between
+their statements; nothing on any other deployment.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from .mailbox import Mailboxes, MailboxTables
 from .model import QueueName
 from .queue import MailQueue
 from .queue_view import QueueView
-from .settings import CASSANDRA, EMBEDDED, Settings
+from .settings import CASSANDRA, Settings
 from .stores.dead_letters import DeadLetters
 from .stores.delayed_mails import DelayedMails
 from .stores.embedded import EmbeddedStore
@@ -42,9 +45,6 @@ from .stores.embedded_dead_letters import EmbeddedDeadLetters
 from .stores.embedded_delayed_mails import EmbeddedDelayedMails
 from .stores.embedded_mailboxes import EmbeddedMailboxTables
 from .stores.embedded_queue_view import EmbeddedQueueView
-
-# The deployments this version builds; the others parse (settings.py) and are refused by `build`.
-BUILT = (EMBEDDED, CASSANDRA)
 
 GroupWrites = Callable[[], AbstractContextManager]
 
@@ -62,25 +62,16 @@ class Deployment:
     dead_letters: DeadLetters
     delayed_mails: DelayedMails
     group_writes: GroupWrites
+    one_turn: GroupWrites
     created: bool  # whether this open made the store
     # The embedded deployment's store (its file, its transactions), for what is about that store only.
     store: EmbeddedStore | None
     close: Callable[[], None]
 
 
-def check_built(settings: Settings) -> None:
-    """Refuse a deployment this version cannot build, naming it: its URL parses, its code is not here."""
-    if settings.backend not in BUILT:
-        raise InvalidInput(
-            f"the mailq URL scheme {settings.backend}:// ({settings.shown()}) names a deployment not built "
-            f"into this version of mailq, which runs {', '.join(f'{name}://' for name in BUILT)} only"
-        )
-
-
 def build(settings: Settings, clock: Clock = system_clock, *, create: bool = False) -> Deployment:
     """The backends of `settings`' deployment. With `create`, what is missing of the store and its
     schema is made; without, nothing is written and a missing store is NoStore."""
-    check_built(settings)
     if settings.backend == CASSANDRA:
         return _distributed(settings, clock, create)
     return _embedded(settings, clock, create)
@@ -99,6 +90,7 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         dead_letters=EmbeddedDeadLetters(store),
         delayed_mails=EmbeddedDelayedMails(store),
         group_writes=store.transaction,
+        one_turn=store.turn,
         created=store.created,
         store=store,
         close=store.close,
@@ -142,23 +134,14 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
 
     cassandra, s3 = settings.cassandra, settings.s3
     assert cassandra is not None and s3 is not None
-    broker: Broker
-    if settings.amqp is not None:
-        broker = _rabbitmq(settings, clock)
-        opened: list[Callable[[], None]] = [broker.close]
-    else:
-        assert settings.data_dir is not None
-        # Where the embedded broker is, first: it is the only part on this machine, and the cheapest to
-        # refuse.
-        broker_store = EmbeddedStore(settings.data_dir, settings.durability, create)
-        broker = EmbeddedBroker(broker_store, clock, settings.visibility_timeout)
-        opened = [broker_store.close]
+    opened: list[Callable[[], None]] = []
     try:
         (host, port), *others = cassandra.contact_points
         if any(other_port != port for _, other_port in others):
             raise InvalidInput(
                 f"the Cassandra hosts of {settings.shown()} name different ports: the driver takes one port"
             )
+        # The keyspace first: it is what a mistyped URL most likely names wrong.
         metadata = CassandraStore(
             [host for host, _ in cassandra.contact_points],
             cassandra.keyspace,
@@ -173,6 +156,15 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
         opened.append(content.close)
         content.open_bucket(create)
+        broker: Broker
+        if settings.amqp is not None:
+            broker = _rabbitmq(settings, clock)
+            opened.append(broker.close)
+        else:
+            assert settings.data_dir is not None
+            broker_store = EmbeddedStore(settings.data_dir, settings.durability, create)
+            opened.append(broker_store.close)
+            broker = EmbeddedBroker(broker_store, clock, settings.visibility_timeout)
     except BaseException:
         for close in reversed(opened):
             close()
@@ -193,6 +185,8 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         dead_letters=CassandraDeadLetters(metadata),
         delayed_mails=CassandraDelayedMails(metadata, settings.clock_skew_grace),
         group_writes=nullcontext,
+        # The broker's store is not held over operations that spend their time waiting on Cassandra and S3.
+        one_turn=nullcontext,
         created=metadata.created,
         store=None,
         close=close,
@@ -219,10 +213,11 @@ class Runtime:
         # `group_writes` is an optimisation, never a correctness need: the core orders the writes of every
         # path so that each may commit alone (as on Cassandra). The embedded store may group one step's
         # writes into one SQLite transaction, which costs one commit instead of several; tests turn it
-        # off to see every write commit alone.
+        # off to see every write commit alone, and the threads of one process interleave their operations.
         group = deployment.group_writes if group_writes else nullcontext
         self.store = deployment.store
         self.group_writes = group
+        self.one_turn = deployment.one_turn if group_writes else nullcontext
         self.view = deployment.view
         self.broker = deployment.broker
         self.blob_tables = deployment.blob_tables
@@ -286,6 +281,7 @@ class Runtime:
                 self.settings.max_message_size,
                 self.settings.clock_skew_grace,
                 group_writes=self.group_writes,
+                one_turn=self.one_turn,
                 faults=self.faults,
             )
             self._queues[name] = queue

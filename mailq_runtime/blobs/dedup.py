@@ -204,7 +204,7 @@ class DeduplicatingBlobStore:
         digests = [hashlib.sha256(data).hexdigest() for data in contents]
         with self.group_writes():
             generation = self.generations.for_saving()
-            blob_ids = [BlobId(generation, digest) for digest in digests]
+            blob_ids = [BlobId.of_checked(generation, digest) for digest in digests]
             distinct = dict(zip(blob_ids, contents, strict=True))  # the same content twice is one blob
             known = self.tables.sizes(distinct)
             new = [(blob_id, data) for blob_id, data in distinct.items() if blob_id not in known]
@@ -272,8 +272,7 @@ class DeduplicatingBlobStore:
             )
         with self.group_writes():
             sizes = self.tables.sizes(chosen)
-            for blob_id in chosen:
-                self.content.delete(blob_id)
+            self.content.delete_many(chosen)  # in batches: DeleteObjects of a thousand keys on S3
             self.faults.reached(COLLECT_AFTER_CONTENT)
             self.tables.forget(chosen)
         return sizes

@@ -274,7 +274,7 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(tmp_path, monkeypat
     not_built = run(
         "--url", "cassandra://db1/mailq?s3=mail-blobs&broker=embedded:/var/lib/mailq", "counters", "recompute"
     )
-    assert_bad_input(not_built, "cassandra://", "not built into this version")
+    assert_bad_input(not_built, "pipeline is not built for cassandra://", "embedded:// stores only")
     assert_bad_input(run("generation"), "required")
     assert_bad_input(run("queue", "purge"), "invalid choice")
     assert_bad_input(run("demo", "--mails", "5", "--data-dir", str(tmp_path / "d")), "at least 10 mails")

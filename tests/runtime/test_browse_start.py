@@ -259,7 +259,7 @@ def test_size_matches_browse_after_random_operations(backend, clock, seed):
     sequence = 0
     operations = ["enqueue", "delayed", "done", "retry", "retry-later", "remove", "clear", "flush", "update"]
     weights = [30, 10, 20, 6, 4, 8, 1, 3, 5]
-    for step in range(500):
+    for step in range(backend.model_steps):
         clock.advance(chance.choice([0.000001, 0.01, 0.2, 0.45, 1.3]))
         now = clock()
         operation = chance.choices(operations, weights)[0]

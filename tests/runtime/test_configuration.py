@@ -201,7 +201,9 @@ def test_processes_holding_old_and_new_slice_windows_keep_every_mail_visible(bac
         enqueued.add(line.strip())
         visible = {mail.name for mail in new.browse()}
         assert enqueued - consumed <= visible, "a mail fell behind browse_start"
-        assert new.size() == len(visible)
+        # Counted too; the writer's next mail may be counted already (its counter is written before
+        # its row, and browse and size are two reads), never one fewer.
+        assert len(visible) <= new.size() <= len(visible) + 1
         consumed.update(drain(new))  # an empty queue lets browse_start advance as far as it may
         new.update_browse_start()
     assert writer.wait() == 0, writer.stderr.read()

@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import time
 from contextlib import nullcontext
+from datetime import UTC, datetime
 
 import pytest
 
+from mailq_runtime.clock import from_datetime
 from mailq_runtime.faults import ENQUEUE_AFTER_VIEW_ROW, InjectedFault
+from mailq_runtime.model import BlobId, EnqueueId, MailAddress, PerRecipientHeader
 from mailq_runtime.queue import PUBLISH_INTERVAL
+from mailq_runtime.queue_view import EnqueuedMail
 
 from .conftest import QUEUE
 from .helpers import make_mail
@@ -139,3 +143,57 @@ def test_a_record_without_a_required_field_is_dead_lettered(clocked_runtime, clo
     (letter,) = clocked.dead_letters()
     assert letter.enqueue_id == enqueue_id
     assert letter.reason == "unreadable message: mail record without 'body_blob_id'"
+
+
+# Mails whose every field the payload carries: the defaults, and text that JSON must escape.
+UNUSUAL = make_mail(
+    'na\u0308me \u2603 "quoted" \\',
+    sender=None,
+    recipients=("a@example.com", '"odd \\"local"@example.org'),
+    attributes={"list": [1, 2.5, None, True, "\u00e9"], "nested": {"k": "v"}},
+    state="ghost",
+    error_message='550 "no"\r\nsecond line',
+    remote_host="h\u00f4te",
+    remote_addr="::1",
+    per_recipient_headers=(PerRecipientHeader("a@example.com", "X-Tag", "v\u00e9"),),
+    last_updated=datetime(2001, 2, 3, 4, 5, 6, 7, tzinfo=UTC),
+)
+
+
+@pytest.mark.parametrize("mail", [make_mail("plain"), UNUSUAL], ids=["plain", "unusual"])
+def test_the_row_and_the_payload_are_the_texts_json_writes(mail):
+    blob_id = BlobId(3, "ab" * 32)
+    row = EnqueuedMail.of(mail, QUEUE, EnqueueId("0" * 32), 1, 2, 7, 0, 1, blob_id, blob_id)
+    metadata = {
+        "attributes": mail.attributes,
+        "state": mail.state,
+        "error_message": mail.error_message,
+        "remote_host": mail.remote_host,
+        "remote_addr": mail.remote_addr,
+        "per_recipient_headers": [[h.recipient, h.name, h.value] for h in mail.per_recipient_headers],
+        "last_updated": from_datetime(mail.last_updated),
+    }
+    assert (row.recipients, row.metadata) == (json.dumps(list(mail.recipients)), json.dumps(metadata))
+    record = dict(zip(LEGACY_ORDER, row.row(), strict=True))
+    assert row.to_payload(4) == json.dumps({"v": 1, **record, "attempts": 4}, separators=(",", ":"))
+    assert EnqueuedMail.from_payload(row.to_payload(4)) == (row, 4)
+    # Whitespace around the record, as another writer may leave, is read too.
+    assert EnqueuedMail.from_payload(f" {row.to_payload(4)}\n") == (row, 4)
+    read = row.to_mail(mail.message)
+    assert read == mail
+    assert all(type(address) is MailAddress for address in (*read.recipients, read.sender) if address)
+
+
+def test_a_stored_mail_lacking_optional_fields_takes_their_defaults():
+    blob_id = BlobId(1, "cd" * 32)
+    row = EnqueuedMail.of(make_mail("bare"), QUEUE, EnqueueId("0" * 32), 1, 1, 5, 0, 0, blob_id, blob_id)
+    before = datetime.now(UTC)
+    read = EnqueuedMail(*row.row()[:-1], "{}").to_mail(b"Subject: x\r\n\r\n")
+    assert (read.attributes, read.state, read.error_message, read.remote_host, read.remote_addr) == (
+        {},
+        "root",
+        None,
+        "localhost",
+        "127.0.0.1",
+    )
+    assert read.per_recipient_headers == () and read.last_updated >= before

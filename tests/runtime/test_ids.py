@@ -34,7 +34,19 @@ def test_a_forked_child_does_not_repeat_its_parents_ids():
 
 @pytest.mark.parametrize("text", [f"g0_{HASH}", f"g1_{HASH}", f"g10_{HASH}", f"g{10**18 - 1}_{HASH}"])
 def test_a_blob_id_has_one_spelling_that_round_trips(text):
-    assert str(BlobId.parse(text)) == text
+    parsed = BlobId.parse(text)
+    assert str(parsed) == text
+    generation, digest = text[1:].split("_")
+    built = BlobId(int(generation), digest)
+    assert (parsed, hash(parsed), parsed <= built, {parsed: 1}[built]) == (built, hash(built), True, 1)
+
+
+@pytest.mark.parametrize(
+    "text", [f"g01_{HASH}", f"g{10**18}_{HASH}", f"g1_{HASH.upper()}", f"g1_{HASH}0", "g1_"]
+)
+def test_a_blob_id_spelled_otherwise_is_refused(text):
+    with pytest.raises(InvalidInput, match="invalid blob id"):
+        BlobId.parse(text)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
-from cassandra import AuthenticationFailed, ConsistencyLevel, DriverException
+from cassandra import AuthenticationFailed, ConsistencyLevel, DriverException, UnresolvableContactPoints
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
@@ -84,13 +84,18 @@ class CassandraStore:
             serial_consistency_level=serial,
             request_timeout=request_timeout,
         )
-        self.cluster = Cluster(
-            list(contact_points),
-            port=port,
-            auth_provider=None if username is None else PlainTextAuthProvider(username, password),
-            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-            connect_timeout=max(5.0, request_timeout / 3),
-        )
+        try:
+            self.cluster = Cluster(
+                list(contact_points),
+                port=port,
+                auth_provider=None if username is None else PlainTextAuthProvider(username, password),
+                execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+                connect_timeout=max(5.0, request_timeout / 3),
+            )
+        except UnresolvableContactPoints:
+            raise StoreUnavailable(
+                f"cannot connect to Cassandra at {self.where}: no host name resolves (check the hosts)"
+            ) from None
         try:
             self.session = self._connect(create, replication, password)
         except BaseException:

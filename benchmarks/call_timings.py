@@ -1,0 +1,42 @@
+"""The backend calls that one enqueue and one dequeue + done() make, by kind, and their timings: what
+queue_throughput.py breaks mailq's time and the floor's down by.
+
+Not a benchmark itself. A kind is the runtime's call, `<backend>.<protocol method>` (the view, the blob
+tables, the content, the broker, the delayed mails: see `TIMED` in queue_throughput.py); the floor
+(queue_floor.py) files its bare calls under the kind they stand for, so that the two breakdowns line up.
+"""
+
+from __future__ import annotations
+
+ENQUEUE = (
+    "blob_tables.current",
+    "blob_tables.sizes",
+    "content.put",
+    "blob_tables.add_blobs",
+    "blob_tables.add_references",
+    "view.insert",
+    "broker.publish",
+)
+DEQUEUE_DONE = (
+    "broker.receive",
+    "view.is_live",
+    "content.get",
+    "view.mark_deleted",
+    "blob_tables.references_of",
+    "blob_tables.current",
+    "blob_tables.add_deletions",
+    "blob_tables.remove_references",
+    "broker.ack",
+)
+
+
+class Timings:
+    """Seconds and calls per call kind, of one thread's calls (the single-thread phases)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def add(self, kind: str, seconds: float) -> None:
+        self.seconds[kind] = self.seconds.get(kind, 0.0) + seconds
+        self.calls[kind] = self.calls.get(kind, 0) + 1

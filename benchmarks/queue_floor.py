@@ -1,0 +1,452 @@
+"""The floor of the mail queue on Cassandra + S3 + the embedded broker: the backend calls that one enqueue and
+one dequeue + done() make, issued directly with cassandra-driver, boto3 and sqlite3, without mailq.
+
+Not a benchmark itself; queue_throughput.py runs it beside mailq in the same run, on the same servers, so
+that their ratio says what mailq's own work costs. The calls, in mailq's order and with its concurrency:
+
+  enqueue         blob_tables.current            SELECT the current reference generation
+                  blob_tables.sizes              SELECT the two blob ids' rows (one IN query)
+                  content.put x2                 PutObject with a CRC32 checksum, one after the other
+                  blob_tables.add_blobs          INSERT INTO blobs x2, concurrently
+                  blob_tables.add_references     one unlogged batch of two INSERTs (one partition)
+                  view.insert                    UPDATE the slice counter, then INSERT INTO enqueued_mails
+                  broker.publish                 a SQLite transaction: INSERT INTO broker_messages
+  dequeue + done  broker.receive                 a SQLite transaction: claim the next message
+                  view.is_live                   SELECT the deletion mark and browse_start, concurrently
+                  content.get x2                 GetObject, checksum checked, one after the other
+                  view.mark_deleted              INSERT INTO deleted_mails IF NOT EXISTS, UPDATE the counter
+                  blob_tables.references_of      SELECT the owner's references
+                  blob_tables.current            SELECT the current GC iteration
+                  blob_tables.add_deletions      INSERT INTO blob_deletions x2, concurrently
+                  blob_tables.remove_references  DELETE the owner's references (one IN)
+                  broker.ack                     a SQLite transaction: DELETE FROM broker_messages
+
+They are the calls of mailq_runtime/stores/cassandra (queue_view.py, blobs.py), blobs/s3_store.py and
+brokers/embedded.py, as queue.py and blobs/dedup.py make them, each filed under the runtime's call it
+stands for (call_timings.py), so that the two breakdowns line up; the broker's SQLite writes are mailq's
+cost as much as the servers' calls, so they are in the floor too, on a file of their own. What the floor
+leaves out is mailq's own work: the message split and hashed, the payload encoded and decoded, the Mail
+built, the ids generated; and, amortised over many mails, the queue's creation, the look for due delayed
+mails once a second and the browse_start update on one dequeue in 1000.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+import boto3
+from botocore.config import Config
+from call_timings import Timings
+from cassandra import ConsistencyLevel
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
+from cassandra.concurrent import execute_concurrent_with_args
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
+
+from mailq_runtime.settings import Settings
+from mailq_runtime.stores.embedded import SYNCHRONOUS
+
+# The runtime's concurrency for one call's statements (stores/cassandra/store.py).
+CONCURRENCY = 32
+
+_STATEMENTS = {
+    "generation": "SELECT number FROM generations WHERE kind = ? LIMIT 1",
+    "sizes": "SELECT blob_id, size FROM blobs WHERE blob_id IN ?",
+    "add_blob": "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
+    "add_reference": "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
+    "count_enqueued": "UPDATE slice_counters SET enqueued = enqueued + 1 "
+    "WHERE queue = ? AND slice_start = ? AND bucket = ?",
+    "insert": "INSERT INTO enqueued_mails (queue, slice_start, bucket, enqueue_id, enqueued_time, "
+    "next_delivery, priority, name, sender, recipients, header_blob_id, body_blob_id, metadata) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "is_marked": "SELECT enqueue_id FROM deleted_mails WHERE queue = ? AND enqueue_id = ?",
+    "browse_start": "SELECT browse_start FROM browse_start WHERE queue = ?",
+    "mark": "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?) IF NOT EXISTS",
+    "count_deleted": "UPDATE slice_counters SET deleted = deleted + 1 "
+    "WHERE queue = ? AND slice_start = ? AND bucket = ?",
+    "references_of": "SELECT blob_id FROM blob_references WHERE owner = ?",
+    "add_deletion": "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration) "
+    "VALUES (?, ?, ?, ?, ?)",
+    "remove_references": "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
+    "set_browse_start": "INSERT INTO browse_start (queue, browse_start) VALUES (?, ?)",
+}
+_PUBLISH = (
+    "INSERT INTO broker_messages (queue, enqueue_id, priority, available_at, payload) VALUES (?,?,?,0,?)"
+)
+_CLAIM = (
+    "UPDATE broker_messages SET lease = ?, available_at = ?, attempts = attempts + 1 "
+    "WHERE id = (SELECT id FROM broker_messages INDEXED BY broker_order "
+    "WHERE queue = ? AND available_at <= ? "
+    "ORDER BY priority DESC, enqueue_id LIMIT 1) RETURNING id, enqueue_id, payload, attempts"
+)
+_ACK = "DELETE FROM broker_messages WHERE id = ? AND lease = ?"
+_VISIBILITY_TIMEOUT = 300 * 1_000_000
+_FIELDS = (
+    "queue",
+    "slice_start",
+    "bucket",
+    "enqueue_id",
+    "enqueued_time",
+    "next_delivery",
+    "priority",
+    "name",
+    "sender",
+    "recipients",
+    "header_blob_id",
+    "body_blob_id",
+    "metadata",
+)
+_TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
+_HISTORY = {
+    "queue": "INSERT INTO queues (queue, created_at, first_slice_start) VALUES (?, ?, ?)",
+    "browse_start": "INSERT INTO browse_start (queue, browse_start) VALUES (?, ?)",
+    "content_start": "INSERT INTO content_start (queue, content_start) VALUES (?, ?)",
+    "row": _STATEMENTS["insert"],
+    "mark": "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)",
+    "counters": "UPDATE slice_counters SET enqueued = enqueued + ?, deleted = deleted + ? "
+    "WHERE queue = ? AND slice_start = ? AND bucket = ?",
+}
+
+
+@dataclass(frozen=True)
+class FloorMail:
+    """What mailq would have computed for one mail before its calls: ids, the row, the payload."""
+
+    enqueue_id: str
+    blob_ids: tuple[str, str]
+    contents: tuple[bytes, bytes]
+    row: tuple
+    payload: str
+
+
+def cassandra_cluster(settings: Settings) -> Cluster:
+    """A cluster of the URL's Cassandra with the execution profile the runtime's store uses."""
+    cassandra = settings.cassandra
+    assert cassandra is not None
+    level = ConsistencyLevel.name_to_value[cassandra.consistency.upper()]
+    local = cassandra.consistency.upper().startswith("LOCAL_")
+    serial = ConsistencyLevel.LOCAL_SERIAL if local else ConsistencyLevel.SERIAL
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        consistency_level=level,
+        serial_consistency_level=serial,
+        request_timeout=60.0,
+    )
+    password = cassandra.password()
+    return Cluster(
+        [host for host, _ in cassandra.contact_points],
+        port=cassandra.contact_points[0][1],
+        auth_provider=None if cassandra.user is None else PlainTextAuthProvider(cassandra.user, password),
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+    )
+
+
+def s3_client(settings: Settings):
+    """A boto3 client of the URL's S3 with the runtime's settings (blobs/s3_store.py): path-style
+    addressing on a private endpoint, checksums on every put and get, standard retries."""
+    s3 = settings.s3
+    assert s3 is not None
+    config = Config(
+        retries={"mode": "standard", "total_max_attempts": 5},
+        max_pool_connections=32,
+        request_checksum_calculation="when_supported",
+        response_checksum_validation="when_supported",
+        s3={"addressing_style": "path"} if s3.endpoint else None,
+    )
+    return boto3.client("s3", endpoint_url=s3.endpoint, region_name=s3.region, config=config)
+
+
+class Floor:
+    """The bare calls, on the URL's keyspace and bucket and a SQLite file of the broker's schema in
+    `work` (next to the broker's own, so on the same disk). `prepare()` once the runtime has created
+    the keyspace."""
+
+    def __init__(self, settings: Settings, session: Session, s3, work: Path) -> None:
+        assert settings.cassandra is not None and settings.s3 is not None
+        keyspace = settings.cassandra.keyspace
+        self.session = session
+        self.s3 = s3
+        self.keyspace = keyspace
+        self.bucket = settings.s3.bucket
+        self.prefix = settings.s3.prefix
+        self.statements: dict[str, PreparedStatement] = {}
+        self.db = sqlite3.connect(work / "floor.db", isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA synchronous={SYNCHRONOUS[settings.durability]}")
+        self.db.execute("PRAGMA cache_size=-65536")
+        self.db.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
+        # The threads take turns on one connection, as the runtime's do (stores/embedded.py).
+        self.turn = threading.RLock()
+        self.mails: dict[str, FloorMail] = {}
+        self.timings: Timings | None = None
+
+    def prepare(self) -> None:
+        self.statements = self._prepared(_STATEMENTS)
+
+    def _prepared(self, statements: dict[str, str]) -> dict[str, PreparedStatement]:
+        """Qualified with the keyspace, as the runtime's store prepares them."""
+        return {
+            name: self.session.prepare(_TABLE.sub(rf"\1 {self.keyspace}.", cql, count=1))
+            for name, cql in statements.items()
+        }
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _timed(self, kind: str, call: Callable[[], object]) -> object:
+        if self.timings is None:
+            return call()
+        started = time.perf_counter()
+        result = call()
+        self.timings.add(kind, time.perf_counter() - started)
+        return result
+
+    def _sqlite(self, sql: str, parameters: tuple) -> tuple | None:
+        with self.turn:
+            self.db.execute("BEGIN IMMEDIATE")
+            row = self.db.execute(sql, parameters).fetchone()
+            self.db.execute("COMMIT")
+        return row
+
+    def create_queue(self, queue: str, slice_start: int) -> None:
+        self.session.execute(self.statements["set_browse_start"], (queue, slice_start))
+
+    def new_mail(self, queue: str, slice_start: int, message: bytes, number: int) -> FloorMail:
+        """The ids, row and payload of one mail, computed before the clock starts."""
+        now = time.time_ns() // 1000
+        enqueue_id = f"{now:016x}{os.urandom(8).hex()}"
+        cut = message.find(b"\r\n\r\n") + 4
+        contents = (message[:cut], message[cut:])
+        blob_ids = (f"g1_{os.urandom(32).hex()}", f"g1_{os.urandom(32).hex()}")
+        metadata = {
+            "attributes": {},
+            "state": "root",
+            "error_message": None,
+            "remote_host": "localhost",
+            "remote_addr": "127.0.0.1",
+            "per_recipient_headers": [],
+            "last_updated": now,
+        }
+        row = (
+            queue,
+            slice_start,
+            0,
+            enqueue_id,
+            now,
+            now,
+            5,
+            f"mail-{number}",
+            "bench@example.com",
+            '["sink@example.org"]',
+            blob_ids[0],
+            blob_ids[1],
+            json.dumps(metadata),
+        )
+        # The size and shape of mailq's payload, so that the broker's writes weigh the same.
+        record = {"v": 1, **dict(zip(_FIELDS, row, strict=True)), "attempts": 0}
+        payload = json.dumps(record, separators=(",", ":"))
+        mail = FloorMail(enqueue_id, blob_ids, contents, row, payload)
+        self.mails[enqueue_id] = mail
+        return mail
+
+    def write_history(self, queue: str, first: int, window: int, per_slice: int, history: int) -> None:
+        """`history` processed mails from slice `first` on, `per_slice` a slice, as the API would have
+        left them: the queue and its starts at `first`, the rows, their deletion marks and the counters."""
+        statements = self._prepared(_HISTORY)
+        self.session.execute(statements["queue"], (queue, first, first))
+        self.session.execute(statements["browse_start"], (queue, first))
+        self.session.execute(statements["content_start"], (queue, first))
+        rows, counts = [], {}
+        for i in range(history):
+            slice_start = first + (i // per_slice) * window
+            at = slice_start + (i % per_slice) * (window // per_slice)
+            rows.append(
+                (
+                    queue,
+                    slice_start,
+                    0,
+                    f"{at:016x}{i:016x}",
+                    at,
+                    at,
+                    5,
+                    f"mail-{i}",
+                    "bench@example.com",
+                    '["sink@example.org"]',
+                    f"g1_{os.urandom(32).hex()}",
+                    f"g1_{os.urandom(32).hex()}",
+                    "{}",
+                )
+            )
+            counts[slice_start] = counts.get(slice_start, 0) + 1
+        for statement, parameters in (
+            (statements["row"], rows),
+            (statements["mark"], [(queue, row[3]) for row in rows]),
+            (statements["counters"], [(n, n, queue, start, 0) for start, n in counts.items()]),
+        ):
+            execute_concurrent_with_args(
+                self.session, statement, parameters, concurrency=64, raise_on_first_error=True
+            )
+
+    def enqueue(self, mail: FloorMail) -> None:
+        statements, session, now = self.statements, self.session, mail.row[4]
+        self._timed(
+            "blob_tables.current",
+            lambda: session.execute(statements["generation"], ("reference_generation",)).one(),
+        )
+        self._timed(
+            "blob_tables.sizes", lambda: list(session.execute(statements["sizes"], (list(mail.blob_ids),)))
+        )
+        for blob_id, data in zip(mail.blob_ids, mail.contents, strict=True):
+            self._timed(
+                "content.put",
+                lambda blob_id=blob_id, data=data: self.s3.put_object(
+                    Bucket=self.bucket, Key=self.prefix + blob_id, Body=data, ChecksumAlgorithm="CRC32"
+                ),
+            )
+        self._timed(
+            "blob_tables.add_blobs",
+            lambda: execute_concurrent_with_args(
+                session,
+                statements["add_blob"],
+                [
+                    (blob_id, 1, len(data), now)
+                    for blob_id, data in zip(mail.blob_ids, mail.contents, strict=True)
+                ],
+                concurrency=CONCURRENCY,
+                raise_on_first_error=True,
+                results_generator=False,
+            ),
+        )
+
+        def add_references() -> None:
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            for blob_id in mail.blob_ids:
+                batch.add(statements["add_reference"], (mail.enqueue_id, blob_id, 1))
+            session.execute(batch)
+
+        self._timed("blob_tables.add_references", add_references)
+
+        def insert() -> None:
+            session.execute(statements["count_enqueued"], mail.row[:3])
+            session.execute(statements["insert"], mail.row)
+
+        self._timed("view.insert", insert)
+        self._timed(
+            "broker.publish", lambda: self._sqlite(_PUBLISH, (mail.row[0], mail.enqueue_id, 5, mail.payload))
+        )
+
+    def dequeue_done(self, queue: str) -> None:
+        statements, session = self.statements, self.session
+        now = time.time_ns() // 1000
+        lease = os.urandom(8).hex()
+        claimed = self._timed(
+            "broker.receive", lambda: self._sqlite(_CLAIM, (lease, now + _VISIBILITY_TIMEOUT, queue, now))
+        )
+        if claimed is None:
+            raise AssertionError("the floor's broker ran dry before every mail was dequeued")
+        mail = self.mails[claimed[1]]
+
+        def is_live() -> bool:
+            marked = session.execute_async(statements["is_marked"], (queue, mail.enqueue_id))
+            start = session.execute_async(statements["browse_start"], (queue,))
+            return marked.result().one() is None and start.result().one()[0] <= mail.row[1]
+
+        if not self._timed("view.is_live", is_live):
+            raise AssertionError(f"the floor's mail {mail.enqueue_id} is not live")
+        for blob_id in mail.blob_ids:
+            self._timed(
+                "content.get",
+                lambda blob_id=blob_id: self.s3.get_object(
+                    Bucket=self.bucket, Key=self.prefix + blob_id, ChecksumMode="ENABLED"
+                )["Body"].read(),
+            )
+
+        def mark_deleted() -> None:
+            if session.execute(statements["mark"], (queue, mail.enqueue_id)).one().applied:
+                session.execute(statements["count_deleted"], mail.row[:3])
+
+        self._timed("view.mark_deleted", mark_deleted)
+        held = self._timed(
+            "blob_tables.references_of",
+            lambda: [row.blob_id for row in session.execute(statements["references_of"], (mail.enqueue_id,))],
+        )
+        iteration = self._timed(
+            "blob_tables.current", lambda: session.execute(statements["generation"], ("gc_iteration",)).one()
+        )
+        self._timed(
+            "blob_tables.add_deletions",
+            lambda: execute_concurrent_with_args(
+                session,
+                statements["add_deletion"],
+                [
+                    (1, zlib.crc32(blob_id.encode()) % 16, blob_id, now, iteration.number if iteration else 1)
+                    for blob_id in held
+                ],
+                concurrency=CONCURRENCY,
+                raise_on_first_error=True,
+                results_generator=False,
+            ),
+        )
+        self._timed(
+            "blob_tables.remove_references",
+            lambda: session.execute(statements["remove_references"], (mail.enqueue_id, held)),
+        )
+        self._timed("broker.ack", lambda: self._sqlite(_ACK, (claimed[0], lease)))
+
+
+@contextmanager
+def distributed(settings: Settings, scratch: Path) -> Iterator[Floor]:
+    """The floor on the URL's keyspace and bucket, which must not exist yet (the runtime's creating open
+    makes them); at the end the keyspace is dropped and the bucket emptied and deleted."""
+    assert settings.cassandra is not None and settings.s3 is not None
+    keyspace, bucket = settings.cassandra.keyspace, settings.s3.bucket
+    cluster = cassandra_cluster(settings)
+    try:
+        session = cluster.connect()
+        s3 = s3_client(settings)
+        if keyspace in cluster.metadata.keyspaces or _bucket_exists(s3, bucket):
+            raise SystemExit(
+                f"benchmark: keyspace {keyspace} or bucket {bucket} exists: give names that do not, as the "
+                "run drops them at the end"
+            )
+        floor = None
+        try:
+            yield (floor := Floor(settings, session, s3, scratch))
+        finally:
+            if floor is not None:
+                floor.close()
+            _drop(session, s3, keyspace, bucket)
+    finally:
+        cluster.shutdown()
+
+
+def _drop(session: Session, s3, keyspace: str, bucket: str) -> None:
+    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=180)
+    if _bucket_exists(s3, bucket):
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", ())]
+            if keys:
+                s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+        s3.delete_bucket(Bucket=bucket)
+
+
+def _bucket_exists(s3, bucket: str) -> bool:
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except s3.exceptions.ClientError as error:
+        if str(error.response.get("Error", {}).get("Code")) in ("404", "NoSuchBucket", "NotFound"):
+            return False
+        raise
+    return True

@@ -1,0 +1,79 @@
+"""The `mailq` command on the distributed deployment (Cassandra + S3, the harness's servers): a keyspace and
+a bucket that do not exist are named and not created by a reading command; `schema create` makes both;
+mails go in and out through the same commands as on the embedded deployment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+
+from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name, remove_bucket
+
+from .test_store_errors import MESSAGE, RECIPIENT, SENDER, assert_one_line, mailq
+
+
+@pytest.fixture
+def url(cassandra_server, s3_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A distributed URL on a keyspace and a bucket no one made; both removed at the end."""
+    for variable, value in s3_server.env().items():
+        monkeypatch.setenv(variable, value)
+    keyspace, bucket = fresh_keyspace_name(), fresh_bucket_name()
+    query = urlencode(
+        {
+            "s3": bucket,
+            "s3_endpoint": s3_server.endpoint_url,
+            "s3_region": s3_server.region,
+            "broker": f"embedded:{tmp_path / 'broker'}",
+        },
+        safe=":/",
+    )
+    yield f"cassandra://{cassandra_server.host}:{cassandra_server.port}/{keyspace}?{query}"
+    cluster = cassandra_server.cluster()
+    cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+    cluster.shutdown()
+    remove_bucket(s3_server.client(), bucket)
+
+
+def _keyspaces(cassandra_server) -> set[str]:
+    cluster = cassandra_server.cluster()
+    names = {
+        row.keyspace_name
+        for row in cluster.connect().execute("SELECT keyspace_name FROM system_schema.keyspaces")
+    }
+    cluster.shutdown()
+    return names
+
+
+def test_a_reading_command_names_the_missing_keyspace_and_creates_nothing(url, cassandra_server, tmp_path):
+    before = _keyspaces(cassandra_server)
+    assert_one_line(mailq("--url", url, "size", "spool"), "no keyspace", "create the schema first")
+    assert _keyspaces(cassandra_server) == before
+    assert not (tmp_path / "broker").exists()
+
+
+def test_schema_create_then_mails_in_and_out(url, tmp_path, s3_server):
+    eml = tmp_path / "mail.eml"
+    eml.write_bytes(MESSAGE)
+    status, out, _ = mailq("--url", url, "--json", "schema", "create")
+    assert status == 0 and json.loads(out)["created"] is True
+    # Again: the keyspace and bucket are there, nothing is made twice.
+    status, out, _ = mailq("--url", url, "--json", "schema", "create")
+    assert status == 0 and json.loads(out)["created"] is False
+    status, out, err = mailq(
+        "--url", url, "enqueue", "spool", str(eml), "--sender", SENDER, "--rcpt", RECIPIENT
+    )
+    assert status == 0, err
+    status, out, _ = mailq("--url", url, "--json", "browse", "spool")
+    (mail,) = json.loads(out)
+    assert (mail["sender"], mail["recipients"]) == (SENDER, [RECIPIENT])
+    assert mailq("--url", url, "size", "spool")[1] == "spool: 1 mails\n"
+    # The content went to the bucket, under its blob ids.
+    client = s3_server.client()
+    bucket = url.split("s3=")[1].split("&")[0]
+    assert client.list_objects_v2(Bucket=bucket)["KeyCount"] == 2  # the header and the body
+    status, out, err = mailq("--url", url, "clear", "spool")
+    assert status == 0, err
+    assert mailq("--url", url, "size", "spool")[1] == "spool: 0 mails\n"
