@@ -10,7 +10,8 @@ its own, deleted at the end).
 
 The node is $MAILQ_AMQP_URL's host, port, vhost and user; the password MAILQ_AMQP_PASSWORD's, else the
 URL's (the harness's test node). Each measure runs `--rounds` times, raw and mailq alternating; the
-figures are medians. The last line is one JSON object with every figure.
+figures are medians. The last line is one JSON object with every figure. `compare` is the measure itself,
+which queue_throughput.py runs too, on the runtime's broker with messages of the size of mailq's payload.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import closing
 from urllib.parse import unquote, urlsplit
 
 import pika
@@ -163,15 +165,83 @@ def mailq_consume(broker: RabbitMQBroker, queue: str, count: int, threads: int) 
     return count / (time.perf_counter() - started)
 
 
+# The comparison's defaults: many publishes in flight on both sides, consumers keeping as many messages.
+PUBLISHERS = 64
+CONSUMERS = 4
+WINDOW = 500
+PREFETCH = 100
+# Declared as the broker declares its queues, so both sides pay for the same queue type.
+QUEUE_ARGUMENTS = {"x-queue-version": 2, "x-max-priority": MAX_PRIORITY}
+MEASURES = ("raw_publish", "mailq_publish", "raw_consume", "mailq_consume_1", "mailq_consume_n")
+
+
+def compare(
+    parameters: pika.ConnectionParameters,
+    broker: RabbitMQBroker,
+    mail_queue: str,
+    raw_queue: str,
+    size: int,
+    messages: int,
+    rounds: int,
+    *,
+    threads: int = PUBLISHERS,
+    consumers: int = CONSUMERS,
+    window: int = WINDOW,
+    prefetch: int = PREFETCH,
+) -> dict[str, list[float]]:
+    """The rates of each round, raw and mailq alternating, by measure (MEASURES): `messages` (a multiple
+    of `threads`) of `size` bytes each way, mailq's through `broker` on `mail_queue`, raw pika's on
+    `raw_queue`, which is declared as the broker declares its queues and deleted at the end. The mail
+    queue's objects stay, for the caller to delete once `broker` is closed."""
+    payload = "x" * size
+    body = payload.encode()
+    admin = pika.BlockingConnection(parameters)
+    channel = admin.channel()
+    figures: dict[str, list[float]] = {key: [] for key in MEASURES}
+    try:
+        broker.publish(mail_queue, "warm-up", payload, 5)  # declares the mail queue's objects
+        channel.queue_declare(raw_queue, durable=True, arguments=QUEUE_ARGUMENTS)
+        # Starts the consumer, and takes the warm-up.
+        while (delivery := broker.receive(mail_queue, 2)) is not None:
+            broker.ack(delivery)
+        for _ in range(rounds):
+            figures["raw_publish"].append(raw_publish(parameters, raw_queue, body, messages, window))
+            figures["mailq_publish"].append(mailq_publish(broker, mail_queue, payload, messages, threads))
+            figures["raw_consume"].append(raw_consume(parameters, raw_queue, messages, prefetch))
+            figures["mailq_consume_1"].append(mailq_consume(broker, mail_queue, messages // 2, 1))
+            figures["mailq_consume_n"].append(
+                mailq_consume(broker, mail_queue, messages - messages // 2, consumers)
+            )
+    finally:
+        channel.queue_delete(raw_queue)
+        admin.close()
+    return figures
+
+
+def ratios(medians: dict[str, float]) -> dict[str, float]:
+    """mailq's rate over raw pika's, by measure."""
+    return {
+        "publish": medians["mailq_publish"] / medians["raw_publish"],
+        "consume_1": medians["mailq_consume_1"] / medians["raw_consume"],
+        "consume_n": medians["mailq_consume_n"] / medians["raw_consume"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=5000, help="messages per measure (default 5000)")
     parser.add_argument("--size", type=int, default=10 * 1024, help="bytes a message (default 10240)")
     parser.add_argument("--rounds", type=int, default=3, help="times each measure runs (default 3)")
-    parser.add_argument("--threads", type=int, default=64, help="publishing threads of mailq (default 64)")
-    parser.add_argument("--consumers", type=int, default=4, help="consuming threads of mailq (default 4)")
-    parser.add_argument("--window", type=int, default=500, help="raw publishes in flight (default 500)")
-    parser.add_argument("--prefetch", type=int, default=100, help="prefetch of both consumers (default 100)")
+    parser.add_argument(
+        "--threads", type=int, default=PUBLISHERS, help="publishing threads of mailq (default 64)"
+    )
+    parser.add_argument(
+        "--consumers", type=int, default=CONSUMERS, help="consuming threads of mailq (default 4)"
+    )
+    parser.add_argument("--window", type=int, default=WINDOW, help="raw publishes in flight (default 500)")
+    parser.add_argument(
+        "--prefetch", type=int, default=PREFETCH, help="prefetch of both consumers (default 100)"
+    )
     args = parser.parse_args()
     args.messages -= args.messages % args.threads
 
@@ -185,60 +255,41 @@ def main() -> None:
     broker = RabbitMQBroker(**settings, prefetch=args.prefetch)
     run = secrets.token_hex(3)
     mail_queue = f"benchmark-{run}"
-    raw_queue = f"mailq-benchmark-raw-{run}"
-    payload = "x" * args.size
-    body = payload.encode()
-
-    admin = pika.BlockingConnection(parameters)
-    channel = admin.channel()
-    broker.publish(mail_queue, "warm-up", payload, 5)  # declares the mail queue's objects
-    # Declared as the broker declares its queues, so both sides pay for the same queue type.
-    arguments = {"x-queue-version": 2, "x-max-priority": MAX_PRIORITY}
-    channel.queue_declare(raw_queue, durable=True, arguments=arguments)
-    figures: dict[str, list[float]] = {
-        key: []
-        for key in ("raw_publish", "mailq_publish", "raw_consume", "mailq_consume_1", "mailq_consume_n")
-    }
     try:
-        # Starts the consumer, and takes the warm-up.
-        while (delivery := broker.receive(mail_queue, 2)) is not None:
-            broker.ack(delivery)
-        for _ in range(args.rounds):
-            figures["raw_publish"].append(
-                raw_publish(parameters, raw_queue, body, args.messages, args.window)
-            )
-            figures["mailq_publish"].append(
-                mailq_publish(broker, mail_queue, payload, args.messages, args.threads)
-            )
-            figures["raw_consume"].append(raw_consume(parameters, raw_queue, args.messages, args.prefetch))
-            figures["mailq_consume_1"].append(mailq_consume(broker, mail_queue, args.messages // 2, 1))
-            figures["mailq_consume_n"].append(
-                mailq_consume(broker, mail_queue, args.messages - args.messages // 2, args.consumers)
-            )
+        figures = compare(
+            parameters,
+            broker,
+            mail_queue,
+            f"mailq-benchmark-raw-{run}",
+            args.size,
+            args.messages,
+            args.rounds,
+            threads=args.threads,
+            consumers=args.consumers,
+            window=args.window,
+            prefetch=args.prefetch,
+        )
     finally:
         broker.close()
-        for name in (raw_queue, queue_name(mail_queue), dead_letter_queue(mail_queue)):
-            channel.queue_delete(name)
-        admin.close()
+        with closing(pika.BlockingConnection(parameters)) as admin:
+            channel = admin.channel()
+            for name in (queue_name(mail_queue), dead_letter_queue(mail_queue)):
+                channel.queue_delete(name)
 
     medians = {key: statistics.median(values) for key, values in figures.items()}
-    ratios = {
-        "publish": medians["mailq_publish"] / medians["raw_publish"],
-        "consume_1": medians["mailq_consume_1"] / medians["raw_consume"],
-        "consume_n": medians["mailq_consume_n"] / medians["raw_consume"],
-    }
+    ratio = ratios(medians)
     print(f"{args.messages} messages of {args.size} bytes, {args.rounds} rounds, medians (messages/s):")
     print(f"{'measure':<22} {'mailq/s':>9} {'raw/s':>9} {'ratio':>6}   (target >= 0.5)")
     print(
         f"{'publish':<22} {medians['mailq_publish']:>9.0f} {medians['raw_publish']:>9.0f} "
-        f"{ratios['publish']:>6.2f}   mailq: {args.threads} threads; raw: {args.window} in flight"
+        f"{ratio['publish']:>6.2f}   mailq: {args.threads} threads; raw: {args.window} in flight"
     )
     for key, label in (
         ("consume_1", "receive+ack, 1 thread"),
         ("consume_n", f"receive+ack, {args.consumers} th."),
     ):
         print(
-            f"{label:<22} {medians[f'mailq_{key}']:>9.0f} {medians['raw_consume']:>9.0f} {ratios[key]:>6.2f}"
+            f"{label:<22} {medians[f'mailq_{key}']:>9.0f} {medians['raw_consume']:>9.0f} {ratio[key]:>6.2f}"
         )
     print(
         json.dumps(
@@ -250,7 +301,7 @@ def main() -> None:
                 "consumers": args.consumers,
                 "prefetch": args.prefetch,
                 **{key: round(value, 1) for key, value in medians.items()},
-                **{f"ratio_{key}": round(value, 3) for key, value in ratios.items()},
+                **{f"ratio_{key}": round(value, 3) for key, value in ratio.items()},
                 "samples": figures,
             }
         )
