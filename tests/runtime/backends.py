@@ -30,7 +30,7 @@ import pika
 import pika.exceptions
 
 from mailq_runtime import Runtime
-from mailq_runtime.brokers.rabbitmq import queue_name
+from mailq_runtime.brokers.rabbitmq import dead_letter_queue, queue_name
 from mailq_runtime.clock import Clock, system_clock
 from mailq_runtime.stores.cassandra.schema import TABLES as CASSANDRA_TABLES
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from cassandra.cluster import Session
 
     from tests.servers.cassandra import CassandraServer
-    from tests.servers.rabbitmq import RabbitMQServer
+    from tests.servers.rabbitmq import RabbitMQServer, Vhosts
     from tests.servers.s3 import S3Server
 
 AGENT = Path(__file__).with_name("agent.py")
@@ -388,10 +388,20 @@ class CassandraBackend(Backend):
         )
         if known.one() is None:
             return
-        for name, cql in CASSANDRA_TABLES.items():
-            counters = " counter" in cql
-            if counters or self.session.execute(f"SELECT * FROM {self.keyspace}.{name} LIMIT 1").one():
-                self.session.execute(f"TRUNCATE {self.keyspace}.{name}", timeout=120)
+        # All at once: a round trip each, one after the other, cost a busy test run minutes.
+        looks = {
+            name: self.session.execute_async(f"SELECT * FROM {self.keyspace}.{name} LIMIT 1")
+            for name, cql in CASSANDRA_TABLES.items()
+            if " counter" not in cql
+        }
+        full = [name for name, look in looks.items() if look.result().one() is not None]
+        counters = [name for name in CASSANDRA_TABLES if name not in looks]
+        truncations = [
+            self.session.execute_async(f"TRUNCATE {self.keyspace}.{name}", timeout=120)
+            for name in full + counters
+        ]
+        for truncation in truncations:
+            truncation.result()
 
     def _rows(self, cql: str, parameters: tuple = ()) -> list[tuple]:
         # Prepared: a plain statement's markers are %s, not the ? the probes write.
@@ -543,11 +553,20 @@ class RabbitMQBackend(CassandraBackend):
     leases_end_with_their_consumer = True  # RabbitMQ sees the consumer's connection close
 
     def __init__(
-        self, servers: CassandraS3, keyspace: str, bucket: str, rabbitmq: RabbitMQServer, vhost: str
+        self,
+        servers: CassandraS3,
+        keyspace: str,
+        bucket: str,
+        rabbitmq: RabbitMQServer,
+        vhost: str,
+        vhosts: Vhosts | None = None,
     ) -> None:
+        """`vhosts`: the pool `vhost` came from, which gets it back for the next test at `close` (None for
+        a backend sharing another's vhost)."""
         super().__init__(Path("/nonexistent/rabbitmq-has-no-broker-dir"), servers, keyspace, bucket)
         self.rabbitmq = rabbitmq
         self.vhost = vhost
+        self.vhosts = vhosts
         self._probe: pika.BlockingConnection | None = None
 
     def url(self, **options: object) -> str:
@@ -561,8 +580,27 @@ class RabbitMQBackend(CassandraBackend):
 
     def close(self) -> None:
         super().close()
+        # A vhost costs RabbitMQ two message stores and a rabbitmqctl call a batch: the next test gets
+        # this one once its queues are deleted. One that still has a consumer (a runtime the test left
+        # open) would take the next test's messages, so its vhost is not handed on.
+        if self.vhosts is not None and self._delete_queues():
+            self.vhosts.give_back(self.vhost)
         if self._probe is not None and self._probe.is_open:
             self._probe.close()
+
+    def _delete_queues(self) -> bool:
+        """Delete the RabbitMQ queues of every mail queue the test used; False if one still has a
+        consumer."""
+        for queue in self._queue_names():
+            for name in (queue_name(queue), dead_letter_queue(queue)):
+                channel = self._channel()
+                try:
+                    channel.queue_delete(name, if_unused=True)
+                except pika.exceptions.ChannelClosedByBroker as refused:
+                    assert refused.reply_code == 406, refused  # PRECONDITION_FAILED: in use
+                    return False
+                channel.close()
+        return True
 
     def _channel(self):
         if self._probe is None or not self._probe.is_open:

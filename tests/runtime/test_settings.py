@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mailq_runtime import InvalidInput, Runtime
+from mailq_runtime import InvalidInput
 from mailq_runtime.clock import MICROS_PER_SECOND
 from mailq_runtime.settings import (
     AmqpSettings,

@@ -310,8 +310,9 @@ def _free_ports(count: int) -> list[int]:
 
 
 class Vhosts:
-    """Virtual hosts on a RabbitMQ node of the harness, a fresh one for each test that asks: made in
-    batches, since one rabbitmqctl call costs seconds, and all deleted by `delete_all`."""
+    """Virtual hosts on a RabbitMQ node of the harness, an empty one for each test that asks: made in
+    batches, since one rabbitmqctl call costs seconds, handed on once emptied, and all deleted by
+    `delete_all`."""
 
     # A batch doubles each time, from FIRST_BATCH: a run of a few tests pays for few vhosts (each costs
     # RabbitMQ two message stores), a run of hundreds for few rabbitmqctl calls.
@@ -340,6 +341,10 @@ class Vhosts:
             f"ok = rabbit_auth_backend_internal:set_permissions({_binary(self.user)}, {vhost}, "
             f'{everything}, {everything}, {everything}, <<"mailq-tests">>)'
         )
+
+    def give_back(self, vhost: str) -> None:
+        """A vhost its test emptied (no queue, no consumer left) serves the next test."""
+        self.free.append(vhost)
 
     def delete_all(self) -> None:
         if self.made:
