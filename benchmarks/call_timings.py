@@ -4,6 +4,8 @@ queue_throughput.py breaks mailq's time and the floor's down by.
 Not a benchmark itself. A kind is the runtime's call, `<backend>.<protocol method>` (the view, the blob
 tables, the content, the broker, the delayed mails: see `TIMED` in queue_throughput.py); the floor
 (queue_floor.py) files its bare calls under the kind they stand for, so that the two breakdowns line up.
+The kinds group by the backend they go to (the metadata store, the content, the broker), the rest of a
+mail's time being the caller's own work.
 """
 
 from __future__ import annotations
@@ -40,3 +42,27 @@ class Timings:
     def add(self, kind: str, seconds: float) -> None:
         self.seconds[kind] = self.seconds.get(kind, 0.0) + seconds
         self.calls[kind] = self.calls.get(kind, 0) + 1
+
+
+# The backend each kind of call goes to, by the kind's first part.
+BACKENDS = {
+    "view": "metadata",
+    "blob_tables": "metadata",
+    "delayed_mails": "metadata",
+    "content": "content",
+    "broker": "broker",
+}
+
+
+def grouped(table: dict[str, list[float]], names: dict[str, str], own: str) -> dict[str, float]:
+    """Milliseconds per mail by backend, from a breakdown's table (kind: [ms, calls], "outside these
+    calls", "total"): `names` names each backend ("metadata": "Cassandra" ...), `own` the time outside
+    every call."""
+    groups = {name: 0.0 for name in names.values()}
+    for kind, (spent, _) in table.items():
+        if kind in ("outside these calls", "total"):
+            continue
+        groups[names[BACKENDS[kind.split(".")[0]]]] += spent
+    groups[own] = table["outside these calls"][0]
+    groups["total"] = table["total"][0]
+    return {name: round(spent, 3) for name, spent in groups.items()}

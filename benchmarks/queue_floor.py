@@ -1,5 +1,6 @@
-"""The floor of the mail queue on Cassandra + S3 + the embedded broker: the backend calls that one enqueue and
-one dequeue + done() make, issued directly with cassandra-driver, boto3 and sqlite3, without mailq.
+"""The floor of the mail queue on Cassandra + S3 + a broker: the backend calls that one enqueue and one
+dequeue + done() make, issued directly with cassandra-driver, boto3, and sqlite3 for the embedded broker or
+pika for RabbitMQ (rabbitmq_floor.py), without mailq.
 
 Not a benchmark itself; queue_throughput.py runs it beside mailq in the same run, on the same servers, so
 that their ratio says what mailq's own work costs. The calls, in mailq's order and with its concurrency:
@@ -10,8 +11,10 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
                   blob_tables.add_blobs          INSERT INTO blobs x2, concurrently
                   blob_tables.add_references     one unlogged batch of two INSERTs (one partition)
                   view.insert                    UPDATE the slice counter, then INSERT INTO enqueued_mails
-                  broker.publish                 a SQLite transaction: INSERT INTO broker_messages
-  dequeue + done  broker.receive                 a SQLite transaction: claim the next message
+                  broker.publish                 a SQLite transaction: INSERT INTO broker_messages;
+                                                 RabbitMQ: a publish, waiting for its confirmation
+  dequeue + done  broker.receive                 a SQLite transaction: claim the next message;
+                                                 RabbitMQ: the next message of a consumer
                   view.is_live                   SELECT the deletion mark and browse_start, concurrently
                   content.get x2                 GetObject, checksum checked, one after the other
                   view.mark_deleted              INSERT INTO deleted_mails IF NOT EXISTS, UPDATE the counter
@@ -19,12 +22,14 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
                   blob_tables.current            SELECT the current GC iteration
                   blob_tables.add_deletions      INSERT INTO blob_deletions x2, concurrently
                   blob_tables.remove_references  DELETE the owner's references (one IN)
-                  broker.ack                     a SQLite transaction: DELETE FROM broker_messages
+                  broker.ack                     a SQLite transaction: DELETE FROM broker_messages;
+                                                 RabbitMQ: basic_ack
 
 They are the calls of mailq_runtime/stores/cassandra (queue_view.py, blobs.py), blobs/s3_store.py and
-brokers/embedded.py, as queue.py and blobs/dedup.py make them, each filed under the runtime's call it
-stands for (call_timings.py), so that the two breakdowns line up; the broker's SQLite writes are mailq's
-cost as much as the servers' calls, so they are in the floor too, on a file of their own. What the floor
+brokers/embedded.py or brokers/rabbitmq.py, as queue.py and blobs/dedup.py make them, each filed under
+the runtime's call it stands for (call_timings.py), so that the two breakdowns line up; the embedded
+broker's SQLite writes are mailq's cost as much as the servers' calls, so they are in the floor too, on a
+file of their own. What the floor
 leaves out is mailq's own work: the message split and hashed, the payload encoded and decoded, the Mail
 built, the ids generated; and, amortised over many mails, the queue's creation, the look for due delayed
 mails once a second and the browse_start update on one dequeue in 1000.
@@ -39,11 +44,12 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any, Protocol
 
 import boto3
 from botocore.config import Config
@@ -168,27 +174,75 @@ def s3_client(settings: Settings):
     return boto3.client("s3", endpoint_url=s3.endpoint, region_name=s3.region, config=config)
 
 
-class Floor:
-    """The bare calls, on the URL's keyspace and bucket and a SQLite file of the broker's schema in
-    `work` (next to the broker's own, so on the same disk). `prepare()` once the runtime has created
-    the keyspace."""
+class FloorBroker(Protocol):
+    """The broker's calls of the floor: `receive` answers the next message's enqueue id and a handle."""
 
-    def __init__(self, settings: Settings, session: Session, s3, work: Path) -> None:
-        assert settings.cassandra is not None and settings.s3 is not None
-        keyspace = settings.cassandra.keyspace
-        self.session = session
-        self.s3 = s3
-        self.keyspace = keyspace
-        self.bucket = settings.s3.bucket
-        self.prefix = settings.s3.prefix
-        self.statements: dict[str, PreparedStatement] = {}
+    def declare(self, queue: str) -> None: ...
+
+    def publish(self, queue: str, enqueue_id: str, payload: str, priority: int) -> None: ...
+
+    def receive(self, queue: str) -> tuple[str, Any]: ...
+
+    def ack(self, handle: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SQLiteFloorBroker:
+    """The embedded broker's transactions on a SQLite file of its schema in `work` (next to the broker's
+    own, so on the same disk)."""
+
+    def __init__(self, work: Path, durability: str) -> None:
         self.db = sqlite3.connect(work / "floor.db", isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute(f"PRAGMA synchronous={SYNCHRONOUS[settings.durability]}")
+        self.db.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
         self.db.execute("PRAGMA cache_size=-65536")
         self.db.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
         # The threads take turns on one connection, as the runtime's do (stores/embedded.py).
         self.turn = threading.RLock()
+
+    def _sqlite(self, sql: str, parameters: tuple) -> tuple | None:
+        with self.turn:
+            self.db.execute("BEGIN IMMEDIATE")
+            row = self.db.execute(sql, parameters).fetchone()
+            self.db.execute("COMMIT")
+        return row
+
+    def declare(self, queue: str) -> None:
+        """Nothing: a broker message names its queue."""
+
+    def publish(self, queue: str, enqueue_id: str, payload: str, priority: int) -> None:
+        self._sqlite(_PUBLISH, (queue, enqueue_id, priority, payload))
+
+    def receive(self, queue: str) -> tuple[str, Any]:
+        now = time.time_ns() // 1000
+        lease = os.urandom(8).hex()
+        claimed = self._sqlite(_CLAIM, (lease, now + _VISIBILITY_TIMEOUT, queue, now))
+        if claimed is None:
+            raise AssertionError("the floor's broker ran dry before every mail was dequeued")
+        return claimed[1], (claimed[0], lease)
+
+    def ack(self, handle: Any) -> None:
+        self._sqlite(_ACK, handle)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class Floor:
+    """The bare calls, on the URL's keyspace, bucket and broker. `prepare()` once the runtime has created
+    the keyspace."""
+
+    def __init__(self, settings: Settings, session: Session, s3, broker: FloorBroker) -> None:
+        assert settings.cassandra is not None and settings.s3 is not None
+        keyspace = settings.cassandra.keyspace
+        self.session = session
+        self.s3 = s3
+        self.broker = broker
+        self.keyspace = keyspace
+        self.bucket = settings.s3.bucket
+        self.prefix = settings.s3.prefix
+        self.statements: dict[str, PreparedStatement] = {}
         self.mails: dict[str, FloorMail] = {}
         self.timings: Timings | None = None
 
@@ -203,7 +257,7 @@ class Floor:
         }
 
     def close(self) -> None:
-        self.db.close()
+        self.broker.close()
 
     def _timed(self, kind: str, call: Callable[[], object]) -> object:
         if self.timings is None:
@@ -213,15 +267,9 @@ class Floor:
         self.timings.add(kind, time.perf_counter() - started)
         return result
 
-    def _sqlite(self, sql: str, parameters: tuple) -> tuple | None:
-        with self.turn:
-            self.db.execute("BEGIN IMMEDIATE")
-            row = self.db.execute(sql, parameters).fetchone()
-            self.db.execute("COMMIT")
-        return row
-
     def create_queue(self, queue: str, slice_start: int) -> None:
         self.session.execute(self.statements["set_browse_start"], (queue, slice_start))
+        self.broker.declare(queue)
 
     def new_mail(self, queue: str, slice_start: int, message: bytes, number: int) -> FloorMail:
         """The ids, row and payload of one mail, computed before the clock starts."""
@@ -344,19 +392,14 @@ class Floor:
 
         self._timed("view.insert", insert)
         self._timed(
-            "broker.publish", lambda: self._sqlite(_PUBLISH, (mail.row[0], mail.enqueue_id, 5, mail.payload))
+            "broker.publish", lambda: self.broker.publish(mail.row[0], mail.enqueue_id, mail.payload, 5)
         )
 
     def dequeue_done(self, queue: str) -> None:
         statements, session = self.statements, self.session
+        enqueue_id, handle = self._timed("broker.receive", lambda: self.broker.receive(queue))
+        mail = self.mails[enqueue_id]
         now = time.time_ns() // 1000
-        lease = os.urandom(8).hex()
-        claimed = self._timed(
-            "broker.receive", lambda: self._sqlite(_CLAIM, (lease, now + _VISIBILITY_TIMEOUT, queue, now))
-        )
-        if claimed is None:
-            raise AssertionError("the floor's broker ran dry before every mail was dequeued")
-        mail = self.mails[claimed[1]]
 
         def is_live() -> bool:
             marked = session.execute_async(statements["is_marked"], (queue, mail.enqueue_id))
@@ -403,13 +446,18 @@ class Floor:
             "blob_tables.remove_references",
             lambda: session.execute(statements["remove_references"], (mail.enqueue_id, held)),
         )
-        self._timed("broker.ack", lambda: self._sqlite(_ACK, (claimed[0], lease)))
+        self._timed("broker.ack", lambda: self.broker.ack(handle))
 
 
 @contextmanager
-def distributed(settings: Settings, scratch: Path) -> Iterator[Floor]:
-    """The floor on the URL's keyspace and bucket, which must not exist yet (the runtime's creating open
-    makes them); at the end the keyspace is dropped and the bucket emptied and deleted."""
+def distributed(
+    settings: Settings, scratch: Path, threads: int, mail_queues: Iterable[str]
+) -> Iterator[Floor]:
+    """The floor on the URL's keyspace, bucket and broker, for up to `threads` callers at a time. The
+    keyspace and bucket must not exist yet (the runtime's creating open makes them), nor on RabbitMQ the
+    objects of the `mail_queues` the run will use; at the end the keyspace is dropped, the bucket emptied
+    and deleted, and on RabbitMQ those objects and the floor's queues deleted. The embedded broker's
+    floor is a file in `scratch`."""
     assert settings.cassandra is not None and settings.s3 is not None
     keyspace, bucket = settings.cassandra.keyspace, settings.s3.bucket
     cluster = cassandra_cluster(settings)
@@ -423,7 +471,17 @@ def distributed(settings: Settings, scratch: Path) -> Iterator[Floor]:
             )
         floor = None
         try:
-            yield (floor := Floor(settings, session, s3, scratch))
+            broker: FloorBroker
+            if settings.amqp is None:
+                broker = SQLiteFloorBroker(scratch, settings.durability)
+            else:
+                from rabbitmq_floor import RabbitMQFloorBroker, mail_queue_objects
+
+                broker = RabbitMQFloorBroker(
+                    settings.amqp, keyspace, threads, mail_queue_objects(mail_queues)
+                )
+            floor = Floor(settings, session, s3, broker)
+            yield floor
         finally:
             if floor is not None:
                 floor.close()

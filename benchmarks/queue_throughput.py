@@ -1,17 +1,20 @@
 """The mail queue's throughput on any deployment, against the floor of its backends on the same machine.
 
     .venv/bin/python benchmarks/queue_throughput.py [--url URL] [--mails N] [--size BYTES] [--history N]
-                                                    [--live N] [--threads N] [--profile enqueue|dequeue]
+                                                    [--live N] [--process-mails N] [--threads N]
+                                                    [--profile enqueue|dequeue]
 
 Without --url, a fresh embedded data dir next to the repository (same disk). With --url, the deployment it
 names, which must not exist yet: the run makes it with a creating open and removes it at the end (an
 embedded data dir; on cassandra:// the keyspace is dropped, the bucket emptied and deleted and the
-broker's directory removed), so it never touches anything it did not make. On the test servers:
+broker's directory removed; with broker=amqp://, the run's mail queues are named after the keyspace, and
+their RabbitMQ queues, refused if they exist already, are deleted), so it never touches anything it did
+not make. On the test servers:
 
     eval "$(.venv/bin/python -m tests.servers env)"; run=bench$(date +%s)
     s3="s3=$run&s3_endpoint=$MAILQ_S3_ENDPOINT&s3_region=us-east-1"
     url="cassandra://$MAILQ_CASSANDRA_HOST:$MAILQ_CASSANDRA_PORT/$run?$s3&broker=embedded:/tmp/$run"
-    .venv/bin/python benchmarks/queue_throughput.py --url "$url"
+    .venv/bin/python benchmarks/queue_throughput.py --url "$url"   # or broker=amqp://127.0.0.1:16572/
 
 Measures:
   1. enqueue of N mails of ~10 KiB, each with a random body so that nothing deduplicates, from
@@ -22,14 +25,17 @@ Measures:
      (embedded: in a store of its own, beside the deployment's; Cassandra: in the same keyspace);
   4. the floor. Embedded: the rate of one-row SQLite transactions (BEGIN IMMEDIATE; INSERT; COMMIT) in
      WAL mode with the runtime's durability, the ceiling any queue operation on this disk works under.
-     Cassandra: the bare cassandra-driver statements, boto3 puts and gets and broker SQLite writes that
-     one enqueue and one dequeue + done() make (queue_floor.py), in the same phases with the same
-     threads, taking turns with mailq in ROUNDS rounds a phase (each first in every other round); the
-     ratio is mailq's rate over the floor's;
+     Cassandra: the bare cassandra-driver statements, boto3 puts and gets and broker calls (SQLite writes,
+     or raw pika on RabbitMQ) that one enqueue and one dequeue + done() make (queue_floor.py), in the
+     same phases with the same threads, taking turns with mailq in ROUNDS rounds a phase (each first in
+     every other round); the ratio is mailq's rate over the floor's;
   5. where the time goes: in the single-thread phases each backend call of mailq (every method of the
      view, blob tables, content, broker and delayed mails) is timed, as is each of the floor's calls:
-     milliseconds per mail by call kind, and what is left, mailq's own work. (The timing costs about a
-     microsecond a call.)
+     milliseconds per mail by call kind, and what is left, mailq's own work; then the same by backend
+     (Cassandra, S3, RabbitMQ, own Python). (The timing costs about a microsecond a call.)
+  6. on RabbitMQ, the messaging leg: the runtime's broker against raw pika on the same node, with
+     messages of the size of mailq's payload (rabbitmq_broker.compare: LEG_ROUNDS rounds, medians);
+  7. two mailq processes on one queue against one, enqueue then dequeue + done() (queue_processes.py).
 Prints one line per measure, then one JSON object as the last line.
 """
 
@@ -43,6 +49,7 @@ import os
 import pstats
 import shutil
 import sqlite3
+import statistics
 import sys
 import tempfile
 import threading
@@ -53,7 +60,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from call_timings import DEQUEUE_DONE, ENQUEUE, Timings
+from call_timings import DEQUEUE_DONE, ENQUEUE, Timings, grouped
+from rabbitmq_broker import CONSUMERS, PUBLISHERS, WINDOW, ratios
 
 from mailq_runtime import Mail, Runtime
 from mailq_runtime.blobs.dedup import BlobTables
@@ -77,7 +85,13 @@ WARM_UP_MAILS = 4
 # With a floor, each phase alternates it with mailq in this many rounds.
 ROUNDS = 10
 # mails, history, live: bounded on a distributed deployment, where each call is a network round trip.
-DEFAULTS = {EMBEDDED: (20_000, 1_000_000, 1000), CASSANDRA: (300, 2000, 50)}
+# process_mails: each turn's mails of the two-process measure, bounded on the embedded deployment too.
+DEFAULTS = {EMBEDDED: (20_000, 1_000_000, 1000, 4000), CASSANDRA: (300, 2000, 50, 300)}
+# The messaging leg against raw pika: messages each way a round (a multiple of rabbitmq_broker's
+# PUBLISHERS), and rounds, raw and mailq alternating.
+LEG_MESSAGES = 2048
+LEG_ROUNDS = 3
+TARGET_LEG_RATIO = 0.5
 TARGET_RATE = 3000
 TARGET_RATIO = 0.2
 TARGET_FLOOR_RATIO = 0.7
@@ -164,7 +178,7 @@ def timed_calls(runtime: Runtime, timings: Timings) -> Iterator[None]:
             delattr(backend, name)
 
 
-def _run_threads(threads: int, mails: int, operation: Callable[[int], None]) -> tuple[list[float], float]:
+def run_threads(threads: int, mails: int, operation: Callable[[int], None]) -> tuple[list[float], float]:
     """Run `operation(i)` for i in range(mails) on `threads` threads; per-call latencies and wall time."""
     latencies: list[list[float]] = [[] for _ in range(threads)]
     errors: list[BaseException] = []
@@ -190,15 +204,17 @@ def _run_threads(threads: int, mails: int, operation: Callable[[int], None]) -> 
     return [latency for lane in latencies for latency in lane], wall
 
 
-def enqueue_phase(runtime: Runtime, mails: int, size: int, threads: int) -> tuple[list[float], float]:
-    queue = runtime.queue(f"throughput-{threads}")
+def enqueue_phase(
+    runtime: Runtime, name: str, mails: int, size: int, threads: int
+) -> tuple[list[float], float]:
+    queue = runtime.queue(name)
     # Built before the clock starts: the generator is not what is measured.
     prepared = [bench_mail(size) for _ in range(mails)]
-    return _run_threads(threads, mails, lambda i: queue.enqueue(prepared[i]))
+    return run_threads(threads, mails, lambda i: queue.enqueue(prepared[i]))
 
 
-def dequeue_phase(runtime: Runtime, mails: int, threads: int) -> tuple[list[float], float]:
-    queue = runtime.queue(f"throughput-{threads}")
+def dequeue_phase(runtime: Runtime, name: str, mails: int, threads: int) -> tuple[list[float], float]:
+    queue = runtime.queue(name)
 
     def take(_: int) -> None:
         item = queue.dequeue(timeout=5)
@@ -206,11 +222,11 @@ def dequeue_phase(runtime: Runtime, mails: int, threads: int) -> tuple[list[floa
             raise AssertionError("the queue ran dry before every enqueued mail was dequeued")
         item.done()
 
-    return _run_threads(threads, mails, take)
+    return run_threads(threads, mails, take)
 
 
-def check_emptied(runtime: Runtime, threads: int) -> None:
-    queue = runtime.queue(f"throughput-{threads}")
+def check_emptied(runtime: Runtime, name: str) -> None:
+    queue = runtime.queue(name)
     if queue.size() != 0:
         raise AssertionError(f"{queue.size()} mails left after dequeuing all of them")
 
@@ -221,11 +237,23 @@ def floor_enqueue_phase(
     slice_start = slice_of(time.time_ns() // 1000, 3600 * MICROS_PER_SECOND)
     floor.create_queue(queue, slice_start)
     prepared = [floor.new_mail(queue, slice_start, message(size), i) for i in range(mails)]
-    return _run_threads(threads, mails, lambda i: floor.enqueue(prepared[i]))
+    return run_threads(threads, mails, lambda i: floor.enqueue(prepared[i]))
 
 
 def floor_dequeue_phase(floor: Floor, queue: str, mails: int, threads: int) -> tuple[list[float], float]:
-    return _run_threads(threads, mails, lambda _: floor.dequeue_done(queue))
+    return run_threads(threads, mails, lambda _: floor.dequeue_done(queue))
+
+
+def warm_up(runtime: Runtime, name: str, size: int) -> None:
+    """Connections opened, statements prepared, the queue's consumer started and the first generation
+    made: a few mails through queue `name`."""
+    queue = runtime.queue(name)
+    for _ in range(WARM_UP_MAILS):
+        queue.enqueue(bench_mail(size))
+    for _ in range(WARM_UP_MAILS):
+        item = queue.dequeue(timeout=5)
+        assert item is not None
+        item.done()
 
 
 def history_slices(runtime: Runtime, history: int) -> tuple[int, int, int, int]:
@@ -280,9 +308,9 @@ def build_history(runtime: Runtime, history: int) -> int:
     return slices
 
 
-def size_phase(runtime: Runtime, live: int, size: int) -> tuple[list[float], int, float]:
+def size_phase(runtime: Runtime, name: str, live: int, size: int) -> tuple[list[float], int, float]:
     """size() latencies on the history queue, its answer, and the seconds a browse takes to count."""
-    queue = runtime.queue("history")
+    queue = runtime.queue(name)
     for _ in range(live):
         queue.enqueue(bench_mail(size))
     latencies = []
@@ -312,10 +340,10 @@ def raw_sqlite_rate(path: Path, synchronous: str, transactions: int) -> float:
         return transactions / (time.perf_counter() - started)
 
 
-def build_history_distributed(runtime: Runtime, floor: Floor, history: int) -> int:
+def build_history_distributed(runtime: Runtime, floor: Floor, name: str, history: int) -> int:
     """The same history on Cassandra, written with bare statements: rows, deletion marks, counters."""
     first, window, slices, per_slice = history_slices(runtime, history)
-    floor.write_history("history", first, window, per_slice, history)
+    floor.write_history(name, first, window, per_slice, history)
     return slices
 
 
@@ -349,8 +377,11 @@ class Phases:
     calls and mailq's in ROUNDS rounds, so that whatever else loads the machine and the servers meanwhile
     weighs on both alike; the single-thread phases are timed by call kind."""
 
-    def __init__(self, runtime: Runtime, floor: Floor | None, size: int, threads: int, profile: str | None):
+    def __init__(
+        self, runtime: Runtime, floor: Floor | None, prefix: str, size: int, threads: int, profile: str | None
+    ):
         self.runtime = runtime
+        self.prefix = prefix
         self.floor = floor
         self.size = size
         self.threads = threads
@@ -360,37 +391,40 @@ class Phases:
 
     def throughput(self, mails: int, single: int) -> None:
         runtime, floor, size, threads = self.runtime, self.floor, self.size, self.threads
+        one, many = f"{self.prefix}throughput-1", f"{self.prefix}throughput-{threads}"
         if floor is not None:
             self.warm_up()
         self.both(
             "single_enqueue",
             single,
             lambda n: floor_enqueue_phase(floor, "floor-1", n, size, 1),
-            lambda n: enqueue_phase(runtime, n, size, 1),
+            lambda n: enqueue_phase(runtime, one, n, size, 1),
             "enqueue",
         )
         self.both(
             "single_dequeue",
             single,
             lambda n: floor_dequeue_phase(floor, "floor-1", n, 1),
-            lambda n: dequeue_phase(runtime, n, 1),
+            lambda n: dequeue_phase(runtime, one, n, 1),
             "dequeue",
         )
-        check_emptied(runtime, 1)
+        check_emptied(runtime, one)
         name = f"floor-{threads}"
         self.both(
             "enqueue",
             mails,
             lambda n: floor_enqueue_phase(floor, name, n, size, threads),
-            lambda n: profiled(self.profile == "enqueue", lambda: enqueue_phase(runtime, n, size, threads)),
+            lambda n: profiled(
+                self.profile == "enqueue", lambda: enqueue_phase(runtime, many, n, size, threads)
+            ),
         )
         self.both(
             "dequeue",
             mails,
             lambda n: floor_dequeue_phase(floor, name, n, threads),
-            lambda n: profiled(self.profile == "dequeue", lambda: dequeue_phase(runtime, n, threads)),
+            lambda n: profiled(self.profile == "dequeue", lambda: dequeue_phase(runtime, many, n, threads)),
         )
-        check_emptied(runtime, threads)
+        check_emptied(runtime, many)
 
     def warm_up(self) -> None:
         """Statements prepared, connections opened and the first generation made, by both sides."""
@@ -398,13 +432,7 @@ class Phases:
         self.floor.prepare()
         floor_enqueue_phase(self.floor, "floor-warm-up", WARM_UP_MAILS, self.size, 1)
         floor_dequeue_phase(self.floor, "floor-warm-up", WARM_UP_MAILS, 1)
-        queue = self.runtime.queue("warm-up")
-        for _ in range(WARM_UP_MAILS):
-            queue.enqueue(bench_mail(self.size))
-        for _ in range(WARM_UP_MAILS):
-            item = queue.dequeue(timeout=5)
-            assert item is not None
-            item.done()
+        warm_up(self.runtime, f"{self.prefix}warm-up", self.size)
 
     def both(self, phase: str, mails: int, of_floor: Callable, of_mailq: Callable, timed: str | None = None):
         """`mails` through mailq (and through the floor, in turns); `timed` names the operation whose calls
@@ -435,30 +463,70 @@ class Phases:
 
 
 @contextmanager
-def fresh(settings: Settings, given: bool) -> Iterator[tuple[Path, Floor | None]]:
-    """A scratch directory next to the deployment's local files (same disk), and on Cassandra the floor's
-    connections; refuses a deployment that exists already, and removes what the run made at the end."""
+def fresh(
+    settings: Settings, given: bool, threads: int, mail_queues: list[str]
+) -> Iterator[tuple[Path, Floor | None]]:
+    """A scratch directory next to the deployment's local files (same disk; with RabbitMQ, which has none,
+    in the repository), and on Cassandra the floor's connections for up to `threads` callers; refuses a
+    deployment that exists already (on RabbitMQ, the objects of `mail_queues`), and removes what the run
+    made at the end."""
     local = settings.data_dir
-    assert local is not None
-    if given and local.exists():
+    if given and local is not None and local.exists():
         raise SystemExit(
             f"benchmark: {local} exists: give a data dir (or broker dir) that does not, as the run "
             "removes it at the end"
         )
-    local.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".bench-scratch-", dir=local.parent))
+    beside = REPOSITORY if local is None else local.parent
+    beside.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".bench-scratch-", dir=beside))
     try:
         if settings.backend == CASSANDRA:
             from queue_floor import distributed
 
-            with distributed(settings, scratch) as floor:
+            with distributed(settings, scratch, threads, mail_queues) as floor:
                 yield scratch, floor
         else:
             yield scratch, None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        if given:
+        if given and local is not None:
             shutil.rmtree(local, ignore_errors=True)
+
+
+def messaging_leg(runtime: Runtime, floor: Floor, name: str) -> tuple[int, dict[str, list[float]]]:
+    """mailq's broker against raw pika on the same RabbitMQ, messages of the size of mailq's (the floor's
+    payload is made alike): the payload's bytes, and each round's rates by measure (rabbitmq_broker.py)."""
+    from rabbitmq_broker import compare
+    from rabbitmq_floor import PREFETCH, connection_parameters, raw_queue
+
+    settings = runtime.settings
+    assert settings.amqp is not None and settings.cassandra is not None
+    size = len(floor.new_mail(name, 0, message(1024), 0).payload)
+    parameters = connection_parameters(settings.amqp)
+    queue = raw_queue(settings.cassandra.keyspace)
+    figures = compare(
+        parameters, runtime.broker, name, queue, size, LEG_MESSAGES, LEG_ROUNDS, prefetch=PREFETCH
+    )
+    return size, figures
+
+
+def backend_names(settings: Settings) -> dict[str, str]:
+    """What each backend of call_timings.BACKENDS is on this deployment."""
+    if settings.backend == EMBEDDED:
+        return {"metadata": "SQLite tables", "content": "SQLite content", "broker": "SQLite broker"}
+    return {
+        "metadata": "Cassandra",
+        "content": "S3",
+        "broker": "SQLite broker" if settings.amqp is None else "RabbitMQ",
+    }
+
+
+def mail_queue_names(prefix: str, threads: int) -> list[str]:
+    """Every mail queue the run uses."""
+    from queue_processes import queue_names
+
+    bases = ("warm-up", "throughput-1", f"throughput-{threads}", "history", "leg")
+    return [f"{prefix}{base}" for base in bases] + queue_names(prefix)
 
 
 def main() -> None:
@@ -468,6 +536,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=10_240, help="bytes per mail")
     parser.add_argument("--history", type=int, help="processed mails behind size() (1000000; 2000)")
     parser.add_argument("--live", type=int, help="live mails counted by size() (1000; 50)")
+    parser.add_argument(
+        "--process-mails", type=int, help="mails a turn of the two-process measure (4000; 300)"
+    )
     parser.add_argument("--threads", type=int, default=8, help="concurrent callers, as SMTP sessions are")
     parser.add_argument("--profile", choices=("enqueue", "dequeue"), help="print a phase's top costs")
     args = parser.parse_args()
@@ -480,24 +551,34 @@ def main() -> None:
         settings = Settings.from_url(args.url)
     if settings.backend not in DEFAULTS:
         raise SystemExit(f"benchmark: no floor for the {settings.backend}:// deployment")
-    default_mails, default_history, default_live = DEFAULTS[settings.backend]
+    default_mails, default_history, default_live, default_process_mails = DEFAULTS[settings.backend]
     mails = args.mails or default_mails
     history = args.history or default_history
     live = args.live or default_live
+    process_mails = args.process_mails or default_process_mails
     single = mails // 4
+    # On RabbitMQ, whose vhost other runs may share, the run's mail queues have names of the run's own.
+    prefix = "" if settings.amqp is None or settings.cassandra is None else f"{settings.cassandra.keyspace}-"
     synchronous = SYNCHRONOUS[settings.durability]
     shown = redact(settings.url or settings.to_url())
     print(f"deployment {shown} (durability {settings.durability}: synchronous={synchronous})")
     try:
-        with fresh(settings, args.url is not None) as (scratch, floor):
+        names = mail_queue_names(prefix, args.threads)
+        with fresh(settings, args.url is not None, args.threads, names) as (scratch, floor):
             with Runtime(settings, create=True) as runtime:
-                run = Phases(runtime, floor, args.size, args.threads, args.profile)
+                run = Phases(runtime, floor, prefix, args.size, args.threads, args.profile)
                 run.throughput(mails, single)
+                leg = None
+                if floor is not None and settings.amqp is not None:
+                    leg = messaging_leg(runtime, floor, f"{prefix}leg")
                 if floor is not None:
                     started = time.perf_counter()
-                    slices = build_history_distributed(runtime, floor, history)
+                    slices = build_history_distributed(runtime, floor, f"{prefix}history", history)
                     history_seconds = time.perf_counter() - started
-                    sizes, answer, browse_seconds = size_phase(runtime, live, args.size)
+                    sizes, answer, browse_seconds = size_phase(runtime, f"{prefix}history", live, args.size)
+                from queue_processes import measure
+
+                processes = measure(settings, prefix, process_mails, args.size, args.threads)
             raw_rate = None
             if floor is None:
                 # A store of its own, beside the deployment's: the content the phases above left in the
@@ -507,7 +588,7 @@ def main() -> None:
                     started = time.perf_counter()
                     slices = build_history(runtime, history)
                     history_seconds = time.perf_counter() - started
-                    sizes, answer, browse_seconds = size_phase(runtime, live, args.size)
+                    sizes, answer, browse_seconds = size_phase(runtime, "history", live, args.size)
                 raw_rate = raw_sqlite_rate(scratch / "raw.db", synchronous, RAW_TRANSACTIONS)
     finally:
         if work is not None:
@@ -567,6 +648,38 @@ def main() -> None:
                 run.timings["floor"][operation], single, measured[f"floor_{phase}"][1], kinds
             )
     figures["ms_per_mail_one_thread"] = where
+    names = backend_names(settings)
+    by_backend = {
+        operation: {side: grouped(table, names, "own Python") for side, table in tables.items()}
+        for operation, tables in where.items()
+    }
+    figures["ms_per_mail_by_backend"] = by_backend
+    targets = figures["targets"]
+    assert isinstance(targets, dict)
+    if leg is not None:
+        payload_bytes, samples = leg
+        medians = {key: statistics.median(values) for key, values in samples.items()}
+        leg_ratios = ratios(medians)
+        figures["messaging_leg"] = {
+            "messages": LEG_MESSAGES,
+            "payload_bytes": payload_bytes,
+            "rounds": LEG_ROUNDS,
+            **{f"{key}_per_s": round(value) for key, value in medians.items()},
+            **{f"ratio_{key}": round(value, 3) for key, value in leg_ratios.items()},
+        }
+        for key, value in leg_ratios.items():
+            targets[f"messaging_leg_{key}_ratio_ge_0.5"] = value >= TARGET_LEG_RATIO
+    (one_enqueue, one_dequeue), (two_enqueue, two_dequeue) = processes[1], processes[2]
+    figures["processes"] = {
+        "mails_a_turn": process_mails,
+        "threads_each": args.threads,
+        "one_enqueue_per_s": round(one_enqueue),
+        "one_dequeue_ack_per_s": round(one_dequeue),
+        "two_enqueue_per_s": round(two_enqueue),
+        "two_dequeue_ack_per_s": round(two_dequeue),
+        "enqueue_two_over_one": round(two_enqueue / one_enqueue, 3),
+        "dequeue_two_over_one": round(two_dequeue / one_dequeue, 3),
+    }
 
     f = figures
     print(
@@ -597,9 +710,41 @@ def main() -> None:
                 f"floor {label:<26} {f[f'floor_{label}_per_s']:6} mails/s; mailq {round(rate[phase]):6}"
                 f" mails/s; ratio {f[f'{label}_ratio_to_floor']}"
             )
+    if leg is not None:
+        leg_figures = figures["messaging_leg"]
+        assert isinstance(leg_figures, dict)
+        print(
+            f"messaging leg    {LEG_MESSAGES} messages of {leg_figures['payload_bytes']} bytes"
+            f" (mailq's payload), medians of {LEG_ROUNDS} rounds: mailq against raw pika"
+            f" (target >= {TARGET_LEG_RATIO})"
+        )
+        for key, label in (
+            ("publish", f"publish, {PUBLISHERS} threads / {WINDOW} in flight"),
+            ("consume_1", "receive + ack, 1 thread"),
+            ("consume_n", f"receive + ack, {CONSUMERS} threads"),
+        ):
+            raw = leg_figures["raw_publish_per_s" if key == "publish" else "raw_consume_per_s"]
+            print(
+                f"  {label:<38} {leg_figures[f'mailq_{key}_per_s']:6} /s against {raw:6}"
+                f" /s: ratio {leg_figures[f'ratio_{key}']}"
+            )
+    p = figures["processes"]
+    assert isinstance(p, dict)
+    print(
+        f"two processes    enqueue {p['two_enqueue_per_s']} mails/s against one's {p['one_enqueue_per_s']}"
+        f" ({p['enqueue_two_over_one']}x); dequeue + done() {p['two_dequeue_ack_per_s']} against"
+        f" {p['one_dequeue_ack_per_s']} ({p['dequeue_two_over_one']}x); {process_mails} mails a turn,"
+        f" {args.threads} threads a process"
+    )
     print("where the time goes, one thread, per mail: milliseconds (calls) by the runtime's call")
     for operation, tables in where.items():
         print_breakdown(operation if operation == "enqueue" else "dequeue + done()", tables)
+    print("the same by backend, milliseconds per mail")
+    for operation, groups in by_backend.items():
+        print_breakdown(
+            operation if operation == "enqueue" else "dequeue + done()",
+            {side: {name: [spent, 0] for name, spent in table.items()} for side, table in groups.items()},
+        )
     print(json.dumps(figures))
 
 

@@ -69,3 +69,13 @@ class BlobStoreUnavailable(MailqError):
 
 class StoreUnavailable(MailqError, ConnectionError):
     """The metadata store could not be reached (no host answered, or it refused the credentials)."""
+
+
+class BrokerUnavailable(MailqError, ConnectionError):
+    """The message broker could not take or give a message: it could not be reached, or it confirmed no
+    publish in time. The message names the broker's address and the problem, never a credential."""
+
+
+class BrokerRefused(BrokerUnavailable):
+    """The message broker refused the login, the virtual host or a queue's declaration: waiting for it
+    will not help, its configuration must change."""

@@ -28,10 +28,18 @@ from datetime import datetime, timedelta
 from types import TracebackType
 
 from .blobs.dedup import DeduplicatingBlobStore
-from .brokers.base import Broker, Delivery
+from .brokers.base import Broker, BrokerDeadLetter, Delivery
 from .clock import LATEST, MICROS_PER_SECOND, Clock, to_datetime
 from .config import ConfigurationStore, QueueViewConfiguration
-from .errors import BlobNotFound, InvalidInput, LeaseExpired, UnknownQueue, shown
+from .errors import (
+    BlobNotFound,
+    BrokerRefused,
+    BrokerUnavailable,
+    InvalidInput,
+    LeaseExpired,
+    UnknownQueue,
+    shown,
+)
 from .faults import (
     CLEAN_AFTER_BROWSE_START,
     CLEAN_AFTER_DELETE,
@@ -308,11 +316,18 @@ class MailQueue:
         return enqueue_id
 
     def _send(self, row: EnqueuedMail, due: int, now: int, attempts: int = 0) -> None:
-        """Publish the mail, or hold it in the delayed mails until `due`."""
+        """Publish the mail, or hold it in the delayed mails until `due`. A broker that cannot take it now
+        (unreachable, restarting) leaves it held as a delayed mail already due, which the next publisher
+        of due mails hands over once the broker is back, with no operator's republish."""
         payload = row.to_payload(attempts)
         if due <= now:
-            self.broker.publish(self.name, row.enqueue_id, payload, row.priority)
-            return
+            try:
+                self.broker.publish(self.name, row.enqueue_id, payload, row.priority)
+                return
+            except BrokerRefused:
+                raise  # its configuration is wrong: the caller must know, and republish sends it later
+            except BrokerUnavailable as error:
+                log.warning("queue %s: mail %s waits for the broker: %s", self.name, row.enqueue_id, error)
         self._expect(due)
         self.delayed.add(DelayedMail(self.name, row.enqueue_id, due, row.priority, payload))
 
@@ -432,15 +447,52 @@ class MailQueue:
     def _bury(self, delivery: Delivery, row: EnqueuedMail | None, reason: str) -> None:
         """Dead-letter a delivery this consumer holds (`row` None: its payload is unreadable), in the
         crash-safe order of `_reject`'s steps 2 to 4."""
-        letter = DeadLetter(self.name, delivery.enqueue_id, reason, self.clock(), delivery.payload)
-        self.dead_letter_records.add(letter)
+        self._entomb(delivery.enqueue_id, delivery.payload, row, reason, self.clock())
+        # An ack that finds the lease lost is no failure: the letter is written, and the consumer that
+        # took the mail acks it as not live.
+        self.broker.ack(delivery)
+
+    def _entomb(
+        self, enqueue_id: str, payload: str, row: EnqueuedMail | None, reason: str, died_at: int
+    ) -> None:
+        """The dead letter, then the deletion mark of its mail (if its payload could be read)."""
+        self.dead_letter_records.add(DeadLetter(self.name, enqueue_id, reason, died_at, payload))
         self.faults.reached(REJECT_AFTER_DEAD_LETTER)
         if row is not None:
             self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
             self.faults.reached(REJECT_AFTER_MARK)
-        # An ack that finds the lease lost is no failure: the letter is written, and the consumer that
-        # took the mail acks it as not live.
-        self.broker.ack(delivery)
+
+    def drain_dead_letters(self) -> int:
+        """Move the mails the broker gave up on by itself (RabbitMQ's delivery limit: every consumer died
+        or lost its lease on them) into the dead letters, with the broker's reason; returns how many.
+        `dequeue` does it while it waits, and listing the dead letters does it first.
+
+        Crash-safe order, letter by letter: 1. the dead letter; 2. the mail's deletion mark; then the
+        broker forgets them. A crash leaves them in the broker, which hands them over again: adding a
+        letter again replaces it. A mail removed or delivered meanwhile gets no letter: its content is
+        released."""
+        drained = 0
+        while moved := self.broker.drain_dead_letters(self.name, self._keep_dead_letters):
+            drained += moved
+        return drained
+
+    def _keep_dead_letters(self, letters: list[BrokerDeadLetter]) -> None:
+        for letter in letters:
+            try:
+                row, _ = EnqueuedMail.from_payload(letter.payload)
+            except (ValueError, TypeError):
+                row = None
+            if row is not None and not self.view.is_live(row):
+                continue
+            with self.group_writes():
+                self._entomb(letter.enqueue_id, letter.payload, row, letter.reason, letter.died_at)
+
+    def _drain_quietly(self) -> None:
+        # Listing the letters the metadata store holds must not fail because the broker is away.
+        try:
+            self.drain_dead_letters()
+        except BrokerUnavailable as error:
+            log.warning("queue %s: the broker's dead letters are not listed yet: %s", self.name, error)
 
     @staticmethod
     def _lost(row: EnqueuedMail, action: str) -> LeaseExpired:
@@ -461,7 +513,17 @@ class MailQueue:
     def _publish_if_due(self) -> None:
         with self._publishing:
             if self._publishing_due():  # another thread may just have done it
-                self._publish_due()
+                # A broker away (restarting, unreachable) stops neither this consumer nor its process:
+                # the rows stay, and the next look hands them over.
+                try:
+                    self._publish_due()
+                    self.drain_dead_letters()
+                except BrokerRefused:
+                    raise
+                except BrokerUnavailable as error:
+                    log.warning("queue %s: due mails wait for the broker: %s", self.name, error)
+                    with self._schedule:
+                        self._look_at = time.monotonic() + PUBLISH_INTERVAL
 
     def publish_due(self) -> int:
         """Hand the delayed mails that are due to the broker; returns how many. `dequeue` calls it when a
@@ -609,7 +671,8 @@ class MailQueue:
 
     # dead letters
     def dead_letters(self) -> list[DeadLetterItem]:
-        """The queue's dead letters, in enqueue order."""
+        """The queue's dead letters, in enqueue order (those the broker gave up on moved in first)."""
+        self._drain_quietly()
         return [self._dead_letter_item(letter) for letter in self.dead_letter_records.list(self.name)]
 
     def dead_letter(self, enqueue_id: str) -> DeadLetterItem:
@@ -617,6 +680,7 @@ class MailQueue:
         return self._dead_letter_item(self._letter(enqueue_id))
 
     def _letter(self, enqueue_id: str) -> DeadLetter:
+        self._drain_quietly()
         letter = self.dead_letter_records.get(self.name, EnqueueId(enqueue_id))
         if letter is None:
             raise InvalidInput(f"queue {self.name!r} holds no dead letter {enqueue_id}")
@@ -681,6 +745,7 @@ class MailQueue:
             letters = [self._letter(enqueue_id)]
         else:
             cutoff = self.clock() - parse_duration(older_than, "older_than")
+            self._drain_quietly()
             letters = [
                 letter for letter in self.dead_letter_records.list(self.name) if letter.died_at < cutoff
             ]
@@ -695,6 +760,7 @@ class MailQueue:
         if (enqueue_id is None) == (not every):
             raise InvalidInput("requeue takes exactly one of an enqueue id or every")
         if every:
+            self._drain_quietly()
             return self.dead_letter_records.list(self.name)
         return [self._letter(enqueue_id)]
 

@@ -36,7 +36,7 @@ from .mailbox import Mailboxes, MailboxTables
 from .model import QueueName
 from .queue import MailQueue
 from .queue_view import QueueView
-from .settings import CASSANDRA, EMBEDDED, Settings
+from .settings import CASSANDRA, Settings
 from .stores.dead_letters import DeadLetters
 from .stores.delayed_mails import DelayedMails
 from .stores.embedded import EmbeddedStore
@@ -45,9 +45,6 @@ from .stores.embedded_dead_letters import EmbeddedDeadLetters
 from .stores.embedded_delayed_mails import EmbeddedDelayedMails
 from .stores.embedded_mailboxes import EmbeddedMailboxTables
 from .stores.embedded_queue_view import EmbeddedQueueView
-
-# The deployments this version builds; the others parse (settings.py) and are refused by `build`.
-BUILT = (EMBEDDED, CASSANDRA)
 
 GroupWrites = Callable[[], AbstractContextManager]
 
@@ -72,25 +69,10 @@ class Deployment:
     close: Callable[[], None]
 
 
-def check_built(settings: Settings) -> None:
-    """Refuse a deployment this version cannot build, naming it: its URL parses, its code is not here."""
-    if settings.backend not in BUILT:
-        raise InvalidInput(
-            f"the mailq URL scheme {settings.backend}:// ({settings.shown()}) names a deployment not built "
-            f"into this version of mailq, which runs {', '.join(f'{name}://' for name in BUILT)} only"
-        )
-
-
 def build(settings: Settings, clock: Clock = system_clock, *, create: bool = False) -> Deployment:
     """The backends of `settings`' deployment. With `create`, what is missing of the store and its
     schema is made; without, nothing is written and a missing store is NoStore."""
-    check_built(settings)
     if settings.backend == CASSANDRA:
-        if settings.amqp is not None:
-            raise InvalidInput(
-                f"the broker amqp:// in {settings.shown()} is not built into this version of mailq: "
-                "use broker=embedded:<dir>"
-            )
         return _distributed(settings, clock, create)
     return _embedded(settings, clock, create)
 
@@ -115,9 +97,31 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
     )
 
 
+def _rabbitmq(settings: Settings, clock: Clock) -> Broker:
+    """The RabbitMQ broker of an amqp:// broker option; it connects at its first use. Without a user in
+    the URL, RabbitMQ's own guest (whose password is guest); the password comes from MAILQ_AMQP_PASSWORD."""
+    from .brokers.rabbitmq import RabbitMQBroker
+
+    amqp = settings.amqp
+    assert amqp is not None
+    password = amqp.password()
+    if password is None:
+        password = "guest" if amqp.user is None else ""
+    return RabbitMQBroker(
+        amqp.host,
+        amqp.port,
+        amqp.vhost,
+        amqp.user or "guest",
+        password,
+        clock=clock,
+        visibility_timeout=settings.visibility_timeout,
+    )
+
+
 def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
-    """Cassandra for the metadata, S3 for the content, the embedded broker in its own directory. The
-    drivers are imported here, so that a process on the embedded deployment never loads them."""
+    """Cassandra for the metadata, S3 for the content, RabbitMQ or the embedded broker in its own
+    directory. The drivers are imported here, so that a process on the embedded deployment never loads
+    them."""
     from .blobs.s3_store import S3BlobStore
     from .stores.cassandra import (
         CassandraBlobTables,
@@ -129,7 +133,7 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
     )
 
     cassandra, s3 = settings.cassandra, settings.s3
-    assert cassandra is not None and s3 is not None and settings.data_dir is not None
+    assert cassandra is not None and s3 is not None
     opened: list[Callable[[], None]] = []
     try:
         (host, port), *others = cassandra.contact_points
@@ -152,8 +156,15 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
         opened.append(content.close)
         content.open_bucket(create)
-        broker_store = EmbeddedStore(settings.data_dir, settings.durability, create)
-        opened.append(broker_store.close)
+        broker: Broker
+        if settings.amqp is not None:
+            broker = _rabbitmq(settings, clock)
+            opened.append(broker.close)
+        else:
+            assert settings.data_dir is not None
+            broker_store = EmbeddedStore(settings.data_dir, settings.durability, create)
+            opened.append(broker_store.close)
+            broker = EmbeddedBroker(broker_store, clock, settings.visibility_timeout)
     except BaseException:
         for close in reversed(opened):
             close()
@@ -167,7 +178,7 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
     return Deployment(
         view=view,
         configuration_events=view,
-        broker=EmbeddedBroker(broker_store, clock, settings.visibility_timeout),
+        broker=broker,
         blob_tables=CassandraBlobTables(metadata),
         content=content,
         mailbox_tables=CassandraMailboxTables(metadata),

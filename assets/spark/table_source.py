@@ -43,7 +43,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructField, StructType
 
-from mailq_runtime.runtime import check_built
 from mailq_runtime.settings import EMBEDDED, Settings
 from mailq_runtime.stores.embedded import DATABASE_FILE
 
@@ -77,7 +76,6 @@ def embedded_database(url: str) -> Path:
     """The SQLite file of the deployment of `url`, which must be an embedded one with an absolute data
     dir (`embedded:///<data dir>`): Spark's tasks do not run where the driver's working directory is."""
     settings = Settings.from_url(url)
-    check_built(settings)
     if settings.backend != EMBEDDED:
         # Cassandra's token ranges plug in as another Partitioning.
         raise ValueError(f"the mailq data source reads embedded stores only, not {settings.shown()}")

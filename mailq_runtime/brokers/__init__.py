@@ -1,5 +1,5 @@
 """The messaging leg of the queue: one module per broker behind the small `Broker` interface."""
 
-from .base import Broker, Delivery
+from .base import Broker, BrokerDeadLetter, Delivery
 
-__all__ = ["Broker", "Delivery"]
+__all__ = ["Broker", "BrokerDeadLetter", "Delivery"]

@@ -7,6 +7,7 @@ flush, and dead letters an operator can browse and requeue, whatever it can do i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +23,18 @@ class Delivery:
     payload: str
     attempts: int  # deliveries of this message so far, this one included
     handle: object
+
+
+@dataclass(frozen=True)
+class BrokerDeadLetter:
+    """A message the broker gave up on by itself (RabbitMQ's delivery limit), on its way to the metadata
+    store's dead letters."""
+
+    queue: str
+    enqueue_id: str
+    payload: str
+    reason: str
+    died_at: int  # microseconds since the epoch
 
 
 class Broker(Protocol):
@@ -49,6 +62,11 @@ class Broker(Protocol):
     def published(self, queue: str, enqueue_ids: list[str]) -> set[str]:
         """Which of these mails the broker still holds (a broker that cannot tell returns none), for
         republish."""
+        ...
+
+    def drain_dead_letters(self, queue: str, keep: Callable[[list[BrokerDeadLetter]], None]) -> int:
+        """Hand the messages the broker dead-lettered by itself to `keep`, which records them, then forget
+        them; returns how many. A broker that never gives up on a message has none."""
         ...
 
     def close(self) -> None: ...

@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from ..clock import MICROS_PER_SECOND, Clock
 from ..stores.embedded import EmbeddedStore
-from .base import Delivery
+from .base import BrokerDeadLetter, Delivery
 
 _POLL_SECONDS = 0.2
 
@@ -115,6 +116,9 @@ class EmbeddedBroker:
         rows = self.store.read("SELECT enqueue_id FROM broker_messages WHERE queue = ?", (queue,))
         held = {e for (e,) in rows}
         return held & set(enqueue_ids)
+
+    def drain_dead_letters(self, queue: str, keep: Callable[[list[BrokerDeadLetter]], None]) -> int:
+        return 0  # it never gives up on a message: only the queue dead-letters
 
     def close(self) -> None:
         self._notify()

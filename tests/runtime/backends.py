@@ -11,6 +11,7 @@ themselves do not change.
 - `EmbeddedBackend`: the embedded default, one SQLite file in a data directory.
 - `CassandraBackend`: Cassandra for the metadata, S3 for the content, on the harness's servers
   (tests/servers), with the embedded broker in a directory of the test's own.
+- `RabbitMQBackend`: the same with RabbitMQ as the broker, in a virtual host of the test's own.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
+
+import pika
+import pika.exceptions
 
 from mailq_runtime import Runtime
+from mailq_runtime.brokers.rabbitmq import dead_letter_queue, queue_name
 from mailq_runtime.clock import Clock, system_clock
 from mailq_runtime.stores.cassandra.schema import TABLES as CASSANDRA_TABLES
 
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
     from cassandra.cluster import Session
 
     from tests.servers.cassandra import CassandraServer
+    from tests.servers.rabbitmq import RabbitMQServer, Vhosts
     from tests.servers.s3 import S3Server
 
 AGENT = Path(__file__).with_name("agent.py")
@@ -70,6 +76,8 @@ class Backend:
     # Whether one operation's writes commit together (group_writes): only then does commit order follow
     # the order the core decided things in (uids, references).
     groups_writes: bool
+    # Whether the broker gives a consumer's mails back as soon as it dies, not once their leases end.
+    leases_end_with_their_consumer = False
     # The start of the NoStore message of an open where nothing was created yet (a regex).
     missing_store: str
     # Every table the deployment has, the logical ones (TABLES) among them.
@@ -380,12 +388,23 @@ class CassandraBackend(Backend):
         )
         if known.one() is None:
             return
-        for name, cql in CASSANDRA_TABLES.items():
-            counters = " counter" in cql
-            if counters or self.session.execute(f"SELECT * FROM {self.keyspace}.{name} LIMIT 1").one():
-                self.session.execute(f"TRUNCATE {self.keyspace}.{name}", timeout=120)
+        # All at once: a round trip each, one after the other, cost a busy test run minutes.
+        looks = {
+            name: self.session.execute_async(f"SELECT * FROM {self.keyspace}.{name} LIMIT 1")
+            for name, cql in CASSANDRA_TABLES.items()
+            if " counter" not in cql
+        }
+        full = [name for name, look in looks.items() if look.result().one() is not None]
+        counters = [name for name in CASSANDRA_TABLES if name not in looks]
+        truncations = [
+            self.session.execute_async(f"TRUNCATE {self.keyspace}.{name}", timeout=120)
+            for name in full + counters
+        ]
+        for truncation in truncations:
+            truncation.result()
 
     def _rows(self, cql: str, parameters: tuple = ()) -> list[tuple]:
+        # Prepared: a plain statement's markers are %s, not the ? the probes write.
         statement = self.session.prepare(cql.replace("FROM ", f"FROM {self.keyspace}.", 1))
         return [tuple(row) for row in self.session.execute(statement, parameters)]
 
@@ -521,3 +540,134 @@ class CassandraBackend(Backend):
         """The blob store lost a blob that is still referenced."""
         assert blob_id in self.contents()
         self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + blob_id)
+
+
+class RabbitMQBackend(CassandraBackend):
+    """Cassandra + S3 + RabbitMQ on the harness's servers, the broker in a virtual host of the test's own.
+    The broker's probes read RabbitMQ through AMQP, which shows how many messages a queue holds ready
+    but not the unacknowledged ones: those are the ones the test's runtimes hold, which their brokers
+    tell (`RabbitMQBroker.held`). A message is lost or corrupted by taking every ready message and
+    publishing the others again as they were."""
+
+    name = "rabbitmq"
+    leases_end_with_their_consumer = True  # RabbitMQ sees the consumer's connection close
+
+    def __init__(
+        self,
+        servers: CassandraS3,
+        keyspace: str,
+        bucket: str,
+        rabbitmq: RabbitMQServer,
+        vhost: str,
+        vhosts: Vhosts | None = None,
+    ) -> None:
+        """`vhosts`: the pool `vhost` came from, which gets it back for the next test at `close` (None for
+        a backend sharing another's vhost)."""
+        super().__init__(Path("/nonexistent/rabbitmq-has-no-broker-dir"), servers, keyspace, bucket)
+        self.rabbitmq = rabbitmq
+        self.vhost = vhost
+        self.vhosts = vhosts
+        self._probe: pika.BlockingConnection | None = None
+
+    def url(self, **options: object) -> str:
+        broker = f"amqp://{self.rabbitmq.host}:{self.rabbitmq.port}/{quote(self.vhost, safe='')}"
+        return super().url(broker=broker, **options)
+
+    def elsewhere(self) -> RabbitMQBackend:
+        return RabbitMQBackend(
+            self.servers, f"{self.keyspace}_elsewhere", self.bucket, self.rabbitmq, self.vhost
+        )
+
+    def close(self) -> None:
+        super().close()
+        # A vhost costs RabbitMQ two message stores and a rabbitmqctl call a batch: the next test gets
+        # this one once its queues are deleted. One that still has a consumer (a runtime the test left
+        # open) would take the next test's messages, so its vhost is not handed on.
+        if self.vhosts is not None and self._delete_queues():
+            self.vhosts.give_back(self.vhost)
+        if self._probe is not None and self._probe.is_open:
+            self._probe.close()
+
+    def _delete_queues(self) -> bool:
+        """Delete the RabbitMQ queues of every mail queue the test used; False if one still has a
+        consumer."""
+        for queue in self._queue_names():
+            for name in (queue_name(queue), dead_letter_queue(queue)):
+                channel = self._channel()
+                try:
+                    channel.queue_delete(name, if_unused=True)
+                except pika.exceptions.ChannelClosedByBroker as refused:
+                    assert refused.reply_code == 406, refused  # PRECONDITION_FAILED: in use
+                    return False
+                channel.close()
+        return True
+
+    def _channel(self):
+        if self._probe is None or not self._probe.is_open:
+            params = replace_vhost(self.rabbitmq.connection_parameters(), self.vhost)
+            self._probe = pika.BlockingConnection(params)
+        return self._probe.channel()
+
+    def _queue_names(self) -> list[str]:
+        return sorted({"spool", *(queue for (queue,) in self._rows("SELECT queue FROM queues"))})
+
+    def _ready(self, queue: str) -> int:
+        """Messages ready in the queue's RabbitMQ queue (0 when it was never declared)."""
+        channel = self._channel()
+        try:
+            return channel.queue_declare(queue_name(queue), passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker as closed:
+            assert closed.reply_code == 404, closed
+            return 0
+        finally:
+            if channel.is_open:
+                channel.close()
+
+    def _broker_messages(self) -> list[tuple]:
+        """(queue, enqueue id, lease end) of every message leased to a runtime of the test, and (queue,
+        None, None) for every other one: ready in RabbitMQ, or received by a consumer and not handed out
+        (which an idle consumer gives back: either way deliverable, no lease taken)."""
+        rows: list[tuple] = []
+        for queue in self._queue_names():
+            for runtime in self._opened:
+                rows += [(queue, enqueue_id, until) for enqueue_id, until in runtime.broker.held(queue)]
+            rows += [(queue, None, None)] * self._ready(queue)
+        return [
+            (queue, None, None) if until is None else (queue, enqueue_id, until)
+            for queue, enqueue_id, until in rows
+        ]
+
+    def lease_state(self) -> list[tuple]:
+        return sorted(self._broker_messages(), key=repr)
+
+    def _rewrite(self, queue: str, enqueue_id: str, change) -> None:
+        """Take every ready message of the queue and publish the others again as they were, the one of
+        `enqueue_id` as `change(body)` makes it (None: not at all)."""
+        channel = self._channel()
+        name = queue_name(queue)
+        ready = channel.queue_declare(name, passive=True).method.message_count
+        channel.confirm_delivery()
+        found = 0
+        for _ in range(ready):
+            method, properties, body = channel.basic_get(name)
+            if method is None:
+                break
+            if properties.message_id == enqueue_id:
+                found += 1
+                body = change(body)
+            if body is not None:
+                channel.basic_publish("", name, body, properties=properties)
+            channel.basic_ack(method.delivery_tag)
+        channel.close()
+        assert found == 1, f"{enqueue_id} is not ready in RabbitMQ ({found} found)"
+
+    def lose_broker_message(self, queue: str, enqueue_id: str) -> None:
+        self._rewrite(queue, enqueue_id, lambda body: None)
+
+    def corrupt_broker_message(self, queue: str, enqueue_id: str) -> None:
+        self._rewrite(queue, enqueue_id, lambda body: b'{"not": "a mail"')
+
+
+def replace_vhost(parameters: pika.ConnectionParameters, vhost: str) -> pika.ConnectionParameters:
+    parameters.virtual_host = vhost
+    return parameters

@@ -9,7 +9,7 @@ import pytest
 from mailq_runtime import Runtime
 from mailq_runtime.queue import MailQueue
 
-from .backends import Backend, CassandraBackend, CassandraS3, EmbeddedBackend
+from .backends import Backend, CassandraBackend, CassandraS3, EmbeddedBackend, RabbitMQBackend
 from .helpers import FakeClock
 
 QUEUE = "spool"
@@ -24,7 +24,21 @@ def cassandra_s3(cassandra_server, s3_server) -> Iterator[CassandraS3]:
     s3.close()
 
 
-@pytest.fixture(params=["embedded", "cassandra"])
+# Every contract test runs on the embedded deployment and on the distributed one (Cassandra + S3 +
+# RabbitMQ). A module whose contract also holds Cassandra + S3 with the embedded broker (one machine
+# without RabbitMQ) lists its deployments in DEPLOYMENTS; the other modules would repeat the distributed
+# run there, as their subject is not the broker.
+DEPLOYMENTS = ("embedded", "rabbitmq")
+WITH_EMBEDDED_BROKER = ("embedded", "cassandra", "rabbitmq")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        deployments = getattr(metafunc.module, "DEPLOYMENTS", DEPLOYMENTS)
+        metafunc.parametrize("backend", deployments, indirect=True)
+
+
+@pytest.fixture
 def backend(request: pytest.FixtureRequest, tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
     if request.param == "embedded":
         opened: Backend = EmbeddedBackend(tmp_path / "data")
@@ -35,12 +49,14 @@ def backend(request: pytest.FixtureRequest, tmp_path, monkeypatch: pytest.Monkey
             monkeypatch.delenv(variable, raising=False)
         for variable, value in servers.s3_server.env().items():
             monkeypatch.setenv(variable, value)
-        opened = CassandraBackend(
-            tmp_path / "broker",
-            servers,
-            request.getfixturevalue("keyspace_name"),
-            request.getfixturevalue("bucket_name"),
-        )
+        keyspace, bucket = request.getfixturevalue("keyspace_name"), request.getfixturevalue("bucket_name")
+        if request.param == "cassandra":
+            opened = CassandraBackend(tmp_path / "broker", servers, keyspace, bucket)
+        else:
+            vhosts = request.getfixturevalue("rabbitmq_vhosts")
+            opened = RabbitMQBackend(
+                servers, keyspace, bucket, request.getfixturevalue("rabbitmq_server"), vhosts.take(), vhosts
+            )
         opened.empty()
     yield opened
     opened.close()

@@ -6,7 +6,10 @@ import pytest
 
 from mailq_runtime import InvalidInput, UnknownQueue
 
+from .conftest import WITH_EMBEDDED_BROKER
 from .helpers import make_mail
+
+DEPLOYMENTS = WITH_EMBEDDED_BROKER
 
 
 def test_a_queue_is_created_by_its_first_enqueue_and_then_the_same(backend, runtime):

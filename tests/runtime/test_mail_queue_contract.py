@@ -13,8 +13,10 @@ import pytest
 
 from mailq_runtime import Mail, PerRecipientHeader
 
-from .conftest import QUEUE
+from .conftest import QUEUE, WITH_EMBEDDED_BROKER
 from .helpers import make_mail
+
+DEPLOYMENTS = WITH_EMBEDDED_BROKER
 
 
 def full_mail() -> Mail:
@@ -228,7 +230,8 @@ def test_killed_consumer_mail_is_redelivered_after_the_visibility_timeout(backen
         consumer.wait(timeout=10)
     assert item is not None and item.enqueue_id == sent
     assert item.attempts == 2
-    assert time.monotonic() - leased_at >= 1.9
+    # Not before the lease's end; RabbitMQ gives the mail back at once when its consumer's connection dies.
+    assert backend.leases_end_with_their_consumer or time.monotonic() - leased_at >= 1.9
     item.done()
     assert queue.size() == 0
 

@@ -1,5 +1,5 @@
 """The one URL parser: both deployments' grammar into Settings and back, its refusals, and secrets that no
-Settings, URL or message ever holds. The factory refuses the deployments this version does not build."""
+Settings, URL or message ever holds."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mailq_runtime import InvalidInput, Runtime
+from mailq_runtime import InvalidInput
 from mailq_runtime.clock import MICROS_PER_SECOND
-from mailq_runtime.runtime import build
 from mailq_runtime.settings import (
     AmqpSettings,
     CassandraSettings,
@@ -133,17 +132,3 @@ def test_passwords_come_from_the_environment_and_no_settings_hold_them(monkeypat
     assert (settings.cassandra.password(), settings.amqp.password()) == ("cassandra-secret", "amqp-secret")
     for shown in (repr(settings), settings.to_url(), settings.shown()):
         assert "secret" not in shown
-
-
-def test_the_factory_refuses_a_broker_this_version_does_not_build(tmp_path):
-    url = "cassandra://db1/mailq?s3=mail-blobs&broker=amqp://mq1/"
-    for attempt in (
-        lambda: Runtime.open(url, create=True),
-        lambda: build(Settings.from_url(url), create=True),
-    ):
-        with pytest.raises(InvalidInput) as refused:
-            attempt()
-        message = str(refused.value)
-        assert message.startswith("the broker amqp:// in 'cassandra://db1/mailq?")
-        assert "not built into this version of mailq: use broker=embedded:<dir>" in message
-    assert list(tmp_path.iterdir()) == []

@@ -17,7 +17,7 @@ import pytest
 
 from . import SERVERS, ServerError, ensure
 from .cassandra import CassandraServer
-from .rabbitmq import RabbitMQServer
+from .rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from .s3 import S3Server
 from .spark import SparkCluster
 
@@ -102,6 +102,14 @@ def bucket_name(s3_server: S3Server) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def rabbitmq_server() -> RabbitMQServer:
     return _server("rabbitmq")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_vhosts(rabbitmq_server: RabbitMQServer) -> Iterator[Vhosts]:
+    """Fresh virtual hosts on the harness's RabbitMQ node (`take()`), deleted at the session's end."""
+    vhosts = Vhosts(RabbitMQ(), rabbitmq_server.username)
+    yield vhosts
+    vhosts.delete_all()
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,12 @@ instance are left alone."""
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -13,7 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from .base import HOST, Proc, Server, ServerError, log_tails, port_setting, run_logged, say, wait_for
+from .base import (
+    HOST,
+    Proc,
+    Server,
+    ServerError,
+    log_tails,
+    port_answers,
+    port_setting,
+    run_logged,
+    say,
+    wait_for,
+)
 
 if TYPE_CHECKING:
     import pika
@@ -59,14 +74,41 @@ class RabbitMQ(Server):
         "distribution": ("MAILQ_RABBITMQ_DIST_PORT", 26572),
     }
 
-    def __init__(self, cache: Path | None = None) -> None:
+    def __init__(
+        self,
+        cache: Path | None = None,
+        *,
+        node: str = NODE,
+        ports: dict[str, int] | None = None,
+        epmd_port: int | None = None,
+    ) -> None:
         super().__init__(cache)
+        self.node = node
+        self._ports = ports
+        self._epmd_port = epmd_port
         self.pid_file = self.run_dir / "rabbit.pid"
         self.log = self.run_dir / "log" / "rabbit.log"
         self.launch_log = self.run_dir / "log" / "launch.log"
 
+    @classmethod
+    def private(cls, directory: Path) -> RabbitMQ:
+        """A node of its own in `directory`, on free ports and with its own epmd: for tests that stop, kill
+        or restart RabbitMQ, which must never do that to the shared node other test runs are using."""
+        amqp, distribution, epmd = _free_ports(3)
+        return cls(
+            directory,
+            node=f"mailq-{secrets.token_hex(4)}@localhost",
+            ports={"amqp": amqp, "distribution": distribution},
+            epmd_port=epmd,
+        )
+
+    def ports(self) -> dict[str, int]:
+        return dict(self._ports) if self._ports is not None else super().ports()
+
     def epmd_port(self) -> int:
         # Its own epmd, so that stopping it never disturbs another Erlang node of the machine.
+        if self._epmd_port is not None:
+            return self._epmd_port
         return port_setting("MAILQ_RABBITMQ_EPMD_PORT", 14369)
 
     def installed(self) -> bool:
@@ -139,14 +181,14 @@ class RabbitMQ(Server):
         wait_for("rabbitmq", self._amqp_answers, alive=server.alive, logs=logs, timeout=60)
 
     def facts(self) -> dict:
-        return asdict(RabbitMQServer(HOST, self.ports()["amqp"], "guest", "guest", "/", NODE))
+        return asdict(RabbitMQServer(HOST, self.ports()["amqp"], "guest", "guest", "/", self.node))
 
     def shut_down(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
         if server.alive():
             # The pid file form waits until the VM has exited; plain `stop` returns before.
             stop = subprocess.run(
-                [str(SCRIPTS / "rabbitmqctl"), "-n", NODE, "stop", str(self.pid_file)],
+                [str(SCRIPTS / "rabbitmqctl"), "-n", self.node, "stop", str(self.pid_file)],
                 env=self._env(),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
@@ -158,6 +200,39 @@ class RabbitMQ(Server):
             server.terminate("rabbitmq", timeout=60)
         self._stop_epmd()
 
+    def kill(self) -> None:
+        """SIGKILL the running node, as a crash would. Its state file stays, so the next `ensure()` finds it
+        dead, cleans up and starts it again on the same data."""
+        with self.lock():
+            running = self.recorded()
+            if running is None:
+                raise ServerError("rabbitmq: no running node to kill")
+            server = running.procs["server"]
+            server.signal(signal.SIGKILL)
+            if not server.wait_gone(30):
+                raise ServerError(f"rabbitmq: pid {server.pid} still alive 30 s after SIGKILL")
+            # A dying VM's threads may still hold its listeners for a moment after it shows as dead.
+            deadline = time.monotonic() + 30
+            while any(port_answers(port) for port in running.ports.values()):
+                if time.monotonic() > deadline:
+                    raise ServerError("rabbitmq: its ports still answer 30 s after SIGKILL")
+                time.sleep(0.1)
+
+    def ctl(self, *arguments: str) -> str:
+        """Run `rabbitmqctl` on this node; its output, or ServerError with its message."""
+        done = subprocess.run(
+            [str(SCRIPTS / "rabbitmqctl"), "-q", "-n", self.node, *arguments],
+            env=self._env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip()[-300:]
+            raise ServerError(f"rabbitmqctl {' '.join(arguments)}: {said}")
+        return done.stdout
+
     def _env(self) -> dict[str, str]:
         run = self.run_dir
         ports = self.ports()
@@ -165,7 +240,7 @@ class RabbitMQ(Server):
             **os.environ,
             # The Erlang cookie lives in $HOME: this node's own, shared with rabbitmqctl.
             "HOME": str(run / "home"),
-            "RABBITMQ_NODENAME": NODE,
+            "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_IP_ADDRESS": HOST,
             "RABBITMQ_NODE_PORT": str(ports["amqp"]),
             "RABBITMQ_DIST_PORT": str(ports["distribution"]),
@@ -220,3 +295,67 @@ class RabbitMQ(Server):
         names = subprocess.run([epmd, *port, "-names"], capture_output=True, text=True, timeout=30)
         if names.returncode == 0 and "name " not in names.stdout:
             subprocess.run([epmd, *port, "-kill"], capture_output=True, timeout=30)
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` loopback ports free right now (held open together, so that they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for one in sockets:
+            one.bind((HOST, 0))
+        return [one.getsockname()[1] for one in sockets]
+    finally:
+        for one in sockets:
+            one.close()
+
+
+class Vhosts:
+    """Virtual hosts on a RabbitMQ node of the harness, an empty one for each test that asks: made in
+    batches, since one rabbitmqctl call costs seconds, handed on once emptied, and all deleted by
+    `delete_all`."""
+
+    # A batch doubles each time, from FIRST_BATCH: a run of a few tests pays for few vhosts (each costs
+    # RabbitMQ two message stores), a run of hundreds for few rabbitmqctl calls.
+    FIRST_BATCH, LAST_BATCH = 8, 64
+
+    def __init__(self, node: RabbitMQ, user: str) -> None:
+        self.node = node
+        self.user = user
+        self.prefix = f"mailq-test-{int(time.time())}-{secrets.token_hex(3)}"
+        self.made: list[str] = []
+        self.free: list[str] = []
+
+    def take(self) -> str:
+        if not self.free:
+            size = min(max(self.FIRST_BATCH, len(self.made)), self.LAST_BATCH)
+            batch = [f"{self.prefix}-{len(self.made) + n}" for n in range(size)]
+            self.node.ctl("eval", _erlang_each(batch, self._add))
+            self.made += batch
+            self.free += batch
+        return self.free.pop(0)
+
+    def _add(self, vhost: str) -> str:
+        everything = _binary(".*")
+        return (
+            f'ok = rabbit_vhost:add({vhost}, <<"mailq-tests">>), '
+            f"ok = rabbit_auth_backend_internal:set_permissions({_binary(self.user)}, {vhost}, "
+            f'{everything}, {everything}, {everything}, <<"mailq-tests">>)'
+        )
+
+    def give_back(self, vhost: str) -> None:
+        """A vhost its test emptied (no queue, no consumer left) serves the next test."""
+        self.free.append(vhost)
+
+    def delete_all(self) -> None:
+        if self.made:
+            self.node.ctl(
+                "eval", _erlang_each(self.made, lambda v: f'rabbit_vhost:delete({v}, <<"mailq-tests">>)')
+            )
+
+
+def _binary(text: str) -> str:
+    return "<<" + json.dumps(text) + ">>"
+
+
+def _erlang_each(vhosts: list[str], step) -> str:
+    return f"[begin {step('V')} end || V <- [{', '.join(_binary(v) for v in vhosts)}]], ok."
