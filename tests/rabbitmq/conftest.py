@@ -13,7 +13,7 @@ import pytest
 
 from mailq_runtime.brokers.rabbitmq import RabbitMQBroker
 from tests.servers.base import ServerError
-from tests.servers.fixtures import fresh_keyspace_name
+from tests.servers.fixtures import fresh_keyspace
 from tests.servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 
 Brokers = Callable[..., RabbitMQBroker]
@@ -97,13 +97,8 @@ class Deployment:
 def keyspace(cassandra_server) -> Iterator[str]:
     """A keyspace of this module's own: the other suites empty theirs between tests, and a blob row of
     theirs would make the deduplicating store skip content this module's prefix does not hold."""
-    name = fresh_keyspace_name()
-    yield name
-    cluster = cassandra_server.cluster()
-    try:
-        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
-    finally:
-        cluster.shutdown()
+    with fresh_keyspace(cassandra_server) as name:
+        yield name
 
 
 @pytest.fixture

@@ -60,9 +60,9 @@ def cassandra_server() -> CassandraServer:
     return _server("cassandra")
 
 
-@pytest.fixture(scope="session")
-def keyspace_name(cassandra_server: CassandraServer) -> Iterator[str]:
-    """A fresh keyspace name for this session (not created); the keyspace is dropped at the end if it was."""
+@contextmanager
+def fresh_keyspace(cassandra_server: CassandraServer) -> Iterator[str]:
+    """A fresh keyspace name (not created); the keyspace is dropped at the end if it was."""
     name = fresh_keyspace_name()
     yield name
     cluster = cassandra_server.cluster()
@@ -70,6 +70,13 @@ def keyspace_name(cassandra_server: CassandraServer) -> Iterator[str]:
         cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {name}", timeout=120)
     finally:
         cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def keyspace_name(cassandra_server: CassandraServer) -> Iterator[str]:
+    """This session's keyspace name, dropped at the end."""
+    with fresh_keyspace(cassandra_server) as name:
+        yield name
 
 
 @pytest.fixture(scope="session")
