@@ -17,10 +17,10 @@ from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from mailq_runtime.clock import to_datetime
 from mailq_runtime.model import parse_duration
 from resources import MailqRuntime
 
+from .metadata import human_bytes, table, when
 from .spark.bloom import (
     FILTER_COLUMN,
     bloom_filter,
@@ -42,11 +42,18 @@ def reference_generations(mailq: MailqRuntime) -> dg.Output[dict]:
     generations = mailq.runtime.generations
     current = generations.current()
     eligible = generations.eligible()
-    rows = "\n".join(
-        f"| rg{g.number} | {to_datetime(g.started_at):%Y-%m-%d %H:%M:%S} | "
-        f"{'eligible' if g.number in eligible else 'current' if g.number == current else 'protected'} |"
+    rows = [
+        {
+            "generation": f"rg{g.number}",
+            "started": when(g.started_at),
+            "state": "eligible"
+            if g.number in eligible
+            else "current"
+            if g.number == current
+            else "protected",
+        }
         for g in generations.reference_generations()
-    )
+    ]
     value = {"current": current, "gc_iteration": generations.current_gc_iteration(), "eligible": eligible}
     return dg.Output(
         value,
@@ -54,7 +61,21 @@ def reference_generations(mailq: MailqRuntime) -> dg.Output[dict]:
             "current_generation": current,
             "gc_iteration": value["gc_iteration"],
             "eligible_generations": dg.MetadataValue.json(eligible),
-            "generations": dg.MetadataValue.md("| generation | started | state |\n|---|---|---|\n" + rows),
+            **table(
+                "generations",
+                [
+                    ("generation", "string", "reference generation"),
+                    ("started", "string", "when it became the current generation"),
+                    (
+                        "state",
+                        "string",
+                        "eligible: collected by this iteration (current is at least 2 ahead); current: new "
+                        "references go to it; protected: a save may still reference its blobs",
+                    ),
+                ],
+                rows,
+                "no reference generation yet: the store has not started one",
+            ),
         },
     )
 
@@ -83,11 +104,22 @@ def deletion_sets(
         metadata={
             "concerned_blobs": sum(r["blobs"] for r in per_generation),
             "deletions": sum(r["deletions"] for r in per_generation),
-            "per_generation": dg.MetadataValue.md(
-                "| generation | concerned blobs | deletions |\n|---|---|---|\n"
-                + "\n".join(
-                    f"| rg{r['generation']} | {r['blobs']} | {r['deletions']} |" for r in per_generation
-                )
+            **table(
+                "per_generation",
+                [
+                    ("generation", "string", "eligible reference generation"),
+                    ("concerned_blobs", "int", "distinct blobs its deletions name"),
+                    ("deletions", "int", "deletion rows (one per owner that released a blob)"),
+                ],
+                [
+                    {
+                        "generation": f"rg{r['generation']}",
+                        "concerned_blobs": r["blobs"],
+                        "deletions": r["deletions"],
+                    }
+                    for r in per_generation
+                ],
+                "no deletion in an eligible generation: nothing for this GC iteration to examine",
             ),
         },
     )
@@ -137,7 +169,7 @@ def live_reference_filter(
                 FILTER_COLUMN,
             )
         )
-        summary.append(f"| rg{generation} | {expected} | {bits} |")
+        summary.append({"generation": f"rg{generation}", "expected_references": expected, "bits": bits})
     result = filters[0] if filters else spark.createDataFrame([], FILTER_SCHEMA)
     for more in filters[1:]:
         result = result.unionByName(more)
@@ -149,8 +181,15 @@ def live_reference_filter(
             "false_positive_probability": config.false_positive_probability,
             "generations": dg.MetadataValue.json(generations),
             "build_seconds": round(time.monotonic() - started, 3),
-            "per_generation": dg.MetadataValue.md(
-                "| generation | expected references | bits |\n|---|---|---|\n" + "\n".join(summary)
+            **table(
+                "per_generation",
+                [
+                    ("generation", "string", "eligible reference generation with deletions"),
+                    ("expected_references", "int", "references the filter is sized for"),
+                    ("bits", "int", "the filter's size in bits"),
+                ],
+                summary,
+                "no filter built: no eligible generation has deletions",
             ),
         },
     )
@@ -184,7 +223,10 @@ def collected_blobs(
     pyspark: LazyPySparkResource,
 ) -> dg.Output[DataFrame]:
     """The concerned blobs absent from the filter, deleted from the blob store, `blobs` and
-    `blob_deletions`."""
+    `blob_deletions`. Its figures: `concerned_blobs` examined; `deleted_blobs` (or, in a dry run,
+    `blobs_a_real_run_would_delete`); `kept_still_referenced`, blobs a live reference still uses;
+    `kept_by_filter_false_positive`, garbage the Bloom filter kept back, left for a later iteration;
+    `delete_errors`, blobs whose deletion failed and that stay for the next run."""
     spark = pyspark.spark_session
     started = time.monotonic()
     references = read_table(spark, mailq.url, "blob_references")
@@ -204,15 +246,16 @@ def collected_blobs(
     return dg.Output(
         collected,
         metadata={
-            "mode": "exact" if config.exact else "bloom",
+            "mode": "exact anti-join" if config.exact else "bloom filter",
             "dry_run": config.dry_run,
-            "concerned": concerned,
-            "deleted": 0 if config.dry_run else totals["deleted"],
-            "would_delete": totals["deleted"] if config.dry_run else 0,
-            "kept_as_live": kept_live,
-            "kept_as_false_positive": concerned - totals["deleted"] - totals["errors"] - kept_live,
+            "concerned_blobs": concerned,
+            "deleted_blobs": 0 if config.dry_run else totals["deleted"],
+            "blobs_a_real_run_would_delete": totals["deleted"] if config.dry_run else 0,
+            "kept_still_referenced": kept_live,
+            "kept_by_filter_false_positive": concerned - totals["deleted"] - totals["errors"] - kept_live,
             "bytes_reclaimed": 0 if config.dry_run else totals["bytes"],
-            "errors": totals["errors"],
+            "size_reclaimed": human_bytes(0 if config.dry_run else totals["bytes"]),
+            "delete_errors": totals["errors"],
             "seconds": round(time.monotonic() - started, 3),
         },
     )
@@ -303,6 +346,7 @@ def orphan_blobs(
             "orphan_content": content_count,
             "deleted": 0 if config.dry_run else totals["deleted"],
             "bytes_reclaimed": 0 if config.dry_run else totals["bytes"],
+            "size_reclaimed": human_bytes(0 if config.dry_run else totals["bytes"]),
             "errors": totals["errors"],
         },
     )

@@ -6,8 +6,8 @@
     mailq generation rotate                      the next reference generation and GC iteration
     mailq demo                                   traffic through the runtime, then every asset (assets.demo)
 
-They materialise the very assets of the code location, through `runner.materialize`, and print the
-figures of each materialisation and each check's result, as text or, with --json, as one JSON document.
+They run the code location's own jobs, through `runner.run_job`, and print the figures of each
+materialisation and each check's result, as text or, with --json, as one JSON document.
 Dagster's console log is kept at WARNING; the run's events all go to the instance (the one of
 DAGSTER_HOME when it is set, so the UI shows the runs). Their names and help are `cli.PIPELINE_COMMANDS`.
 """
@@ -17,8 +17,6 @@ import os
 import time
 from pathlib import Path
 from typing import Any
-
-import dagster as dg
 
 from mailq_runtime import cli
 from mailq_runtime.cli import PIPELINE_COMMANDS, Report
@@ -58,43 +56,25 @@ def check_dagster_home() -> None:
         )
 
 
-def run_pipeline(
-    selection: dg.AssetSelection, url: str, command: str, run_config: dict | None = None
-) -> dict:
-    """Materialise `selection` on `url` and return `runner.summarise`'s figures, with the run's duration
-    and where it was recorded."""
+def run_pipeline(job: str, url: str, command: str, run_config: dict | None = None) -> dict:
+    """Run the code location's job named `job` on `url` and return `runner.summarise`'s figures, with
+    the job's name, the run's duration and where it was recorded."""
     check_dagster_home()
     started = time.monotonic()
-    result = runner.materialize(
-        selection,
-        url,
-        {**runner.QUIET_CONSOLE, **(run_config or {})},
-        raise_on_error=False,
-        tags={"mailq/command": command},
+    result = runner.run_job(
+        job, url, {**runner.QUIET_CONSOLE, **(run_config or {})}, tags={"mailq/command": command}
     )
-    summary = runner.summarise(result)
+    summary = {"job": job, **runner.summarise(result)}
     summary["seconds"] = round(time.monotonic() - started, 1)
     summary["instance"] = os.environ.get("DAGSTER_HOME") or None
     return summary
 
 
-def human_bytes(count: int) -> str:
-    size = float(count)
-    for unit in ("bytes", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{count} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
-
-
-def _markdown_table(text: str, indent: str = "    ") -> list[str]:
-    """A metadata table (Markdown, for the UI) as aligned text."""
-    rows = [
-        [cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.strip().splitlines()
-    ]
-    rows = [row for row in rows if not all(set(cell) <= {"-", ":"} for cell in row)]
-    if len(rows) < 2:
+def _text_table(records: list[dict], indent: str = "    ") -> list[str]:
+    """A table of the run's metadata (its records) as aligned text."""
+    if not records:
         return []
+    rows = [list(records[0]), *([str(value) for value in record.values()] for record in records)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
@@ -125,14 +105,17 @@ def _filter(f: dict) -> list[str]:
 
 def _collected(f: dict) -> list[str]:
     kept = (
-        f"kept {f['kept_as_live']} live, {f['kept_as_false_positive']} false positive(s); "
-        f"{f['errors']} error(s); {f['mode']} mode"
+        f"kept {f['kept_still_referenced']} still referenced, {f['kept_by_filter_false_positive']} by a "
+        f"false positive of the filter; {f['delete_errors']} error(s); {f['mode']}"
     )
     if f["dry_run"]:
-        return [f"collected    dry run: would delete {f['would_delete']} of {f['concerned']} blob(s); {kept}"]
+        return [
+            f"collected    dry run: would delete {f['blobs_a_real_run_would_delete']} of "
+            f"{f['concerned_blobs']} blob(s); {kept}"
+        ]
     return [
-        f"collected    {f['deleted']} of {f['concerned']} blob(s) deleted, "
-        f"{human_bytes(f['bytes_reclaimed'])} reclaimed; {kept}"
+        f"collected    {f['deleted_blobs']} of {f['concerned_blobs']} blob(s) deleted, "
+        f"{f['size_reclaimed']} reclaimed; {kept}"
     ]
 
 
@@ -145,7 +128,7 @@ def _orphans(f: dict) -> list[str]:
         ]
     return [
         f"orphans      {f['orphans']} orphan blob(s), {f['deleted']} deleted, "
-        f"{human_bytes(f['bytes_reclaimed'])} reclaimed",
+        f"{f['size_reclaimed']} reclaimed",
         f"orphans      {owners}: {f['references_released']} released for the next GC iteration",
     ]
 
@@ -160,7 +143,7 @@ def _counters(f: dict) -> list[str]:
         f"{f['outdated_projection_entry']} outdated)",
     ]
     if f["corrected_counters"]:
-        lines += _markdown_table(f["corrections"])
+        lines += _text_table(f["corrections"])
     return lines
 
 
@@ -171,7 +154,7 @@ def _slices(f: dict) -> list[str]:
 def _cleanup(f: dict) -> list[str]:
     return [
         f"cleanup      {f['queues_cleaned']} of {f['queues']} queue(s) advanced",
-        *_markdown_table(f["cleanup"]),
+        *_text_table(f["cleanup"]),
     ]
 
 
@@ -214,7 +197,9 @@ def describe_run(summary: dict) -> list[str]:
         if summary["instance"]
         else "ephemeral: set DAGSTER_HOME to keep it"
     )
-    lines.append(f"run          {summary['run_id']} in {summary['seconds']} s ({recorded})")
+    lines.append(
+        f"run          {summary['run_id']} of {summary['job']} in {summary['seconds']} s ({recorded})"
+    )
     return lines
 
 
@@ -229,12 +214,12 @@ def _report(summary: dict, heading: list[str] | None = None) -> Report:
 
 def _gc(args: argparse.Namespace) -> Report:
     url = pipeline_url(args.url)
-    selection = jobs.blob_gc_job.selection
+    job = jobs.blob_gc_job.name
     ops: dict[str, Any] = {"collected_blobs": {"config": {"dry_run": args.dry_run, "exact": args.exact}}}
     if args.orphans:
-        selection = selection | jobs.orphan_sweep_job.selection
+        job = jobs.blob_gc_and_orphan_sweep_job.name
         ops["orphan_blobs"] = {"config": {"dry_run": args.dry_run}}
-    return _report(run_pipeline(selection, url, "gc", {"ops": ops}))
+    return _report(run_pipeline(job, url, "gc", {"ops": ops}))
 
 
 def add_gc_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -254,9 +239,7 @@ def add_gc_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _counters_recompute(args: argparse.Namespace) -> Report:
-    return _report(
-        run_pipeline(jobs.mailbox_counters_job.selection, pipeline_url(args.url), "counters recompute")
-    )
+    return _report(run_pipeline(jobs.mailbox_counters_job.name, pipeline_url(args.url), "counters recompute"))
 
 
 def add_counters_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -269,7 +252,7 @@ def add_counters_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _queue_cleanup(args: argparse.Namespace) -> Report:
-    return _report(run_pipeline(jobs.queue_cleanup_job.selection, pipeline_url(args.url), "queue cleanup"))
+    return _report(run_pipeline(jobs.queue_cleanup_job.name, pipeline_url(args.url), "queue cleanup"))
 
 
 def add_queue_parser(subparsers: argparse._SubParsersAction) -> None:

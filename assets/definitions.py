@@ -1,13 +1,58 @@
-"""The code location: every asset, check, job, sensor and schedule of mailq's maintenance pipeline."""
+"""The code location: every asset, check, job, sensor and schedule of mailq's maintenance pipeline, and the
+resources they run with."""
 
 import os
+from pathlib import Path
 
 import dagster as dg
 
-from mailq_runtime.settings import DEFAULT_URL, URL_VARIABLE
+from mailq_runtime.errors import InvalidInput
+from mailq_runtime.settings import DEFAULT_URL, EMBEDDED, URL_VARIABLE, Settings
+from resources import MailqRuntime, spark_resource
+from resources.parquet_io import SparkParquetIOManager
 
-from . import automation, jobs
-from .runner import ASSETS, CHECKS, build_resources
+from . import automation, blobs, jobs, mailboxes, queue
+
+ASSETS = dg.load_assets_from_modules([blobs, mailboxes, queue])
+CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, queue])
+PIPELINE_DIR_VARIABLE = "MAILQ_PIPELINE_DIR"
+
+
+def pipeline_dir(url: str) -> str:
+    """Where the assets' Parquet outputs go: MAILQ_PIPELINE_DIR, else, for the embedded deployment,
+    `<data dir>/pipeline`."""
+    settings = Settings.from_url(url)  # a bad URL is refused whether or not the variable is set
+    configured = os.environ.get(PIPELINE_DIR_VARIABLE)
+    if configured:
+        return configured
+    if settings.backend != EMBEDDED:
+        raise InvalidInput(
+            f"set {PIPELINE_DIR_VARIABLE} to where the pipeline's outputs go: the deployment of "
+            f"{settings.shown()} has no data dir of its own"
+        )
+    return str(Path(settings.data_dir, "pipeline").resolve())
+
+
+def build_resources(url: str | dg.EnvVar, data_dir_url: str) -> dict:
+    """The resources of every asset: the runtime at `url`, Spark, and the Parquet hand-over."""
+    pyspark = spark_resource()
+    return {
+        "mailq": MailqRuntime(url=url),
+        "pyspark": pyspark,
+        "spark_parquet": SparkParquetIOManager(base_path=pipeline_dir(data_dir_url), pyspark=pyspark),
+    }
+
+
+def resources_config(url: str) -> dict:
+    """Run config that points a run of this code location at the runtime of `url`, whatever MAILQ_URL
+    the location was loaded with: a command-line run carries its store in its config, so a re-execution
+    from the UI acts on the same store."""
+    return {
+        "resources": {
+            "mailq": {"config": {"url": url}},
+            "spark_parquet": {"config": {"base_path": pipeline_dir(url)}},
+        }
+    }
 
 
 def _runtime_url() -> str | dg.EnvVar:
@@ -22,6 +67,7 @@ defs = dg.Definitions(
     jobs=[
         jobs.blob_gc_job,
         jobs.orphan_sweep_job,
+        jobs.blob_gc_and_orphan_sweep_job,
         jobs.mailbox_counters_job,
         jobs.queue_cleanup_job,
         jobs.maintenance_job,

@@ -28,7 +28,8 @@ from mailq_runtime.model import parse_duration
 from mailq_runtime.runtime import Runtime
 
 from . import jobs
-from .commands import describe_run, human_bytes, run_pipeline
+from .commands import describe_run, run_pipeline
+from .metadata import human_bytes
 
 PHASES = 5
 # James's default pace: the runtime advances browse_start on 1 in 1000 dequeues, so what the traffic leaves
@@ -108,7 +109,7 @@ def run(data_dir: Path, mails: int = 3000, say: Callable[[str], None] = _say) ->
         f"[5/{PHASES}] pipeline: every maintenance asset in lineage order, with its checks "
         "(Spark starts first)"
     )
-    pipeline = run_pipeline(jobs.maintenance_job.selection, url, "demo")
+    pipeline = run_pipeline(jobs.maintenance_job.name, url, "demo")
     with Runtime.open(url) as live:
         queues_after, tables_after = _queues(live), _tables(live)
     assets = pipeline["assets"]
@@ -124,10 +125,10 @@ def run(data_dir: Path, mails: int = 3000, say: Callable[[str], None] = _say) ->
         "generations": generations,
         "pipeline": pipeline,
         "collected": {
-            "blobs": collected.get("deleted", 0) + orphans.get("deleted", 0),
+            "blobs": collected.get("deleted_blobs", 0) + orphans.get("deleted", 0),
             "bytes": collected.get("bytes_reclaimed", 0) + orphans.get("bytes_reclaimed", 0),
-            "kept_as_live": collected.get("kept_as_live", 0),
-            "kept_as_false_positive": collected.get("kept_as_false_positive", 0),
+            "kept_still_referenced": collected.get("kept_still_referenced", 0),
+            "kept_by_filter_false_positive": collected.get("kept_by_filter_false_positive", 0),
             "orphans": orphans.get("deleted", 0),
         },
         "repaired": {

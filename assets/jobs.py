@@ -18,10 +18,23 @@ orphan_sweep_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets(blobs.orphan_blobs),
     description="The full sweep of unreferenced blobs that no deletion names.",
 )
-mailbox_counters_job = dg.define_asset_job(
-    "mailbox_counters_job", selection=dg.AssetSelection.groups(mailboxes.GROUP)
+blob_gc_and_orphan_sweep_job = dg.define_asset_job(
+    "blob_gc_and_orphan_sweep_job",
+    selection=blob_gc_job.selection | orphan_sweep_job.selection,
+    description="One GC iteration and the orphan sweep in one run (`mailq gc --orphans`).",
 )
-queue_cleanup_job = dg.define_asset_job("queue_cleanup_job", selection=dg.AssetSelection.groups(queue.GROUP))
+mailbox_counters_job = dg.define_asset_job(
+    "mailbox_counters_job",
+    selection=dg.AssetSelection.groups(mailboxes.GROUP),
+    description="Heal the mailbox projection from the source of truth and reset the counters that differ "
+    "(record 23).",
+)
+queue_cleanup_job = dg.define_asset_job(
+    "queue_cleanup_job",
+    selection=dg.AssetSelection.groups(queue.GROUP),
+    description="Per-slice statistics of every mail queue, then advance browse_start and delete the "
+    "content before it (record 32).",
+)
 maintenance_job = dg.define_asset_job(
     "maintenance_job",
     selection=dg.AssetSelection.all(),

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from resources import MailqRuntime
 
+from .metadata import table
 from .spark.table_source import read_table
 
 GROUP = "mailboxes"
@@ -47,8 +48,8 @@ def projection_inconsistencies(spark: SparkSession, url: str) -> DataFrame:
 
 
 def counter_drift(spark: SparkSession, url: str) -> DataFrame:
-    """(mailbox_id, count, unseen, observed_count, observed_unseen) where the counters differ from the
-    source of truth."""
+    """(mailbox_id, user, name, count, unseen, observed_count, observed_unseen) where the counters differ
+    from the source of truth."""
     # Only the columns used: the reader's cost grows with the bytes it hands over.
     truth = read_table(spark, url, "imap_uid_table", columns=["mailbox_id", "flags"])
     expected = truth.groupBy("mailbox_id").agg(
@@ -57,7 +58,7 @@ def counter_drift(spark: SparkSession, url: str) -> DataFrame:
     counters = read_table(spark, url, "mailbox_counters").select(
         "mailbox_id", F.col("count").alias("observed_count"), F.col("unseen").alias("observed_unseen")
     )
-    mailboxes = read_table(spark, url, "mailboxes", columns=["mailbox_id"])
+    mailboxes = read_table(spark, url, "mailboxes", columns=["mailbox_id", "user", "name"])
     compared = (
         mailboxes.join(expected, "mailbox_id", "left")
         .fillna(0, ["count", "unseen"])
@@ -70,18 +71,24 @@ def counter_drift(spark: SparkSession, url: str) -> DataFrame:
     )
 
 
-def _table(rows: list, columns: list[str]) -> dg.MetadataValue:
-    header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return dg.MetadataValue.md(
-        header + "\n".join("| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows)
-    )
+CORRECTIONS_SHOWN = 20
+CORRECTION_COLUMNS = [
+    ("user", "string", "the mailbox's owner"),
+    ("mailbox", "string", "the mailbox's name"),
+    ("count_before", "int", "messages the counter held (-1: no counter row)"),
+    ("count_after", "int", "messages the mailbox holds, counted from imap_uid_table"),
+    ("unseen_before", "int", "unseen messages the counter held (-1: no counter row)"),
+    ("unseen_after", "int", "messages without \\Seen, counted from imap_uid_table"),
+]
 
 
 @dg.asset(group_name=GROUP, kinds={"spark"})
 def mailbox_counters(
     context: dg.AssetExecutionContext, mailq: MailqRuntime, pyspark: LazyPySparkResource
 ) -> dg.MaterializeResult:
-    """Recomputed mailbox counters and the corrections applied (record 23)."""
+    """Recomputed mailbox counters and the corrections applied (record 23): the projection entries healed
+    from the source of truth (orphan, missing, outdated), then each mailbox whose count or unseen differed
+    from a recount, reset, with its values before and after."""
     spark = pyspark.spark_session
     started = time.monotonic()
     mailboxes = mailq.runtime.mailboxes
@@ -115,8 +122,21 @@ def mailbox_counters(
             "corrected_counters": len(corrected),
             "projection_inconsistencies": sum(healed.values()),
             **healed,
-            "corrections": _table(
-                corrected[:20], ["mailbox_id", "observed_count", "count", "observed_unseen", "unseen"]
+            **table(
+                "corrections",
+                CORRECTION_COLUMNS,
+                [
+                    {
+                        "user": row["user"],
+                        "mailbox": row["name"],
+                        "count_before": -1 if row["observed_count"] is None else row["observed_count"],
+                        "count_after": row["count"],
+                        "unseen_before": -1 if row["observed_unseen"] is None else row["observed_unseen"],
+                        "unseen_after": row["unseen"],
+                    }
+                    for row in corrected[:CORRECTIONS_SHOWN]
+                ],
+                "no counter differed from the source of truth: nothing corrected",
             ),
             "seconds": round(time.monotonic() - started, 3),
         }
@@ -125,6 +145,7 @@ def mailbox_counters(
 
 @dg.asset_check(asset=mailbox_counters, blocking=True)
 def counters_match_source_of_truth(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.AssetCheckResult:
+    """Every mailbox's count and unseen equal a recount of its messages in imap_uid_table."""
     drift = counter_drift(pyspark.spark_session, mailq.url)
     sample = [r.asDict() for r in drift.limit(10).collect()]
     count = drift.count()

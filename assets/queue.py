@@ -5,9 +5,9 @@ from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from mailq_runtime.clock import to_datetime
 from resources import MailqRuntime
 
+from .metadata import table, when
 from .spark.table_source import read_table
 
 GROUP = "mail_queue"
@@ -53,22 +53,36 @@ def mail_queue_slices(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.O
         .orderBy("queue")
         .collect()
     )
-    rows = "\n".join(
-        f"| {q['queue']} | {q['slices']} | {q['enqueued']} | {q['live']} | "
-        f"{to_datetime(q['browse_start']):%Y-%m-%d %H:%M:%S} | "
-        f"{to_datetime(q['content_start']):%Y-%m-%d %H:%M:%S} |"
+    rows = [
+        {
+            "queue": q["queue"],
+            "slices": q["slices"],
+            "enqueued": q["enqueued"],
+            "live": q["live"],
+            "browse_start": when(q["browse_start"]),
+            "content_start": when(q["content_start"]),
+        }
         for q in queues
         if q["browse_start"] is not None
-    )
+    ]
     return dg.Output(
         slices,
         metadata={
             "queues": len(queues),
             "slices": sum(q["slices"] for q in queues),
             "live_mails": sum(q["live"] for q in queues),
-            "per_queue": dg.MetadataValue.md(
-                "| queue | slices | enqueued | live | browse_start | content_start |\n"
-                "|---|---|---|---|---|---|\n" + rows
+            **table(
+                "per_queue",
+                [
+                    ("queue", "string", "mail queue"),
+                    ("slices", "int", "time slices holding enqueued_mails rows"),
+                    ("enqueued", "int", "mails enqueued in those slices"),
+                    ("live", "int", "enqueued mails not yet deleted"),
+                    ("browse_start", "string", "where browsing starts: older slices hold no live mail"),
+                    ("content_start", "string", "where the stored rows and content start"),
+                ],
+                rows,
+                "no mail queue yet",
             ),
         },
     )
@@ -76,6 +90,8 @@ def mail_queue_slices(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.O
 
 @dg.asset_check(asset=mail_queue_slices, blocking=True)
 def slice_counters_match_recount(mail_queue_slices: DataFrame) -> dg.AssetCheckResult:
+    """Every slice's enqueued and deleted counters equal a recount of its enqueued_mails and deleted_mails
+    rows (the counters `mailq size` reads)."""
     wrong = mail_queue_slices.where(
         (F.col("counted_enqueued") != F.col("enqueued")) | (F.col("counted_deleted") != F.col("deleted"))
     )
@@ -92,6 +108,7 @@ def slice_counters_match_recount(mail_queue_slices: DataFrame) -> dg.AssetCheckR
 
 @dg.asset_check(asset=mail_queue_slices, blocking=True)
 def browse_start_not_ahead_of_live_mail(mail_queue_slices: DataFrame) -> dg.AssetCheckResult:
+    """No slice before a queue's browse_start holds a live mail, which browsing and delivery would skip."""
     ahead = mail_queue_slices.where((F.col("live") > 0) & (F.col("slice_start") < F.col("browse_start")))
     sample = [
         r.asDict() for r in ahead.select("queue", "slice_start", "live", "browse_start").limit(10).collect()
@@ -118,13 +135,30 @@ def mail_queue_cleanup(mailq: MailqRuntime) -> dg.MaterializeResult:
         metadata={
             "queues": len(report),
             "queues_cleaned": len(moved),
-            "cleanup": dg.MetadataValue.md(
-                "| queue | browse_start | content_start |\n|---|---|---|\n"
-                + "\n".join(
-                    f"| {name} | {to_datetime(b[0]):%H:%M:%S} -> {to_datetime(a[0]):%H:%M:%S} | "
-                    f"{to_datetime(b[1]):%H:%M:%S} -> {to_datetime(a[1]):%H:%M:%S} |"
+            **table(
+                "cleanup",
+                [
+                    ("queue", "string", "mail queue"),
+                    ("browse_start_before", "string", "browse_start before the clean-up"),
+                    ("browse_start_after", "string", "browse_start after it"),
+                    ("content_start_before", "string", "content_start before the clean-up"),
+                    (
+                        "content_start_after",
+                        "string",
+                        "content_start after it: rows and content before it are gone",
+                    ),
+                ],
+                [
+                    {
+                        "queue": name,
+                        "browse_start_before": when(b[0]),
+                        "browse_start_after": when(a[0]),
+                        "content_start_before": when(b[1]),
+                        "content_start_after": when(a[1]),
+                    }
                     for name, b, a in report
-                )
+                ],
+                "no mail queue yet: nothing to clean",
             ),
         }
     )

@@ -1,46 +1,23 @@
-"""Runs the pipeline's jobs in-process on a given runtime URL: what `mailq gc`, `mailq counters recompute`,
-`mailq queue cleanup` and the demo call, so the command line materialises the very assets the UI shows."""
+"""Runs the code location's jobs in-process on a given runtime URL: what `mailq gc`, `mailq counters
+recompute`, `mailq queue cleanup` and the demo call, so a command-line run is a run of the very job the UI
+shows, which the UI can open and re-execute."""
 
 import os
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+from dagster._core.definitions.repository_definition.valid_definitions import SINGLETON_REPOSITORY_NAME
+from dagster._core.execution.api import execute_run
+from dagster._core.execution.execution_result import ExecutionResult
+from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
+from dagster._core.workspace.load import location_origins_from_yaml_paths
 
-from mailq_runtime.errors import InvalidInput
-from mailq_runtime.settings import EMBEDDED, Settings
-from resources import MailqRuntime, spark_resource
-from resources.parquet_io import SparkParquetIOManager
+from . import definitions
 
-from . import blobs, mailboxes, queue
-
-ASSETS = dg.load_assets_from_modules([blobs, mailboxes, queue])
-CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, queue])
-PIPELINE_DIR_VARIABLE = "MAILQ_PIPELINE_DIR"
-
-
-def pipeline_dir(url: str) -> str:
-    """Where the assets' Parquet outputs go: MAILQ_PIPELINE_DIR, else, for the embedded deployment,
-    `<data dir>/pipeline`."""
-    settings = Settings.from_url(url)  # a bad URL is refused whether or not the variable is set
-    configured = os.environ.get(PIPELINE_DIR_VARIABLE)
-    if configured:
-        return configured
-    if settings.backend != EMBEDDED:
-        raise InvalidInput(
-            f"set {PIPELINE_DIR_VARIABLE} to where the pipeline's outputs go: the deployment of "
-            f"{settings.shown()} has no data dir of its own"
-        )
-    return str(Path(settings.data_dir, "pipeline").resolve())
-
-
-def build_resources(url: str | dg.EnvVar, data_dir_url: str) -> dict:
-    """The resources of every asset: the runtime at `url`, Spark, and the Parquet hand-over."""
-    pyspark = spark_resource()
-    return {
-        "mailq": MailqRuntime(url=url),
-        "pyspark": pyspark,
-        "spark_parquet": SparkParquetIOManager(base_path=pipeline_dir(data_dir_url), pyspark=pyspark),
-    }
+ROOT = Path(__file__).resolve().parents[1]
+# The workspace `make ui` serves: its code location is the one a run names, so the UI finds the run's job.
+WORKSPACE = ROOT / "workspace.yaml"
 
 
 def instance() -> dg.DagsterInstance:
@@ -48,34 +25,49 @@ def instance() -> dg.DagsterInstance:
     return dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
 
 
-def materialize(
-    selection: dg.AssetSelection,
-    url: str,
-    run_config: dict | None = None,
-    *,
-    raise_on_error: bool = True,
-    tags: dict[str, str] | None = None,
-) -> dg.ExecuteInProcessResult:
-    """Materialise `selection` (and run its checks) on the runtime at `url`; raises if a step fails,
-    unless `raise_on_error` is False (then `result.success` says)."""
-    return dg.materialize(
-        [*ASSETS, *CHECKS],
-        selection=selection,
-        resources=build_resources(url, url),
-        run_config=run_config,
-        instance=instance(),
-        raise_on_error=raise_on_error,
-        tags=tags,
+def _remote_origin(job_name: str) -> RemoteJobOrigin:
+    # The origin a run launched from the UI carries: the UI re-executes a run through its code location
+    # and repository, which a run executed in-process would otherwise lack.
+    (location,) = location_origins_from_yaml_paths([str(WORKSPACE)])
+    return RemoteJobOrigin(RemoteRepositoryOrigin(location, SINGLETON_REPOSITORY_NAME), job_name)
+
+
+def run_job(
+    job_name: str, url: str, run_config: dict | None = None, *, tags: dict[str, str] | None = None
+) -> ExecutionResult:
+    """Run the code location's job `job_name` in this process on the runtime at `url`, recorded in
+    `instance()` as a run of that job (with its code location), so the UI lists it under the job and can
+    re-execute it. The store is in the run's config; the job's failures are in the result, not raised."""
+    recon_job = ReconstructableRepository.for_module(
+        definitions.__name__, "defs", working_directory=str(ROOT)
+    ).get_reconstructable_job(job_name)
+    job_def = definitions.defs.resolve_job_def(job_name)
+    config = {**definitions.resources_config(url), **(run_config or {})}
+    recorded = instance()
+    run = recorded.create_run_for_job(
+        job_def,
+        run_config=config,
+        tags={**job_def.run_tags, **(tags or {})},
+        remote_job_origin=_remote_origin(job_name),
+        job_code_origin=recon_job.get_python_origin(),
     )
+    return execute_run(recon_job, run, recorded)
 
 
-def figures(result: dg.ExecuteInProcessResult, asset: str) -> dict:
+def plain(value: dg.MetadataValue) -> object:
+    """A metadata value as JSON: a table as its records, one dict per row."""
+    if isinstance(value, dg.TableMetadataValue):
+        return [dict(record.data) for record in value.records]
+    return value.value
+
+
+def figures(result: ExecutionResult, asset: str) -> dict:
     """The metadata of the asset's materialisation in this run, as plain values."""
     (event,) = result.asset_materializations_for_node(asset)
-    return {key: value.value for key, value in event.metadata.items()}
+    return {key: plain(value) for key, value in event.metadata.items()}
 
 
-def checks(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
+def checks(result: ExecutionResult) -> dict[str, bool]:
     return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
 
@@ -84,7 +76,7 @@ def checks(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
-def summarise(result: dg.ExecuteInProcessResult) -> dict:
+def summarise(result: ExecutionResult) -> dict:
     """The run as plain values: its id, success, every materialisation's figures, every check's result
     and metadata, and the failed steps with their error."""
     assets = {}
@@ -95,7 +87,7 @@ def summarise(result: dg.ExecuteInProcessResult) -> dict:
         e.check_name: {
             "asset": e.asset_key.to_user_string(),
             "passed": e.passed,
-            "metadata": {key: value.value for key, value in e.metadata.items()},
+            "metadata": {key: plain(value) for key, value in e.metadata.items()},
         }
         for e in result.get_asset_check_evaluations()
     }

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from assets import demo, runner
+from assets import definitions, demo
 from assets.commands import describe_run
 from mailq_runtime import InvalidInput, Mail, Runtime
 from mailq_runtime.cli import main
@@ -115,7 +115,8 @@ def test_gc_dry_run_then_collect_after_two_rotations(url, mailq, mailq_json):
 
     dry = mailq_json("gc", "--dry-run")
 
-    assert set(dry) == {"run_id", "success", "assets", "checks", "failures", "seconds", "instance"}
+    assert set(dry) == {"job", "run_id", "success", "assets", "checks", "failures", "seconds", "instance"}
+    assert dry["job"] == "blob_gc_job"
     assert list(dry["assets"]) == [
         "reference_generations",
         "deletion_sets",
@@ -127,9 +128,9 @@ def test_gc_dry_run_then_collect_after_two_rotations(url, mailq, mailq_json):
     # The spam's header (the same for all three: stored once) and bodies, the expunged message's body;
     # the Bloom filter may keep one back as a false positive (1% each, a new salt every run).
     garbage = 5
-    assert figures["dry_run"] is True and figures["deleted"] == 0
-    assert figures["would_delete"] + figures["kept_as_false_positive"] == garbage
-    assert figures["kept_as_live"] > 0  # the queue's deletions of blobs the INBOX copies still use
+    assert figures["dry_run"] is True and figures["deleted_blobs"] == 0
+    assert figures["blobs_a_real_run_would_delete"] + figures["kept_by_filter_false_positive"] == garbage
+    assert figures["kept_still_referenced"] > 0  # the queue's deletions of blobs the INBOX copies still use
     assert dry["checks"]["no_live_blob_collected"]["passed"] is True
     assert (dry["success"], dry["failures"], dry["instance"]) == (True, [], None)
     assert rows(url, "SELECT COUNT(*) FROM blobs")[0][0] == blobs
@@ -165,7 +166,7 @@ def test_exact_gc_with_orphans_and_a_failed_check_exits_1(url, mailq, capsys):
 
     report = json.loads(out)
     assert status == 1 and report["success"] is False
-    assert report["assets"]["collected_blobs"]["mode"] == "exact"
+    assert report["assets"]["collected_blobs"]["mode"] == "exact anti-join"
     assert report["assets"]["orphan_blobs"]["orphans"] == 1
     check = report["checks"]["no_live_blob_collected"]
     assert check["passed"] is False and check["metadata"]["dangling_references"] == 1
@@ -194,8 +195,16 @@ def test_counters_recompute_repairs_what_a_fault_left(url, mailq, mailq_json):
     with Runtime.open(url) as runtime:
         for mailbox in runtime.mailboxes.list():
             assert runtime.mailboxes.counters(mailbox) == runtime.mailboxes.recount(mailbox)
+    again = mailq_json("counters", "recompute")["assets"]["mailbox_counters"]
+    assert again["corrections"] == [] and "nothing corrected" in again["corrections_note"]
 
+    # Each correction names the mailbox by its owner and name, with its counters before and after.
+    corrections = {(c["user"], c["mailbox"]): c for c in figures["corrections"]}
+    assert set(corrections) == {(USERS[0], INBOX), (USERS[2], INBOX)}
+    assert all(c["count_before"] == c["count_after"] for c in corrections.values())
+    assert all(c["unseen_before"] != c["unseen_after"] for c in corrections.values())
     text = describe_run(report)
+    assert any(line.split()[:2] == [USERS[0], INBOX] for line in text)
     assert "counters     3 mailbox(es) processed, 2 counter(s) corrected, 0 failed" in text
     assert "projection   1 entry healed from the source of truth (0 orphan, 0 missing, 1 outdated)" in text
 
@@ -236,7 +245,7 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert "[5/5] pipeline" in captured.err
     assert summary["generations"]["eligible"] == [1]
     assert summary["collected"]["blobs"] > 0 and summary["collected"]["bytes"] > 0
-    assert summary["collected"]["kept_as_live"] > 0
+    assert summary["collected"]["kept_still_referenced"] > 0
     assert len(summary["faults"]) == 4
     assert summary["repaired"]["counters"] >= 4 and summary["repaired"]["projection_entries"] >= 2
     pipeline = summary["pipeline"]
@@ -312,7 +321,7 @@ def test_a_url_with_a_password_never_reaches_the_pipeline_or_its_output(tmp_path
             assert_bad_input((status, captured.out, captured.err), "carries a password", ":***@")
             assert "secret" not in captured.out + captured.err
     # The Dagster side: the resource and the pipeline's output dir refuse it the same way.
-    for attempt in (lambda: MailqRuntime(url=url).runtime, lambda: runner.pipeline_dir(url)):
+    for attempt in (lambda: MailqRuntime(url=url).runtime, lambda: definitions.pipeline_dir(url)):
         with pytest.raises(InvalidInput, match="carries a password") as refused:
             attempt()
         assert "secret" not in str(refused.value)

@@ -1,5 +1,6 @@
-"""The code location: it loads, exposes every asset, check, job, sensor and schedule by name, and the
-Dagster webserver really serves it from workspace.yaml."""
+"""The code location: it loads, exposes every asset, check, job, sensor and schedule by name and with a
+description, and the Dagster webserver really serves it from workspace.yaml: a command-line run is a run of
+its job there, with table metadata, and the webserver re-executes it."""
 
 from __future__ import annotations
 
@@ -12,11 +13,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from assets.definitions import defs
+from mailq_runtime import Mail, Runtime
+from mailq_runtime.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = {
@@ -37,6 +43,7 @@ CHECKS = {
 JOBS = {
     "blob_gc_job",
     "orphan_sweep_job",
+    "blob_gc_and_orphan_sweep_job",
     "mailbox_counters_job",
     "queue_cleanup_job",
     "maintenance_job",
@@ -45,6 +52,7 @@ JOBS = {
 SENSORS = {"deletions_waiting_sensor", "queue_cleanup_sensor", "counter_drift_sensor"}
 SCHEDULES = {"rotate_generation_schedule"}
 SERVER_START_S = 90
+RUN_S = 300  # a re-execution starts a process, then Spark, on a loaded two-core machine
 
 
 def test_the_definitions_load_and_expose_everything_by_name() -> None:
@@ -67,6 +75,16 @@ def test_the_definitions_load_and_expose_everything_by_name() -> None:
         "live_reference_filter",
         "collected_blobs",
     }
+
+
+def test_every_asset_check_and_job_says_what_it_does() -> None:
+    graph = defs.resolve_asset_graph()
+    for key in graph.get_all_asset_keys():
+        assert graph.get(key).description, key
+    for check in defs.resolve_asset_graph().asset_check_keys:
+        assert graph.get_check_spec(check).description, check
+    for name in JOBS:
+        assert defs.resolve_job_def(name).description, name
 
 
 QUERY = """
@@ -108,10 +126,9 @@ def get(url: str, data: bytes | None = None) -> bytes:
         return response.read()
 
 
-def test_the_webserver_serves_the_code_location(tmp_path: Path) -> None:
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    environment = {**os.environ, "DAGSTER_HOME": str(home), "MAILQ_URL": f"embedded://{tmp_path / 'data'}"}
+@contextmanager
+def webserver(tmp_path: Path, environment: dict[str, str]) -> Iterator[str]:
+    """`dagster-webserver -w workspace.yaml` on a free port; yields its base URL."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "webserver.log"
@@ -142,8 +159,7 @@ def test_the_webserver_serves_the_code_location(tmp_path: Path) -> None:
             except (urllib.error.URLError, ConnectionError):
                 assert time.monotonic() < deadline, f"not up in {SERVER_START_S}s:\n{log.read_text()[-3000:]}"
                 time.sleep(1)
-
-        answer = json.loads(get(f"{base}/graphql", json.dumps({"query": QUERY}).encode()))
+        yield base
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the webserver and the code server it started
         try:
@@ -151,6 +167,20 @@ def test_the_webserver_serves_the_code_location(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def graphql(base: str, query: str, variables: dict | None = None) -> dict:
+    answer = json.loads(get(f"{base}/graphql", json.dumps({"query": query, "variables": variables}).encode()))
+    assert "errors" not in answer, answer["errors"]
+    return answer["data"]
+
+
+def test_the_webserver_serves_the_code_location(tmp_path: Path) -> None:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    environment = {**os.environ, "DAGSTER_HOME": str(home), "MAILQ_URL": f"embedded://{tmp_path / 'data'}"}
+    with webserver(tmp_path, environment) as base:
+        answer = json.loads(get(f"{base}/graphql", json.dumps({"query": QUERY}).encode()))
 
     assert "errors" not in answer, answer["errors"]
     (location,) = answer["data"]["workspaceOrError"]["locationEntries"]
@@ -166,3 +196,103 @@ def test_the_webserver_serves_the_code_location(tmp_path: Path) -> None:
     assert JOBS <= {job["name"] for job in repository["jobs"]}
     assert {sensor["name"] for sensor in repository["sensors"]} == SENSORS
     assert {schedule["name"] for schedule in repository["schedules"]} == SCHEDULES
+
+
+MATERIALIZATIONS = """
+query ($path: [String!]!) {
+  assetOrError(assetKey: {path: $path}) {
+    ... on Asset {
+      assetMaterializations(limit: 1) {
+        runId
+        metadataEntries {
+          label
+          ... on TableMetadataEntry { table { records schema { columns { name type description } } } }
+        }
+      }
+    }
+  }
+}
+"""
+REEXECUTE = """
+mutation ($parent: String!) {
+  launchPipelineReexecution(reexecutionParams: {parentRunId: $parent, strategy: ALL_STEPS}) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+  }
+}
+"""
+RUN = "query ($id: ID!) { runOrError(runId: $id) { ... on Run { status pipelineName parentRunId } } }"
+
+
+@pytest.fixture
+def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """An instance in DAGSTER_HOME and a store with a queue that holds one mail; the environment of both
+    the command line and the webserver."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    # Runs launch at once, as `dagster dev` (`make ui`) does with its daemon dequeuing them.
+    (home / "dagster.yaml").write_text(
+        "run_coordinator:\n  module: dagster._core.run_coordinator\n  class: DefaultRunCoordinator\n"
+    )
+    url = f"embedded://{tmp_path / 'data'}"
+    with Runtime.open(url, create=True) as runtime:
+        runtime.queue("spool").enqueue(
+            Mail(recipients=("bob@example.org",), message=b"Subject: hi\r\n\r\nhi")
+        )
+    environment = {
+        "DAGSTER_HOME": str(home),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "MAILQ_SPARK_CONF": "spark.master=local[2]",
+    }
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    # The webserver's code location opens another store: the run's config names the one it acts on.
+    return {**os.environ, **environment, "MAILQ_URL": f"embedded://{tmp_path / 'other'}", "url": url}
+
+
+def test_a_command_line_run_is_a_run_of_the_job_that_the_webserver_reexecutes(
+    tmp_path: Path, recorded: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = recorded.pop("url")
+    assert main(["--url", url, "--json", "queue", "cleanup"]) == 0
+    report = json.loads(capsys.readouterr().out)
+
+    (run,) = dg.DagsterInstance.get().get_runs(filters=dg.RunsFilter(job_name="queue_cleanup_job"))
+    assert (run.run_id, run.is_success, report["job"]) == (report["run_id"], True, "queue_cleanup_job")
+    assert run.tags["mailq/command"] == "queue cleanup"
+    assert report["assets"]["mail_queue_slices"]["per_queue"][0]["queue"] == "spool"
+
+    with webserver(tmp_path, recorded) as base:
+        slices = graphql(base, MATERIALIZATIONS, {"path": ["mail_queue_slices"]})["assetOrError"]
+        launched = graphql(base, REEXECUTE, {"parent": run.run_id})["launchPipelineReexecution"]
+        assert launched["__typename"] == "LaunchRunSuccess", launched
+        child = launched["run"]["runId"]
+        deadline = time.monotonic() + RUN_S
+        while (status := graphql(base, RUN, {"id": child})["runOrError"])["status"] not in {
+            "SUCCESS",
+            "FAILURE",
+        }:
+            assert time.monotonic() < deadline, f"the re-execution is still {status['status']}"
+            time.sleep(2)
+
+    (materialization,) = slices["assetMaterializations"]
+    assert materialization["runId"] == run.run_id
+    tables = {e["label"]: e["table"] for e in materialization["metadataEntries"] if "table" in e}
+    per_queue = tables["per_queue"]
+    assert [c["name"] for c in per_queue["schema"]["columns"]] == [
+        "queue",
+        "slices",
+        "enqueued",
+        "live",
+        "browse_start",
+        "content_start",
+    ]
+    assert all(c["description"] for c in per_queue["schema"]["columns"])
+    (record,) = [json.loads(r) for r in per_queue["records"]]
+    assert (record["queue"], record["enqueued"], record["live"]) == ("spool", 1, 1)
+    assert record["browse_start"].endswith(" UTC") and record["browse_start"][:2] == "20"
+    assert status == {"status": "SUCCESS", "pipelineName": "queue_cleanup_job", "parentRunId": run.run_id}
+    assert (
+        dg.DagsterInstance.get().get_run_by_id(child).run_config["resources"]["mailq"]["config"]["url"] == url
+    )

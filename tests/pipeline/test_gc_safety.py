@@ -143,9 +143,9 @@ def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_go
     assert not any(w.is_alive() for w in writers)
 
     # Every round had deletions to look at; across them, the filter kept live blobs and garbage went.
-    assert all(r["concerned"] > 0 and r["errors"] == 0 for r in rounds), rounds
-    assert sum(r["kept_as_live"] for r in rounds) > 0, rounds
-    assert sum(r["deleted"] for r in rounds) > 0, rounds
+    assert all(r["concerned_blobs"] > 0 and r["delete_errors"] == 0 for r in rounds), rounds
+    assert sum(r["kept_still_referenced"] for r in rounds) > 0, rounds
+    assert sum(r["deleted_blobs"] for r in rounds) > 0, rounds
 
     # The writers stop and let go of their short-lived owners; two rotations make every generation
     # eligible, then everything unreferenced goes.
@@ -230,14 +230,15 @@ def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resource
     expect_figures(
         dry,
         dry_run=True,
-        mode="exact",
-        concerned=3,
-        deleted=0,
-        would_delete=2,
-        kept_as_live=1,
-        kept_as_false_positive=0,
+        mode="exact anti-join",
+        concerned_blobs=3,
+        deleted_blobs=0,
+        blobs_a_real_run_would_delete=2,
+        kept_still_referenced=1,
+        kept_by_filter_false_positive=0,
         bytes_reclaimed=0,
-        errors=0,
+        size_reclaimed="0 bytes",
+        delete_errors=0,
     )
     assert _blob_rows(runtime) == before
 
@@ -255,13 +256,13 @@ def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resource
     expect_figures(
         exact,
         dry_run=False,
-        mode="exact",
-        concerned=3,
-        deleted=2,
-        would_delete=0,
-        kept_as_live=1,
-        kept_as_false_positive=0,
-        errors=0,
+        mode="exact anti-join",
+        concerned_blobs=3,
+        deleted_blobs=2,
+        blobs_a_real_run_would_delete=0,
+        kept_still_referenced=1,
+        kept_by_filter_false_positive=0,
+        delete_errors=0,
         bytes_reclaimed=len(GARBAGE[0] + GARBAGE[1]),
     )
     assert [runtime.content.exists(b) for b in garbage] == [False, False]

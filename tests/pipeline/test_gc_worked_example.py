@@ -68,7 +68,7 @@ def test_the_worked_example_through_gc_with_the_n_minus_2_rule(example, pipeline
 
     gci3 = run_gc(pipeline_resources(url))
     record = _record("after garbage collection gci3")
-    assert gci3["deleted"] == 2 and gci3["concerned"] == 2
+    assert gci3["deleted_blobs"] == 2 and gci3["concerned_blobs"] == 2
     assert tables() == {
         "blobs": sorted(record["blobs"] + [("b5", "rg3")]),  # rg3 not eligible during gci3
         "references": record["references"],
@@ -82,7 +82,7 @@ def test_the_worked_example_through_gc_with_the_n_minus_2_rule(example, pipeline
     before_gci4 = tables()
     gci4 = run_gc(pipeline_resources(url))
     record = _record("after garbage collection gci4")
-    assert gci4["deleted"] == 0 and gci4["concerned"] == 0  # rg3 still not eligible
+    assert gci4["deleted_blobs"] == 0 and gci4["concerned_blobs"] == 0  # rg3 still not eligible
     assert tables() == before_gci4
     assert before_gci4["blobs"] == sorted(record["blobs"] + [("b5", "rg3"), ("b6", "rg3")])
     assert before_gci4["deletions"] == [("b5", "rg3", "gci3"), ("b6", "rg3", "gci3"), ("b6", "rg3", "gci4")]
@@ -90,7 +90,7 @@ def test_the_worked_example_through_gc_with_the_n_minus_2_rule(example, pipeline
     # one iteration later than the record, rg3 is eligible and the tables reach the record's final ones
     runtime.generations.rotate()
     gci5 = run_gc(pipeline_resources(url))
-    assert gci5["deleted"] == 2 and gci5["kept_as_live"] == 0
+    assert gci5["deleted_blobs"] == 2 and gci5["kept_still_referenced"] == 0
     assert tables() == record
     for blob, label in labels.items():
         assert runtime.content.exists(blob) == (label in {"b3", "b4"})

@@ -109,7 +109,7 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(tmp_path: Path, pip
 
     # The next GC iteration collects what the sweep released.
     collected = run_gc(resources)
-    assert (collected["concerned"], collected["deleted"]) == (8, 8)
+    assert (collected["concerned_blobs"], collected["deleted_blobs"]) == (8, 8)
     rows = {b for (b,) in runtime.store.read("SELECT blob_id FROM blobs")}
     assert not rows & {str(b) for b in orphan_blob_ids}
     # What lives, and what the sweep had to leave, is whole.
