@@ -87,7 +87,7 @@ def deletion_sets(
     """The concerned blobs: distinct blob ids of the deletions in eligible generations."""
     spark = pyspark.spark_session
     eligible = reference_generations["eligible"]
-    deletions = read_table(spark, mailq.url, "blob_deletions").where(F.col("generation").isin(eligible))
+    deletions = read_table(spark, mailq.url, "blob_deletions", generations=eligible)
     concerned = (
         deletions.groupBy("generation", "blob_id")
         .agg(F.count("*").alias("deletions"), F.min("deleted_at").alias("first_deleted_at"))
@@ -131,13 +131,13 @@ class BloomFilterConfig(dg.Config):
 
 
 def expected_references(url: str, live: DataFrame, fpp: float) -> int:
-    """A filter's expected count when none is configured: the references table's rowid span, an upper
-    bound of any generation's count read from metadata in a millisecond, where counting the generation
+    """A filter's expected count when none is configured: an upper bound of the references read from the
+    store's metadata (the embedded store's rowid span, in a millisecond), where counting the generation
     is a pass over all the references (as long as the build's own). Sizing for more items than there are
-    only lowers the false-positive rate, at the price of memory; past what one filter may hold, the
-    generation's references (`live`) are counted."""
+    only lowers the false-positive rate, at the price of memory. Where the store has no such bound
+    (Cassandra), or past what one filter may hold, the generation's references (`live`) are counted."""
     bound = rows_upper_bound(url, "blob_references")
-    return max(bound if bound <= filter_capacity(fpp) else live.count(), 1)
+    return max(bound if bound is not None and bound <= filter_capacity(fpp) else live.count(), 1)
 
 
 @dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")

@@ -22,7 +22,7 @@ from mailq_runtime import cli
 from mailq_runtime.cli import PIPELINE_COMMANDS, Report
 from mailq_runtime.errors import InvalidInput, shown
 from mailq_runtime.runtime import Runtime, build
-from mailq_runtime.settings import EMBEDDED, Settings
+from mailq_runtime.settings import Settings
 
 from . import jobs, runner
 
@@ -36,11 +36,6 @@ def pipeline_url(url: str | None) -> str:
     """The runtime URL the Spark jobs read: the settings' own, with the data dir made absolute. The store
     must exist: maintenance of a place that holds none is a mistake (NoStore), not an empty run."""
     settings = Settings.from_url(url).absolute()  # a bad URL is bad input before anything runs
-    if settings.backend != EMBEDDED:
-        raise InvalidInput(
-            f"the maintenance pipeline is not built for {settings.backend}:// ({settings.shown()}) in this "
-            "version of mailq: it reads embedded:// stores only"
-        )
     # Opened once here, writing nothing, so a missing or unusable store is one line before Dagster and
     # Spark start.
     build(settings).close()

@@ -30,11 +30,12 @@ def mail_queue_slices(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.O
     """Per queue and slice: enqueued, deleted and live counts beside the counters, browse_start and
     content_start."""
     spark = pyspark.spark_session
-    counters = read_table(spark, mailq.url, "slice_counters").select(
-        "queue",
-        "slice_start",
-        F.col("enqueued").alias("counted_enqueued"),
-        F.col("deleted").alias("counted_deleted"),
+    # Summed over the slice's rows: Cassandra keeps one a (slice, bucket), the embedded store one a slice.
+    counted = ("queue", "slice_start", "enqueued", "deleted")
+    counters = (
+        read_table(spark, mailq.url, "slice_counters", columns=counted)
+        .groupBy("queue", "slice_start")
+        .agg(F.sum("enqueued").alias("counted_enqueued"), F.sum("deleted").alias("counted_deleted"))
     )
     starts = read_table(spark, mailq.url, "browse_start").join(
         read_table(spark, mailq.url, "content_start"), "queue"

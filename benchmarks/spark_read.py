@@ -30,13 +30,8 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.datasource import DataSourceReader, InputPartition  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
-from assets.spark.table_source import (  # noqa: E402
-    MailqDataSource,
-    MailqReader,
-    RowidRange,
-    SqliteRowidRanges,
-    read_table,
-)
+from assets.spark.sqlite_tables import RowidRange, SqliteRowidRanges  # noqa: E402
+from assets.spark.table_source import MailqDataSource, MailqReader, read_table  # noqa: E402
 from mailq_runtime.stores.embedded import DATABASE_FILE  # noqa: E402
 
 TARGET_ROWS_PER_S = 1_000_000

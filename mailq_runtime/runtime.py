@@ -22,6 +22,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from .blobs.dedup import BlobTables, DeduplicatingBlobStore, Generations
 from .blobs.sqlite_store import SqliteBlobStore
@@ -45,6 +46,9 @@ from .stores.embedded_dead_letters import EmbeddedDeadLetters
 from .stores.embedded_delayed_mails import EmbeddedDelayedMails
 from .stores.embedded_mailboxes import EmbeddedMailboxTables
 from .stores.embedded_queue_view import EmbeddedQueueView
+
+if TYPE_CHECKING:  # the driver is imported only by a process on the distributed deployment
+    from .stores.cassandra import CassandraStore
 
 GroupWrites = Callable[[], AbstractContextManager]
 
@@ -118,6 +122,31 @@ def _rabbitmq(settings: Settings, clock: Clock) -> Broker:
     )
 
 
+def open_cassandra(settings: Settings, *, create: bool = False) -> CassandraStore:
+    """The Cassandra store of a distributed deployment's settings, the password from the environment of
+    the process that connects (the runtime's, or a Spark task's)."""
+    from .stores.cassandra import CassandraStore
+
+    cassandra = settings.cassandra
+    if cassandra is None:
+        raise InvalidInput(f"{settings.shown()} names no Cassandra store")
+    (host, port), *others = cassandra.contact_points
+    if any(other_port != port for _, other_port in others):
+        raise InvalidInput(
+            f"the Cassandra hosts of {settings.shown()} name different ports: the driver takes one port"
+        )
+    return CassandraStore(
+        [host for host, _ in cassandra.contact_points],
+        cassandra.keyspace,
+        port=port,
+        username=cassandra.user,
+        password=cassandra.password(),
+        consistency=cassandra.consistency,
+        replication={"class": "SimpleStrategy", "replication_factor": cassandra.replication},
+        create=create,
+    )
+
+
 def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
     """Cassandra for the metadata, S3 for the content, RabbitMQ or the embedded broker in its own
     directory. The drivers are imported here, so that a process on the embedded deployment never loads
@@ -129,29 +158,14 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         CassandraDelayedMails,
         CassandraMailboxTables,
         CassandraQueueView,
-        CassandraStore,
     )
 
-    cassandra, s3 = settings.cassandra, settings.s3
-    assert cassandra is not None and s3 is not None
+    s3 = settings.s3
+    assert s3 is not None
     opened: list[Callable[[], None]] = []
     try:
-        (host, port), *others = cassandra.contact_points
-        if any(other_port != port for _, other_port in others):
-            raise InvalidInput(
-                f"the Cassandra hosts of {settings.shown()} name different ports: the driver takes one port"
-            )
         # The keyspace first: it is what a mistyped URL most likely names wrong.
-        metadata = CassandraStore(
-            [host for host, _ in cassandra.contact_points],
-            cassandra.keyspace,
-            port=port,
-            username=cassandra.user,
-            password=cassandra.password(),
-            consistency=cassandra.consistency,
-            replication={"class": "SimpleStrategy", "replication_factor": cassandra.replication},
-            create=create,
-        )
+        metadata = open_cassandra(settings, create=create)
         opened.append(metadata.close)
         content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
         opened.append(content.close)

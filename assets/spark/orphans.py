@@ -7,7 +7,9 @@ that no deletion names (see the crash-safe orders in mailq_runtime/blobs/dedup.p
   enqueue or append died before the mail or message that owns it existed, or an expunge died before
   releasing it. They are released (deletions appended), and the normal GC collects their blobs;
 - blobs with neither a reference nor a deletion: a save died between the blob rows and the references;
-- content with no blob row (nor reference): a save died between the content and the blob rows.
+- content with no blob row (nor reference): a save died between the content and the blob rows. The
+  content is listed in parallel from the content store itself (the S3 bucket, or the embedded store's
+  content table), one Spark task a `g<generation>_<hex digit>` prefix of the eligible generations.
 
 An owner is found nowhere by an anti-join of the references against the tables in OWNER_TABLES, rather
 than by a look-up per owner: Cassandra's `enqueued_mails` cannot be read by enqueue id, and one pass
@@ -26,7 +28,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from .table_source import TABLES, read_table
+from .table_source import read_table, table_names
 
 # Where an owner of blob references exists: an enqueue id while the queue holds its mail (a view row, a
 # delayed mail or a dead letter), a message id while a mailbox holds it (the source of truth; a `messages`
@@ -39,6 +41,9 @@ OWNER_TABLES = (
 )
 _OWNER_ID = r"^[0-9a-f]{32}$"
 _CREATED_AT_DIGITS = 16
+CONTENT_SCHEMA = StructType(
+    [StructField("blob_id", StringType(), False), StructField("generation", LongType(), False)]
+)
 RESULT_SCHEMA = StructType(
     [
         StructField("owner", StringType(), False),
@@ -62,8 +67,9 @@ def orphan_owners(spark, url: str, newest_eligible: int, created_before: int) ->
         .where(created_at < F.lit(created_before))
         .select("owner", "references")
     )
+    tables = table_names(url)
     for table, column in OWNER_TABLES:
-        if table in TABLES:
+        if table in tables:
             held = read_table(spark, url, table, columns=[column]).select(F.col(column).alias("owner"))
             candidates = candidates.join(held, "owner", "left_anti")
     return candidates
@@ -72,16 +78,32 @@ def orphan_owners(spark, url: str, newest_eligible: int, created_before: int) ->
 def orphan_content(spark, url: str, eligible: list[int]) -> DataFrame:
     """(blob_id, generation) of the content of eligible generations that has neither a row in `blobs` nor
     a reference (a referenced blob that lost its row is damage for the GC's check to report, not garbage)."""
-    content = read_table(spark, url, "blob_content", columns=["blob_id"]).withColumn(
-        "generation", F.regexp_extract("blob_id", r"^g([0-9]+)_", 1).cast("long")
-    )
     rows = read_table(spark, url, "blobs", columns=["blob_id"])
     references = read_table(spark, url, "blob_references", columns=["blob_id"])
     return (
-        content.where(F.col("generation").isin(eligible))
+        stored_content(spark, url, eligible)
         .join(rows, "blob_id", "left_anti")
         .join(references, "blob_id", "left_anti")
     )
+
+
+def stored_content(spark, url: str, generations: list[int]) -> DataFrame:
+    """(blob_id, generation) of the content the blob store holds in `generations`, listed by 16 tasks a
+    generation, one a `g<generation>_<hex digit>` prefix."""
+    prefixes = [f"g{generation}_{digit:x}" for generation in generations for digit in range(16)]
+    listed = spark.sparkContext.parallelize(prefixes, max(len(prefixes), 1)).mapPartitions(
+        lambda part: _list_partition(url, part)
+    )
+    return spark.createDataFrame(listed, CONTENT_SCHEMA)
+
+
+def _list_partition(url: str, prefixes: Iterator[str]) -> Iterator[tuple[str, int]]:
+    from mailq_runtime import Runtime  # imported on the executor
+
+    with Runtime.open(url, create=False) as runtime:
+        for prefix in prefixes:
+            for blob_id in runtime.blobs.content.list_ids(prefix):
+                yield str(blob_id), blob_id.generation
 
 
 def _release_partition(url: str, owners: Iterator) -> Iterator[tuple]:

@@ -224,10 +224,10 @@ class S3BlobStore:
                 )
         return len(keys)
 
-    def list_ids(self) -> Iterator[BlobId]:
+    def list_ids(self, starting: str = "") -> Iterator[BlobId]:
         pages = iter(
             self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self.prefix, PaginationConfig={"PageSize": LIST_PAGE}
+                Bucket=self.bucket, Prefix=self.prefix + starting, PaginationConfig={"PageSize": LIST_PAGE}
             )
         )
         while True:

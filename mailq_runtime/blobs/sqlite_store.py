@@ -50,12 +50,14 @@ class SqliteBlobStore:
             db.executemany("DELETE FROM blob_content WHERE blob_id = ?", [(str(b),) for b in chosen])
         return len(chosen)
 
-    def list_ids(self) -> Iterator[BlobId]:
-        after = ""
+    def list_ids(self, starting: str = "") -> Iterator[BlobId]:
+        after = starting  # not an id itself: ids are longer than any prefix of theirs
+        # Above every id that starts with `starting`: ids are ASCII, U+10FFFF sorts after all of it.
+        before = starting + "\U0010ffff"
         while True:
             page = self.store.read(
-                "SELECT blob_id FROM blob_content WHERE blob_id > ? ORDER BY blob_id LIMIT ?",
-                (after, LIST_PAGE),
+                "SELECT blob_id FROM blob_content WHERE blob_id > ? AND blob_id < ? ORDER BY blob_id LIMIT ?",
+                (after, before, LIST_PAGE),
             )
             for (blob_id,) in page:
                 yield BlobId.parse(blob_id)

@@ -30,8 +30,9 @@ class BlobStore(Protocol):
         tell it apart either), so the count is of ids whose content is now gone, not of those that existed."""
         ...
 
-    def list_ids(self) -> Iterator[BlobId]:
-        """Every stored blob id once, read page by page (the orphan sweep's input), in no promised order.
+    def list_ids(self, starting: str = "") -> Iterator[BlobId]:
+        """Every stored blob id that starts with `starting` once, read page by page (the orphan sweep's
+        input, which lists `g<generation>_<hex digit>` prefixes in parallel), in no promised order.
         Anything in the storage that is not a blob id this store wrote is left out."""
         ...
 
@@ -92,7 +93,7 @@ class FileBlobStore:
             self.delete(blob_id)
         return len(chosen)
 
-    def list_ids(self) -> Iterator[BlobId]:
+    def list_ids(self, starting: str = "") -> Iterator[BlobId]:
         for generation in _entries(self.root):
             for shard in _entries(generation):
                 for blob in _entries(shard):
@@ -101,7 +102,12 @@ class FileBlobStore:
                         blob_id = BlobId.parse(name)
                     except InvalidInput:
                         continue  # a put's temporary file, or something this store never wrote
-                    if str(blob_id) == name and blob.name[:2] == shard.name and blob.is_file():
+                    if (
+                        str(blob_id) == name
+                        and name.startswith(starting)
+                        and blob.name[:2] == shard.name
+                        and blob.is_file()
+                    ):
                         yield blob_id
 
 

@@ -145,3 +145,19 @@ def test_an_id_that_is_not_a_blob_id_changes_nothing(store, bad_id):
             operation()
     assert store.everything_stored() == before
     assert list(store.list_ids()) == [kept]
+
+
+def test_list_ids_starting_with_a_prefix_lists_exactly_those(store):
+    """The orphan sweep lists `g<generation>_<hex digit>` prefixes in parallel: together they are the
+    generation's blobs, each once, and no other."""
+    contents = [f"blob {n}".encode() for n in range(60)]
+    for content in contents:
+        store.put(blob_id(content, 1 + len(content) % 2), content)
+        store.put(blob_id(content, 12), content)  # g12_ starts like g1
+    first_generation = {blob_id(c, 1) for c in contents if 1 + len(c) % 2 == 1}
+    by_digit = [list(store.list_ids(f"g1_{digit}")) for digit in "0123456789abcdef"]
+    listed = [b for part in by_digit for b in part]
+    assert len(listed) == len(set(listed))
+    assert set(listed) == first_generation == set(store.list_ids("g1_"))
+    assert len(set(store.list_ids("g12_"))) == len(contents)
+    assert list(store.list_ids("g99_")) == []

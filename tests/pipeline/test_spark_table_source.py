@@ -12,7 +12,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from assets.spark.table_source import TABLES, read_table
+from assets.spark.sqlite_tables import TABLES
+from assets.spark.table_source import read_table
 
 if TYPE_CHECKING:
     from conftest import Store
@@ -182,10 +183,7 @@ def test_an_unknown_table_is_a_clear_error(spark: SparkSession, store: Store) ->
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (
-            {"url": "cassandra://db1/mailq?s3=mail-blobs&broker=embedded:/var/lib/mailq"},
-            "the mailq data source reads embedded stores only",
-        ),
+        ({"generations": "1,x"}, "'generations' must be comma-separated generation numbers"),
         ({"url": "cassandra://user:secret@host/ks"}, "user:\\*\\*\\*@host.* carries a password"),
         ({"url": "embedded://relative/dir"}, "needs an absolute path"),
         ({"url": "embedded://user:secret@host/data"}, "user:\\*\\*\\*@host.* carries a password"),
