@@ -169,8 +169,14 @@ class SparkStandalone(Server):
     def _env(self) -> dict[str, str]:
         conf_dir = self.run_dir / "conf"
         conf_dir.mkdir(parents=True, exist_ok=True)
+        # The executors inherit the workers' environment, where an operator's spark-env.sh puts the
+        # credentials of the stores: here the harness's S3 endpoint's, started first if need be (Cassandra
+        # needs none). Nothing secret goes through a Spark setting or a mailq URL.
+        from . import ensure
+
         return {
             **os.environ,
+            **ensure("s3").env(),
             "SPARK_HOME": str(_spark_home()),
             "SPARK_CONF_DIR": str(conf_dir),
             # Without it a worker advertises the machine's non-loopback address.
