@@ -16,11 +16,43 @@ from pyspark.sql import SparkSession
 from mailq_runtime import Runtime
 from mailq_runtime.stores.embedded import DATABASE_FILE
 from resources.spark import PRIVATE_OUTPUTS
+from tests.runtime.backends import Backend, open_backend
+
+from .pipeline import resources_for
+
+# The deployments a module's `backend` tests run on: the embedded store, and Cassandra + S3 (with the
+# embedded broker: the pipeline never uses the broker).
+DEPLOYMENTS = ("embedded", "cassandra")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", getattr(metafunc.module, "DEPLOYMENTS", DEPLOYMENTS), indirect=True)
+
+
+@pytest.fixture
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Backend]:
+    with open_backend(request, tmp_path, monkeypatch) as opened:
+        yield opened
+
+
+def _runs_distributed_tests(session: pytest.Session) -> bool:
+    return any(
+        getattr(item, "callspec", None) is not None
+        and item.callspec.params.get("backend", "embedded") != "embedded"
+        for item in session.items
+    )
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    if _runs_distributed_tests(request.session):
+        # The Python workers take the environment the session starts with: the S3 endpoint's credentials
+        # must be there before it, for the tasks that list and delete content.
+        os.environ.update(request.getfixturevalue("s3_server").env())
     # Every Python worker, data source planning included, runs this interpreter (the one with pyarrow):
     # the variable is read when the session starts, the spark.pyspark.python setting is not.
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -76,6 +108,10 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
 @pytest.fixture
 def pipeline_resources(spark: SparkSession):
     """Dagster resources on a data dir, sharing the session's Spark (getOrCreate finds it)."""
-    from .pipeline import resources_for
+    return lambda data_dir: resources_for(f"embedded://{data_dir}", Path(data_dir) / "pipeline")
 
-    return lambda data_dir: resources_for(Path(data_dir), {"spark.master": "local[2]"})
+
+@pytest.fixture
+def deployment_resources(spark: SparkSession, backend: Backend, tmp_path: Path) -> dict:
+    """Dagster resources on the backend's deployment, sharing the session's Spark."""
+    return resources_for(backend.url(), tmp_path / "pipeline")

@@ -22,12 +22,14 @@ GC_ASSETS = [
 ]
 
 
-def resources_for(data_dir: Path, spark_config: dict[str, str]) -> dict:
-    pyspark = LazyPySparkResource(spark_config=spark_config)
+def resources_for(url: str, outputs: Path, spark_config: dict[str, str] | None = None) -> dict:
+    """The pipeline's resources on `url`, the Parquet outputs in `outputs`; Spark on local[2] unless
+    `spark_config` says otherwise (a session already running is shared: getOrCreate finds it)."""
+    pyspark = LazyPySparkResource(spark_config=spark_config or {"spark.master": "local[2]"})
     return {
-        "mailq": MailqRuntime(url=f"embedded://{data_dir}"),
+        "mailq": MailqRuntime(url=url),
         "pyspark": pyspark,
-        "spark_parquet": SparkParquetIOManager(base_path=str(data_dir / "pipeline"), pyspark=pyspark),
+        "spark_parquet": SparkParquetIOManager(base_path=str(outputs), pyspark=pyspark),
     }
 
 

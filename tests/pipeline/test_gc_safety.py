@@ -18,6 +18,7 @@ import dagster as dg
 from assets import blobs
 from mailq_runtime import Runtime
 from mailq_runtime.model import BlobId
+from tests.runtime.backends import Backend
 
 from .pipeline import materialized, run_gc
 
@@ -80,31 +81,26 @@ class Writer(threading.Thread):
             self._release(owner)
 
 
-def assert_no_referenced_blob_lost(runtime: Runtime) -> set[str]:
-    """Every referenced blob has its `blobs` row and its content, which hashes to its id; returns them."""
-    # One statement, so one snapshot, even while writers commit.
-    dangling = runtime.store.read(
-        "SELECT r.owner, r.blob_id, b.blob_id IS NULL, c.blob_id IS NULL FROM blob_references r "
-        "LEFT JOIN blobs b ON b.blob_id = r.blob_id LEFT JOIN blob_content c ON c.blob_id = r.blob_id "
-        "WHERE b.blob_id IS NULL OR c.blob_id IS NULL"
-    )
-    assert dangling == []
-    referenced = {b for (b,) in runtime.store.read("SELECT DISTINCT blob_id FROM blob_references")}
-    for blob_id in referenced:  # nothing but the GC (run by this thread) deletes blobs
+def assert_no_referenced_blob_lost(runtime: Runtime, backend: Backend) -> set[str]:
+    """Every referenced blob has its `blobs` row and its content, which hashes to its id; returns them.
+    The references are read first: a writer saves content, then the row, then the reference, and only
+    the GC (run by this thread) deletes rows and content, so a reference read has them afterwards."""
+    referenced = {blob_id for _, blob_id, _ in backend.blob_references()}
+    assert referenced - {blob_id for blob_id, _ in backend.blobs()} == set()
+    assert referenced - set(backend.contents()) == set()
+    for blob_id in referenced:
         assert hashlib.sha256(runtime.blobs.read(blob_id)).hexdigest() == BlobId.parse(blob_id).hash
     return referenced
 
 
-def unreferenced_eligible_blobs(runtime: Runtime) -> list[str]:
+def unreferenced_eligible_blobs(runtime: Runtime, backend: Backend) -> list[str]:
     """Blobs of the generations the GC may collect that nothing references: garbage still there."""
     oldest_protected = runtime.generations.current() - 1
+    referenced = {blob_id for _, blob_id, _ in backend.blob_references()}
     return [
         blob_id
-        for (blob_id,) in runtime.store.read(
-            "SELECT blob_id FROM blobs WHERE generation < ? "
-            "AND blob_id NOT IN (SELECT blob_id FROM blob_references)",
-            (oldest_protected,),
-        )
+        for blob_id, generation in backend.blobs()
+        if generation < oldest_protected and blob_id not in referenced
     ]
 
 
@@ -117,9 +113,9 @@ def wait_for_operations(writers: list[Writer], count: int) -> None:
 
 
 def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_goes_eventually(
-    runtime: Runtime, pipeline_resources
+    backend: Backend, deployment_resources: dict
 ) -> None:
-    resources = pipeline_resources(runtime.settings.data_dir)
+    runtime, resources = backend.open(), deployment_resources
     stop = threading.Event()
     writers = [Writer(runtime, n, stop) for n in range(WRITERS)]
     for writer in writers:
@@ -134,7 +130,7 @@ def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_go
             wait_for_operations(writers, sum(w.operations for w in writers) + 60)
             runtime.generations.rotate()
             rounds.append(run_gc(resources))  # its check: no reference left dangling
-            assert_no_referenced_blob_lost(runtime)
+            assert_no_referenced_blob_lost(runtime, backend)
     finally:
         stop.set()
         for writer in writers:
@@ -154,18 +150,19 @@ def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_go
     for _ in range(2):
         runtime.generations.rotate()
         rounds.append(run_gc(resources))
-        assert_no_referenced_blob_lost(runtime)
+        assert_no_referenced_blob_lost(runtime, backend)
     for _ in range(EXTRA_ROUNDS):
-        if not unreferenced_eligible_blobs(runtime):
+        if not unreferenced_eligible_blobs(runtime, backend):
             break
         rounds.append(run_gc(resources))
-    assert unreferenced_eligible_blobs(runtime) == []
-    for table in ("blob_content", "blob_deletions"):  # nothing left behind by a collected blob
-        left = f"SELECT blob_id FROM {table} WHERE blob_id NOT IN (SELECT blob_id FROM blobs)"
-        assert runtime.store.read(left) == []
+    assert unreferenced_eligible_blobs(runtime, backend) == []
+    # Nothing left behind by a collected blob: neither content nor deletions.
+    rows = {blob_id for blob_id, _ in backend.blobs()}
+    assert set(backend.contents()) - rows == set()
+    assert {blob_id for blob_id, _, _ in backend.blob_deletions()} - rows == set()
 
     # Every owner still holding blobs reads back exactly what it saved; released owners hold nothing.
-    referenced = assert_no_referenced_blob_lost(runtime)
+    referenced = assert_no_referenced_blob_lost(runtime, backend)
     kept_blobs = set()
     for writer in writers:
         for owner, saved in writer.kept.items():
@@ -176,7 +173,7 @@ def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_go
         for owner in writer.released[:: max(1, len(writer.released) // 50)]:
             assert runtime.blobs.references_of(owner) == []
     assert referenced == kept_blobs  # the long-lived owners are the only ones left
-    assert runtime.store.read("SELECT count(*) FROM blobs") == [(len(kept_blobs),)]
+    assert len(backend.blobs()) == len(kept_blobs)
 
 
 def expect_figures(metadata: dict, **expected: object) -> None:

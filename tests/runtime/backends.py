@@ -20,7 +20,8 @@ import secrets
 import sqlite3
 import subprocess
 import sys
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ from urllib.parse import quote, urlencode
 
 import pika
 import pika.exceptions
+import pytest
 
 from mailq_runtime import Runtime
 from mailq_runtime.brokers.rabbitmq import dead_letter_queue, queue_name
@@ -671,3 +673,33 @@ class RabbitMQBackend(CassandraBackend):
 def replace_vhost(parameters: pika.ConnectionParameters, vhost: str) -> pika.ConnectionParameters:
     parameters.virtual_host = vhost
     return parameters
+
+
+@contextmanager
+def open_backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Backend]:
+    """The backend of the deployment `request.param` names (embedded, cassandra or rabbitmq), emptied,
+    closed at the end: what a `backend` fixture parametrized by deployment yields."""
+    if request.param == "embedded":
+        opened: Backend = EmbeddedBackend(tmp_path / "data")
+    else:
+        servers: CassandraS3 = request.getfixturevalue("cassandra_s3")
+        # The AWS chain finds the harness's keys, in this process and the agents it starts.
+        for variable in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+            monkeypatch.delenv(variable, raising=False)
+        for variable, value in servers.s3_server.env().items():
+            monkeypatch.setenv(variable, value)
+        keyspace, bucket = request.getfixturevalue("keyspace_name"), request.getfixturevalue("bucket_name")
+        if request.param == "cassandra":
+            opened = CassandraBackend(tmp_path / "broker", servers, keyspace, bucket)
+        else:
+            vhosts = request.getfixturevalue("rabbitmq_vhosts")
+            opened = RabbitMQBackend(
+                servers, keyspace, bucket, request.getfixturevalue("rabbitmq_server"), vhosts.take(), vhosts
+            )
+        opened.empty()
+    try:
+        yield opened
+    finally:
+        opened.close()

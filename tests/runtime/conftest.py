@@ -9,19 +9,10 @@ import pytest
 from mailq_runtime import Runtime
 from mailq_runtime.queue import MailQueue
 
-from .backends import Backend, CassandraBackend, CassandraS3, EmbeddedBackend, RabbitMQBackend
+from .backends import Backend, open_backend
 from .helpers import FakeClock
 
 QUEUE = "spool"
-
-
-@pytest.fixture(scope="session")
-def cassandra_s3(cassandra_server, s3_server) -> Iterator[CassandraS3]:
-    cluster = cassandra_server.cluster()
-    s3 = s3_server.client()
-    yield CassandraS3(cassandra_server, s3_server, cluster.connect(), s3)
-    cluster.shutdown()
-    s3.close()
 
 
 # Every contract test runs on the embedded deployment and on the distributed one (Cassandra + S3 +
@@ -40,26 +31,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def backend(request: pytest.FixtureRequest, tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
-    if request.param == "embedded":
-        opened: Backend = EmbeddedBackend(tmp_path / "data")
-    else:
-        servers: CassandraS3 = request.getfixturevalue("cassandra_s3")
-        # The AWS chain finds the harness's keys, in this process and the agents it starts.
-        for variable in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-            monkeypatch.delenv(variable, raising=False)
-        for variable, value in servers.s3_server.env().items():
-            monkeypatch.setenv(variable, value)
-        keyspace, bucket = request.getfixturevalue("keyspace_name"), request.getfixturevalue("bucket_name")
-        if request.param == "cassandra":
-            opened = CassandraBackend(tmp_path / "broker", servers, keyspace, bucket)
-        else:
-            vhosts = request.getfixturevalue("rabbitmq_vhosts")
-            opened = RabbitMQBackend(
-                servers, keyspace, bucket, request.getfixturevalue("rabbitmq_server"), vhosts.take(), vhosts
-            )
-        opened.empty()
-    yield opened
-    opened.close()
+    with open_backend(request, tmp_path, monkeypatch) as opened:
+        yield opened
 
 
 @pytest.fixture

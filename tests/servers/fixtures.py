@@ -15,6 +15,8 @@ from contextlib import contextmanager
 
 import pytest
 
+from tests.runtime.backends import CassandraS3
+
 from . import SERVERS, ServerError, ensure
 from .cassandra import CassandraServer
 from .rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
@@ -117,6 +119,17 @@ def rabbitmq_vhosts(rabbitmq_server: RabbitMQServer) -> Iterator[Vhosts]:
     vhosts = Vhosts(RabbitMQ(), rabbitmq_server.username)
     yield vhosts
     vhosts.delete_all()
+
+
+@pytest.fixture(scope="session")
+def cassandra_s3(cassandra_server: CassandraServer, s3_server: S3Server) -> Iterator[CassandraS3]:
+    """One probe session on Cassandra and one S3 client for the whole test session (connecting costs more
+    than most probes)."""
+    cluster = cassandra_server.cluster()
+    s3 = s3_server.client()
+    yield CassandraS3(cassandra_server, s3_server, cluster.connect(), s3)
+    cluster.shutdown()
+    s3.close()
 
 
 @pytest.fixture(scope="session")
