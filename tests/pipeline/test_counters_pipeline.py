@@ -19,6 +19,7 @@ from mailq_runtime import Runtime
 from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH, InjectedFault
 from mailq_runtime.mailbox import Counters, Mailboxes
 from mailq_runtime.model import MailboxId
+from tests.runtime.backends import Backend
 
 from .pipeline import checks_passed, materialized
 
@@ -42,31 +43,29 @@ def recompute(resources: dict) -> dg.ExecuteInProcessResult:
     return dg.materialize(ASSETS, resources=resources, raise_on_error=False)
 
 
-def assert_consistent(runtime: Runtime) -> None:
+def assert_consistent(runtime: Runtime, backend: Backend) -> None:
     """Counters equal a recount of the source of truth, and the projection is a copy of it."""
     boxes = runtime.mailboxes
     for mailbox in boxes.list():
         assert boxes.counters(mailbox) == boxes.recount(mailbox), mailbox.name
-    read = runtime.store.read
-    projection = read("SELECT mailbox_id, uid, message_id, flags FROM message_id_table ORDER BY 1, 2")
-    assert projection == read("SELECT mailbox_id, uid, message_id, flags FROM imap_uid_table ORDER BY 1, 2")
+    assert backend.projection() == backend.source_of_truth()
 
 
-def projection_disagreements(runtime: Runtime) -> dict[str, int]:
+def projection_disagreements(backend: Backend) -> dict[str, int]:
     """The projection entries that disagree with the source of truth, by kind, as the asset counts them:
     both tables joined on (mailbox, message)."""
-    read = runtime.store.read
-    rows = read("SELECT mailbox_id, message_id, uid, flags FROM imap_uid_table")
-    truth = {(mailbox, message_id): (uid, flags) for mailbox, message_id, uid, flags in rows}
-    projection = read("SELECT mailbox_id, message_id, uid, flags FROM message_id_table")
+    truth = {
+        (mailbox, message_id): (uid, flags) for mailbox, uid, message_id, flags in backend.source_of_truth()
+    }
+    projection = backend.projection()
     found = dict.fromkeys(KINDS, 0)
-    for mailbox, message_id, uid, flags in projection:
+    for mailbox, uid, message_id, flags in projection:
         entry = truth.get((mailbox, message_id))
         if entry is None:
             found["orphan_projection_entry"] += 1
         elif entry != (uid, flags):
             found["outdated_projection_entry"] += 1
-    found["missing_projection_entry"] = len(truth.keys() - {(m, message) for m, message, _, _ in projection})
+    found["missing_projection_entry"] = len(truth.keys() - {(m, message) for m, _, message, _ in projection})
     return found
 
 
@@ -77,8 +76,9 @@ def fault(boxes: Mailboxes, point: str, operation: Callable[[], object]) -> None
 
 
 def test_recompute_repairs_every_fault_and_damaged_row_with_exact_figures(
-    runtime: Runtime, pipeline_resources
+    backend: Backend, deployment_resources: dict
 ) -> None:
+    runtime = backend.open()
     boxes = runtime.mailboxes
     sizes = {
         "append-sot": 2,
@@ -99,7 +99,7 @@ def test_recompute_repairs_every_fault_and_damaged_row_with_exact_figures(
     box = {name: boxes.create(USER, name) for name in sizes}
     for name, count in sizes.items():
         fill(boxes, box[name], count)
-    assert_consistent(runtime)
+    assert_consistent(runtime, backend)
 
     # A death after the source of truth: the projection misses the change (missing, orphan or outdated
     # entry) and the counters too. A death after the projection: only the counters miss it.
@@ -112,28 +112,22 @@ def test_recompute_repairs_every_fault_and_damaged_row_with_exact_figures(
     fault(boxes, AFTER_SOURCE_OF_TRUTH, lambda: boxes.expunge(box["expunge-sot"], [1]))
     fault(boxes, AFTER_PROJECTION, lambda: boxes.expunge(box["expunge-projection"], [2]))
     # Rows damaged directly.
-    with runtime.store.transaction() as db:
-        db.execute("DELETE FROM mailbox_counters WHERE mailbox_id = ?", (box["no-counters"],))
-        db.execute(
-            "UPDATE message_id_table SET flags = '\\Flagged' WHERE mailbox_id = ? AND uid = 2",
-            (box["bad-projection-flags"],),
-        )
-        db.execute(
-            "INSERT INTO message_id_table (mailbox_id, uid, message_id, flags) VALUES (?, 7, ?, '')",
-            (box["orphan-projection-row"], "0" * 31 + "1"),
-        )
+    backend.lose_counters(box["no-counters"])
+    (damaged,) = [e for e in backend.projection() if e[0] == box["bad-projection-flags"] and e[1] == 2]
+    backend.put_projection_entry(damaged[0], 2, damaged[2], "\\Flagged")
+    backend.put_projection_entry(box["orphan-projection-row"], 7, "0" * 31 + "1", "")
     consistent_counters = {"bad-projection-flags", "orphan-projection-row", "untouched"}
     assert set(boxes.sample_drift(len(box))) == {box[name] for name in set(sizes) - consistent_counters}
 
-    assert projection_disagreements(runtime) == {kind: EXPECTED[kind] for kind in KINDS}
+    assert projection_disagreements(backend) == {kind: EXPECTED[kind] for kind in KINDS}
 
-    result = recompute(pipeline_resources(runtime.settings.data_dir))
+    result = recompute(deployment_resources)
 
     assert result.success
     assert checks_passed(result) == {"counters_match_source_of_truth": True}
     figures = materialized(result, "mailbox_counters")
     assert {key: figures[key] for key in EXPECTED} == EXPECTED
-    assert_consistent(runtime)
+    assert_consistent(runtime, backend)
     assert boxes.counters(box["no-counters"]) == Counters(count=2, unseen=1)
 
 
@@ -195,14 +189,15 @@ class Traffic(threading.Thread):
 
 
 def test_a_recompute_during_live_traffic_then_one_after_it_converge(
-    runtime: Runtime, pipeline_resources
+    backend: Backend, deployment_resources: dict
 ) -> None:
+    runtime = backend.open()
     boxes = runtime.mailboxes
     mailboxes = [boxes.create(USER, f"box{n}") for n in range(4)]
     for mailbox in mailboxes:
         fill(boxes, mailbox, 5)
     fault(boxes, AFTER_PROJECTION, lambda: boxes.append(mailboxes[0], message(99)))  # drift before the run
-    resources = pipeline_resources(runtime.settings.data_dir)
+    resources = deployment_resources
 
     stop = threading.Event()
     traffic = Traffic(runtime, mailboxes, stop)
@@ -223,7 +218,7 @@ def test_a_recompute_during_live_traffic_then_one_after_it_converge(
 
     # Whatever the traffic and the first run left, a run on a quiet store repairs exactly that.
     drifting = boxes.sample_drift(len(mailboxes))
-    disagreeing = projection_disagreements(runtime)
+    disagreeing = projection_disagreements(backend)
 
     after = recompute(resources)
 
@@ -233,4 +228,4 @@ def test_a_recompute_during_live_traffic_then_one_after_it_converge(
     assert settled["failed_mailboxes"] == []
     assert settled["corrected_counters"] == len(drifting)
     assert {kind: settled[kind] for kind in disagreeing} == disagreeing
-    assert_consistent(runtime)
+    assert_consistent(runtime, backend)

@@ -324,6 +324,18 @@ class EmbeddedBackend(Backend):
         """The blob store lost a blob that is still referenced."""
         assert self._broker_sql("DELETE FROM blob_content WHERE blob_id = ?", (blob_id,))[1] == 1
 
+    def lose_counters(self, mailbox_id: str) -> None:
+        """A mailbox's counters row is gone."""
+        assert self._broker_sql("DELETE FROM mailbox_counters WHERE mailbox_id = ?", (mailbox_id,))[1] == 1
+
+    def put_projection_entry(self, mailbox_id: str, uid: int, message_id: str, flags: str) -> None:
+        """A `message_id_table` entry written (or overwritten) directly, ignoring the source of truth."""
+        self._broker_sql(
+            "INSERT OR REPLACE INTO message_id_table (mailbox_id, uid, message_id, flags) "
+            "VALUES (?, ?, ?, ?)",
+            (mailbox_id, uid, message_id, flags),
+        )
+
 
 @dataclass
 class CassandraS3:
@@ -542,6 +554,28 @@ class CassandraBackend(Backend):
         """The blob store lost a blob that is still referenced."""
         assert blob_id in self.contents()
         self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + blob_id)
+
+    def lose_counters(self, mailbox_id: str) -> None:
+        """A mailbox's counters read as none: zeroed, as a counter deleted in Cassandra cannot be counted
+        again."""
+        count, unseen = self.stored_counters()[mailbox_id]
+        self._write(
+            "UPDATE {keyspace}.mailbox_counters SET count = count - ?, unseen = unseen - ? "
+            "WHERE mailbox_id = ?",
+            (count, unseen, mailbox_id),
+        )
+
+    def put_projection_entry(self, mailbox_id: str, uid: int, message_id: str, flags: str) -> None:
+        """A `message_id_table` entry written (or overwritten) directly, ignoring the source of truth."""
+        self._write(
+            "INSERT INTO {keyspace}.message_id_table (mailbox_id, uid, message_id, flags) "
+            "VALUES (?, ?, ?, ?)",
+            (mailbox_id, uid, message_id, flags),
+        )
+
+    def _write(self, cql: str, parameters: tuple) -> None:
+        """A statement on a table of the keyspace, which the statement names as `{keyspace}.<table>`."""
+        self.session.execute(self.session.prepare(cql.format(keyspace=self.keyspace)), parameters)
 
 
 class RabbitMQBackend(CassandraBackend):
