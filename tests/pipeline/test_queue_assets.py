@@ -6,8 +6,6 @@ slice; the assets run on their own runtime (the resource's), on the real clock.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
@@ -17,6 +15,7 @@ from mailq_runtime import Runtime
 from mailq_runtime.clock import MICROS_PER_SECOND
 from mailq_runtime.queue import MailQueue
 
+from ..runtime.backends import Backend
 from ..runtime.helpers import FakeClock, make_mail
 from .pipeline import checks_passed, materialized
 
@@ -28,10 +27,9 @@ SLICE_ASSETS = [
 ]
 
 
-def clocked_runtime(data_dir: Path, clock: FakeClock) -> Runtime:
+def clocked_runtime(backend: Backend, clock: FakeClock) -> Runtime:
     """One-second slices, no clock-skew grace, browse_start moved only when asked."""
-    options = "slice_window=1s&clock_skew_grace=0s&update_browse_start_pace=1000000000"
-    return Runtime.open(f"embedded://{data_dir}?{options}", clock=clock, create=True)
+    return backend.open(clock, slice_window="1s", clock_skew_grace="0s", update_browse_start_pace=10**9)
 
 
 def enqueue(queue: MailQueue, clock: FakeClock, at: int, *names: str) -> list[str]:
@@ -54,11 +52,10 @@ def clock() -> FakeClock:
 
 
 def test_slice_figures_and_both_checks_pass_then_each_fails_on_its_corruption(
-    tmp_path: Path, clock: FakeClock, spark: SparkSession, pipeline_resources
+    backend: Backend, clock: FakeClock, spark: SparkSession, deployment_resources: dict
 ) -> None:
-    data_dir = tmp_path / "data"
     start = clock.now
-    with clocked_runtime(data_dir, clock) as runtime:
+    with clocked_runtime(backend, clock) as runtime:
         spool, outgoing = runtime.queue("spool"), runtime.queue("outgoing")
         enqueue(spool, clock, 0, "a1", "a2", "a3")
         enqueue(spool, clock, 1, "b1", "b2")
@@ -67,7 +64,7 @@ def test_slice_figures_and_both_checks_pass_then_each_fails_on_its_corruption(
         deliver(spool, "a1", "a2")
         assert spool.remove(name="b2") == 1
         assert spool.size() == 3 and outgoing.size() == 2
-    resources = pipeline_resources(data_dir)
+    resources = deployment_resources
 
     consistent = dg.materialize(SLICE_ASSETS, resources=resources)
 
@@ -104,12 +101,8 @@ def test_slice_figures_and_both_checks_pass_then_each_fails_on_its_corruption(
     ]
 
     # A slice counter off by five in spool; outgoing's browse_start moved past its live mails.
-    with Runtime.open(f"embedded://{data_dir}") as runtime, runtime.store.transaction() as db:
-        db.execute(
-            "UPDATE slice_counters SET enqueued = enqueued + 5 WHERE queue = 'spool' AND slice_start = ?",
-            (start + SLICE,),
-        )
-        db.execute("UPDATE browse_start SET browse_start = ? WHERE queue = 'outgoing'", (start + 3 * SLICE,))
+    backend.miscount_slice("spool", start + SLICE, 5)
+    backend.move_browse_start("outgoing", start + 3 * SLICE)
 
     corrupted = dg.materialize(SLICE_ASSETS, resources=resources, raise_on_error=False)
 
@@ -135,11 +128,10 @@ def test_slice_figures_and_both_checks_pass_then_each_fails_on_its_corruption(
 
 
 def test_cleanup_finishes_a_clean_up_left_half_done(
-    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, pipeline_resources
+    backend: Backend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, deployment_resources: dict
 ) -> None:
-    data_dir = tmp_path / "data"
     start = clock.now
-    with clocked_runtime(data_dir, clock) as runtime:
+    with clocked_runtime(backend, clock) as runtime:
         spool = runtime.queue("spool")
         ids = {f"s{n}": enqueue(spool, clock, n, f"s{n}")[0] for n in range(4)}  # one mail a slice
         deliver(spool, "s0", "s1", "s2")
@@ -155,24 +147,26 @@ def test_cleanup_finishes_a_clean_up_left_half_done(
         with pytest.raises(OSError, match="disk went away"):
             spool.update_browse_start()
         assert (spool.browse_start(), spool.content_start()) == (start + 3 * SLICE, start)
-        assert len(runtime.store.read("SELECT 1 FROM enqueued_mails WHERE queue = 'spool'")) == 4
+        assert backend.mail_rows("spool") == 4
 
-    result = dg.materialize([queue_assets.mail_queue_cleanup], resources=pipeline_resources(data_dir))
+    result = dg.materialize([queue_assets.mail_queue_cleanup], resources=deployment_resources)
 
     assert result.success
     figures = materialized(result, "mail_queue_cleanup")
     assert (figures["queues"], figures["queues_cleaned"]) == (2, 1)
-    with Runtime.open(f"embedded://{data_dir}") as runtime:
+    with Runtime.open(backend.url()) as runtime:
         spool, quiet = runtime.queue("spool"), runtime.queue("quiet")
         assert (spool.browse_start(), spool.content_start()) == (start + 3 * SLICE, start + 3 * SLICE)
         assert (quiet.browse_start(), quiet.content_start()) == (start + 5 * SLICE, start + 5 * SLICE)
-        read = runtime.store.read
         # The delivered mails' rows, deletion marks and counters are gone; the live mail is intact.
-        assert read("SELECT slice_start FROM enqueued_mails WHERE queue = 'spool'") == [(start + 3 * SLICE,)]
-        assert read("SELECT slice_start FROM slice_counters WHERE queue = 'spool'") == [(start + 3 * SLICE,)]
-        assert read("SELECT enqueue_id FROM deleted_mails") == []
+        assert (backend.mail_rows("spool"), backend.mail_rows("spool", slices_before=start + 3 * SLICE)) == (
+            1,
+            0,
+        )
+        assert backend.counted_slices("spool") == [start + 3 * SLICE]
+        assert backend.deleted_marks("spool") == backend.deleted_marks("quiet") == 0
         # Only the live mails still hold their content.
-        assert {owner for (owner,) in read("SELECT owner FROM blob_references")} == {ids["s3"], ids["q5"]}
+        assert {owner for owner, _, _ in backend.blob_references()} == {ids["s3"], ids["q5"]}
         assert [item.name for item in spool.browse()] == ["s3"] and spool.size() == 1
         item = spool.dequeue(timeout=0)
         assert item is not None and item.mail.message.endswith(b"Body of s3.\r\n")

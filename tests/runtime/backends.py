@@ -241,6 +241,15 @@ class EmbeddedBackend(Backend):
             "SELECT COUNT(*) FROM enqueued_mails WHERE queue = ? AND slice_start < ?", (queue, slices_before)
         )[0][0]
 
+    def counted_slices(self, queue: str) -> list[int]:
+        """The slices of a queue that `slice_counters` holds counters of."""
+        return [
+            s
+            for (s,) in self.rows(
+                "SELECT slice_start FROM slice_counters WHERE queue = ? ORDER BY 1", (queue,)
+            )
+        ]
+
     def deleted_marks(self, queue: str) -> int:
         """`deleted_mails` rows of a queue."""
         return self.rows("SELECT COUNT(*) FROM deleted_mails WHERE queue = ?", (queue,))[0][0]
@@ -323,6 +332,20 @@ class EmbeddedBackend(Backend):
     def lose_content(self, blob_id: str) -> None:
         """The blob store lost a blob that is still referenced."""
         assert self._broker_sql("DELETE FROM blob_content WHERE blob_id = ?", (blob_id,))[1] == 1
+
+    def miscount_slice(self, queue: str, slice_start: int, extra: int) -> None:
+        """A slice's counter of enqueued mails is off by `extra`."""
+        assert (
+            self._broker_sql(
+                "UPDATE slice_counters SET enqueued = enqueued + ? WHERE queue = ? AND slice_start = ?",
+                (extra, queue, slice_start),
+            )[1]
+            == 1
+        )
+
+    def move_browse_start(self, queue: str, browse_start: int) -> None:
+        """A queue's browse_start set to any moment, live mails or not."""
+        self._broker_sql("UPDATE browse_start SET browse_start = ? WHERE queue = ?", (browse_start, queue))
 
     def lose_counters(self, mailbox_id: str) -> None:
         """A mailbox's counters row is gone."""
@@ -467,6 +490,12 @@ class CassandraBackend(Backend):
         ]
         return sum(slices_before is None or start < slices_before for start in starts)
 
+    def counted_slices(self, queue: str) -> list[int]:
+        """The slices of a queue that `slice_counters` holds counters of."""
+        return sorted(
+            {s for (s,) in self._rows("SELECT slice_start FROM slice_counters WHERE queue = ?", (queue,))}
+        )
+
     def deleted_marks(self, queue: str) -> int:
         """`deleted_mails` rows of a queue."""
         return len(
@@ -554,6 +583,20 @@ class CassandraBackend(Backend):
         """The blob store lost a blob that is still referenced."""
         assert blob_id in self.contents()
         self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + blob_id)
+
+    def miscount_slice(self, queue: str, slice_start: int, extra: int) -> None:
+        """A slice's counter of enqueued mails is off by `extra` (in one of its buckets' rows)."""
+        self._write(
+            "UPDATE {keyspace}.slice_counters SET enqueued = enqueued + ? "
+            "WHERE queue = ? AND slice_start = ? AND bucket = 0",
+            (extra, queue, slice_start),
+        )
+
+    def move_browse_start(self, queue: str, browse_start: int) -> None:
+        """A queue's browse_start set to any moment, live mails or not."""
+        self._write(
+            "UPDATE {keyspace}.browse_start SET browse_start = ? WHERE queue = ?", (browse_start, queue)
+        )
 
     def lose_counters(self, mailbox_id: str) -> None:
         """A mailbox's counters read as none: zeroed, as a counter deleted in Cassandra cannot be counted
