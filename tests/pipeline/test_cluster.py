@@ -1,0 +1,143 @@
+"""The whole maintenance job on the harness's Spark standalone cluster (a master, two workers) against
+Cassandra + S3: every task runs in an executor of a worker, which reads Cassandra and S3 from the URL
+and its own environment, so code that works only in local mode (closures over the driver's files, paths
+of an embedded store) cannot pass. The run is the code location's job, as `mailq` runs it, in a process of
+its own: one process holds one Spark context, and the suite's is local.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from mailq_runtime.faults import AFTER_PROJECTION, InjectedFault
+from tests.runtime.backends import Backend
+from tests.runtime.helpers import FakeClock, make_mail
+from tests.servers.spark import SparkCluster
+
+DEPLOYMENTS = ("cassandra",)
+# A cluster's run starts executors on both workers: about a minute and a half on a quiet two-core machine.
+pytestmark = pytest.mark.timeout(900)
+RUN_JOB = """
+import json, sys
+from assets import runner
+print(json.dumps(runner.summarise(runner.run_job(sys.argv[1], sys.argv[2]))))
+"""
+
+
+def applications(cluster: SparkCluster) -> dict[str, list[dict]]:
+    """The master's active and completed applications."""
+    with urllib.request.urlopen(f"{cluster.web_ui_url}/json/", timeout=10) as answer:
+        state = json.load(answer)
+    return {"active": state["activeapps"], "completed": state["completedapps"]}
+
+
+def job_process(
+    job: str, backend: Backend, cluster: SparkCluster, outputs: Path, app: str
+) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        **cluster.env(),
+        "MAILQ_PIPELINE_DIR": str(outputs),
+        "MAILQ_SPARK_CONF": f"spark.app.name={app}",
+    }
+    env.pop("DAGSTER_HOME", None)
+    return subprocess.Popen(
+        [sys.executable, "-c", RUN_JOB, job, backend.url()],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_the_maintenance_job_runs_on_the_cluster_and_does_all_its_work(
+    backend: Backend, spark_cluster: SparkCluster, tmp_path: Path
+) -> None:
+    runtime = backend.open(FakeClock())
+    # Blob GC: one blob still referenced, one released, in a generation two rotations make eligible.
+    live, garbage = runtime.blobs.save("keeper", b"live content"), runtime.blobs.save("leaver", b"garbage")
+    runtime.blobs.release("leaver")
+    # Counters: an append that dies after the projection leaves the mailbox's counters behind.
+    boxes = runtime.mailboxes
+    inbox = boxes.create("alice@example.com", "INBOX")
+    boxes.append(inbox, b"Subject: one\r\n\r\nfirst\r\n")
+    boxes.faults.arm(AFTER_PROJECTION)
+    with pytest.raises(InjectedFault):
+        boxes.append(inbox, b"Subject: two\r\n\r\nsecond\r\n")
+    # Queue clean-up: mails enqueued and delivered in slices long past.
+    spool = runtime.queue("spool")
+    for name in ("m1", "m2"):
+        spool.enqueue(make_mail(name))
+    for _ in range(2):
+        item = spool.dequeue(timeout=0)
+        assert item is not None
+        item.done()
+    runtime.generations.rotate()
+    runtime.generations.rotate()
+    runtime.close()
+    app = f"mailq-test-{secrets.token_hex(4)}"
+
+    process = job_process("maintenance_job", backend, spark_cluster, tmp_path / "outputs", app)
+    try:
+        out, err = process.communicate(timeout=800)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+    assert process.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["success"], summary["failures"] or summary["checks"]
+    assets = summary["assets"]
+    assert (assets["collected_blobs"]["concerned_blobs"], assets["collected_blobs"]["deleted_blobs"]) == (
+        1,
+        1,
+    )
+    assert assets["mailbox_counters"]["corrected_counters"] == 1
+    assert assets["mail_queue_cleanup"]["queues_cleaned"] == 1
+    assert str(garbage) not in backend.contents() and str(live) in backend.contents()
+    assert backend.stored_counters()[inbox] == (2, 2)
+    assert backend.mail_rows("spool") == 0
+    # It ran on the cluster, with both workers' cores.
+    (ran,) = [a for a in applications(spark_cluster)["completed"] if a["name"] == app]
+    assert ran["cores"] == spark_cluster.cores
+
+
+def test_cancelling_a_run_stops_its_spark_application(
+    backend: Backend, spark_cluster: SparkCluster, tmp_path: Path
+) -> None:
+    runtime = backend.open()
+    for n in range(50):
+        runtime.blobs.save(f"owner{n}", b"content %d" % n)
+    runtime.close()
+    app = f"mailq-test-{secrets.token_hex(4)}"
+    process = job_process("maintenance_job", backend, spark_cluster, tmp_path / "outputs", app)
+    try:
+        deadline = time.monotonic() + 300
+        while not any(a["name"] == app for a in applications(spark_cluster)["active"]):
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run's Spark application never started"
+            time.sleep(0.5)
+
+        # What Dagster sends a run's process when an operator terminates the run.
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=120)
+
+        deadline = time.monotonic() + 60
+        while any(a["name"] == app for a in applications(spark_cluster)["active"]):
+            assert time.monotonic() < deadline, "the Spark application outlived its cancelled run"
+            time.sleep(0.5)
+        assert [a["name"] for a in applications(spark_cluster)["completed"]].count(app) == 1
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
