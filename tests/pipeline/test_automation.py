@@ -18,13 +18,19 @@ from mailq_runtime import InvalidInput, Mail, NoStore, Runtime
 from mailq_runtime.clock import system_clock
 from mailq_runtime.queue import slice_of
 from resources import MailqRuntime
+from tests.runtime.backends import Backend
 
 HOUR = 3600 * 1_000_000
 USER = "alice@example.com"
 
 
+@pytest.fixture
+def runtime(backend: Backend) -> Runtime:
+    return backend.open()
+
+
 def resources(runtime: Runtime) -> dict:
-    return {"mailq": MailqRuntime(url=f"embedded://{runtime.settings.data_dir}")}
+    return {"mailq": MailqRuntime(url=runtime.settings.url)}
 
 
 def evaluate(sensor: dg.SensorDefinition, runtime: Runtime, cursor: str | None = None) -> dg.SensorResult:
@@ -114,13 +120,9 @@ def evaluate_at(runtime: Runtime, arrange: Callable[[int], None]) -> dg.SensorRe
     raise AssertionError("two slice boundaries passed during two sensor evaluations")
 
 
-def set_starts(runtime: Runtime, queue_name: str, browse_start: int, content_start: int) -> None:
-    with runtime.store.transaction() as db:
-        db.execute("UPDATE browse_start SET browse_start = ? WHERE queue = ?", (browse_start, queue_name))
-        db.execute("UPDATE content_start SET content_start = ? WHERE queue = ?", (content_start, queue_name))
-
-
-def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(runtime: Runtime) -> None:
+def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(
+    runtime: Runtime, backend: Backend
+) -> None:
     assert automation.queue_cleanup_sensor.job_name == "queue_cleanup_job"
     assert runtime.view_configuration.slice_window == HOUR
     for name in ("current", "other"):
@@ -130,8 +132,12 @@ def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(runtime: 
 
     def starts(other_browse: int, other_content: int) -> Callable[[int], None]:
         def arrange(reachable: int) -> None:
-            set_starts(runtime, "current", reachable, reachable)
-            set_starts(runtime, "other", reachable + other_browse * HOUR, reachable + other_content * HOUR)
+            for queue_name, browse, content in (
+                ("current", reachable, reachable),
+                ("other", reachable + other_browse * HOUR, reachable + other_content * HOUR),
+            ):
+                backend.move_browse_start(queue_name, browse)
+                backend.move_content_start(queue_name, content)
 
         return arrange
 
@@ -154,7 +160,9 @@ def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(runtime: 
 
 
 # counter drift
-def test_counter_drift_sensor_requests_a_recompute_only_on_drift(runtime: Runtime, monkeypatch) -> None:
+def test_counter_drift_sensor_requests_a_recompute_only_on_drift(
+    runtime: Runtime, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sensor = automation.counter_drift_sensor
     assert sensor.job_name == "mailbox_counters_job"
     boxes = runtime.mailboxes
@@ -166,8 +174,7 @@ def test_counter_drift_sensor_requests_a_recompute_only_on_drift(runtime: Runtim
     consistent = evaluate(sensor, runtime)
     assert "no drift" in skipped_because(consistent)
 
-    with runtime.store.transaction() as db:
-        db.execute("UPDATE mailbox_counters SET unseen = unseen + 1 WHERE mailbox_id = ?", (mailboxes[1],))
+    backend.miscount_unseen(mailboxes[1], 1)
     drift = evaluate(sensor, runtime)
     assert requested(drift) and mailboxes[1] in drift.run_requests[0].tags["drifting"]
     # Still drifting at the next tick (the run has not repaired it yet): not asked again so soon ...

@@ -14,9 +14,11 @@ import threading
 import time
 
 import dagster as dg
+import pytest
 
 from assets import blobs
 from mailq_runtime import Runtime
+from mailq_runtime.faults import SAVE_AFTER_BLOB_ROWS, InjectedFault
 from mailq_runtime.model import BlobId
 from tests.runtime.backends import Backend
 
@@ -185,28 +187,26 @@ def _save(runtime: Runtime, owner: str, data: bytes) -> str:
     return str(runtime.blobs.save(owner, data))
 
 
-def _orphan(runtime: Runtime, generation: int, data: bytes) -> str:
-    """A blob row and its content with neither reference nor deletion, as a write dying between the
-    content and the reference would leave it."""
-    blob_id = BlobId(generation, hashlib.sha256(data).hexdigest())
-    with runtime.store.transaction() as db:
-        db.execute(
-            "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
-            (str(blob_id), generation, len(data), runtime.clock()),
-        )
-        runtime.content.put(blob_id, data)
-    return str(blob_id)
+def _orphan(runtime: Runtime, data: bytes) -> str:
+    """A blob row and its content with neither reference nor deletion: a save that died between the
+    blob rows and the reference (the runtime commits every write alone)."""
+    runtime.faults.arm(SAVE_AFTER_BLOB_ROWS)
+    with pytest.raises(InjectedFault):
+        runtime.blobs.save("dies", data)
+    return str(BlobId(runtime.generations.current(), hashlib.sha256(data).hexdigest()))
 
 
-def _blob_rows(runtime: Runtime) -> dict[str, list]:
+def _blob_rows(backend: Backend) -> dict[str, list]:
     return {
-        table: sorted(runtime.store.read(f"SELECT * FROM {table}"))
-        for table in ("blobs", "blob_references", "blob_deletions", "blob_content")
+        "blobs": backend.blobs(),
+        "blob_references": backend.blob_references(),
+        "blob_deletions": backend.blob_deletions(),
+        "content": backend.contents(),
     }
 
 
-def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resources) -> None:
-    resources = pipeline_resources(runtime.settings.data_dir)
+def test_dry_run_exact_mode_and_orphan_sweep(backend: Backend, deployment_resources: dict) -> None:
+    runtime, resources = backend.open(group_writes=False), deployment_resources
     # Generation 1: two garbage blobs (all owners released), one blob still referenced by a second owner,
     # and an orphan no deletion names.
     garbage = [_save(runtime, "m1", GARBAGE[0]), _save(runtime, "m2", GARBAGE[1])]
@@ -214,14 +214,14 @@ def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resource
     _save(runtime, "m4", b"live")
     for owner in ("m1", "m2", "m3"):
         runtime.blobs.release(owner)
-    orphan = _orphan(runtime, 1, ORPHAN)
+    orphan = _orphan(runtime, ORPHAN)
     runtime.generations.rotate()
     # Generation 2, still protected when the GC runs in generation 3: its garbage and orphan stay.
     young_garbage = _save(runtime, "m5", b"young garbage")
     runtime.blobs.release("m5")
-    young_orphan = _orphan(runtime, 2, b"young orphan")
+    young_orphan = _orphan(runtime, b"young orphan")
     runtime.generations.rotate()
-    before = _blob_rows(runtime)
+    before = _blob_rows(backend)
 
     dry = run_gc(resources, dry_run=True, exact=True)
     expect_figures(
@@ -237,16 +237,16 @@ def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resource
         size_reclaimed="0 bytes",
         delete_errors=0,
     )
-    assert _blob_rows(runtime) == before
+    assert _blob_rows(backend) == before
 
     result = dg.materialize([blobs.reference_generations, blobs.orphan_blobs], resources=resources)
     assert result.success
     sweep = materialized(result, "orphan_blobs")
     expect_figures(sweep, dry_run=False, orphans=1, deleted=1, errors=0, bytes_reclaimed=len(ORPHAN))
     assert not runtime.content.exists(orphan)
-    after_sweep = _blob_rows(runtime)
+    after_sweep = _blob_rows(backend)
     assert after_sweep == {
-        table: [row for row in rows if orphan not in row] for table, rows in before.items()
+        table: [row for row in rows if orphan != row and orphan not in row] for table, rows in before.items()
     }
 
     exact = run_gc(resources, exact=True)
@@ -263,10 +263,7 @@ def test_dry_run_exact_mode_and_orphan_sweep(runtime: Runtime, pipeline_resource
         bytes_reclaimed=len(GARBAGE[0] + GARBAGE[1]),
     )
     assert [runtime.content.exists(b) for b in garbage] == [False, False]
-    remaining = {blob_id for (blob_id,) in runtime.store.read("SELECT blob_id FROM blobs")}
-    assert remaining == {live, young_garbage, young_orphan}
+    assert {blob_id for blob_id, _ in backend.blobs()} == {live, young_garbage, young_orphan}
     assert runtime.blobs.read(live) == b"live"
     # The live blob's deletion stays for a later iteration; the young generation's is not touched.
-    assert sorted(b for (b,) in runtime.store.read("SELECT blob_id FROM blob_deletions")) == sorted(
-        [live, young_garbage]
-    )
+    assert sorted(blob_id for blob_id, _, _ in backend.blob_deletions()) == sorted([live, young_garbage])

@@ -11,7 +11,6 @@ messages, owners younger than the grace period and the generations still protect
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -20,6 +19,7 @@ from assets import blobs
 from mailq_runtime import EnqueueId, InjectedFault, Mail, MessageId, Runtime, faults
 from mailq_runtime.clock import system_clock
 from mailq_runtime.model import BlobId
+from tests.runtime.backends import Backend
 
 from .pipeline import materialized, run_gc
 
@@ -45,8 +45,10 @@ def _die(runtime: Runtime, point: str, operation) -> None:
         operation()
 
 
-def test_one_sweep_heals_every_leftover_and_keeps_what_lives(tmp_path: Path, pipeline_resources) -> None:
-    runtime = Runtime.open(f"embedded://{tmp_path / 'data'}", clock=Clock(), group_writes=False, create=True)
+def test_one_sweep_heals_every_leftover_and_keeps_what_lives(
+    backend: Backend, deployment_resources: dict
+) -> None:
+    runtime = backend.open(Clock(), group_writes=False)
     boxes = runtime.mailboxes
     inbox = boxes.create("alice@example.org", "INBOX")
     # What lives: a queued mail, a message in a mailbox.
@@ -82,7 +84,7 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(tmp_path: Path, pip
     orphan_blob_ids = {b for owner in orphans for b in runtime.blobs.references_of(owner)}
     assert len(orphan_blob_ids) == 8
 
-    resources = pipeline_resources(runtime.settings.data_dir)
+    resources = deployment_resources
     result = dg.materialize([blobs.reference_generations, blobs.orphan_blobs], resources=resources)
     assert result.success
     figures = materialized(result, "orphan_blobs")
@@ -99,10 +101,9 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(tmp_path: Path, pip
     }
     for owner in orphans:
         assert runtime.blobs.references_of(owner) == []
-    messages = {m for (m,) in runtime.store.read("SELECT message_id FROM messages")}
-    assert messages == {kept.message_id}
-    rows = {b for (b,) in runtime.store.read("SELECT blob_id FROM blobs")}
-    contents = {b for (b,) in runtime.store.read("SELECT blob_id FROM blob_content")}
+    assert set(backend.messages()) == {kept.message_id}
+    rows = {blob_id for blob_id, _ in backend.blobs()}
+    contents = set(backend.contents())
     assert rows == contents
     for data in (b"content without row", b"row without reference"):
         assert str(BlobId(1, hashlib.sha256(data).hexdigest())) not in contents
@@ -110,7 +111,7 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(tmp_path: Path, pip
     # The next GC iteration collects what the sweep released.
     collected = run_gc(resources)
     assert (collected["concerned_blobs"], collected["deleted_blobs"]) == (8, 8)
-    rows = {b for (b,) in runtime.store.read("SELECT blob_id FROM blobs")}
+    rows = {blob_id for blob_id, _ in backend.blobs()}
     assert not rows & {str(b) for b in orphan_blob_ids}
     # What lives, and what the sweep had to leave, is whole.
     assert boxes.read(inbox, kept.uid) == message(1)
@@ -118,4 +119,3 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(tmp_path: Path, pip
     assert item is not None and item.enqueue_id == queued and item.mail.message == message(0)
     for owner in (young, protected):
         assert len(runtime.blobs.references_of(owner)) == 2
-    runtime.close()

@@ -347,6 +347,15 @@ class EmbeddedBackend(Backend):
         """A queue's browse_start set to any moment, live mails or not."""
         self._broker_sql("UPDATE browse_start SET browse_start = ? WHERE queue = ?", (browse_start, queue))
 
+    def move_content_start(self, queue: str, content_start: int) -> None:
+        """A queue's content_start set to any moment."""
+        self._broker_sql("UPDATE content_start SET content_start = ? WHERE queue = ?", (content_start, queue))
+
+    def miscount_unseen(self, mailbox_id: str, extra: int) -> None:
+        """A mailbox's unseen counter is off by `extra`."""
+        sql = "UPDATE mailbox_counters SET unseen = unseen + ? WHERE mailbox_id = ?"
+        assert self._broker_sql(sql, (extra, mailbox_id))[1] == 1
+
     def lose_counters(self, mailbox_id: str) -> None:
         """A mailbox's counters row is gone."""
         assert self._broker_sql("DELETE FROM mailbox_counters WHERE mailbox_id = ?", (mailbox_id,))[1] == 1
@@ -597,6 +606,16 @@ class CassandraBackend(Backend):
         self._write(
             "UPDATE {keyspace}.browse_start SET browse_start = ? WHERE queue = ?", (browse_start, queue)
         )
+
+    def move_content_start(self, queue: str, content_start: int) -> None:
+        """A queue's content_start set to any moment."""
+        cql = "UPDATE {keyspace}.content_start SET content_start = ? WHERE queue = ?"
+        self._write(cql, (content_start, queue))
+
+    def miscount_unseen(self, mailbox_id: str, extra: int) -> None:
+        """A mailbox's unseen counter is off by `extra`."""
+        cql = "UPDATE {keyspace}.mailbox_counters SET unseen = unseen + ? WHERE mailbox_id = ?"
+        self._write(cql, (extra, mailbox_id))
 
     def lose_counters(self, mailbox_id: str) -> None:
         """A mailbox's counters read as none: zeroed, as a counter deleted in Cassandra cannot be counted
