@@ -485,12 +485,13 @@ def distributed(
         finally:
             if floor is not None:
                 floor.close()
-            _drop(session, s3, keyspace, bucket)
+            drop_deployment(session, s3, keyspace, bucket)
     finally:
         cluster.shutdown()
 
 
-def _drop(session: Session, s3, keyspace: str, bucket: str) -> None:
+def drop_deployment(session: Session, s3, keyspace: str, bucket: str) -> None:
+    """Drop the keyspace; empty and delete the bucket."""
     session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=180)
     if _bucket_exists(s3, bucket):
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
