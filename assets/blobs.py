@@ -14,7 +14,8 @@ import uuid
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
-from pyspark.sql import DataFrame
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mailq_runtime.model import parse_duration
@@ -127,17 +128,51 @@ def deletion_sets(
 
 class BloomFilterConfig(dg.Config):
     false_positive_probability: float = 0.01
-    expected_references: int = 0  # 0: size each generation's filter by expected_references() below
+    expected_references: int = 0  # 0: size each generation's filter as generation_filters() says
 
 
-def expected_references(url: str, live: DataFrame, fpp: float) -> int:
-    """A filter's expected count when none is configured: an upper bound of the references read from the
-    store's metadata (the embedded store's rowid span, in a millisecond), where counting the generation
-    is a pass over all the references (as long as the build's own). Sizing for more items than there are
-    only lowers the false-positive rate, at the price of memory. Where the store has no such bound
-    (Cassandra), or past what one filter may hold, the generation's references (`live`) are counted."""
-    bound = rows_upper_bound(url, "blob_references")
-    return max(bound if bound is not None and bound <= filter_capacity(fpp) else live.count(), 1)
+def generation_filters(
+    spark: SparkSession, url: str, generations: list[int], fpp: float, salt: str, expected: int = 0
+) -> tuple[DataFrame, list[dict]]:
+    """One Bloom filter of the live references per generation (rows of FILTER_SCHEMA, built eagerly),
+    and each one's size. A filter is sized for `expected` references, or else for an upper bound of the
+    references read from the store's metadata (the embedded store's rowid span, in a millisecond): sizing
+    for more items than there are only lowers the false-positive rate. Where the store has no such bound
+    (Cassandra), or past what one filter may hold, each generation's references are counted, in the same
+    pass over the table that the filters are then built from (the read is kept)."""
+    references = read_table(
+        spark, url, "blob_references", columns=["blob_id", "generation"], generations=generations
+    )
+    sizes = dict.fromkeys(generations, expected)
+    if not expected:
+        bound = rows_upper_bound(url, "blob_references")
+        if bound is not None and bound <= filter_capacity(fpp):
+            sizes = dict.fromkeys(generations, bound)
+        else:
+            references = references.persist(StorageLevel.MEMORY_AND_DISK)
+            counted = references.groupBy("generation").count().collect()
+            sizes = dict.fromkeys(generations, 0) | {row["generation"]: row["count"] for row in counted}
+    filters, summary = [], []
+    for generation in generations:
+        size = max(sizes[generation], 1)
+        bits = filter_bits(size, fpp)
+        live = references.where(F.col("generation") == generation)
+        filters.append(
+            bloom_filter(live, "blob_id", size, fpp, salt).select(
+                F.lit(generation).cast("long").alias("generation"),
+                F.lit(salt).alias("salt"),
+                F.lit(size).cast("long").alias("expected_references"),
+                F.lit(bits).cast("long").alias("bits"),
+                FILTER_COLUMN,
+            )
+        )
+        summary.append({"generation": f"rg{generation}", "expected_references": size, "bits": bits})
+    result = filters[0] if filters else spark.createDataFrame([], FILTER_SCHEMA)
+    for more in filters[1:]:
+        result = result.unionByName(more)
+    result = result.localCheckpoint()
+    references.unpersist()
+    return result, summary
 
 
 @dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
@@ -150,30 +185,11 @@ def live_reference_filter(
     """Per eligible generation with deletions, a Bloom filter of its live references, salted for this run."""
     spark = pyspark.spark_session
     generations = sorted(r["generation"] for r in deletion_sets.select("generation").distinct().collect())
-    references = read_table(spark, mailq.url, "blob_references", columns=["blob_id", "generation"])
     salt = uuid.uuid4().hex
     started = time.monotonic()
-    filters, summary = [], []
-    for generation in generations:
-        live = references.where(F.col("generation") == generation)
-        expected = config.expected_references or expected_references(
-            mailq.url, live, config.false_positive_probability
-        )
-        bits = filter_bits(expected, config.false_positive_probability)
-        filters.append(
-            bloom_filter(live, "blob_id", expected, config.false_positive_probability, salt).select(
-                F.lit(generation).cast("long").alias("generation"),
-                F.lit(salt).alias("salt"),
-                F.lit(expected).cast("long").alias("expected_references"),
-                F.lit(bits).cast("long").alias("bits"),
-                FILTER_COLUMN,
-            )
-        )
-        summary.append({"generation": f"rg{generation}", "expected_references": expected, "bits": bits})
-    result = filters[0] if filters else spark.createDataFrame([], FILTER_SCHEMA)
-    for more in filters[1:]:
-        result = result.unionByName(more)
-    result = result.localCheckpoint()  # built here, eagerly, so that the time below is the build's
+    result, summary = generation_filters(
+        spark, mailq.url, generations, config.false_positive_probability, salt, config.expected_references
+    )
     return dg.Output(
         result,
         metadata={

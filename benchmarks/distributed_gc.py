@@ -4,10 +4,10 @@ delete), three ways on the same data in one run, as benchmarks/gc.py measures it
   a. bloom: the pipeline's Bloom GC (assets/blobs.py: deletion_sets, live_reference_filter,
      collected_blobs) through the same functions, Dagster left out: the eligible generation's deletions
      read through the "mailq" data source by their partitions (`generations`) and grouped into the
-     concerned blobs; the references read by token range, counted to size the filter as the pipeline's
-     default `expected_references: 0` does on Cassandra (which has no cheap bound), folded into a Bloom
-     filter at fpp 0.01 (checkpointed as the asset does), the concerned blobs tested against it, the result
-     counted;
+     concerned blobs; the references read once by token range (`generation_filters`: kept, counted to
+     size the filter as the pipeline's default `expected_references: 0` does on Cassandra, which has no
+     cheap bound, and folded into a Bloom filter at fpp 0.01, checkpointed as the asset does), the
+     concerned blobs tested against it, the result counted;
   b. antijoin: the exact mode (exact_absent) on the same inputs, a sort-merge left anti-join;
   c. single_process: James's BloomFilterGCAlgorithm in one Python process with the cassandra-driver: one
      paged scan of blob_references (the next page fetched while this one is hashed) into a Bloom filter
@@ -33,11 +33,9 @@ runs of each, interleaved; medians are reported, each timed run after a wait (up
 the rest of the machine to go quiet. CPU seconds count this process tree (driver, local executors and
 their Python workers): on the cluster the executors are the workers' children, so they are left out there.
 
-Scaling (JSON `scaling`): rows read per second per core by each method at each master (Bloom reads the
-references twice, to size and to build, and the deletions once; the anti-join each once), and from the
-per-core rate on the cluster the projection of one GC iteration over 1 billion references and 10 million
-deletions on N cores, read once to build when the filter's size is configured (`expected_references`) as
-it should be at that scale, assuming linear scaling.
+Scaling (JSON `scaling`): rows read per second per core by each method at each master (each method reads
+the references and the deletions once), and from the per-core rate on the cluster the projection of one GC
+iteration over 1 billion references and 10 million deletions on N cores, assuming linear scaling.
 
 Ratios (JSON `ratios`, on local[2]): bloom_vs_antijoin = antijoin time / bloom time (target > 1);
 bloom_vs_single_process = bloom time / single-process time (target <= 1.5). Prints human lines, then one
@@ -74,7 +72,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from assets import blobs
-from assets.spark.bloom import FILTER_COLUMN, bloom_filter, exact_absent, not_in_filter
+from assets.spark.bloom import FILTER_COLUMN, exact_absent, not_in_filter
 from assets.spark.table_source import read_table
 from mailq_runtime.stores.cassandra.blobs import shard_of
 from mailq_runtime.stores.cassandra.schema import DELETION_SHARDS
@@ -156,21 +154,21 @@ def live_references(spark: SparkSession, url: str) -> DataFrame:
 def bloom_run(spark: SparkSession, url: str, fpp: float) -> tuple[int, dict[str, float]]:
     stages: dict[str, float] = {}
     start = time.perf_counter()
-    live = live_references(spark, url)
-    stages["size"], expected = timed(lambda: blobs.expected_references(url, live, fpp))
     salt = uuid.uuid4().hex
-    filters = bloom_filter(live, "blob_id", expected, fpp, salt).select(FILTER_COLUMN)
-    stages["build"], filters = timed(filters.localCheckpoint)
-    absent = not_in_filter(filters, concerned_blobs(spark, url), "blob_id", salt)
+    # live_reference_filter's work: the references counted (Cassandra has no cheap bound) and the filter
+    # built, in one read of the table.
+    stages["build"], (filters, _) = timed(
+        lambda: blobs.generation_filters(spark, url, [GENERATION], fpp, salt)
+    )
+    absent = not_in_filter(filters.select(FILTER_COLUMN), concerned_blobs(spark, url), "blob_id", salt)
     stages["probe"], count = timed(absent.count)
     stages["total"] = time.perf_counter() - start
     return count, stages
 
 
 def bloom_ids(spark: SparkSession, url: str, fpp: float) -> set[str]:
-    live = live_references(spark, url)
     salt = uuid.uuid4().hex
-    filters = bloom_filter(live, "blob_id", blobs.expected_references(url, live, fpp), fpp, salt)
+    filters, _ = blobs.generation_filters(spark, url, [GENERATION], fpp, salt)
     absent = not_in_filter(filters.select(FILTER_COLUMN), concerned_blobs(spark, url), "blob_id", salt)
     return {row["blob_id"] for row in absent.select("blob_id").toLocalIterator()}
 
@@ -270,7 +268,7 @@ def measure_master(master: str, deployment: Deployment, data: Dataset, args: arg
             bloom_counts.append(count)
             antijoin_counts.append(antijoin.run(lambda: antijoin_run(spark, url)))
             print(
-                f"{master}: run {run + 1}: bloom {describe(bloom.last)} [size {seconds['size']:.1f} + build "
+                f"{master}: run {run + 1}: bloom {describe(bloom.last)} [build "
                 f"{seconds['build']:.1f} + probe {seconds['probe']:.1f}] -> {count:,}; "
                 f"antijoin {describe(antijoin.last)} -> {antijoin_counts[-1]:,}"
             )
@@ -278,7 +276,7 @@ def measure_master(master: str, deployment: Deployment, data: Dataset, args: arg
             "cores": master_cores(master),
             "partitions": spark.sparkContext.defaultParallelism,
             **bloom.summary("bloom"),
-            "bloom_stages_s": {key: median([s[key] for s in stages]) for key in ("size", "build", "probe")},
+            "bloom_stages_s": {key: median([s[key] for s in stages]) for key in ("build", "probe")},
             "bloom_counts": bloom_counts,
             **antijoin.summary("antijoin"),
             "antijoin_counts": antijoin_counts,
@@ -294,7 +292,7 @@ def measure_master(master: str, deployment: Deployment, data: Dataset, args: arg
 
 def scaling(data: Dataset, per_master: dict[str, dict]) -> dict:
     """Rows read a second per core by each method, and the projection of one iteration at scale."""
-    bloom_rows = 2 * data.references + data.deletions  # sized by a count, then built, then probed
+    bloom_rows = data.references + data.deletions  # read once: counted and built from the kept read
     antijoin_rows = data.references + data.deletions
     rates = {
         master: {
@@ -413,7 +411,7 @@ def main() -> None:
         s = m["bloom_stages_s"]
         rates = figures["scaling"]["rows_per_s_per_core"][master]
         print(
-            f"{master}: bloom {m['bloom_s']:6.1f} s [size {s['size']:.1f}, build {s['build']:.1f}, probe "
+            f"{master}: bloom {m['bloom_s']:6.1f} s [build {s['build']:.1f}, probe "
             f"{s['probe']:.1f}], {rates['bloom_rows_per_s_per_core']:,.0f} rows/s/core; antijoin "
             f"{m['antijoin_s']:6.1f} s, {rates['antijoin_rows_per_s_per_core']:,.0f} rows/s/core"
         )

@@ -75,7 +75,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from assets import blobs
-from assets.spark.bloom import FILTER_COLUMN, bloom_filter, exact_absent, filter_bits, not_in_filter
+from assets.spark.bloom import FILTER_COLUMN, exact_absent, filter_bits, not_in_filter
 from assets.spark.table_source import read_table, rows_upper_bound
 from mailq_runtime.stores.embedded import DATABASE_FILE
 
@@ -203,16 +203,12 @@ def bloom_mark(spark: SparkSession, url: str, fpp: float, expected_references: i
     """The concerned blobs absent from a Bloom filter of the live references, built and probed as the
     assets do; returns the (lazy) result and the seconds of the eager stages before it."""
     stages: dict[str, float] = {}
-    live = live_references(spark, url)
-    # live_reference_filter's sizing, from metadata by default (`expected_references: 0`).
-    stages["size"], expected = timed(lambda: expected_references or blobs.expected_references(url, live, fpp))
     salt = uuid.uuid4().hex
-    filters = bloom_filter(live, "blob_id", expected, fpp, salt).select(
-        F.lit(GENERATION).cast("long").alias("generation"), F.lit(salt).alias("salt"), FILTER_COLUMN
+    # live_reference_filter's work: the filter sized (from metadata by default, `expected_references: 0`)
+    # and built eagerly, as its IO manager would materialise it.
+    stages["build"], (filters, _) = timed(
+        lambda: blobs.generation_filters(spark, url, [GENERATION], fpp, salt, expected_references)
     )
-    # The asset hands the filter on as a materialised row (its IO manager writes it to Parquet); a local
-    # checkpoint is the same eager build without the file.
-    stages["build"], filters = timed(filters.localCheckpoint)
     # collected_blobs (_absent_from_filters) for the one eligible generation.
     bloom = filters.where(F.col("generation") == GENERATION).select(FILTER_COLUMN)
     concerned = concerned_blobs(spark, url).where(F.col("generation") == GENERATION)
@@ -343,7 +339,7 @@ def blob_ids(df: DataFrame) -> set[bytes]:
     return {row["blob_id"].encode() for row in df.select("blob_id").toLocalIterator()}
 
 
-BLOOM_STAGES = ("size", "build", "probe")
+BLOOM_STAGES = ("build", "probe")
 
 
 def warm_up(spark: SparkSession, data: Dataset, args: argparse.Namespace) -> None:
@@ -370,7 +366,7 @@ def measure_master(master: str, data: Dataset, args: argparse.Namespace, verify:
             count, _ = antijoin.run(lambda: antijoin_run(spark, data.url))
             antijoin_counts.append(count)
             print(
-                f"{master}: run {run + 1}: bloom {describe(bloom.last)} [size {stages['size']:.1f} + build "
+                f"{master}: run {run + 1}: bloom {describe(bloom.last)} [build "
                 f"{stages['build']:.1f} + probe {stages['probe']:.1f}] -> {bloom_counts[-1]:,}; "
                 f"antijoin {describe(antijoin.last)} -> {antijoin_counts[-1]:,}"
             )
@@ -536,7 +532,7 @@ def main() -> None:
         s = m["bloom_stages_s"]
         print(
             f"{master}: bloom {m['bloom_s']:6.1f} s, cpu {m['bloom_cpu_s']:.1f} s, "
-            f"{m['bloom_cores']:.2f} cores [size {s['size']:.1f}, build {s['build']:.1f}, "
+            f"{m['bloom_cores']:.2f} cores [build {s['build']:.1f}, "
             f"probe {s['probe']:.1f}]   antijoin "
             f"{m['antijoin_s']:6.1f} s, cpu {m['antijoin_cpu_s']:.1f} s, {m['antijoin_cores']:.2f} cores "
             f"({m['antijoin_join']})"

@@ -3,7 +3,8 @@ partitions where the table's key allows it.
 
 Planning splits the Murmur3 ring into equal token ranges, at least as many as Spark asks for, and more
 when `system.size_estimates` says the table is big (one range per SPLIT_BYTES). Each task pages through
-`token(pk) > ? AND token(pk) <= ?` and hands Spark one Arrow batch a page. A table whose partitions are
+`token(pk) > ? AND token(pk) <= ?` and hands Spark one Arrow batch a page, the next page asked for
+before this one is converted. A table whose partitions are
 named by the generation (`blob_deletions`: (generation, shard)) is read, when the read asks for some
 generations only, partition by partition: a GC iteration reads its eligible generations' deletions and
 nothing else.
@@ -159,16 +160,20 @@ class CassandraTokenRanges:
         for cql, parameters in reads:
             statement = store.statement(cql).bind(parameters)
             statement.fetch_size = PAGE_ROWS
-            result = store.session.execute(statement, execution_profile=profile)
+            future = store.session.execute_async(statement, execution_profile=profile)
             while True:
-                if result.current_rows:
-                    batch = _batch(result.current_rows, read_schema)
+                rows = future.result().current_rows
+                more = future.has_more_pages
+                if more:
+                    # The server and the driver's I/O thread fetch the next page while this one converts.
+                    future.start_fetching_next_page()
+                if rows:
+                    batch = _batch(rows, read_schema)
                     if filtered:
                         batch = batch.filter(pc.is_in(batch.column("generation"), value_set=wanted))
                     yield batch.select(names) if extra else batch
-                if not result.has_more_pages:
+                if not more:
                     break
-                result.fetch_next_page()
 
 
 def _batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:
