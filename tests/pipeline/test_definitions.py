@@ -34,11 +34,15 @@ ASSETS = {
     "mailbox_counters",
     "mail_queue_slices",
     "mail_queue_cleanup",
+    "mail_queue_overview",
+    "mail_queue_domains",
+    "mail_queue_dead_letters",
 }
 CHECKS = {
     "collected_blobs": {"no_live_blob_collected"},
     "mailbox_counters": {"counters_match_source_of_truth"},
     "mail_queue_slices": {"slice_counters_match_recount", "browse_start_not_ahead_of_live_mail"},
+    "mail_queue_dead_letters": {"dead_letters_not_growing"},
 }
 JOBS = {
     "blob_gc_job",
@@ -46,10 +50,12 @@ JOBS = {
     "blob_gc_and_orphan_sweep_job",
     "mailbox_counters_job",
     "queue_cleanup_job",
+    "queue_overview_job",
+    "dead_letters_job",
     "maintenance_job",
     "rotate_generation_job",
 }
-SENSORS = {"deletions_waiting_sensor", "queue_cleanup_sensor", "counter_drift_sensor"}
+SENSORS = {"deletions_waiting_sensor", "queue_cleanup_sensor", "counter_drift_sensor", "dead_letters_sensor"}
 SCHEDULES = {"rotate_generation_schedule"}
 SERVER_START_S = 90
 RUN_S = 300  # a re-execution starts a process, then Spark, on a loaded two-core machine
