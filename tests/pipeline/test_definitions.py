@@ -73,6 +73,16 @@ def test_the_definitions_load_and_expose_everything_by_name() -> None:
         assert defs.resolve_job_def(name).name == name
     assert {sensor.name for sensor in defs.sensors} == SENSORS
     assert {schedule.name for schedule in defs.schedules} == SCHEDULES
+    # The overviews only look: they run in jobs of their own, not in the clean-up or the maintenance.
+    overviews = {"mail_queue_overview", "mail_queue_domains", "mail_queue_dead_letters"}
+    for name, expected in (
+        ("maintenance_job", ASSETS - overviews),
+        ("queue_cleanup_job", {"mail_queue_slices", "mail_queue_cleanup"}),
+        ("queue_overview_job", {"mail_queue_overview", "mail_queue_domains"}),
+        ("dead_letters_job", {"mail_queue_dead_letters"}),
+    ):
+        selected = defs.resolve_job_def(name).asset_layer.selected_asset_keys
+        assert {key.to_user_string() for key in selected} == expected, name
     # The GC job is one iteration of record 39, in lineage order; the sweep is a job of its own.
     gc = defs.resolve_job_def("blob_gc_job").asset_layer.selected_asset_keys
     assert {key.to_user_string() for key in gc} == {
