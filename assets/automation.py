@@ -13,7 +13,14 @@ from mailq_runtime.clock import MICROS_PER_SECOND
 from mailq_runtime.model import parse_count, parse_duration
 from resources import MailqRuntime
 
-from .jobs import blob_gc_job, mailbox_counters_job, queue_cleanup_job, rotate_generation_job
+from .jobs import (
+    blob_gc_job,
+    dead_letters_job,
+    mailbox_counters_job,
+    queue_cleanup_job,
+    rotate_generation_job,
+)
+from .notify import notify
 
 
 def _setting(name: str, default: str) -> str:
@@ -83,6 +90,39 @@ def counter_drift_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntim
     return dg.SensorResult(
         run_requests=[dg.RunRequest(run_key=f"counters-{now}", tags={"drifting": ",".join(drifting)[:200]})],
         cursor=json.dumps({"drifting": drifting, "at": now}),
+    )
+
+
+@dg.sensor(job=dead_letters_job, minimum_interval_seconds=60)
+def dead_letters_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
+    """Counts every queue's dead letters (as `mailq queues` does); when there are more than at the
+    previous tick, it logs them, notifies the hook of MAILQ_DEAD_LETTER_NOTIFY (a command or a webhook
+    URL; none by default) and runs the dead-letter asset. Its first tick only takes the count."""
+    with mailq.session() as runtime:
+        counts = {
+            name: runtime.queue(name, create=False).overview().dead_letters for name in runtime.queues()
+        }
+        now = runtime.clock()
+    total = sum(counts.values())
+    cursor = json.dumps({"dead_letters": total, "per_queue": counts})
+    if context.cursor is None:
+        return dg.SensorResult(skip_reason=f"{total} dead letter(s) now: counting from here", cursor=cursor)
+    last = json.loads(context.cursor)
+    if total <= last["dead_letters"]:
+        return dg.SensorResult(
+            skip_reason=f"{total} dead letter(s), {last['dead_letters']} at the previous tick: no growth",
+            cursor=cursor,
+        )
+    grown = {name: count - last["per_queue"].get(name, 0) for name, count in counts.items()}
+    grown = {name: more for name, more in grown.items() if more > 0}
+    context.log.warning(f"dead letters grew from {last['dead_letters']} to {total}: {grown}")
+    outcome = notify(
+        {"event": "dead_letters_grew", "before": last["dead_letters"], "now": total, "grew": grown}
+    )
+    context.log.info(outcome)
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(run_key=f"dead-letters-{now}", tags={"dead_letters": str(total)})],
+        cursor=cursor,
     )
 
 

@@ -181,7 +181,8 @@ def describe_run(summary: dict) -> list[str]:
             scalars = ", ".join(f"{k} {v}" for k, v in figures.items() if isinstance(v, int | float | str))
             lines.append(f"{name:<12} {scalars}")
     for name, check in sorted(summary["checks"].items()):
-        lines.append(f"check        {name}: {'passed' if check['passed'] else 'FAILED'}")
+        verdict = "passed" if check["passed"] else "WARNING" if check["severity"] == "WARN" else "FAILED"
+        lines.append(f"check        {name}: {verdict}")
         if not check["passed"]:
             lines += [f"    {key}: {value}" for key, value in check["metadata"].items()]
     for failure in summary["failures"]:

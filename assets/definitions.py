@@ -11,9 +11,9 @@ from mailq_runtime.settings import DEFAULT_URL, EMBEDDED, URL_VARIABLE, Settings
 from resources import MailqRuntime, spark_resource
 from resources.parquet_io import SparkParquetIOManager
 
-from . import automation, blobs, jobs, mailboxes, queue
+from . import automation, blobs, jobs, mailboxes, queue, queue_overview
 
-ASSETS = dg.load_assets_from_modules([blobs, mailboxes, queue])
+ASSETS = dg.load_assets_from_modules([blobs, mailboxes, queue, queue_overview])
 CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, queue])
 PIPELINE_DIR_VARIABLE = "MAILQ_PIPELINE_DIR"
 
@@ -70,6 +70,8 @@ defs = dg.Definitions(
         jobs.blob_gc_and_orphan_sweep_job,
         jobs.mailbox_counters_job,
         jobs.queue_cleanup_job,
+        jobs.queue_overview_job,
+        jobs.dead_letters_job,
         jobs.maintenance_job,
         jobs.rotate_generation_job,
     ],
@@ -77,6 +79,7 @@ defs = dg.Definitions(
         automation.deletions_waiting_sensor,
         automation.queue_cleanup_sensor,
         automation.counter_drift_sensor,
+        automation.dead_letters_sensor,
     ],
     schedules=[automation.rotate_generation_schedule],
     resources=build_resources(_runtime_url(), os.environ.get(URL_VARIABLE, DEFAULT_URL)),

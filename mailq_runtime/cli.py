@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -37,6 +37,7 @@ from .model import (
     parse_count,
     parse_duration,
 )
+from .overview import QueueOverview
 from .queue import BrowseItem, DeadLetterItem, MailQueue, check_enqueue
 from .runtime import Runtime
 from .settings import DEFAULT_URL, URL_VARIABLE, Settings, redact
@@ -212,14 +213,66 @@ def _queues(args: argparse.Namespace) -> Report:
     except NoStore:
         return Report([], ["no queues"])
     with runtime:
-        queues = [{"name": name, "size": _existing_queue(runtime, name).size()} for name in runtime.queues()]
+        now = to_datetime(runtime.clock())
+        overviews = [_existing_queue(runtime, name).overview() for name in runtime.queues()]
+    queues = [_overview_entry(overview) for overview in overviews]
     if not queues:
         return Report(queues, ["no queues"])
-    return Report(queues, _table(("QUEUE", "SIZE"), [(q["name"], str(q["size"])) for q in queues]))
+    rows = [
+        (
+            o.queue,
+            str(o.size),
+            _state(o.ready, o.oldest_ready, "oldest_ready" in o.unknown, now),
+            _state(o.in_flight, o.oldest_in_flight, "oldest_in_flight" in o.unknown, now),
+            _state(o.delayed, o.oldest_delayed, False, now)
+            + ("" if o.next_due is None else f" next in {_span(o.next_due - now)}"),
+            _state(o.dead_letters, o.oldest_dead_letter, False, now),
+        )
+        for o in overviews
+    ]
+    lines = _table(("QUEUE", "SIZE", "READY", "IN FLIGHT", "DELAYED", "DEAD LETTERS"), rows)
+    lines.append("(the age of the oldest: since its enqueue, a dead letter's since it died; ? unknown)")
+    return Report(queues, lines)
+
+
+def _overview_entry(overview: QueueOverview) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": overview.queue}
+    for key, value in asdict(overview).items():
+        if key == "queue":
+            continue
+        entry[key] = _time(value) if isinstance(value, datetime) else value
+    entry["unknown"] = list(overview.unknown)
+    return entry
+
+
+def _state(count: int | None, oldest: datetime | None, unknown: bool, now: datetime) -> str:
+    if count is None:
+        return "?"
+    if unknown:
+        return f"{count} (?)"
+    return str(count) if oldest is None else f"{count} ({_span(now - oldest)})"
+
+
+def _span(length: timedelta) -> str:
+    """A duration in its two largest units: 3d4h, 2h05m, 7m30s, 12s."""
+    seconds = max(int(length.total_seconds()), 0)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{seconds:02d}s"
+    return f"{seconds}s"
 
 
 def add_queues_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("queues", help="list the queues and their sizes")
+    parser = subparsers.add_parser(
+        "queues",
+        help="each queue's size, ready, in-flight, delayed and dead-lettered mails and the oldest of each",
+    )
     parser.set_defaults(handler=_queues)
 
 

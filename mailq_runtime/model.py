@@ -102,6 +102,14 @@ class EnqueueId(_HexId):
     kind = "enqueue id"
 
 
+def creation_time(identifier: str) -> int | None:
+    """When a mailq id (enqueue, message or mailbox id) was made, in microseconds since the epoch, read from
+    its first 16 hex digits; None for anything else (a broker message another program published)."""
+    if not isinstance(identifier, str) or not _HEX_ID.fullmatch(identifier):
+        return None
+    return int(identifier[:16], 16)
+
+
 class MessageId(_HexId):
     kind = "message id"
 

@@ -73,6 +73,7 @@ from .model import (
     delivery_time,
     parse_duration,
 )
+from .overview import QueueOverview, overview
 from .queue_view import EnqueuedMail, QueueView
 from .stores.dead_letters import DeadLetter, DeadLetters
 from .stores.delayed_mails import DelayedMail, DelayedMails
@@ -600,6 +601,11 @@ class MailQueue:
         browse_start = self.view.browse_start(self.name)
         return 0 if browse_start is None else self.view.size(self.name, browse_start)
 
+    def overview(self) -> QueueOverview:
+        """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse
+        (overview.py says how exact each figure is on each broker)."""
+        return overview(self)
+
     # management
     def remove(
         self, *, name: str | None = None, sender: str | None = None, recipient: str | None = None
@@ -674,6 +680,12 @@ class MailQueue:
         """The queue's dead letters, in enqueue order (those the broker gave up on moved in first)."""
         self._drain_quietly()
         return [self._dead_letter_item(letter) for letter in self.dead_letter_records.list(self.name)]
+
+    def dead_letter_reasons(self) -> list[tuple[str, datetime]]:
+        """The reason and the death time of each dead letter, without reading their messages (those the
+        broker gave up on moved in first)."""
+        self._drain_quietly()
+        return [(reason, to_datetime(died)) for reason, died in self.dead_letter_records.reasons(self.name)]
 
     def dead_letter(self, enqueue_id: str) -> DeadLetterItem:
         """One dead letter; its `mail` holds the content. Raises InvalidInput if there is no such letter."""

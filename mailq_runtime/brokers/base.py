@@ -37,6 +37,18 @@ class BrokerDeadLetter:
     died_at: int  # microseconds since the epoch
 
 
+@dataclass(frozen=True)
+class BrokerCounts:
+    """What a broker tells of a queue's messages without taking any. A broker knows either its leases
+    (`leased`, the enqueue ids of the messages handed to a consumer and not settled) or how many messages
+    wait (`ready`), not always both: None is what it cannot tell. Messages of mails removed while they
+    waited count until a consumer receives and discards them."""
+
+    ready: int | None
+    leased: frozenset[str] | None
+    dead_letters: int  # messages it dead-lettered by itself, not yet drained into the metadata store
+
+
 class Broker(Protocol):
     # Microseconds a received message stays leased to its consumer before it is delivered again.
     visibility_timeout: int
@@ -62,6 +74,10 @@ class Broker(Protocol):
     def published(self, queue: str, enqueue_ids: list[str]) -> set[str]:
         """Which of these mails the broker still holds (a broker that cannot tell returns none), for
         republish."""
+        ...
+
+    def counts(self, queue: str) -> BrokerCounts:
+        """The queue's messages as the broker counts them; it reads and changes nothing else."""
         ...
 
     def drain_dead_letters(self, queue: str, keep: Callable[[list[BrokerDeadLetter]], None]) -> int:

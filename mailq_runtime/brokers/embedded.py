@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from ..clock import MICROS_PER_SECOND, Clock
 from ..stores.embedded import EmbeddedStore
-from .base import BrokerDeadLetter, Delivery
+from .base import BrokerCounts, BrokerDeadLetter, Delivery
 
 _POLL_SECONDS = 0.2
 
@@ -116,6 +116,17 @@ class EmbeddedBroker:
         rows = self.store.read("SELECT enqueue_id FROM broker_messages WHERE queue = ?", (queue,))
         held = {e for (e,) in rows}
         return held & set(enqueue_ids)
+
+    def counts(self, queue: str) -> BrokerCounts:
+        # Its leases, exactly: a lease that ended is a message deliverable again, as `_claim` sees it. How
+        # many wait it leaves to the queue, which counts the live mails (a message of a removed mail
+        # waits here until a consumer discards it).
+        rows = self.store.read(
+            "SELECT enqueue_id FROM broker_messages "
+            "WHERE queue = ? AND lease IS NOT NULL AND available_at > ?",
+            (queue, self.clock()),
+        )
+        return BrokerCounts(ready=None, leased=frozenset(e for (e,) in rows), dead_letters=0)
 
     def drain_dead_letters(self, queue: str, keep: Callable[[list[BrokerDeadLetter]], None]) -> int:
         return 0  # it never gives up on a message: only the queue dead-letters

@@ -72,7 +72,7 @@ import pika.exceptions
 
 from ..clock import LATEST, MICROS_PER_SECOND, Clock, system_clock
 from ..errors import BrokerRefused, BrokerUnavailable, InvalidInput, shown
-from .base import BrokerDeadLetter, Delivery
+from .base import BrokerCounts, BrokerDeadLetter, Delivery
 from .rabbitmq_link import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
@@ -97,6 +97,8 @@ _START_WAIT = 5.0
 # (ready in the queue while it has room, or being counted again): a bound, reached only under load.
 _SETTLE_WAIT = 5.0
 _SYNC_WAIT = 10.0
+# How long counting a queue's messages retries an unreachable RabbitMQ: an operator's look, not a mail.
+_COUNT_WAIT = 5.0
 _MISSING = object()  # what a waiting receive finds when its queue vanished
 
 T = TypeVar("T")
@@ -253,6 +255,29 @@ class RabbitMQBroker:
             channel.basic_publish("", routing_key, body, properties=properties)  # returns once confirmed
             channel.basic_ack(method.delivery_tag)
         return seen
+
+    def counts(self, queue: str) -> BrokerCounts:
+        """The messages ready in the queue and in its dead-letter queue, from passive declares, which
+        create nothing. AMQP does not tell how many a queue's consumers hold unacknowledged, nor which."""
+        deadline = time.monotonic() + _COUNT_WAIT
+        ready, dead = self._blocking(
+            partial(self._ready_counts, queue), deadline, f"count the messages of {queue}"
+        )
+        return BrokerCounts(ready=ready, leased=None, dead_letters=dead)
+
+    def _ready_counts(self, queue: str, channel: Any) -> tuple[int, int]:
+        counts = []
+        for name in (queue_name(queue), dead_letter_queue(queue)):
+            try:
+                counts.append(channel.queue_declare(name, passive=True).method.message_count)
+            except pika.exceptions.ChannelClosedByBroker as error:
+                if error.reply_code != 404:
+                    raise
+                # Not declared yet (no mail of the queue was ever published): it holds nothing. The
+                # broker closed the channel, so the next declare takes a new one.
+                counts.append(0)
+                channel = channel.connection.channel()
+        return counts[0], counts[1]
 
     # Consuming.
 

@@ -10,6 +10,9 @@ delayed mail is keyed by (queue, due, enqueue id): the same mail delayed again (
   then enqueue id: what the publisher publishes next.
 - remove(mail): drop it once published (nothing if absent), so publishing is at-least-once.
 - all(queue): every mail the queue holds, in the same order, for a flush.
+- summary(queue, now): how many wait (due after `now`) and how many fell due and wait for a publisher,
+  with the smallest enqueue id (the oldest mail) of each and the next due time, counted by the store
+  without reading the payloads.
 """
 
 from __future__ import annotations
@@ -27,8 +30,18 @@ class DelayedMail:
     payload: str
 
 
+@dataclass(frozen=True)
+class DelayedSummary:
+    waiting: int  # due after `now`
+    oldest_waiting: str | None  # the smallest enqueue id among them
+    next_due: int | None
+    fallen_due: int  # due at `now` or earlier, not handed to the broker yet
+    oldest_fallen_due: str | None
+
+
 class DelayedMails(Protocol):
     def add(self, mail: DelayedMail) -> None: ...
     def due(self, queue: str, now: int, limit: int) -> list[DelayedMail]: ...
     def remove(self, mail: DelayedMail) -> None: ...
     def all(self, queue: str) -> list[DelayedMail]: ...
+    def summary(self, queue: str, now: int) -> DelayedSummary: ...

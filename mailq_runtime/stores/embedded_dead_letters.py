@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import builtins
 
-from .dead_letters import DeadLetter
+from .dead_letters import DeadLetter, DeadLetterSummary
 from .embedded import EmbeddedStore
 
 _FIELDS = "queue, enqueue_id, reason, died_at, payload"
@@ -42,5 +42,11 @@ class EmbeddedDeadLetters:
         with self.store.transaction() as db:
             db.execute("DELETE FROM dead_letters WHERE queue = ? AND enqueue_id = ?", (queue, enqueue_id))
 
-    def count(self, queue: str) -> int:
-        return self.store.read_one("SELECT COUNT(*) FROM dead_letters WHERE queue = ?", (queue,))[0]
+    def summary(self, queue: str) -> DeadLetterSummary:
+        count, oldest = self.store.read_one(
+            "SELECT COUNT(*), MIN(died_at) FROM dead_letters WHERE queue = ?", (queue,)
+        )
+        return DeadLetterSummary(count, oldest)
+
+    def reasons(self, queue: str) -> builtins.list[tuple[str, int]]:
+        return self.store.read("SELECT reason, died_at FROM dead_letters WHERE queue = ?", (queue,))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .delayed_mails import DelayedMail
+from .delayed_mails import DelayedMail, DelayedSummary
 from .embedded import EmbeddedStore
 
 _FIELDS = "queue, enqueue_id, due, priority, payload"
@@ -40,3 +40,14 @@ class EmbeddedDelayedMails:
             f"SELECT {_FIELDS} FROM delayed_mails WHERE queue = ? ORDER BY due, enqueue_id", (queue,)
         )
         return [DelayedMail(*row) for row in rows]
+
+    def summary(self, queue: str, now: int) -> DelayedSummary:
+        counts = {0: (0, None, None), 1: (0, None, None)}
+        for waiting, count, oldest, first_due in self.store.read(
+            "SELECT due > ?, COUNT(*), MIN(enqueue_id), MIN(due) FROM delayed_mails WHERE queue = ? "
+            "GROUP BY due > ?",
+            (now, queue, now),
+        ):
+            counts[waiting] = (count, oldest, first_due)
+        (waiting, oldest_waiting, next_due), (fallen, oldest_fallen, _) = counts[1], counts[0]
+        return DelayedSummary(waiting, oldest_waiting, next_due, fallen, oldest_fallen)

@@ -126,6 +126,13 @@ class EmbeddedQueueView:
         )
         return row[0]
 
+    def slice_sizes(self, queue: str, start: int) -> list[tuple[int, int]]:
+        return self.store.read(
+            "SELECT slice_start, enqueued - deleted FROM slice_counters "
+            "WHERE queue = ? AND slice_start >= ? ORDER BY slice_start",
+            (queue, start),
+        )
+
     # browse_start / content_start
     def browse_start(self, queue: str) -> int | None:
         row = self.store.read_one("SELECT browse_start FROM browse_start WHERE queue = ?", (queue,))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tomllib
 from contextlib import closing
+from datetime import UTC
 from importlib.resources import files
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 
 from mailq_runtime import Runtime
 from mailq_runtime.cli import main, progress_bar
+from mailq_runtime.clock import to_datetime
 
 ALICE, BOB, CAROL, DAVE = "alice@example.com", "bob@example.org", "carol@example.net", "dave@example.org"
 HUGE = "1" * 310  # past a float's range, in any unit
@@ -88,9 +90,51 @@ def test_enqueue_then_size_and_queues(mailq, mailq_json, eml):
 
     assert len(enqueue_id) == 32
     assert mailq_json("size", "spool") == {"name": "spool", "size": 2}
-    assert mailq_json("queues") == [{"name": "spool", "size": 2}]
+    assert [(q["name"], q["size"]) for q in mailq_json("queues")] == [("spool", 2)]
     status, out, _ = mailq("size", "spool")
     assert (status, out) == (0, "spool: 2 mails\n")
+
+
+def _enqueued_at(enqueue_id: str) -> str:
+    return to_datetime(int(enqueue_id[:16], 16)).astimezone(UTC).isoformat(timespec="seconds")
+
+
+def test_queues_shows_each_state_with_its_oldest(mailq, mailq_json, eml, url):
+    held = enqueue(mailq, eml)
+    enqueue(mailq, eml)
+    ready = enqueue(mailq, eml)
+    delayed = enqueue(mailq, eml, "--delay", "1h")
+    with Runtime.open(url) as runtime:
+        queue = runtime.queue("spool")
+        item = queue.dequeue(timeout=0)
+        assert item.enqueue_id == held
+        queue.dequeue(timeout=0).reject("550 no such user")
+        (entry,) = mailq_json("queues")
+        status, out, err = mailq("queues")
+        item.done()
+    assert {key: entry[key] for key in ("name", "size", "ready", "in_flight", "delayed", "dead_letters")} == {
+        "name": "spool",
+        "size": 3,
+        "ready": 1,
+        "in_flight": 1,
+        "delayed": 1,
+        "dead_letters": 1,
+    }
+    assert (entry["oldest_ready"], entry["oldest_in_flight"], entry["oldest_delayed"]) == (
+        _enqueued_at(ready),
+        _enqueued_at(held),
+        _enqueued_at(delayed),
+    )
+    assert entry["next_due"] > entry["oldest_delayed"] and entry["oldest_dead_letter"] is not None
+    assert entry["unknown"] == []
+    header, row, legend = out.splitlines()
+    assert (status, err) == (0, "")
+    assert header.split("  ")[:3] == ["QUEUE", "SIZE", "READY"]
+    assert re.fullmatch(
+        r"spool +3 +1 \(\d+s\) +1 \(\d+s\) +1 \(\d+s\) next in (59m\d\ds|1h00m) +1 \(\d+s\)", row
+    )
+    assert legend.startswith("(the age of the oldest")
+    assert [(q["name"], q["ready"], q["in_flight"]) for q in mailq_json("queues")] == [("spool", 1, 0)]
 
 
 def test_enqueued_content_is_the_file(mailq, eml, url):
@@ -536,7 +580,7 @@ def test_a_long_value_is_echoed_cut_short(mailq, mailq_json, eml, command):
 
     assert_bad_input((status, out, err), "x" * 64, "(100")
     assert "x" * 65 not in err and len(err) < 500
-    assert mailq_json("queues") == [{"name": "spool", "size": 1}]
+    assert [(q["name"], q["size"]) for q in mailq_json("queues")] == [("spool", 1)]
 
 
 @pytest.mark.parametrize(

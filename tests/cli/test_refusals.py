@@ -98,7 +98,7 @@ def test_bad_input_on_existing_data_changes_nothing_and_creates_no_queue(data, f
     before = backend.counts()
     assert_one_line(mailq(*command(data, case, files)), REFUSALS[case][2])
     assert backend.counts() == before
-    assert mailq("--url", f"embedded://{data}", "queues")[1] == "QUEUE  SIZE\nspool  1\n"
+    assert mailq("--url", f"embedded://{data}", "queues")[1].splitlines()[1].split()[:2] == ["spool", "1"]
 
 
 @pytest.mark.parametrize("case", list(REFUSALS))

@@ -34,11 +34,15 @@ ASSETS = {
     "mailbox_counters",
     "mail_queue_slices",
     "mail_queue_cleanup",
+    "mail_queue_overview",
+    "mail_queue_domains",
+    "mail_queue_dead_letters",
 }
 CHECKS = {
     "collected_blobs": {"no_live_blob_collected"},
     "mailbox_counters": {"counters_match_source_of_truth"},
     "mail_queue_slices": {"slice_counters_match_recount", "browse_start_not_ahead_of_live_mail"},
+    "mail_queue_dead_letters": {"dead_letters_not_growing"},
 }
 JOBS = {
     "blob_gc_job",
@@ -46,10 +50,12 @@ JOBS = {
     "blob_gc_and_orphan_sweep_job",
     "mailbox_counters_job",
     "queue_cleanup_job",
+    "queue_overview_job",
+    "dead_letters_job",
     "maintenance_job",
     "rotate_generation_job",
 }
-SENSORS = {"deletions_waiting_sensor", "queue_cleanup_sensor", "counter_drift_sensor"}
+SENSORS = {"deletions_waiting_sensor", "queue_cleanup_sensor", "counter_drift_sensor", "dead_letters_sensor"}
 SCHEDULES = {"rotate_generation_schedule"}
 SERVER_START_S = 90
 RUN_S = 300  # a re-execution starts a process, then Spark, on a loaded two-core machine
@@ -67,6 +73,16 @@ def test_the_definitions_load_and_expose_everything_by_name() -> None:
         assert defs.resolve_job_def(name).name == name
     assert {sensor.name for sensor in defs.sensors} == SENSORS
     assert {schedule.name for schedule in defs.schedules} == SCHEDULES
+    # The overviews only look: they run in jobs of their own, not in the clean-up or the maintenance.
+    overviews = {"mail_queue_overview", "mail_queue_domains", "mail_queue_dead_letters"}
+    for name, expected in (
+        ("maintenance_job", ASSETS - overviews),
+        ("queue_cleanup_job", {"mail_queue_slices", "mail_queue_cleanup"}),
+        ("queue_overview_job", {"mail_queue_overview", "mail_queue_domains"}),
+        ("dead_letters_job", {"mail_queue_dead_letters"}),
+    ):
+        selected = defs.resolve_job_def(name).asset_layer.selected_asset_keys
+        assert {key.to_user_string() for key in selected} == expected, name
     # The GC job is one iteration of record 39, in lineage order; the sweep is a job of its own.
     gc = defs.resolve_job_def("blob_gc_job").asset_layer.selected_asset_keys
     assert {key.to_user_string() for key in gc} == {

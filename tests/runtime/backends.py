@@ -80,6 +80,8 @@ class Backend:
     groups_writes: bool
     # Whether the broker gives a consumer's mails back as soon as it dies, not once their leases end.
     leases_end_with_their_consumer = False
+    # Whether the broker tells which messages are leased (in flight), not only how many wait.
+    broker_knows_leases = True
     # The start of the NoStore message of an open where nothing was created yet (a regex).
     missing_store: str
     # Every table the deployment has, the logical ones (TABLES) among them.
@@ -649,6 +651,7 @@ class RabbitMQBackend(CassandraBackend):
 
     name = "rabbitmq"
     leases_end_with_their_consumer = True  # RabbitMQ sees the consumer's connection close
+    broker_knows_leases = False  # AMQP shows the ready messages, not the unacknowledged ones
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import builtins
 
-from ..dead_letters import DeadLetter
+from ..dead_letters import DeadLetter, DeadLetterSummary
 from .store import CassandraStore
 
 _FIELDS = "queue, enqueue_id, reason, died_at, payload"
@@ -36,5 +36,13 @@ class CassandraDeadLetters:
     def remove(self, queue: str, enqueue_id: str) -> None:
         self.store.execute("DELETE FROM dead_letters WHERE queue = ? AND enqueue_id = ?", (queue, enqueue_id))
 
-    def count(self, queue: str) -> int:
-        return self.store.execute("SELECT COUNT(*) FROM dead_letters WHERE queue = ?", (queue,)).one()[0]
+    def summary(self, queue: str) -> DeadLetterSummary:
+        # An aggregate over one partition: Cassandra counts its rows without shipping them.
+        count, oldest = self.store.execute(
+            "SELECT COUNT(*), MIN(died_at) FROM dead_letters WHERE queue = ?", (queue,)
+        ).one()
+        return DeadLetterSummary(count, oldest if count else None)
+
+    def reasons(self, queue: str) -> builtins.list[tuple[str, int]]:
+        rows = self.store.execute("SELECT reason, died_at FROM dead_letters WHERE queue = ?", (queue,))
+        return [(row.reason, row.died_at) for row in rows]

@@ -14,7 +14,7 @@ makes too. An add lists its hour before writing the mail, so a listed hour is ne
 
 from __future__ import annotations
 
-from ..delayed_mails import DelayedMail
+from ..delayed_mails import DelayedMail, DelayedSummary
 from .store import CassandraStore
 
 BUCKET = 3600 * 1_000_000  # microseconds: an hour of due times a partition
@@ -71,6 +71,29 @@ class CassandraDelayedMails:
             [(queue, bucket) for bucket in self._buckets(queue, None)],
         )
         return [DelayedMail(*row) for rows in results for row in rows]
+
+    def summary(self, queue: str, now: int) -> DelayedSummary:
+        # Aggregates over each listed hour's partition, split at `now` within its hour: Cassandra counts
+        # the rows without shipping them (so the payloads never travel).
+        aggregate = (
+            "SELECT COUNT(*), MIN(enqueue_id), MIN(due) FROM delayed_mails WHERE queue = ? AND due_bucket = ?"
+        )
+        buckets = self._buckets(queue, None)
+        fallen = self.store.execute_all(
+            f"{aggregate} AND due <= ?", [(queue, b, now) for b in buckets if b <= now]
+        )
+        waiting = self.store.execute_all(
+            f"{aggregate} AND due > ?", [(queue, b, now) for b in buckets if b + BUCKET > now]
+        )
+        fallen_rows = [row for rows in fallen for row in rows if row[0]]
+        waiting_rows = [row for rows in waiting for row in rows if row[0]]
+        return DelayedSummary(
+            sum(row[0] for row in waiting_rows),
+            min((row[1] for row in waiting_rows), default=None),
+            min((row[2] for row in waiting_rows), default=None),
+            sum(row[0] for row in fallen_rows),
+            min((row[1] for row in fallen_rows), default=None),
+        )
 
     def _buckets(self, queue: str, last: int | None) -> list[int]:
         """The listed hours of the queue, in order, up to `last` (every one when None)."""

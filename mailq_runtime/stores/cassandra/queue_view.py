@@ -289,6 +289,12 @@ class CassandraQueueView:
             (row.enqueued or 0) - (row.deleted or 0) for row in self.slice_counters.rows_from(queue, start)
         )
 
+    def slice_sizes(self, queue: str, start: int) -> list[tuple[int, int]]:
+        sizes: dict[int, int] = {}
+        for row in self.slice_counters.rows_from(queue, start):
+            sizes[row.slice_start] = sizes.get(row.slice_start, 0) + (row.enqueued or 0) - (row.deleted or 0)
+        return sorted(sizes.items())
+
     # browse_start / content_start
     def browse_start(self, queue: str) -> int:
         return self.browse_starts.get(queue)

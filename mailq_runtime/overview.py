@@ -1,0 +1,135 @@
+"""What a queue holds, at a glance: ready, in flight, delayed and dead-lettered mails and the oldest of each,
+read without browsing the queue.
+
+Every figure comes from something kept for it: the per-slice counters (the live mails, as `size` reads
+them), the delayed mails and the dead letters (counted by the metadata store, payloads unread), and the
+broker's own counts. Only the oldest ready mail needs the mails themselves: it is the first live mail,
+from browse_start on, that is neither delayed nor in flight, so the read stops there (the slices the
+counters show empty are skipped).
+
+How exact each figure is (the counters are exact unless a crash fell between a write and its count,
+which the pipeline's recount reports):
+
+- delayed, next due, dead letters, oldest delayed and oldest dead letter: exact.
+- ready and in flight, on a broker that knows its leases (the embedded one): in flight exactly, and ready
+  the rest of the live mails (those whose delay fell due, waiting for the next publisher, included).
+- ready and in flight, on RabbitMQ: ready is what RabbitMQ holds ready plus the delays fallen due, and in
+  flight the rest of the live mails: what RabbitMQ handed to consumers and has not had acknowledged, the
+  mails a consumer prefetched (up to `prefetch` a consumer, given back after a second unasked) included.
+  After a remove or a clear RabbitMQ still counts the removed mails' messages as ready until a consumer
+  discards them, so ready is too high and in flight too low (never below 0) until then. Which mails are
+  in flight AMQP does not tell: the oldest ready and the oldest in flight are known only while the other
+  count is 0 (the oldest mail still to deliver is then the one), else `unknown` names them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from .brokers.base import BrokerCounts
+from .clock import to_datetime
+from .errors import BrokerUnavailable
+from .model import creation_time
+
+if TYPE_CHECKING:
+    from .queue import MailQueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QueueOverview:
+    """A queue's mails by state. The oldest of ready, in-flight and delayed mails is the earliest enqueue
+    time among them; that of the dead letters when the longest-kept one died. A time is None when there
+    is no such mail, or when the deployment cannot tell it (then `unknown` names it)."""
+
+    queue: str
+    size: int  # live mails, from the per-slice counters: ready + in_flight + delayed
+    ready: int | None  # deliverable now, not handed to a consumer
+    in_flight: int | None  # handed to a consumer, not settled yet
+    delayed: int  # waiting for their delay to end
+    dead_letters: int  # that the queue will not deliver
+    oldest_ready: datetime | None
+    oldest_in_flight: datetime | None
+    oldest_delayed: datetime | None
+    next_due: datetime | None  # when the next delayed mail falls due
+    oldest_dead_letter: datetime | None
+    unknown: tuple[str, ...] = ()  # the figures this deployment cannot tell now
+
+
+def overview(queue: MailQueue) -> QueueOverview:
+    name = queue.name
+    now = queue.clock()
+    sizes = queue.view.slice_sizes(name, queue.browse_start())
+    size = sum(live for _, live in sizes)
+    delayed = queue.delayed.summary(name, now)
+    letters = queue.dead_letter_records.summary(name)
+    try:
+        broker: BrokerCounts | None = queue.broker.counts(name)
+    except BrokerUnavailable as error:
+        log.warning("queue %s: the broker's counts are unknown: %s", name, error)
+        broker = None
+    pending = 0 if broker is None else broker.dead_letters  # still live in the view until drained
+    deliverable = max(size - delayed.waiting - pending, 0)
+    common = {
+        "queue": name,
+        "size": size,
+        "delayed": delayed.waiting,
+        "dead_letters": letters.count + pending,
+        "oldest_delayed": _time(creation_time(delayed.oldest_waiting or "")),
+        "next_due": _time(delayed.next_due),
+        "oldest_dead_letter": _time(letters.oldest_died_at),
+    }
+    if broker is None:
+        return QueueOverview(
+            **common,
+            ready=None,
+            in_flight=None,
+            oldest_ready=None,
+            oldest_in_flight=None,
+            unknown=("ready", "in_flight", "oldest_ready", "oldest_in_flight"),
+        )
+    if broker.leased is not None:
+        in_flight = len(broker.leased)
+        ready = max(deliverable - in_flight, 0)
+        leased_times = [t for t in map(creation_time, broker.leased) if t is not None]
+        return QueueOverview(
+            **common,
+            ready=ready,
+            in_flight=in_flight,
+            oldest_ready=_time(_oldest_deliverable(queue, sizes, now, broker.leased)) if ready else None,
+            oldest_in_flight=_time(min(leased_times, default=None)),
+        )
+    ready = (broker.ready or 0) + delayed.fallen_due
+    in_flight = max(deliverable - ready, 0)
+    oldest = _time(_oldest_deliverable(queue, sizes, now, frozenset())) if deliverable else None
+    unknown = ("oldest_ready", "oldest_in_flight") if ready and in_flight else ()
+    return QueueOverview(
+        **common,
+        ready=ready,
+        in_flight=in_flight,
+        oldest_ready=oldest if not in_flight else None,
+        oldest_in_flight=oldest if not ready else None,
+        unknown=unknown,
+    )
+
+
+def _oldest_deliverable(
+    queue: MailQueue, sizes: list[tuple[int, int]], now: int, skip: frozenset[str]
+) -> int | None:
+    """The enqueue time of the first live mail from browse_start on that is deliverable now (its next
+    delivery come) and not in `skip`."""
+    for slice_start, live in sizes:
+        if live <= 0:
+            continue
+        for row in queue.view.live_mails(queue.name, slice_start):
+            if row.next_delivery <= now and row.enqueue_id not in skip:
+                return row.enqueued_time
+    return None
+
+
+def _time(micros: int | None) -> datetime | None:
+    return None if micros is None else to_datetime(micros)
