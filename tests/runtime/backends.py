@@ -605,14 +605,21 @@ class CassandraBackend(Backend):
 
     def move_browse_start(self, queue: str, browse_start: int) -> None:
         """A queue's browse_start set to any moment, live mails or not."""
-        self._write(
-            "UPDATE {keyspace}.browse_start SET browse_start = ? WHERE queue = ?", (browse_start, queue)
-        )
+        self._move_start("browse_start", queue, browse_start)
 
     def move_content_start(self, queue: str, content_start: int) -> None:
         """A queue's content_start set to any moment."""
-        cql = "UPDATE {keyspace}.content_start SET content_start = ? WHERE queue = ?"
-        self._write(cql, (content_start, queue))
+        self._move_start("content_start", queue, content_start)
+
+    def _move_start(self, table: str, queue: str, value: int) -> None:
+        """The runtime writes a start with its value as the write timestamp, so that it only moves
+        forward: to move one anywhere, the table is written anew, every queue's start with its own."""
+        starts = dict(self._rows(f"SELECT queue, {table} FROM {table}"))
+        starts[queue] = value
+        self.session.execute(f"TRUNCATE {self.keyspace}.{table}", timeout=120)
+        cql = f"INSERT INTO {{keyspace}}.{table} (queue, {table}) VALUES (?, ?) USING TIMESTAMP ?"
+        for name, start in starts.items():
+            self._write(cql, (name, start, start))
 
     def miscount_unseen(self, mailbox_id: str, extra: int) -> None:
         """A mailbox's unseen counter is off by `extra`."""
