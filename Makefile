@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(BIN)/python)
 
-.PHONY: demo test lint setup ui clean servers servers-down
+.PHONY: demo demo-distributed test lint setup ui ui-distributed clean servers servers-down
 
 $(BIN)/mailq: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,21 @@ $(DAGSTER_DIR)/dagster.yaml:
 
 demo: export DAGSTER_HOME := $(DAGSTER_DIR)
 demo: setup $(DAGSTER_DIR)/dagster.yaml
-	$(BIN)/mailq demo
+	$(BIN)/mailq demo --data-dir .mailq-demo
+
+# The same demo on the harness's servers: Cassandra, S3 and RabbitMQ, the pipeline on its Spark cluster.
+# Each run replaces the previous one's keyspace, bucket and vhost, named in $(DISTRIBUTED_DIR)/url, and
+# keeps its own for `make ui-distributed`; the pipeline's outputs go under that directory, which the
+# cluster's workers share with the driver on this machine.
+DISTRIBUTED_DIR := $(abspath .mailq-demo-distributed)
+SERVERS_ENV = eval "$$($(BIN)/python -m tests.servers env)"
+
+demo-distributed: export DAGSTER_HOME := $(DAGSTER_DIR)
+demo-distributed: export MAILQ_PIPELINE_DIR := $(DISTRIBUTED_DIR)/pipeline
+demo-distributed: setup $(DAGSTER_DIR)/dagster.yaml
+	$(BIN)/python -m tests.servers up
+	$(BIN)/python -m tests.servers deployment $(DISTRIBUTED_DIR)
+	$(SERVERS_ENV) && $(BIN)/mailq --url "$$(cat $(DISTRIBUTED_DIR)/url)" demo $(DEMO_OPTIONS)
 
 test: setup
 	$(BIN)/pytest
@@ -45,6 +59,13 @@ ui: export MAILQ_URL := embedded://$(DEMO_DIR)
 ui: setup $(DAGSTER_DIR)/dagster.yaml
 	@test -f $(DEMO_DIR)/mailq.db || { echo "no demo data in $(DEMO_DIR): run 'make demo' first" >&2; exit 1; }
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1
+
+ui-distributed: export DAGSTER_HOME := $(DAGSTER_DIR)
+ui-distributed: export MAILQ_PIPELINE_DIR := $(DISTRIBUTED_DIR)/pipeline
+ui-distributed: setup $(DAGSTER_DIR)/dagster.yaml
+	@test -f $(DISTRIBUTED_DIR)/url || { echo "no distributed demo: run 'make demo-distributed' first" >&2; exit 1; }
+	$(BIN)/python -m tests.servers up
+	$(SERVERS_ENV) && MAILQ_URL="$$(cat $(DISTRIBUTED_DIR)/url)" $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1
 
 clean:
 	rm -rf $(VENV) .mailq .mailq-demo .dagster

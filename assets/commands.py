@@ -22,7 +22,7 @@ from mailq_runtime import cli
 from mailq_runtime.cli import PIPELINE_COMMANDS, Report
 from mailq_runtime.errors import InvalidInput, shown
 from mailq_runtime.runtime import Runtime, build
-from mailq_runtime.settings import Settings
+from mailq_runtime.settings import URL_VARIABLE, Settings
 
 from . import jobs, runner
 
@@ -283,22 +283,38 @@ def add_generation_parser(subparsers: argparse._SubParsersAction) -> None:
     rotate.set_defaults(handler=_generation_rotate)
 
 
+DEMO_DIR = Path(".mailq-demo")
+
+
 def _demo(args: argparse.Namespace) -> Report:
     # Imported here: only this subcommand generates traffic.
     from . import demo
 
+    if args.url is not None and args.data_dir is not None:
+        raise InvalidInput("give the demo --url or --data-dir, not both")
     check_dagster_home()  # before the data dir is wiped
-    summary = demo.run(args.data_dir, mails=args.mails)
+    # The data dir given is the demo's own; else the URL given or MAILQ_URL names the deployment it makes;
+    # else its own default data dir.
+    url = None if args.data_dir is not None else args.url or os.environ.get(URL_VARIABLE)
+    if url is None:
+        settings = demo.embedded(args.data_dir or DEMO_DIR, args.mails)
+    else:
+        settings = demo.new_deployment(url, args.mails)
+    summary = demo.run(settings, mails=args.mails)
     return Report(summary, demo.describe(summary), 0 if summary["pipeline"]["success"] else EXIT_RUN_FAILED)
 
 
 def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help=PIPELINE_COMMANDS["demo"])
+    parser = subparsers.add_parser(
+        "demo",
+        help=PIPELINE_COMMANDS["demo"],
+        description="Without --data-dir, the deployment of --url (default $MAILQ_URL), which must not exist "
+        f"yet, else the data dir {DEMO_DIR}.",
+    )
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=Path(".mailq-demo"),
-        help="wiped at start (default: .mailq-demo); --url is not used",
+        help=f"the demo's own embedded data dir, wiped at start (default: {DEMO_DIR}, unless a URL is given)",
     )
     parser.add_argument(
         "--mails",

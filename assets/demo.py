@@ -11,10 +11,18 @@
 
 The report says what was collected (blobs, bytes), repaired (counters, projection entries) and cleaned
 (queues). With DAGSTER_HOME set (`make demo` sets it), the run is recorded there for `make ui`.
+
+It runs on a deployment it makes: by default the embedded one in a data dir it wipes (`embedded`), or
+any deployment named by a URL that does not exist yet (`new_deployment`), the distributed one included.
+The tables' rows it reports are read by the store readers of the data source the assets read with
+(`assets.spark.table_source.store_tables`), the one reader of both stores' tables: the runtime's API has
+no counts of whole tables, nor the stores a common query language; in this process rather than in a
+Spark job, whose Python workers would cost seconds to minutes on a busy machine for tables this small.
 """
 
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -24,12 +32,17 @@ from mailq_demo import traffic
 from mailq_demo.mailboxes import deliver_and_maintain, inject_counter_faults
 from mailq_runtime.cli import progress_bar
 from mailq_runtime.clock import MICROS_PER_SECOND, to_datetime
+from mailq_runtime.errors import InvalidInput, NoStore
 from mailq_runtime.model import parse_duration
 from mailq_runtime.runtime import Runtime
+from mailq_runtime.settings import CASSANDRA, EMBEDDED, Settings, redact
+from mailq_runtime.stores.embedded_files import DATABASE_FILE
 
 from . import jobs
 from .commands import describe_run, run_pipeline
+from .definitions import pipeline_dir
 from .metadata import human_bytes
+from .spark.table_source import store_tables
 
 PHASES = 5
 # James's default pace: the runtime advances browse_start on 1 in 1000 dequeues, so what the traffic leaves
@@ -39,14 +52,15 @@ CONFIGURATION = replace(traffic.CONFIGURATION, update_browse_start_pace=1000)
 # Simulated time between the traffic and the worker's drain: the retries of the traffic's last minutes
 # fall due, so the drain leaves only the delayed mails in the queue.
 SETTLE = 2 * parse_duration(traffic.RETRY_DELAY)
-_TABLES = (
-    "blobs",
-    "blob_references",
-    "blob_deletions",
-    "enqueued_mails",
-    "deleted_mails",
-    "mailbox_counters",
-)
+# Each table's rows, counted through a column of its key: a count reads no more than that.
+_TABLES = {
+    "blobs": "blob_id",
+    "blob_references": "blob_id",
+    "blob_deletions": "blob_id",
+    "enqueued_mails": "queue",
+    "deleted_mails": "queue",
+    "mailbox_counters": "mailbox_id",
+}
 
 
 def _say(text: str) -> None:
@@ -54,33 +68,109 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _queues(runtime: Runtime) -> dict[str, dict[str, int]]:
+def embedded(data_dir: Path, mails: int) -> Settings:
+    """The demo's own embedded data dir, wiped once the demo's size is checked (a directory that does not
+    look like a mailq data dir is refused, not wiped)."""
+    traffic.check_size(mails)
+    traffic.fresh_data_dir(data_dir)
+    return Settings(backend=EMBEDDED, data_dir=data_dir)
+
+
+def new_deployment(url: str, mails: int) -> Settings:
+    """The deployment of `url`, which the demo makes: refused, before anything is written, when it holds
+    a store already (a keyspace, a data dir, an embedded broker's directory) or its bucket holds content
+    under its prefix, whose owner's blobs the orphan sweep would delete. The pipeline's outputs need a
+    place: MAILQ_PIPELINE_DIR for a deployment without a data dir."""
+    traffic.check_size(mails)
+    settings = Settings.from_url(url).absolute()
+    pipeline_dir(settings.url)
+    try:
+        Runtime(settings).close()
+    except NoStore:
+        pass
+    else:
+        raise InvalidInput(
+            f"{settings.shown()} holds a mailq store already: the demo makes its own deployment, so "
+            "name one that does not exist yet"
+        )
+    if settings.backend == CASSANDRA:
+        if settings.data_dir is not None and (settings.data_dir / DATABASE_FILE).exists():
+            raise InvalidInput(
+                f"the embedded broker's directory {settings.data_dir} holds a broker already: the demo "
+                "makes its own deployment, so name a directory that does not"
+            )
+        _check_no_content(settings)
+    return settings
+
+
+def _check_no_content(settings: Settings) -> None:
+    # The bucket alone, before the keyspace is made: the runtime opens a deployment keyspace first.
+    from mailq_runtime.blobs.s3_store import S3BlobStore
+
+    s3 = settings.s3
+    assert s3 is not None
+    content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
+    try:
+        content.open_bucket(create=False)
+        held = next(iter(content.list_ids()), None)
+    except NoStore:
+        return  # the creating open makes the bucket
+    finally:
+        content.close()
+    if held is not None:
+        raise InvalidInput(
+            f"bucket {s3.bucket!r} of {settings.shown()} holds content already (such as {held}): the "
+            "demo's orphan sweep would delete what no table of its own names, so give the demo a bucket "
+            "or an s3_prefix of its own"
+        )
+
+
+def _queues(runtime: Runtime, rows: dict[str, int]) -> dict[str, dict[str, int]]:
     """browse_start, content_start and the stored rows of each queue: what the clean-up moves and deletes."""
     return {
         name: {
             "browse_start": runtime.queue(name).browse_start(),
             "content_start": runtime.queue(name).content_start(),
-            "rows": runtime.store.read_one("SELECT COUNT(*) FROM enqueued_mails WHERE queue = ?", (name,))[0],
+            "rows": rows.get(name, 0),
         }
         for name in runtime.queues()
     }
 
 
-def _tables(runtime: Runtime) -> dict[str, int]:
-    # Table names are this module's constants, never input.
-    return {table: runtime.store.read_one(f"SELECT COUNT(*) FROM {table}")[0] for table in _TABLES}
+def _counts(url: str) -> tuple[dict[str, int], dict[str, int]]:
+    """The rows of each of _TABLES, and of enqueued_mails by queue, read through the data source's store
+    readers in this process: the tables are the demo's, small enough for one reader."""
+    store = store_tables(url)
+    tables: dict[str, int] = {}
+    by_queue: Counter[str] = Counter()
+    for table, column in _TABLES.items():
+        partitioning = store.partitioning(table, store.schema(table, [column]), None)
+        batches = [batch for part in partitioning.plan(1) for batch in partitioning.read(part)]
+        tables[table] = sum(batch.num_rows for batch in batches)
+        if table == "enqueued_mails":
+            by_queue.update(name for batch in batches for name in batch.column(0).to_pylist())
+    return tables, dict(by_queue)
 
 
-def run(data_dir: Path, mails: int = 3000, say: Callable[[str], None] = _say) -> dict[str, Any]:
-    """The whole demo on a wiped `data_dir`; returns its figures (see `describe`)."""
+def _snapshot(url: str) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """The queues' starts and rows, and the tables' rows, on the real clock as `mailq` commands read."""
+    tables, by_queue = _counts(url)
+    with Runtime.open(url) as live:
+        return _queues(live, by_queue), tables
+
+
+def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say) -> dict[str, Any]:
+    """The whole demo on the deployment of `settings`, made by it (`embedded` or `new_deployment`);
+    returns its figures (see `describe`)."""
     started = time.monotonic()
-    runtime, clock = traffic.open_demo(data_dir, mails, CONFIGURATION, later=SETTLE)
-    url = f"embedded://{data_dir.resolve()}"
+    url = settings.absolute().url
+    runtime, clock = traffic.open_demo(settings, CONFIGURATION, later=SETTLE)
+    place = f"in {settings.data_dir}" if settings.backend == EMBEDDED else f"on {redact(url)}"
     details: list[str] = []
     with runtime:
         say(
             f"[1/{PHASES}] traffic: {mails} mails over {traffic.SPAN // (3600 * MICROS_PER_SECOND)} "
-            f"simulated hours through queue {traffic.QUEUE!r} in {data_dir}"
+            f"simulated hours through queue {traffic.QUEUE!r} {place}"
         )
         steps = traffic.simulate(runtime, clock, mails, progress_bar)
         clock.now += SETTLE
@@ -102,21 +192,19 @@ def run(data_dir: Path, mails: int = 3000, say: Callable[[str], None] = _say) ->
             + ", ".join(f"rg{g}" for g in generations["eligible"])
         )
         left = runtime.queue(traffic.QUEUE).size()
-    # The pipeline and the reads around it run on the real clock, as `mailq` commands would.
-    with Runtime.open(url) as live:
-        queues_before, tables_before = _queues(live), _tables(live)
     say(
         f"[5/{PHASES}] pipeline: every maintenance asset in lineage order, with its checks "
         "(Spark starts first)"
     )
+    queues_before, tables_before = _snapshot(url)
     pipeline = run_pipeline(jobs.maintenance_job.name, url, "demo")
-    with Runtime.open(url) as live:
-        queues_after, tables_after = _queues(live), _tables(live)
+    queues_after, tables_after = _snapshot(url)
     assets = pipeline["assets"]
     collected, orphans = assets.get("collected_blobs", {}), assets.get("orphan_blobs", {})
     counters = assets.get("mailbox_counters", {})
     return {
-        "data_dir": str(data_dir),
+        "data_dir": str(settings.data_dir) if settings.backend == EMBEDDED else None,
+        "url": redact(url),
         "queue": traffic.QUEUE,
         "configuration": traffic.describe_configuration(CONFIGURATION),
         **steps,
@@ -153,6 +241,19 @@ def _iso(micros: int) -> str:
     return to_datetime(micros).isoformat(timespec="seconds")
 
 
+def _place(summary: dict[str, Any]) -> str:
+    return f"in {summary['data_dir']}" if summary["data_dir"] is not None else f"on {summary['url']}"
+
+
+def _ui(summary: dict[str, Any]) -> str:
+    if summary["data_dir"] is not None:
+        return "make ui"
+    return (
+        "make ui-distributed (or dagster dev -w workspace.yaml with this run's MAILQ_URL and "
+        "MAILQ_PIPELINE_DIR)"
+    )
+
+
 def _hm(iso: str) -> str:
     return iso[11:16]
 
@@ -170,7 +271,7 @@ def describe(summary: dict[str, Any]) -> list[str]:
     ]
     before, after = summary["tables"]["before"], summary["tables"]["after"]
     return [
-        f"mailq demo in {summary['data_dir']}: {t['enqueued']} mails through queue {summary['queue']!r}, "
+        f"mailq demo {_place(summary)}: {t['enqueued']} mails through queue {summary['queue']!r}, "
         f"then the maintenance pipeline ({summary['seconds']} s)",
         "",
         f"traffic      {t['enqueued']} mails enqueued ({human_bytes(t['bytes'])}, {t['delayed']} delayed) "
@@ -198,6 +299,6 @@ def describe(summary: dict[str, Any]) -> list[str]:
         f"checks       {passed} of {len(checks)} passed"
         + ("" if pipeline["success"] else "; the run FAILED"),
         "",
-        "next: make ui, then open http://127.0.0.1:3000 (Assets > lineage, each materialisation's metadata, "
-        "checks, sensors)",
+        f"next: {_ui(summary)}, then open http://127.0.0.1:3000 (Assets > lineage, each materialisation's "
+        "metadata, checks, sensors)",
     ]

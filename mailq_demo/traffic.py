@@ -1,10 +1,10 @@
-"""The traffic of `mailq demo`: two hours of generated mail through a fresh embedded queue.
+"""The traffic of `mailq demo`: two hours of generated mail through the queue of a fresh deployment.
 
 The steps are plain functions on one runtime (`generate_traffic`, `deliver`, `remove_by_sender`);
-`simulate` runs them on a runtime from `open_demo`. The demo, `assets.demo`, goes on from there with the
-mailboxes (`mailq_demo.mailboxes`) and the maintenance pipeline. Time is simulated so that the traffic spreads
-over many slices in a few seconds: that is what lets the demo show browse_start moving and record 32's
-clean-up dropping the rows of finished slices.
+`simulate` runs them on a runtime from `open_demo`, on any deployment. The demo, `assets.demo`, goes on
+from there with the mailboxes (`mailq_demo.mailboxes`) and the maintenance pipeline. Time is simulated
+so that the traffic spreads over many slices in a few seconds: that is what lets the demo show
+browse_start moving and record 32's clean-up dropping the rows of finished slices.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
@@ -339,17 +339,19 @@ def remove_by_sender(queue: MailQueue, sender: str) -> dict[str, Any]:
     return {"sender": sender, "removed": removed, "initial_count": before, "remaining_count": queue.size()}
 
 
-def open_demo(
-    data_dir: Path, mails: int, configuration: QueueViewConfiguration, later: int
-) -> tuple[Runtime, SimulatedClock]:
-    """Check the demo's size, wipe `data_dir` and open a runtime on it whose clock the steps move. The
-    clock starts so that SPAN + DELIVERY_SPAN + `later` (microseconds the caller's later steps move it
-    on) end about at the real time."""
+def check_size(mails: int) -> None:
     if mails < 10:
         raise InvalidInput(f"invalid demo size {mails}: at least 10 mails")
-    fresh_data_dir(data_dir)
+
+
+def open_demo(
+    settings: Settings, configuration: QueueViewConfiguration, later: int
+) -> tuple[Runtime, SimulatedClock]:
+    """Open a runtime that makes the deployment of `settings` with the demo's `configuration`, on a clock
+    the steps move. The clock starts so that SPAN + DELIVERY_SPAN + `later` (microseconds the caller's
+    later steps move it on) end about at the real time."""
     clock = SimulatedClock(system_clock() - SPAN - DELIVERY_SPAN - later)
-    settings = Settings(backend="embedded", data_dir=data_dir, view_configuration=asdict(configuration))
+    settings = replace(settings, view_configuration=asdict(configuration))
     return Runtime(settings, clock, create=True), clock
 
 

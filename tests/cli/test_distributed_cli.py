@@ -77,3 +77,25 @@ def test_schema_create_then_mails_in_and_out(url, tmp_path, s3_server):
     status, out, err = mailq("--url", url, "clear", "spool")
     assert status == 0, err
     assert mailq("--url", url, "size", "spool")[1] == "spool: 0 mails\n"
+
+
+def test_the_demo_refuses_a_deployment_it_would_share_and_makes_nothing(
+    url, cassandra_server, s3_server, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("MAILQ_PIPELINE_DIR", raising=False)
+    before = _keyspaces(cassandra_server)
+    assert_one_line(mailq("--url", url, "demo", "--mails", "10"), "set MAILQ_PIPELINE_DIR")
+    monkeypatch.setenv("MAILQ_PIPELINE_DIR", str(tmp_path / "pipeline"))
+    # Someone else's content in the bucket: the demo's orphan sweep would delete it.
+    bucket = url.split("s3=")[1].split("&")[0]
+    client = s3_server.client()
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key=f"g1_{'ab' * 32}", Body=b"kept")
+    assert_one_line(mailq("--url", url, "demo", "--mails", "10"), f"bucket '{bucket}'", "holds content")
+    assert _keyspaces(cassandra_server) == before
+    assert not (tmp_path / "broker").exists() and not (tmp_path / "pipeline").exists()
+    assert client.get_object(Bucket=bucket, Key=f"g1_{'ab' * 32}")["Body"].read() == b"kept"
+    # A keyspace that holds a store already.
+    assert mailq("--url", url, "schema", "create")[0] == 0
+    client.delete_object(Bucket=bucket, Key=f"g1_{'ab' * 32}")
+    assert_one_line(mailq("--url", url, "demo", "--mails", "10"), "holds a mailq store already")

@@ -21,6 +21,7 @@ from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import DATABASE_FILE
 from mailq_runtime.worker import run_worker
 from resources import MailqRuntime
+from tests.runtime.test_store_files import snapshot
 
 LOCAL = "example.org"
 USERS = ("alice@example.org", "bob@example.org", "carol@example.org")
@@ -293,6 +294,28 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(tmp_path, monkeypat
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "no-such-home"))
     assert_bad_input(run("demo", "--data-dir", str(tmp_path / "keep")), "DAGSTER_HOME")
     assert (tmp_path / "keep" / "precious.txt").read_text() == "keep me"
+
+
+def test_the_demo_makes_its_deployment_and_never_wipes_one_a_url_names(tmp_path, monkeypatch, capsys):
+    store = tmp_path / "store"
+    traffic(f"embedded://{store}")
+    before = snapshot(store)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        status = main(list(args))
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err
+
+    assert_bad_input(run("--url", f"embedded://{store}", "demo"), "holds a mailq store already")
+    monkeypatch.setenv("MAILQ_URL", f"embedded://{store}")
+    assert_bad_input(run("demo"), "holds a mailq store already")
+    both = run("--url", f"embedded://{tmp_path / 'new'}", "demo", "--data-dir", str(store))
+    assert_bad_input(both, "not both")
+    assert_bad_input(run("demo", "--mails", "5"), "at least 10 mails")
+    assert snapshot(store) == before
+    assert not (tmp_path / "new").exists()
+    with Runtime.open(f"embedded://{store}") as runtime:
+        assert runtime.queue("spool").size() == 0 and len(runtime.mailboxes.list()) == 3
 
 
 def test_the_runtime_commands_are_all_still_there(url, mailq, mailq_json, capsys):

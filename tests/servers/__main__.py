@@ -1,4 +1,5 @@
-"""`python -m tests.servers up|down|status|env [server ...]`: the servers of the distributed tests."""
+"""`python -m tests.servers up|down|status|env [server ...]`: the servers of the distributed tests;
+`python -m tests.servers deployment DIR`: a fresh deployment on them, its URL in DIR/url (deployment.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from . import FACTS, SERVERS, ServerError, cache_root
 from .base import Proc
@@ -25,7 +27,22 @@ def main(argv: list[str] | None = None) -> int:
     ):
         sub = commands.add_parser(command, help=help_text)
         sub.add_argument("servers", nargs="*", metavar="server", help=f"{' | '.join(SERVERS)} (default: all)")
+    fresh = commands.add_parser(
+        "deployment",
+        help="replace the deployment whose URL DIR/url holds by a new keyspace, bucket and vhost; "
+        "print its URL",
+    )
+    fresh.add_argument("directory", type=Path, metavar="DIR")
     args = parser.parse_args(argv)
+    if args.command == "deployment":
+        from . import deployment  # imports mailq and pytest, which the other commands do without
+
+        try:
+            print(deployment.fresh(args.directory))
+        except ServerError as error:
+            print(f"servers: error: {error}", file=sys.stderr)
+            return 1
+        return 0
     unknown = [name for name in args.servers if name not in SERVERS]
     if unknown:
         parser.error(f"unknown server {unknown[0]!r} (choose from {', '.join(SERVERS)})")
