@@ -38,21 +38,11 @@ def backend(
         yield opened
 
 
-def _runs_distributed_tests(session: pytest.Session) -> bool:
-    return any(
-        getattr(item, "callspec", None) is not None
-        and item.callspec.params.get("backend", "embedded") != "embedded"
-        for item in session.items
-    )
-
-
 @pytest.fixture(scope="session")
-def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
+def spark() -> Iterator[SparkSession]:
+    # The S3 keys its tasks need on the distributed deployment are in the environment before any test
+    # (tests/servers/fixtures.py, pytest_collection_finish).
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    if _runs_distributed_tests(request.session):
-        # The Python workers take the environment the session starts with: the S3 endpoint's credentials
-        # must be there before it, for the tasks that list and delete content.
-        os.environ.update(request.getfixturevalue("s3_server").env())
     # Every Python worker, data source planning included, runs this interpreter (the one with pyarrow):
     # the variable is read when the session starts, the spark.pyspark.python setting is not.
     os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -7,6 +7,7 @@ start fails the tests that need it, with the reason; none is ever skipped. `keys
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import time
@@ -55,6 +56,27 @@ def _server(name: str):
     except ServerError as error:
         reason = str(error)
     pytest.fail(f"{name} could not start: {reason}", pytrace=False)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A Spark session gives its Python workers the environment of the process at its start, and any
+    test may start this process's session (the pipeline's own, or a command run in-process). So when the
+    run holds tests on the distributed deployment, the harness's S3 keys go into the environment before
+    any test does, for the tasks that list and delete content. A server that cannot start is for the
+    fixtures of the tests that need it to report."""
+    distributed = any(
+        getattr(item, "callspec", None) is not None
+        and item.callspec.params.get("backend", "embedded") != "embedded"
+        for item in session.items
+    )
+    if not distributed:
+        return
+    try:
+        s3 = ensure("s3")
+    except ServerError:
+        return
+    os.environ["AWS_ACCESS_KEY_ID"] = s3.access_key_id
+    os.environ["AWS_SECRET_ACCESS_KEY"] = s3.secret_access_key
 
 
 @pytest.fixture(scope="session")
