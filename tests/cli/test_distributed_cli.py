@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from urllib.parse import urlencode
 
 import pytest
 
 from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name, remove_bucket
+from tests.servers.urls import distributed_url
 
 from .test_store_errors import MESSAGE, RECIPIENT, SENDER, assert_one_line, mailq
 
@@ -21,16 +21,7 @@ def url(cassandra_server, s3_server, tmp_path: Path, monkeypatch: pytest.MonkeyP
     for variable, value in s3_server.env().items():
         monkeypatch.setenv(variable, value)
     keyspace, bucket = fresh_keyspace_name(), fresh_bucket_name()
-    query = urlencode(
-        {
-            "s3": bucket,
-            "s3_endpoint": s3_server.endpoint_url,
-            "s3_region": s3_server.region,
-            "broker": f"embedded:{tmp_path / 'broker'}",
-        },
-        safe=":/",
-    )
-    yield f"cassandra://{cassandra_server.host}:{cassandra_server.port}/{keyspace}?{query}"
+    yield distributed_url(cassandra_server, s3_server, keyspace, bucket, f"embedded:{tmp_path / 'broker'}")
     cluster = cassandra_server.cluster()
     cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
     cluster.shutdown()

@@ -35,6 +35,7 @@ from mailq_runtime import Runtime
 from mailq_runtime.brokers.rabbitmq import dead_letter_queue, queue_name
 from mailq_runtime.clock import Clock, system_clock
 from mailq_runtime.stores.cassandra.schema import TABLES as CASSANDRA_TABLES
+from tests.servers.urls import distributed_url
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -403,19 +404,13 @@ class CassandraBackend(Backend):
         self.s3 = servers.s3
 
     def url(self, **options: object) -> str:
-        query = urlencode(
-            {
-                "s3": self.bucket,
-                "s3_endpoint": self.servers.s3_server.endpoint_url,
-                "s3_region": self.servers.s3_server.region,
-                "s3_prefix": self.prefix,
-                "broker": f"embedded:{self.broker_dir}",
-                **options,
-            },
-            safe=":/",
+        return distributed_url(
+            self.servers.cassandra_server,
+            self.servers.s3_server,
+            self.keyspace,
+            self.bucket,
+            **{"broker": f"embedded:{self.broker_dir}", "s3_prefix": self.prefix, **options},
         )
-        server = self.servers.cassandra_server
-        return f"cassandra://{server.host}:{server.port}/{self.keyspace}?{query}"
 
     def elsewhere(self) -> CassandraBackend:
         """A backend of the same deployment where nothing was created: a keyspace no one made."""

@@ -10,13 +10,13 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from urllib.parse import urlencode
 
 from mailq_runtime.settings import Settings
 
 from . import ServerError, running
 from .fixtures import remove_bucket
 from .rabbitmq import RabbitMQ, _binary
+from .urls import distributed_url
 
 URL_FILE = "url"
 _CREATOR = "mailq-deployment"
@@ -40,16 +40,8 @@ def make(name: str) -> str:
         f"ok = rabbit_auth_backend_internal:set_permissions({user}, {vhost}, {everything}, {everything}, "
         f'{everything}, <<"{_CREATOR}">>), ok.',
     )
-    query = urlencode(
-        {
-            "s3": name,
-            "s3_endpoint": s3.endpoint_url,
-            "s3_region": s3.region,
-            "broker": f"amqp://{rabbitmq.host}:{rabbitmq.port}/{name}",
-        },
-        safe=":/",
-    )
-    return f"cassandra://{cassandra.host}:{cassandra.port}/{name.replace('-', '_')}?{query}"
+    broker = f"amqp://{rabbitmq.host}:{rabbitmq.port}/{name}"
+    return distributed_url(cassandra, s3, name.replace("-", "_"), name, broker)
 
 
 def remove(url: str) -> None:

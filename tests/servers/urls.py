@@ -1,0 +1,22 @@
+"""The mailq URL of a distributed deployment on the harness's servers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from urllib.parse import urlencode
+
+if TYPE_CHECKING:
+    from .cassandra import CassandraServer
+    from .s3 import S3Server
+
+
+def distributed_url(
+    cassandra: CassandraServer, s3: S3Server, keyspace: str, bucket: str, broker: str, **options: object
+) -> str:
+    """Keyspace `keyspace` on the harness's Cassandra, bucket `bucket` on its S3 endpoint, and `broker`
+    (`embedded:<dir>` or `amqp://...`); `options` are the URL's other options."""
+    query = urlencode(
+        {"s3": bucket, "s3_endpoint": s3.endpoint_url, "s3_region": s3.region, "broker": broker, **options},
+        safe=":/",
+    )
+    return f"cassandra://{cassandra.host}:{cassandra.port}/{keyspace}?{query}"
