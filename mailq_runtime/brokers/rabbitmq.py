@@ -389,7 +389,9 @@ class RabbitMQBroker:
         end = time.monotonic() + _SETTLE_WAIT
         while True:
             with consumer.cond:
-                while consumer.republishing and consumer.live and time.monotonic() < end:
+                while time.monotonic() < end and (
+                    (consumer.republishing and consumer.live) or (consumer.started and not consumer.ever_live)
+                ):
                     consumer.cond.wait(max(end - time.monotonic(), 0.001))
                 consumer.dirty = False
             if not consumer.live or self._sync(consumer) is None or time.monotonic() >= end:
@@ -428,6 +430,9 @@ class RabbitMQBroker:
                 return None
             with consumer.cond:
                 consumer.missing = False
+                # RabbitMQ sends what the queue holds one message after another: the first receive waits
+                # for all of them, or it would hand out whichever arrived first.
+                consumer.dirty = True
             consumer.started = True
             link.submit(partial(link.consume, consumer))
         return consumer
