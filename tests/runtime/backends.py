@@ -22,7 +22,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlencode
@@ -40,6 +40,7 @@ from tests.servers.urls import distributed_url
 if TYPE_CHECKING:
     from botocore.client import BaseClient
     from cassandra.cluster import Session
+    from cassandra.query import PreparedStatement
 
     from tests.servers.cassandra import CassandraServer
     from tests.servers.rabbitmq import RabbitMQServer, Vhosts
@@ -381,6 +382,14 @@ class CassandraS3:
     s3_server: S3Server
     session: Session
     s3: BaseClient
+    # Probes prepare the same few statements in every test: a round trip each time, saved here.
+    prepared: dict[str, PreparedStatement] = field(default_factory=dict)
+
+    def prepare(self, cql: str) -> PreparedStatement:
+        statement = self.prepared.get(cql)
+        if statement is None:
+            statement = self.prepared[cql] = self.session.prepare(cql)
+        return statement
 
 
 class CassandraBackend(Backend):
@@ -448,7 +457,7 @@ class CassandraBackend(Backend):
 
     def _rows(self, cql: str, parameters: tuple = ()) -> list[tuple]:
         # Prepared: a plain statement's markers are %s, not the ? the probes write.
-        statement = self.session.prepare(cql.replace("FROM ", f"FROM {self.keyspace}.", 1))
+        statement = self.servers.prepare(cql.replace("FROM ", f"FROM {self.keyspace}.", 1))
         return [tuple(row) for row in self.session.execute(statement, parameters)]
 
     # Probes: the logical tables, by their names --------------------------------------------------------
@@ -641,7 +650,7 @@ class CassandraBackend(Backend):
 
     def _write(self, cql: str, parameters: tuple) -> None:
         """A statement on a table of the keyspace, which the statement names as `{keyspace}.<table>`."""
-        self.session.execute(self.session.prepare(cql.format(keyspace=self.keyspace)), parameters)
+        self.session.execute(self.servers.prepare(cql.format(keyspace=self.keyspace)), parameters)
 
 
 class RabbitMQBackend(CassandraBackend):
