@@ -109,9 +109,9 @@ class CountersConfig(dg.Config):
 def resolve_scope(mailboxes: Mailboxes, user: str | None, mailbox: str | None) -> tuple[Scope, str]:
     """The mailbox ids of a run limited to `user` (and `mailbox`), None for every mailbox, and the scope
     in words; an unknown user or mailbox raises (a MailqError) before anything is read or repaired."""
-    chosen = mailboxes.scope(user, mailbox)
-    if user is None:
+    if user is None and mailbox is None:  # not listed: every mailbox is what the reads see anyway
         return None, "every mailbox"
+    chosen = mailboxes.scope(user, mailbox)
     owner = chosen[0].user
     text = f"mailbox {chosen[0].name} of {owner}" if mailbox is not None else f"the mailboxes of {owner}"
     return sorted(m.id for m in chosen), text
