@@ -1,7 +1,8 @@
 """The maintenance pipeline's `mailq` commands, which `mailq_runtime.cli` imports once one is named:
 
     mailq gc [--dry-run] [--exact] [--orphans]   one GC iteration: the blob_gc assets (and the orphan sweep)
-    mailq counters recompute                     the mailboxes group: counters and projection repaired
+    mailq counters recompute [--user U [--mailbox NAME]] [--rate N]
+                                                 the mailboxes group: counters and projection repaired
     mailq queue cleanup                          the mail_queue group: slice statistics, then the clean-up
     mailq generation rotate                      the next reference generation and GC iteration
     mailq demo                                   traffic through the runtime, then every asset (assets.demo)
@@ -21,10 +22,12 @@ from typing import Any
 from mailq_runtime import cli
 from mailq_runtime.cli import PIPELINE_COMMANDS, Report
 from mailq_runtime.errors import InvalidInput, shown
+from mailq_runtime.pacing import check_rate
 from mailq_runtime.runtime import Runtime, build
 from mailq_runtime.settings import URL_VARIABLE, Settings
 
 from . import jobs, runner
+from .mailboxes import resolve_scope
 
 EXIT_RUN_FAILED = 1
 
@@ -128,9 +131,18 @@ def _orphans(f: dict) -> list[str]:
     ]
 
 
+# Corrections a command lists; the materialisation's table holds more (mailboxes.CORRECTIONS_SHOWN).
+CORRECTIONS_LISTED = 20
+
+
+def _pace(rate: float | str) -> str:
+    return rate if isinstance(rate, str) else f"at most {rate:g} a second"
+
+
 def _counters(f: dict) -> list[str]:
     healed = f["projection_inconsistencies"]
     lines = [
+        f"scope        {f['scope']}; repairs {_pace(f['max_repairs_per_second'])}",
         f"counters     {f['processed_mailboxes']} mailbox(es) processed, "
         f"{f['corrected_counters']} counter(s) corrected, {len(f['failed_mailboxes'])} failed",
         f"projection   {healed} entr{'y' if healed == 1 else 'ies'} healed from the source of truth "
@@ -138,7 +150,10 @@ def _counters(f: dict) -> list[str]:
         f"{f['outdated_projection_entry']} outdated)",
     ]
     if f["corrected_counters"]:
-        lines += _text_table(f["corrections"])
+        shown_rows = f["corrections"][:CORRECTIONS_LISTED]
+        lines += _text_table(shown_rows)
+        if f["corrected_counters"] > len(shown_rows):
+            lines.append(f"    ... and {f['corrected_counters'] - len(shown_rows)} more")
     return lines
 
 
@@ -235,7 +250,20 @@ def add_gc_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _counters_recompute(args: argparse.Namespace) -> Report:
-    return _report(run_pipeline(jobs.mailbox_counters_job.name, pipeline_url(args.url), "counters recompute"))
+    url = pipeline_url(args.url)
+    # Resolved here as the asset will, so that an unknown user or mailbox is one line before Spark starts.
+    with Runtime.open(url) as runtime:
+        resolve_scope(runtime.mailboxes, args.user, args.mailbox)
+    config = {"user": args.user, "mailbox": args.mailbox, "max_repairs_per_second": args.rate}
+    ops = {"mailbox_counters": {"config": config}}
+    return _report(run_pipeline(jobs.mailbox_counters_job.name, url, "counters recompute", {"ops": ops}))
+
+
+def _rate(text: str) -> float:
+    try:
+        return check_rate(text)
+    except InvalidInput as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_counters_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -243,6 +271,16 @@ def add_counters_parser(subparsers: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     recompute = actions.add_parser(
         "recompute", help="heal the projection from the source of truth and reset the counters that differ"
+    )
+    recompute.add_argument("--user", metavar="U", help="only the mailboxes of this user (default: all)")
+    recompute.add_argument(
+        "--mailbox", metavar="NAME", help="only this mailbox of the --user, by its name (e.g. INBOX)"
+    )
+    recompute.add_argument(
+        "--rate",
+        type=_rate,
+        metavar="N",
+        help="at most N repairs (projection entries healed, counters reset) a second (default: unlimited)",
     )
     recompute.set_defaults(handler=_counters_recompute)
 

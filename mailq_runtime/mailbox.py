@@ -264,6 +264,21 @@ class Mailboxes:
     def list(self, user: str | None = None) -> builtins.list[Mailbox]:
         return [_mailbox(row) for row in self.tables.mailboxes(None if user is None else _user(user))]
 
+    def scope(self, user: str | None = None, name: str | None = None) -> builtins.list[Mailbox]:
+        """The mailboxes a maintenance run is limited to: all (neither given), a user's (`user`), or one
+        mailbox of a user (`user` and `name`: a name is only unique per user). An unknown user (one
+        without any mailbox) or mailbox is an error."""
+        if name is not None and user is None:
+            raise InvalidInput(f"mailbox {shown(name)}: give its user too (a mailbox name is per user)")
+        if user is None:
+            return self.list()
+        if name is not None:
+            return [self.get(user, name)]
+        found = self.list(user)
+        if not found:
+            raise UnknownMailbox(f"unknown user {_user(user)}: no mailbox")
+        return found
+
     def delete_mailbox(self, mailbox: MailboxRef) -> int:
         """Expunge every message, then drop the mailbox and its counters; returns how many were expunged.
 

@@ -7,7 +7,9 @@ when `system.size_estimates` says the table is big (one range per SPLIT_BYTES). 
 before this one is converted. A table whose partitions are
 named by the generation (`blob_deletions`: (generation, shard)) is read, when the read asks for some
 generations only, partition by partition: a GC iteration reads its eligible generations' deletions and
-nothing else.
+nothing else. A read of some mailboxes only (a scoped counter recomputation) asks for `mailbox_id = ?`
+mailbox by mailbox: a partition read where mailbox_id is the partition key (mailboxes, message_id_table,
+mailbox_counters), an index read on imap_uid_table.
 
 Every process (a task's Python worker, the driver's planner) opens its own session from the URL the
 plan carries, once, and keeps it for the tasks it runs next: the plan holds no secret, and a password
@@ -80,6 +82,14 @@ class PartitionKeys(InputPartition):
         self.keys = tuple(keys)
 
 
+class MailboxIds(InputPartition):
+    """The rows of these mailboxes."""
+
+    def __init__(self, mailboxes: Sequence[str]) -> None:
+        super().__init__(tuple(mailboxes))
+        self.mailboxes = tuple(mailboxes)
+
+
 _stores: dict[str, CassandraStore] = {}
 _opening = threading.Lock()
 
@@ -113,8 +123,12 @@ class CassandraTokenRanges:
     schema: StructType
     partition_key: tuple[str, ...]
     generations: tuple[int, ...] | None = None  # only the rows of these generations
+    mailboxes: tuple[str, ...] | None = None  # only the rows of these mailbox ids
 
     def plan(self, count: int) -> list[InputPartition]:
+        if self.mailboxes is not None:
+            ids = self.mailboxes
+            return [MailboxIds(ids[i::count]) for i in range(min(count, len(ids)))] or [MailboxIds(())]
         naming = _PARTITIONS_OF_GENERATION.get(self.table)
         if naming is not None and self.generations is not None:
             keys = [key for generation in self.generations for key in naming(generation)]
@@ -150,6 +164,9 @@ class CassandraTokenRanges:
             key = ", ".join(self.partition_key)
             cql = f"SELECT {columns} FROM {self.table} WHERE token({key}) > ? AND token({key}) <= ?"
             reads = [(cql, (partition.low, partition.high))]
+        elif isinstance(partition, MailboxIds):
+            cql = f"SELECT {columns} FROM {self.table} WHERE mailbox_id = ?"
+            reads = [(cql, (mailbox,)) for mailbox in partition.mailboxes]
         else:
             assert isinstance(partition, PartitionKeys)
             where = " AND ".join(f"{name} = ?" for name in self.partition_key)
@@ -214,10 +231,14 @@ class CassandraTables:
         return chosen(table, fields, columns)
 
     def partitioning(
-        self, table: str, schema: StructType, generations: tuple[int, ...] | None
+        self,
+        table: str,
+        schema: StructType,
+        generations: tuple[int, ...] | None,
+        mailboxes: tuple[str, ...] | None = None,
     ) -> CassandraTokenRanges:
         key = tuple(column.name for column in self._metadata(table).partition_key)
-        return CassandraTokenRanges(self.url, table, schema, key, generations)
+        return CassandraTokenRanges(self.url, table, schema, key, generations, mailboxes)
 
     def rows_upper_bound(self, table: str) -> int | None:
         """None: Cassandra's estimates count partitions, not rows, and lag minutes behind the writes."""

@@ -92,7 +92,8 @@ class RowidRange(InputPartition):
 
 
 class WholeTable(InputPartition):
-    """A table without rowid (the small generations log), read in one task."""
+    """A table without rowid (the small generations log), or the rows of a few mailboxes, read in one
+    task."""
 
     def __init__(self) -> None:
         super().__init__(None)
@@ -115,8 +116,12 @@ class SqliteRowidRanges:
     table: str
     schema: StructType
     generations: tuple[int, ...] | None = None  # only the rows of these generations
+    mailboxes: tuple[str, ...] | None = None  # only the rows of these mailbox ids (validated hex)
 
     def plan(self, count: int) -> list[InputPartition]:
+        if self.mailboxes is not None:
+            # A few mailboxes: one statement through the tables' mailbox_id index, not a pass over rowids.
+            return [WholeTable()]
         with closing(_connect(self.database)) as connection:
             (without_rowid,) = connection.execute(
                 "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?", (self.table,)
@@ -136,6 +141,8 @@ class SqliteRowidRanges:
         conditions = []
         if self.generations is not None:
             conditions.append(f"generation IN ({', '.join(str(int(g)) for g in self.generations)})")
+        if self.mailboxes is not None:
+            conditions.append(f"mailbox_id IN ({', '.join(repr(str(m)) for m in self.mailboxes)})")
         if isinstance(partition, RowidRange):
             conditions.append("rowid >= ? AND rowid < ?")
         sql = f"SELECT count(*), {', '.join(_aggregates(self.schema))} FROM {_quote(self.table)}"
@@ -247,9 +254,13 @@ class SqliteTables:
         return sqlite_schema(self.database, table, columns)
 
     def partitioning(
-        self, table: str, schema: StructType, generations: tuple[int, ...] | None
+        self,
+        table: str,
+        schema: StructType,
+        generations: tuple[int, ...] | None,
+        mailboxes: tuple[str, ...] | None = None,
     ) -> SqliteRowidRanges:
-        return SqliteRowidRanges(self.database, table, schema, generations)
+        return SqliteRowidRanges(self.database, table, schema, generations, mailboxes)
 
     def rows_upper_bound(self, table: str) -> int | None:
         return rows_upper_bound(self.database, table)

@@ -4,11 +4,13 @@ in parallel partitions, handing Spark Arrow record batches rather than Python ro
     read_table(spark, "embedded:///var/lib/mailq", "blob_references")
     read_table(spark, "cassandra://db1/mailq?s3=mail-blobs&broker=amqp://mq1/", "blob_deletions",
                generations=[5, 6])
+    read_table(spark, url, "message_id_table", mailboxes=[mailbox_id])
     spark.read.format("mailq").option("url", ...).option("table", ...).load()   # once registered
 
 Options: `url`, `table` (one of the store's tables), `partitions` (default: 2 x cores; `read_table`
 passes Spark's default parallelism), `columns` (comma-separated, default all, in table order) and
-`generations` (comma-separated: only the rows whose `generation` is one of them).
+`generations` (comma-separated: only the rows whose `generation` is one of them) and `mailboxes`
+(comma-separated mailbox ids: only the rows whose `mailbox_id` is one of them, read by that key).
 
 The url is the runtime's (`Settings.from_url` reads it, on the driver and in every task), so the data
 source finds everything it reads from there: a store's reader plans the partitions and reads them, the
@@ -19,7 +21,8 @@ that connects to a store with a password reads it from its own environment.
 Spark's filters are not pushed into the reads: in PySpark 4.3 the scans of one DataFrame within one query
 share the read planned for one of them, so two branches filtered differently (the GC's per-generation
 Bloom filters) would both read one branch's rows; pushing `generation = g` made the GC collect live blobs.
-A read that wants fewer rows says so in its options (`generations`), which make it another relation.
+A read that wants fewer rows says so in its options (`generations`, `mailboxes`), which make it another
+relation.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from mailq_runtime.errors import InvalidInput
+from mailq_runtime.model import MailboxId
 from mailq_runtime.settings import EMBEDDED, Settings
 
 from .columns import ARROW_TYPES
@@ -62,7 +67,11 @@ class StoreTables(Protocol):
     def schema(self, table: str, columns: Sequence[str] | None) -> StructType: ...
 
     def partitioning(
-        self, table: str, schema: StructType, generations: tuple[int, ...] | None
+        self,
+        table: str,
+        schema: StructType,
+        generations: tuple[int, ...] | None,
+        mailboxes: tuple[str, ...] | None = None,
     ) -> Partitioning: ...
 
     def rows_upper_bound(self, table: str) -> int | None:
@@ -147,7 +156,10 @@ class MailqDataSource(DataSource):
         generations = self._generations()
         if generations is not None and "generation" not in store.schema(table, None).names:
             raise ValueError(f"the option 'generations' needs a generation column, which {table!r} lacks")
-        return store.partitioning(table, schema, generations)
+        mailboxes = self._mailboxes()
+        if mailboxes is not None and "mailbox_id" not in store.schema(table, None).names:
+            raise ValueError(f"the option 'mailboxes' needs a mailbox_id column, which {table!r} lacks")
+        return store.partitioning(table, schema, generations, mailboxes)
 
     def _option(self, key: str) -> str:
         value = self.options.get(key)
@@ -170,6 +182,16 @@ class MailqDataSource(DataSource):
             )
         return tuple(sorted({int(item) for item in items}))
 
+    def _mailboxes(self) -> tuple[str, ...] | None:
+        value = self.options.get("mailboxes")
+        if value is None:
+            return None
+        try:
+            # Validated ids: the readers may put them in statement text.
+            return tuple(sorted({str(MailboxId(item.strip())) for item in value.split(",") if item.strip()}))
+        except InvalidInput as error:
+            raise ValueError(f"the option 'mailboxes' must be comma-separated mailbox ids: {error}") from None
+
     def _partitions(self) -> int:
         value = self.options.get("partitions")
         if value is None:
@@ -190,9 +212,11 @@ def read_table(
     partitions: int | None = None,
     columns: str | Sequence[str] | None = None,
     generations: Sequence[int] | None = None,
+    mailboxes: Sequence[str] | None = None,
 ) -> DataFrame:
     """A table of the store as a DataFrame, in `partitions` partitions (default: Spark's default
-    parallelism), with the rows of `generations` only when given (an empty list: none)."""
+    parallelism), with the rows of `generations` only, and of `mailboxes` only, when given (an empty list:
+    none)."""
     # Checked here too, so that a bad name fails in the caller's process with a plain error rather than
     # inside a Python worker's traceback.
     check_table(url, table)
@@ -208,4 +232,6 @@ def read_table(
         options["columns"] = columns if isinstance(columns, str) else ",".join(columns)
     if generations is not None:
         options["generations"] = ",".join(str(int(g)) for g in generations)
+    if mailboxes is not None:
+        options["mailboxes"] = ",".join(str(m) for m in mailboxes)
     return spark.read.format(NAME).options(**options).load()

@@ -210,6 +210,56 @@ def test_counters_recompute_repairs_what_a_fault_left(url, mailq, mailq_json):
     assert "projection   1 entry healed from the source of truth (0 orphan, 0 missing, 1 outdated)" in text
 
 
+def test_counters_recompute_scoped_to_a_user_paced_and_listed_with_a_cap(url, mailq, mailq_json):
+    # 22 of alice's mailboxes and bob's INBOX each hold one unseen message their counters missed.
+    with Runtime.open(url, create=True) as runtime:
+        boxes = runtime.mailboxes
+        names = {}
+        for user, name in [*((USERS[0], f"box{n:02d}") for n in range(22)), (USERS[1], INBOX)]:
+            names[user, name] = mailbox = boxes.create(user, name)
+            boxes.faults.arm(AFTER_PROJECTION)
+            with pytest.raises(RuntimeError, match="fault injected"):
+                boxes.append(mailbox, message("dave", user, name))
+    before = snapshot(Settings.from_url(url).data_dir)
+
+    assert_bad_input(mailq("counters", "recompute", "--user", "nobody@example.org"), "unknown user")
+    assert_bad_input(
+        mailq("counters", "recompute", "--user", USERS[0], "--mailbox", INBOX), "unknown mailbox 'INBOX'"
+    )
+    assert_bad_input(mailq("counters", "recompute", "--mailbox", INBOX), "give its user too")
+    assert_bad_input(mailq("counters", "recompute", "--rate", "0"), "invalid rate")
+    assert snapshot(Settings.from_url(url).data_dir) == before
+
+    report = mailq_json("counters", "recompute", "--user", USERS[0].upper(), "--rate", "10")
+
+    figures = report["assets"]["mailbox_counters"]
+    assert (figures["processed_mailboxes"], figures["corrected_counters"], figures["repairs"]) == (22, 22, 22)
+    # 22 repairs at 10 a second: 2.1 s at least from the first to the last.
+    assert 2.1 <= figures["repair_seconds"] < 10
+    assert figures["corrections"][0] == {
+        "user": USERS[0],
+        "mailbox": "box00",
+        "count_before": 0,
+        "count_after": 1,
+        "unseen_before": 0,
+        "unseen_after": 1,
+    }
+    assert report["checks"]["counters_match_source_of_truth"]["passed"] is True
+    text = describe_run(report)
+    assert f"scope        the mailboxes of {USERS[0]}; repairs at most 10 a second" in text
+    listed = [line for line in text if line.split()[:1] == [USERS[0]]]
+    assert [line.split()[1] for line in listed] == [f"box{n:02d}" for n in range(20)]
+    assert "    ... and 2 more" in text
+    with Runtime.open(url) as runtime:
+        boxes = runtime.mailboxes
+        for (user, _), mailbox in names.items():
+            assert (boxes.counters(mailbox) == boxes.recount(mailbox)) is (user == USERS[0])
+
+    one = mailq_json("counters", "recompute", "--user", USERS[1], "--mailbox", "inbox")["assets"]
+    assert one["mailbox_counters"]["scope"] == f"mailbox INBOX of {USERS[1]}"
+    assert [c["mailbox"] for c in one["mailbox_counters"]["corrections"]] == [INBOX]
+
+
 def test_queue_cleanup_advances_browse_start_and_deletes_old_slices(url, mailq_json):
     # Mails enqueued and delivered three hours ago; browse_start stayed where they were.
     three_hours_ago = system_clock() - 3 * 3600 * MICROS_PER_SECOND

@@ -15,6 +15,7 @@ import dagster as dg
 import pytest
 
 from assets import mailboxes as mailbox_assets
+from assets.spark.table_source import read_table
 from mailq_runtime import Runtime
 from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH, InjectedFault
 from mailq_runtime.mailbox import Counters, Mailboxes
@@ -229,3 +230,93 @@ def test_a_recompute_during_live_traffic_then_one_after_it_converge(
     assert settled["corrected_counters"] == len(drifting)
     assert {kind: settled[kind] for kind in disagreeing} == disagreeing
     assert_consistent(runtime, backend)
+
+
+def scoped(resources: dict, **config: object) -> dg.ExecuteInProcessResult:
+    run_config = {"ops": {"mailbox_counters": {"config": config}}}
+    return dg.materialize(ASSETS, resources=resources, run_config=run_config, raise_on_error=False)
+
+
+def drifting(boxes: Mailboxes, mailbox: MailboxId) -> None:
+    """Two messages (one seen), then a third unseen one whose counting a fault skipped: counters (2, 1)
+    where the source of truth has (3, 2)."""
+    fill(boxes, mailbox, 2)
+    fault(boxes, AFTER_PROJECTION, lambda: boxes.append(mailbox, message(50)))
+
+
+def test_a_scoped_recompute_reads_and_repairs_its_scope_only_with_values_before_and_after(
+    backend: Backend, deployment_resources: dict, spark
+) -> None:
+    runtime = backend.open()
+    boxes = runtime.mailboxes
+    alice_inbox, alice_work = boxes.create(USER, "INBOX"), boxes.create(USER, "Work")
+    bob_inbox = boxes.create("bob@example.com", "INBOX")
+    for mailbox in (alice_inbox, alice_work, bob_inbox):
+        drifting(boxes, mailbox)
+    # Work's projection misses a message too: healed by the run scoped to alice, not by the one to INBOX.
+    fault(boxes, AFTER_SOURCE_OF_TRUTH, lambda: boxes.append(alice_work, message(60), flags=[SEEN]))
+    drift = {m: boxes.counters(m) for m in (alice_inbox, alice_work, bob_inbox)}
+
+    # The scoped read names its mailboxes (a partition or index read on Cassandra): no other mailbox's rows.
+    read = read_table(spark, backend.url(), "imap_uid_table", mailboxes=[alice_inbox])
+    assert {row["mailbox_id"] for row in read.collect()} == {alice_inbox}
+
+    one = scoped(deployment_resources, user=USER.upper(), mailbox="inbox")
+
+    assert one.success
+    assert checks_passed(one) == {"counters_match_source_of_truth": True}
+    figures = materialized(one, "mailbox_counters")
+    assert figures["scope"] == f"mailbox INBOX of {USER}"
+    assert (figures["processed_mailboxes"], figures["corrected_counters"]) == (1, 1)
+    assert figures["projection_inconsistencies"] == 0
+    assert [record.data for record in figures["corrections"].records] == [
+        {
+            "user": USER,
+            "mailbox": "INBOX",
+            "count_before": 2,
+            "count_after": 3,
+            "unseen_before": 1,
+            "unseen_after": 2,
+        }
+    ]
+    assert boxes.counters(alice_inbox) == Counters(3, 2)
+    assert {m: boxes.counters(m) for m in (alice_work, bob_inbox)} == {
+        m: drift[m] for m in (alice_work, bob_inbox)
+    }
+
+    user = scoped(deployment_resources, user=USER)
+
+    assert user.success
+    figures = materialized(user, "mailbox_counters")
+    assert (figures["processed_mailboxes"], figures["corrected_counters"]) == (2, 1)
+    assert figures["missing_projection_entry"] == 1
+    assert [
+        (r.data["mailbox"], r.data["count_before"], r.data["count_after"])
+        for r in figures["corrections"].records
+    ] == [("Work", 2, 4)]
+    assert boxes.counters(alice_work) == boxes.recount(alice_work) == Counters(4, 2)
+    assert boxes.counters(bob_inbox) == drift[bob_inbox] != boxes.recount(bob_inbox)
+    assert set(boxes.sample_drift(3)) == {bob_inbox}
+
+
+def test_an_unknown_user_or_mailbox_fails_the_run_and_changes_nothing(
+    backend: Backend, deployment_resources: dict
+) -> None:
+    runtime = backend.open()
+    boxes = runtime.mailboxes
+    inbox = boxes.create(USER, "INBOX")
+    drifting(boxes, inbox)
+    fault(boxes, AFTER_SOURCE_OF_TRUTH, lambda: boxes.append(inbox, message(60)))
+    before = (backend.projection(), boxes.counters(inbox))
+
+    for config, problem in (
+        ({"user": "nobody@example.com"}, "unknown user nobody@example.com"),
+        ({"user": USER, "mailbox": "Archive"}, "unknown mailbox 'Archive'"),
+        ({"mailbox": "INBOX"}, "give its user too"),
+        ({"max_repairs_per_second": 0.0}, "invalid rate"),
+    ):
+        result = scoped(deployment_resources, **config)
+        assert not result.success
+        (failure,) = [e for e in result.all_events if e.is_step_failure]
+        assert problem in str(failure.step_failure_data.user_failure_data.description)
+        assert (backend.projection(), boxes.counters(inbox)) == before

@@ -68,6 +68,24 @@ def test_create_get_and_list_mailboxes(runtime: Runtime, mailboxes: Mailboxes, b
     assert_consistent(backend)
 
 
+def test_a_maintenance_scope_is_all_a_users_or_one_mailbox_and_an_unknown_one_is_refused(
+    mailboxes: Mailboxes,
+) -> None:
+    inbox, archive = mailboxes.create(USER, "INBOX"), mailboxes.create(USER, "Archive")
+    other = mailboxes.create("bob@example.org", "INBOX")
+    assert {m.id for m in mailboxes.scope()} == {inbox, archive, other}
+    assert [m.id for m in mailboxes.scope("Alice@Example.org")] == [archive, inbox]
+    assert [m.id for m in mailboxes.scope(USER, "inbox")] == [inbox]
+    with pytest.raises(UnknownMailbox, match="unknown user carol@example.org: no mailbox"):
+        mailboxes.scope("carol@example.org")
+    with pytest.raises(UnknownMailbox, match="unknown mailbox 'Sent' of alice@example.org"):
+        mailboxes.scope(USER, "Sent")
+    with pytest.raises(InvalidInput, match="give its user too"):
+        mailboxes.scope(None, "INBOX")
+    with pytest.raises(InvalidInput, match="invalid mail address"):
+        mailboxes.scope("not an address")
+
+
 def test_get_or_create_is_safe_when_workers_race(
     runtime: Runtime, mailboxes: Mailboxes, backend: Backend
 ) -> None:
