@@ -74,6 +74,11 @@ class BlobTables(Protocol):
         """Drop the blobs' rows from `blobs` and `blob_deletions`."""
         ...
 
+    def retire_deletions(self, rows: Sequence[tuple[BlobId, int]]) -> None:
+        """Drop exactly the deletion rows (blob id, deleted_at), in the blob id's generation; the blob's
+        other deletion rows stay."""
+        ...
+
 
 @dataclass(frozen=True)
 class DeletionBacklog:
@@ -276,6 +281,21 @@ class DeduplicatingBlobStore:
             self.faults.reached(COLLECT_AFTER_CONTENT)
             self.tables.forget(chosen)
         return sizes
+
+    def retire_deletions(self, rows: Iterable[tuple[BlobId | str, int]]) -> int:
+        """Drop the deletion rows (blob id, deleted_at) of blobs a GC iteration found still referenced,
+        so that the next iteration does not examine them again; returns how many rows were named.
+
+        Never deletes content or a `blobs` row, so it cannot lose a live blob. The caller names only
+        rows it read and old enough that the releases that wrote them have removed their references
+        (see assets/blobs.py, the settle time); a later release of the blob appends a new row, which
+        makes the GC examine the blob again.
+        """
+        chosen = sorted({(BlobId.parse(blob_id), int(deleted_at)) for blob_id, deleted_at in rows})
+        if chosen:
+            with self.group_writes():
+                self.tables.retire_deletions(chosen)
+        return len(chosen)
 
     def deletion_backlog(self, since_generation: int = 0, since: int = 0) -> DeletionBacklog:
         """Deletions of eligible generations appended after `since`, or eligible only since the current

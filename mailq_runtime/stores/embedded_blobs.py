@@ -79,6 +79,14 @@ class EmbeddedBlobTables:
             db.executemany("DELETE FROM blob_deletions WHERE blob_id = ?", [(str(b),) for b in blob_ids])
             db.executemany("DELETE FROM blobs WHERE blob_id = ?", [(str(b),) for b in blob_ids])
 
+    def retire_deletions(self, rows: Sequence[tuple[BlobId, int]]) -> None:
+        """Drop exactly the deletion rows (blob id, deleted_at); found by the blob id's index."""
+        with self.store.transaction() as db:
+            db.executemany(
+                "DELETE FROM blob_deletions WHERE blob_id = ? AND generation = ? AND deleted_at = ?",
+                [(str(blob_id), blob_id.generation, deleted_at) for blob_id, deleted_at in rows],
+            )
+
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:
         return self.store.read_one(
             "SELECT COUNT(*), MIN(deleted_at), MAX(deleted_at) FROM blob_deletions "

@@ -134,6 +134,17 @@ class BlobDeletionsDAO:
             [(blob_id.generation, shard_of(blob_id), str(blob_id)) for blob_id in blob_ids],
         )
 
+    def retire(self, rows: Sequence[tuple[BlobId, int]]) -> None:
+        """Delete rows by their full primary key: a blob's other deletions stay."""
+        self.store.execute_all(
+            "DELETE FROM blob_deletions "
+            "WHERE generation = ? AND shard = ? AND blob_id = ? AND deleted_at = ?",
+            [
+                (blob_id.generation, shard_of(blob_id), str(blob_id), deleted_at)
+                for blob_id, deleted_at in rows
+            ],
+        )
+
     def partitions(self) -> list[tuple[int, int]]:
         """(generation, shard) of every partition: a few per generation, read from the partition keys."""
         rows = self.store.execute("SELECT DISTINCT generation, shard FROM blob_deletions")
@@ -205,6 +216,10 @@ class CassandraBlobTables:
         blob_ids = list(blob_ids)
         self.deletions.delete(blob_ids)
         self.blobs.delete([str(blob_id) for blob_id in blob_ids])
+
+    def retire_deletions(self, rows: Sequence[tuple[BlobId, int]]) -> None:
+        """Drop exactly the deletion rows (blob id, deleted_at) of blobs found still referenced."""
+        self.deletions.retire(rows)
 
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:
         """(count, oldest, newest) of the deletions of generations up to `max_generation` that were
