@@ -17,7 +17,8 @@ keeps the rows of releases still in progress, and the orphan sweep heals a relea
 blob with neither reference nor deletion). A false positive's rows stay, for a later salt to retry them.
 A new release of a retired blob appends a new row, so the blob is examined again exactly when a new
 deletion of it arrives. Retiring never deletes content nor a `blobs` row: it cannot lose a live blob.
-With nothing to examine, a run reads no reference at all.
+With nothing to examine, a run reads no reference at all; with few concerned blobs (at most the filter's
+`lookup_limit`), it builds no filter and looks each one's references up by blob id instead, exactly.
 """
 
 import time
@@ -41,7 +42,7 @@ from .spark.bloom import (
     filter_capacity,
     not_in_filter,
 )
-from .spark.collect import collect_blobs, retire_deletions
+from .spark.collect import collect_blobs, lookup_references, retire_deletions
 from .spark.orphans import orphan_content, orphan_owners, release_owners
 from .spark.table_source import read_table, rows_upper_bound
 
@@ -113,11 +114,7 @@ def deletion_sets(
     )
     per_generation = (
         concerned.groupBy("generation")
-        .agg(
-            F.count("*").alias("blobs"),
-            F.sum("deletions").alias("deletions"),
-            F.max("last_deleted_at").alias("newest"),
-        )
+        .agg(F.count("*").alias("blobs"), F.sum("deletions").alias("deletions"))
         .orderBy("generation")
         .collect()
     )
@@ -126,9 +123,6 @@ def deletion_sets(
         metadata={
             "concerned_blobs": sum(r["blobs"] for r in per_generation),
             "deletions": sum(r["deletions"] for r in per_generation),
-            # What this run examined, for the deletions sensor: rows up to here in these generations.
-            "examined_through": max((r["newest"] for r in per_generation), default=0),
-            "current_generation": reference_generations["current"],
             **table(
                 "per_generation",
                 [
@@ -153,6 +147,9 @@ def deletion_sets(
 class BloomFilterConfig(dg.Config):
     false_positive_probability: float = 0.01
     expected_references: int = 0  # 0: size each generation's filter as generation_filters() says
+    # Up to this many concerned blobs, no filter is built: collected_blobs looks each one's references up
+    # by blob id (exact, and far cheaper than reading every reference). 0: always the Bloom filter.
+    lookup_limit: int = 50_000
 
 
 def generation_filters(
@@ -206,15 +203,26 @@ def live_reference_filter(
     mailq: MailqRuntime,
     pyspark: LazyPySparkResource,
 ) -> dg.Output[DataFrame]:
-    """Per eligible generation with deletions, a Bloom filter of its live references, salted for this run."""
+    """Per eligible generation with deletions, a Bloom filter of its live references, salted for this run;
+    none when there are no more concerned blobs than `lookup_limit`: collected_blobs then looks their
+    references up one by one, and no filter means that to it."""
+    if config.lookup_limit < 0:
+        raise ValueError(
+            f"lookup_limit must be 0 (always the Bloom filter) or a count of blobs, not {config.lookup_limit}"
+        )
     spark = pyspark.spark_session
     generations = sorted(r["generation"] for r in deletion_sets.select("generation").distinct().collect())
     salt = uuid.uuid4().hex
     started = time.monotonic()
-    if not generations:  # nothing to examine: the references are not read
+    concerned = deletion_sets.count()
+    if not concerned or concerned <= config.lookup_limit:  # the references are not read
         return dg.Output(
             spark.createDataFrame([], FILTER_SCHEMA),
             metadata={
+                "live_check": "reference lookups" if concerned else "none",
+                "why": f"{concerned} concerned blob(s), at most lookup_limit {config.lookup_limit}"
+                if concerned
+                else "nothing to examine",
                 "salt": salt,
                 "false_positive_probability": config.false_positive_probability,
                 "generations": dg.MetadataValue.json([]),
@@ -233,6 +241,10 @@ def live_reference_filter(
             "generations": dg.MetadataValue.json(generations),
             "build_seconds": round(time.monotonic() - started, 3),
             "references_read": True,
+            "live_check": "bloom filter",
+            "why": f"{concerned} concerned blob(s), more than lookup_limit {config.lookup_limit}"
+            if config.lookup_limit
+            else "lookup_limit 0: always the Bloom filter",
             **table(
                 "per_generation",
                 [
@@ -275,6 +287,7 @@ COLLECTED_SCHEMA = "blob_id string, generation long, bytes long, error string"
 def collected_blobs(
     context: dg.AssetExecutionContext,
     config: CollectConfig,
+    reference_generations: dict,
     deletion_sets: DataFrame,
     live_reference_filter: DataFrame,
     mailq: MailqRuntime,
@@ -292,21 +305,36 @@ def collected_blobs(
     # removed its reference before the check below reads them.
     settled_before = mailq.runtime.clock() - parse_duration(config.settle, "settle")
     mode = "exact anti-join" if config.exact else "bloom filter"
-    concerned = deletion_sets.count()
+    read = deletion_sets.agg(F.count("*").alias("blobs"), F.max("last_deleted_at").alias("newest")).first()
+    concerned = read["blobs"]
+    # What this run examined, for the deletions sensor: rows up to `examined_through` in the generations
+    # eligible when `examined_generation` was the current one.
+    examined = {
+        "examined_generation": reference_generations["current"],
+        "examined_through": read["newest"] or 0,
+    }
     if not concerned:  # nothing to examine: the references are not read
         return dg.Output(
             spark.createDataFrame([], COLLECTED_SCHEMA),
-            metadata=_collect_figures(config, "nothing to examine", 0, {}, started),
+            metadata=examined | _collect_figures(config, "nothing to examine", 0, {}, started),
         )
-    references = read_table(spark, mailq.url, "blob_references")
-    if config.exact:
-        candidates = exact_absent(references, deletion_sets, "blob_id")
+    if config.exact or live_reference_filter.limit(1).count():
+        references = read_table(spark, mailq.url, "blob_references")
+        if config.exact:
+            candidates = exact_absent(references, deletion_sets, "blob_id")
+        else:
+            candidates = _absent_from_filters(live_reference_filter, deletion_sets)
+        candidates = candidates.select("blob_id", "generation").cache()
+        kept = deletion_sets.join(candidates, ["blob_id", "generation"], "left_anti")
+        # An exact look at what the filter kept: live blobs, and false positives left for a later run.
+        live = kept.join(references.select("blob_id").distinct(), "blob_id", "left_semi").cache()
     else:
-        candidates = _absent_from_filters(live_reference_filter, deletion_sets)
-    candidates = candidates.select("blob_id", "generation").cache()
-    kept = deletion_sets.join(candidates, ["blob_id", "generation"], "left_anti")
-    # An exact look at what the filter kept: live blobs, and false positives left for a later run.
-    live = kept.join(references.select("blob_id").distinct(), "blob_id", "left_semi").cache()
+        # No filter for blobs to examine: few enough to look each one's references up, exactly.
+        mode = "reference lookups"
+        looked = lookup_references(deletion_sets, mailq.url)
+        candidates = looked.where(~F.col("referenced")).select("blob_id", "generation")
+        found = looked.where(F.col("referenced")).select("blob_id")
+        live = deletion_sets.join(found, "blob_id", "left_semi").cache()
     kept_live = live.count()
     retired = (0, 0, None)
     if not config.dry_run:
@@ -328,7 +356,9 @@ def collected_blobs(
         "retire_errors": retired[1],
         **totals.asDict(),
     }
-    return dg.Output(collected, metadata=_collect_figures(config, mode, concerned, figures, started))
+    return dg.Output(
+        collected, metadata=examined | _collect_figures(config, mode, concerned, figures, started)
+    )
 
 
 def _collect_figures(config: CollectConfig, mode: str, concerned: int, figures: dict, started: float) -> dict:
@@ -342,7 +372,7 @@ def _collect_figures(config: CollectConfig, mode: str, concerned: int, figures: 
         "mode": mode,
         "dry_run": config.dry_run,
         "settle": config.settle,
-        "references_read": mode != "nothing to examine",
+        "references_read": mode in ("exact anti-join", "bloom filter"),
         "concerned_blobs": concerned,
         "deleted_blobs": 0 if config.dry_run else deleted,
         "blobs_a_real_run_would_delete": deleted if config.dry_run else 0,

@@ -93,7 +93,7 @@ def _deletions(f: dict) -> list[str]:
 
 def _filter(f: dict) -> list[str]:
     if not f["references_read"]:
-        return ["filter       none: nothing to examine, no reference read"]
+        return [f"filter       no Bloom filter: {f['live_check']} ({f['why']})"]
     return [
         f"filter       {len(f['generations'])} Bloom filter(s) of the live references, false positive "
         f"probability {f['false_positive_probability']}, built in {f['build_seconds']} s"

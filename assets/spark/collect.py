@@ -1,6 +1,7 @@
 """The sweep of the garbage collector: Spark partitions delete their share of blobs in batches, each
 executor through its own runtime connection, and report per blob what was reclaimed or what failed;
-and, the same way, retire the deletion rows of blobs found still referenced."""
+the same way, they look a few concerned blobs' references up by blob id (the exact check that spares
+reading every reference), and retire the deletion rows of blobs found still referenced."""
 
 from __future__ import annotations
 
@@ -46,6 +47,40 @@ def _collect_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
         return
     for blob_id, generation in batch:
         yield blob_id, generation, sizes.get(blob_id, 0), None
+
+
+def _lookup_partition(url: str, rows: Iterator) -> Iterator[tuple]:
+    from mailq_runtime import Runtime  # imported on the executor
+
+    batch: list[tuple[str, int]] = []
+    with Runtime.open(url) as runtime:
+        for row in rows:
+            batch.append((row["blob_id"], row["generation"]))
+            if len(batch) == BATCH:
+                yield from _lookup_batch(runtime, batch)
+                batch = []
+        if batch:
+            yield from _lookup_batch(runtime, batch)
+
+
+def _lookup_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
+    # A failed lookup fails the task (Spark retries it, then the run fails): a blob whose references are
+    # unknown must be neither collected nor retired.
+    referenced = {str(blob_id) for blob_id in runtime.blobs.referenced(b for b, _ in batch)}
+    for blob_id, generation in batch:
+        yield blob_id, generation, blob_id in referenced
+
+
+def lookup_references(concerned: DataFrame, url: str) -> DataFrame:
+    """Whether each concerned blob (blob_id, generation) has a reference, looked up by blob id on the
+    executors: blob_id, generation, referenced. Exact, and checkpointed eagerly: one look a blob."""
+    spark = concerned.sparkSession
+    looked = concerned.select("blob_id", "generation").rdd.mapPartitions(
+        lambda rows: _lookup_partition(url, rows)
+    )
+    return spark.createDataFrame(
+        looked, "blob_id string, generation long, referenced boolean"
+    ).localCheckpoint()
 
 
 def _retire_partition(url: str, rows: Iterator) -> Iterator[tuple]:

@@ -64,6 +64,10 @@ class BlobTables(Protocol):
         ...
 
     def references_of(self, owner: str) -> list[BlobId]: ...
+    def referenced(self, blob_ids: Sequence[BlobId]) -> set[BlobId]:
+        """Those of the blobs that at least one reference names (looked up by blob id)."""
+        ...
+
     def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         """Append one deletion a blob id (repeated ones too: the GC counts blob ids, not deletions)."""
         ...
@@ -281,6 +285,10 @@ class DeduplicatingBlobStore:
             self.faults.reached(COLLECT_AFTER_CONTENT)
             self.tables.forget(chosen)
         return sizes
+
+    def referenced(self, blob_ids: Iterable[BlobId | str]) -> set[BlobId]:
+        """Those of the blobs some owner still references: the GC's exact check of a few blobs."""
+        return self.tables.referenced(sorted({BlobId.parse(b) for b in blob_ids}))
 
     def retire_deletions(self, rows: Iterable[tuple[BlobId | str, int]]) -> int:
         """Drop the deletion rows (blob id, deleted_at) of blobs a GC iteration found still referenced,

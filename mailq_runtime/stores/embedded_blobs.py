@@ -55,6 +55,19 @@ class EmbeddedBlobTables:
         )
         return [BlobId.parse(blob_id) for (blob_id,) in rows]
 
+    def referenced(self, blob_ids: Sequence[BlobId]) -> set[BlobId]:
+        by_name = {str(blob_id): blob_id for blob_id in blob_ids}
+        names = list(by_name)
+        found: set[BlobId] = set()
+        for start in range(0, len(names), 500):  # under SQLite's default limit of 999 parameters
+            chunk = names[start : start + 500]
+            chosen = ", ".join("?" * len(chunk))
+            rows = self.store.read(
+                f"SELECT DISTINCT blob_id FROM blob_references WHERE blob_id IN ({chosen})", chunk
+            )
+            found.update(by_name[name] for (name,) in rows)
+        return found
+
     def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         with self.store.transaction() as db:
             db.executemany(

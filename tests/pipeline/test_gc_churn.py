@@ -4,20 +4,31 @@
 from __future__ import annotations
 
 import dagster as dg
+import pytest
 
+from assets import automation
 from mailq_runtime import Runtime
 from mailq_runtime.model import BlobId
 
-from .pipeline import GC_ASSETS, checks_passed, materialized
+from .pipeline import GC_ASSETS, checks_passed, gc_run_config, materialized
+from .test_automation import evaluate, requested, skipped_because
+
+# Several GC runs a test, each with its check, on a machine other work shares.
+pytestmark = pytest.mark.timeout(900)
 
 LIVE = b"Subject: kept\r\n\r\nheld by an owner for good"
 GARBAGE = b"Subject: gone\r\n\r\nheld by nobody after its release"
 
 
-def gc(resources: dict, **collect_config: object) -> dict[str, dict]:
-    """One GC iteration; every asset's figures, after the check passed."""
-    run_config = {"ops": {"collected_blobs": {"config": collect_config}}} if collect_config else None
-    result = dg.materialize(GC_ASSETS, resources=resources, run_config=run_config)
+def gc(
+    resources: dict,
+    instance: dg.DagsterInstance | None = None,
+    filter_config: dict | None = None,
+    **collect_config: object,
+) -> dict[str, dict]:
+    """One GC iteration (recorded in `instance` if given); every asset's figures, after the check passed."""
+    run_config = gc_run_config(filter_config, collect_config)
+    result = dg.materialize(GC_ASSETS, resources=resources, run_config=run_config, instance=instance)
     assert result.success
     assert checks_passed(result) == {"no_live_blob_collected": True}
     return {
@@ -110,3 +121,61 @@ def test_a_release_between_the_read_and_the_check_leaves_its_blob_collectable(
     after = gc(resources)["collected_blobs"]
     assert (after["deleted_blobs"], after["kept_still_referenced"]) == (1, 0)
     assert not runtime.content.exists(blob) and deletions(runtime) == []
+
+
+def test_the_deletions_sensor_launches_only_on_new_work(
+    runtime: Runtime, pipeline_resources, monkeypatch
+) -> None:
+    """The rows a run leaves (here the live blob's, inside the settle time; a false positive's alike)
+    start no run, even at a sensor's first tick; a new deletion does."""
+    monkeypatch.setenv("MAILQ_GC_MIN_DELETIONS", "1")
+    sensor = automation.deletions_waiting_sensor
+    instance = dg.DagsterInstance.ephemeral()
+    eligible_live_and_garbage(runtime)
+    assert requested(evaluate(sensor, runtime, instance=instance))  # two deletions nobody examined
+
+    kept = gc(pipeline_resources(runtime.settings.data_dir), instance)["collected_blobs"]
+    assert (kept["kept_still_referenced"], kept["retired_deletions"]) == (1, 0)
+    assert len(deletions(runtime)) == 1  # the live blob's row, not settled yet
+    first_tick = evaluate(sensor, runtime, instance=instance)
+    assert skipped_because(first_tick) == "no deletion waiting in an eligible generation"
+    assert not requested(evaluate(sensor, runtime, first_tick.cursor, instance))
+
+    runtime.blobs.release("second-keeper")
+    new_work = evaluate(sensor, runtime, first_tick.cursor, instance)
+    assert requested(new_work)
+    assert not requested(evaluate(sensor, runtime, new_work.cursor, instance))
+
+
+def test_the_lookups_and_the_bloom_filter_collect_the_same_blobs(
+    runtime: Runtime, pipeline_resources
+) -> None:
+    resources = pipeline_resources(runtime.settings.data_dir)
+    contents = [b"Subject: %d\r\n\r\n" % n + bytes([97 + n]) * 50 for n in range(8)]
+    blobs = [runtime.blobs.save(f"first-{n}", data) for n, data in enumerate(contents)]
+    for n, data in enumerate(contents[:4]):  # the first four keep a second owner: live
+        runtime.blobs.save(f"second-{n}", data)
+    for n in range(8):
+        runtime.blobs.release(f"first-{n}")
+    runtime.generations.rotate()
+    runtime.generations.rotate()
+    garbage = sorted(map(str, blobs[4:]))
+
+    def dry_run(filter_config: dict) -> tuple[dict, list[str]]:
+        run_config = gc_run_config(filter_config, {"dry_run": True})
+        result = dg.materialize(GC_ASSETS, resources=resources, run_config=run_config)
+        assert result.success
+        collected = result.output_for_node("collected_blobs").select("blob_id").collect()
+        return materialized(result, "collected_blobs"), sorted(r["blob_id"] for r in collected)
+
+    # A false-positive rate low enough that the filter keeps no garbage back.
+    bloom, by_filter = dry_run({"lookup_limit": 0, "false_positive_probability": 1e-9})
+    lookups, looked_up = dry_run({})
+    assert (bloom["mode"], lookups["mode"]) == ("bloom filter", "reference lookups")
+    assert (bloom["references_read"], lookups["references_read"]) == (True, False)
+    assert by_filter == looked_up == garbage
+    assert bloom["kept_still_referenced"] == lookups["kept_still_referenced"] == 4
+
+    applied = gc(resources)["collected_blobs"]  # the lookups, for real
+    assert (applied["deleted_blobs"], applied["kept_still_referenced"]) == (4, 4)
+    assert [runtime.content.exists(blob) for blob in blobs] == [True] * 4 + [False] * 4

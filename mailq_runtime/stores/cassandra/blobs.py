@@ -107,6 +107,13 @@ class BlobReferencesDAO:
         rows = self.store.execute("SELECT blob_id FROM blob_references WHERE owner = ?", (owner,))
         return [row.blob_id for row in rows]
 
+    def referenced(self, blob_ids: list[str]) -> set[str]:
+        """Those of the blob ids with a reference, one indexed query a blob id, run concurrently."""
+        results = self.store.execute_all(
+            "SELECT blob_id FROM blob_references WHERE blob_id = ? LIMIT 1", [(b,) for b in blob_ids]
+        )
+        return {row.blob_id for rows in results for row in rows}
+
     def remove(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
         self.store.execute(
             "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
@@ -203,6 +210,10 @@ class CassandraBlobTables:
 
     def references_of(self, owner: str) -> list[BlobId]:
         return [BlobId.parse(blob_id) for blob_id in self.references.of(owner)]
+
+    def referenced(self, blob_ids: Sequence[BlobId]) -> set[BlobId]:
+        by_name = {str(blob_id): blob_id for blob_id in blob_ids}
+        return {by_name[name] for name in self.references.referenced(list(by_name))}
 
     def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         """Append one deletion a blob id, in its generation's partitions."""
