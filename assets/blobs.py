@@ -7,6 +7,18 @@ Deletions of generation g are collected only once the current generation is at l
 save can add a reference to a blob of g, so a blob absent from a filter of g's references is garbage.
 A Bloom filter has no false negatives, so a live blob is never collected; a false positive only keeps
 garbage until a later iteration, whose new salt gives different false positives.
+
+A run costs what changed since the last one. A blob the exact check (a join with the references, not the
+filter) finds still referenced has its deletion rows retired: exactly the rows this run read, by their
+full key, and only those older than the run's start minus `settle` (CollectConfig, default 15m). A
+release writes its deletion row and then removes its reference, so a run may read the row and still see
+the reference in between; retiring that row would leave garbage that no deletion names. The settle time
+keeps the rows of releases still in progress, and the orphan sweep heals a release stalled for longer (a
+blob with neither reference nor deletion). A false positive's rows stay, for a later salt to retry them.
+A new release of a retired blob appends a new row, so the blob is examined again exactly when a new
+deletion of it arrives. Retiring never deletes content nor a `blobs` row: it cannot lose a live blob.
+With nothing to examine, a run reads no reference at all; with few concerned blobs (at most the filter's
+`lookup_limit`), it builds no filter and looks each one's references up by blob id instead, exactly.
 """
 
 import time
@@ -30,7 +42,7 @@ from .spark.bloom import (
     filter_capacity,
     not_in_filter,
 )
-from .spark.collect import collect_blobs
+from .spark.collect import collect_blobs, lookup_references, retire_deletions
 from .spark.orphans import orphan_content, orphan_owners, release_owners
 from .spark.table_source import read_table, rows_upper_bound
 
@@ -85,13 +97,19 @@ def reference_generations(mailq: MailqRuntime) -> dg.Output[dict]:
 def deletion_sets(
     reference_generations: dict, mailq: MailqRuntime, pyspark: LazyPySparkResource
 ) -> dg.Output[DataFrame]:
-    """The concerned blobs: distinct blob ids of the deletions in eligible generations."""
+    """The concerned blobs: distinct blob ids of the deletions in eligible generations, each with the
+    times of the deletion rows read (`deletion_times`), which name the rows a live blob's retirement drops."""
     spark = pyspark.spark_session
     eligible = reference_generations["eligible"]
     deletions = read_table(spark, mailq.url, "blob_deletions", generations=eligible)
     concerned = (
         deletions.groupBy("generation", "blob_id")
-        .agg(F.count("*").alias("deletions"), F.min("deleted_at").alias("first_deleted_at"))
+        .agg(
+            F.count("*").alias("deletions"),
+            F.min("deleted_at").alias("first_deleted_at"),
+            F.max("deleted_at").alias("last_deleted_at"),
+            F.collect_list("deleted_at").alias("deletion_times"),
+        )
         .cache()
     )
     per_generation = (
@@ -129,6 +147,9 @@ def deletion_sets(
 class BloomFilterConfig(dg.Config):
     false_positive_probability: float = 0.01
     expected_references: int = 0  # 0: size each generation's filter as generation_filters() says
+    # Up to this many concerned blobs, no filter is built: collected_blobs looks each one's references up
+    # by blob id (exact, and far cheaper than reading every reference). 0: always the Bloom filter.
+    lookup_limit: int = 50_000
 
 
 def generation_filters(
@@ -182,11 +203,33 @@ def live_reference_filter(
     mailq: MailqRuntime,
     pyspark: LazyPySparkResource,
 ) -> dg.Output[DataFrame]:
-    """Per eligible generation with deletions, a Bloom filter of its live references, salted for this run."""
+    """Per eligible generation with deletions, a Bloom filter of its live references, salted for this run;
+    none when there are no more concerned blobs than `lookup_limit`: collected_blobs then looks their
+    references up one by one, and no filter means that to it."""
+    if config.lookup_limit < 0:
+        raise ValueError(
+            f"lookup_limit must be 0 (always the Bloom filter) or a count of blobs, not {config.lookup_limit}"
+        )
     spark = pyspark.spark_session
     generations = sorted(r["generation"] for r in deletion_sets.select("generation").distinct().collect())
     salt = uuid.uuid4().hex
     started = time.monotonic()
+    concerned = deletion_sets.count()
+    if not concerned or concerned <= config.lookup_limit:  # the references are not read
+        return dg.Output(
+            spark.createDataFrame([], FILTER_SCHEMA),
+            metadata={
+                "live_check": "reference lookups" if concerned else "none",
+                "why": f"{concerned} concerned blob(s), at most lookup_limit {config.lookup_limit}"
+                if concerned
+                else "nothing to examine",
+                "salt": salt,
+                "false_positive_probability": config.false_positive_probability,
+                "generations": dg.MetadataValue.json([]),
+                "build_seconds": 0.0,
+                "references_read": False,
+            },
+        )
     result, summary = generation_filters(
         spark, mailq.url, generations, config.false_positive_probability, salt, config.expected_references
     )
@@ -197,6 +240,11 @@ def live_reference_filter(
             "false_positive_probability": config.false_positive_probability,
             "generations": dg.MetadataValue.json(generations),
             "build_seconds": round(time.monotonic() - started, 3),
+            "references_read": True,
+            "live_check": "bloom filter",
+            "why": f"{concerned} concerned blob(s), more than lookup_limit {config.lookup_limit}"
+            if config.lookup_limit
+            else "lookup_limit 0: always the Bloom filter",
             **table(
                 "per_generation",
                 [
@@ -227,12 +275,19 @@ def _absent_from_filters(filters: DataFrame, concerned: DataFrame) -> DataFrame:
 class CollectConfig(dg.Config):
     dry_run: bool = False
     exact: bool = False  # an anti-join against the references instead of the Bloom filter
+    # Deletion rows younger than this at the run's start are never retired (`model.parse_duration`): the
+    # release that wrote one may not have removed its reference yet.
+    settle: str = "15m"
+
+
+COLLECTED_SCHEMA = "blob_id string, generation long, bytes long, error string"
 
 
 @dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
 def collected_blobs(
     context: dg.AssetExecutionContext,
     config: CollectConfig,
+    reference_generations: dict,
     deletion_sets: DataFrame,
     live_reference_filter: DataFrame,
     mailq: MailqRuntime,
@@ -240,41 +295,96 @@ def collected_blobs(
 ) -> dg.Output[DataFrame]:
     """The concerned blobs absent from the filter, deleted from the blob store, `blobs` and
     `blob_deletions`. Its figures: `concerned_blobs` examined; `deleted_blobs` (or, in a dry run,
-    `blobs_a_real_run_would_delete`); `kept_still_referenced`, blobs a live reference still uses;
-    `kept_by_filter_false_positive`, garbage the Bloom filter kept back, left for a later iteration;
-    `delete_errors`, blobs whose deletion failed and that stay for the next run."""
+    `blobs_a_real_run_would_delete`); `kept_still_referenced`, blobs a live reference still uses, whose
+    settled deletion rows are retired (`retired_deletions`); `kept_by_filter_false_positive`, garbage
+    the Bloom filter kept back, left for a later iteration; `delete_errors`, blobs whose deletion failed
+    and that stay for the next run."""
     spark = pyspark.spark_session
     started = time.monotonic()
-    references = read_table(spark, mailq.url, "blob_references")
-    if config.exact:
-        candidates = exact_absent(references, deletion_sets, "blob_id")
+    # Taken before the references are read: a row settled by then was written by a release that
+    # removed its reference before the check below reads them.
+    settled_before = mailq.runtime.clock() - parse_duration(config.settle, "settle")
+    mode = "exact anti-join" if config.exact else "bloom filter"
+    read = deletion_sets.agg(F.count("*").alias("blobs"), F.max("last_deleted_at").alias("newest")).first()
+    concerned = read["blobs"]
+    # What this run examined, for the deletions sensor: rows up to `examined_through` in the generations
+    # eligible when `examined_generation` was the current one.
+    examined = {
+        "examined_generation": reference_generations["current"],
+        "examined_through": read["newest"] or 0,
+    }
+    if not concerned:  # nothing to examine: the references are not read
+        return dg.Output(
+            spark.createDataFrame([], COLLECTED_SCHEMA),
+            metadata=examined | _collect_figures(config, "nothing to examine", 0, {}, started),
+        )
+    if config.exact or live_reference_filter.limit(1).count():
+        references = read_table(spark, mailq.url, "blob_references")
+        if config.exact:
+            candidates = exact_absent(references, deletion_sets, "blob_id")
+        else:
+            candidates = _absent_from_filters(live_reference_filter, deletion_sets)
+        candidates = candidates.select("blob_id", "generation").cache()
+        kept = deletion_sets.join(candidates, ["blob_id", "generation"], "left_anti")
+        # An exact look at what the filter kept: live blobs, and false positives left for a later run.
+        live = kept.join(references.select("blob_id").distinct(), "blob_id", "left_semi").cache()
     else:
-        candidates = _absent_from_filters(live_reference_filter, deletion_sets)
-    candidates = candidates.select("blob_id", "generation").cache()
-    kept = deletion_sets.join(candidates, ["blob_id", "generation"], "left_anti")
-    # An exact look at what the filter kept: live blobs, and false positives left for a later run.
-    kept_live = kept.join(references.select("blob_id").distinct(), "blob_id", "left_semi").count()
-    concerned = deletion_sets.count()
+        # No filter for blobs to examine: few enough to look each one's references up, exactly.
+        mode = "reference lookups"
+        looked = lookup_references(deletion_sets, mailq.url)
+        candidates = looked.where(~F.col("referenced")).select("blob_id", "generation")
+        found = looked.where(F.col("referenced")).select("blob_id")
+        live = deletion_sets.join(found, "blob_id", "left_semi").cache()
+    kept_live = live.count()
+    retired = (0, 0, None)
+    if not config.dry_run:
+        settled = live.select("blob_id", F.explode("deletion_times").alias("deleted_at")).where(
+            F.col("deleted_at") <= settled_before
+        )
+        retired = retire_deletions(settled, mailq.url)
+        if retired[1]:
+            context.log.warning(f"{retired[1]} batch(es) of deletions not retired, e.g.: {retired[2]}")
+    live.unpersist()
     collected = collect_blobs(candidates, mailq.url, dry_run=config.dry_run).cache()
     totals = _totals(collected)
     for row in collected.where(F.col("error").isNotNull()).limit(20).collect():
         context.log.warning(f"could not collect {row['blob_id']}: {row['error']}")
+    figures = {
+        "concerned": concerned,
+        "kept_live": kept_live,
+        "retired": retired[0],
+        "retire_errors": retired[1],
+        **totals.asDict(),
+    }
     return dg.Output(
-        collected,
-        metadata={
-            "mode": "exact anti-join" if config.exact else "bloom filter",
-            "dry_run": config.dry_run,
-            "concerned_blobs": concerned,
-            "deleted_blobs": 0 if config.dry_run else totals["deleted"],
-            "blobs_a_real_run_would_delete": totals["deleted"] if config.dry_run else 0,
-            "kept_still_referenced": kept_live,
-            "kept_by_filter_false_positive": concerned - totals["deleted"] - totals["errors"] - kept_live,
-            "bytes_reclaimed": 0 if config.dry_run else totals["bytes"],
-            "size_reclaimed": human_bytes(0 if config.dry_run else totals["bytes"]),
-            "delete_errors": totals["errors"],
-            "seconds": round(time.monotonic() - started, 3),
-        },
+        collected, metadata=examined | _collect_figures(config, mode, concerned, figures, started)
     )
+
+
+def _collect_figures(config: CollectConfig, mode: str, concerned: int, figures: dict, started: float) -> dict:
+    deleted, errors, kept_live = (
+        figures.get("deleted", 0),
+        figures.get("errors", 0),
+        figures.get("kept_live", 0),
+    )
+    reclaimed = 0 if config.dry_run else figures.get("bytes", 0)
+    return {
+        "mode": mode,
+        "dry_run": config.dry_run,
+        "settle": config.settle,
+        "references_read": mode in ("exact anti-join", "bloom filter"),
+        "concerned_blobs": concerned,
+        "deleted_blobs": 0 if config.dry_run else deleted,
+        "blobs_a_real_run_would_delete": deleted if config.dry_run else 0,
+        "kept_still_referenced": kept_live,
+        "kept_by_filter_false_positive": concerned - deleted - errors - kept_live,
+        "retired_deletions": figures.get("retired", 0),
+        "retire_errors": figures.get("retire_errors", 0),
+        "bytes_reclaimed": reclaimed,
+        "size_reclaimed": human_bytes(reclaimed),
+        "delete_errors": errors,
+        "seconds": round(time.monotonic() - started, 3),
+    }
 
 
 @dg.asset_check(asset=collected_blobs, blocking=True)

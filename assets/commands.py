@@ -95,6 +95,8 @@ def _deletions(f: dict) -> list[str]:
 
 
 def _filter(f: dict) -> list[str]:
+    if not f["references_read"]:
+        return [f"filter       no Bloom filter: {f['live_check']} ({f['why']})"]
     return [
         f"filter       {len(f['generations'])} Bloom filter(s) of the live references, false positive "
         f"probability {f['false_positive_probability']}, built in {f['build_seconds']} s"
@@ -104,7 +106,8 @@ def _filter(f: dict) -> list[str]:
 def _collected(f: dict) -> list[str]:
     kept = (
         f"kept {f['kept_still_referenced']} still referenced, {f['kept_by_filter_false_positive']} by a "
-        f"false positive of the filter; {f['delete_errors']} error(s); {f['mode']}"
+        f"false positive of the filter; {f['retired_deletions']} deletion row(s) of live blobs retired; "
+        f"{f['delete_errors']} error(s); {f['mode']}"
     )
     if f["dry_run"]:
         return [

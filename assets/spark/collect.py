@@ -1,5 +1,7 @@
 """The sweep of the garbage collector: Spark partitions delete their share of blobs in batches, each
-executor through its own runtime connection, and report per blob what was reclaimed or what failed."""
+executor through its own runtime connection, and report per blob what was reclaimed or what failed;
+the same way, they look a few concerned blobs' references up by blob id (the exact check that spares
+reading every reference), and retire the deletion rows of blobs found still referenced."""
 
 from __future__ import annotations
 
@@ -45,6 +47,80 @@ def _collect_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
         return
     for blob_id, generation in batch:
         yield blob_id, generation, sizes.get(blob_id, 0), None
+
+
+def _lookup_partition(url: str, rows: Iterator) -> Iterator[tuple]:
+    from mailq_runtime import Runtime  # imported on the executor
+
+    batch: list[tuple[str, int]] = []
+    with Runtime.open(url) as runtime:
+        for row in rows:
+            batch.append((row["blob_id"], row["generation"]))
+            if len(batch) == BATCH:
+                yield from _lookup_batch(runtime, batch)
+                batch = []
+        if batch:
+            yield from _lookup_batch(runtime, batch)
+
+
+def _lookup_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
+    # A failed lookup fails the task (Spark retries it, then the run fails): a blob whose references are
+    # unknown must be neither collected nor retired.
+    referenced = {str(blob_id) for blob_id in runtime.blobs.referenced(b for b, _ in batch)}
+    for blob_id, generation in batch:
+        yield blob_id, generation, blob_id in referenced
+
+
+def lookup_references(concerned: DataFrame, url: str) -> DataFrame:
+    """Whether each concerned blob (blob_id, generation) has a reference, looked up by blob id on the
+    executors: blob_id, generation, referenced. Exact, and checkpointed eagerly: one look a blob."""
+    spark = concerned.sparkSession
+    looked = concerned.select("blob_id", "generation").rdd.mapPartitions(
+        lambda rows: _lookup_partition(url, rows)
+    )
+    return spark.createDataFrame(
+        looked, "blob_id string, generation long, referenced boolean"
+    ).localCheckpoint()
+
+
+def _retire_partition(url: str, rows: Iterator) -> Iterator[tuple]:
+    from mailq_runtime import Runtime  # imported on the executor
+
+    batch: list[tuple[str, int]] = []
+    with Runtime.open(url) as runtime:
+        for row in rows:
+            batch.append((row["blob_id"], row["deleted_at"]))
+            if len(batch) == BATCH:
+                yield _retire_batch(runtime, batch)
+                batch = []
+        if batch:
+            yield _retire_batch(runtime, batch)
+
+
+def _retire_batch(runtime, batch: list[tuple[str, int]]) -> tuple:
+    try:
+        return runtime.blobs.retire_deletions(batch), None
+    except Exception as error:  # the rows stay: the next iteration examines their blobs again
+        return 0, f"{type(error).__name__}: {error}"
+
+
+def retire_deletions(rows: DataFrame, url: str) -> tuple[int, int, str | None]:
+    """Drop the deletion rows `rows` (blob_id, deleted_at) from the store, in batches on the executors;
+    returns the rows retired, the batches that failed, and one failure's message."""
+    spark = rows.sparkSession
+    retired = rows.select("blob_id", "deleted_at").rdd.mapPartitions(
+        lambda part: _retire_partition(url, part)
+    )
+    totals = (
+        spark.createDataFrame(retired, "retired long, error string")
+        .agg(
+            F.coalesce(F.sum("retired"), F.lit(0)).alias("retired"),
+            F.count(F.col("error")).alias("errors"),
+            F.first("error", ignorenulls=True).alias("error"),
+        )
+        .first()
+    )
+    return totals["retired"], totals["errors"], totals["error"]
 
 
 def collect_blobs(candidates: DataFrame, url: str, *, dry_run: bool) -> DataFrame:

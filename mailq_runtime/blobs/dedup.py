@@ -64,6 +64,10 @@ class BlobTables(Protocol):
         ...
 
     def references_of(self, owner: str) -> list[BlobId]: ...
+    def referenced(self, blob_ids: Sequence[BlobId]) -> set[BlobId]:
+        """Those of the blobs that at least one reference names (looked up by blob id)."""
+        ...
+
     def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         """Append one deletion a blob id (repeated ones too: the GC counts blob ids, not deletions)."""
         ...
@@ -72,6 +76,11 @@ class BlobTables(Protocol):
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple: ...
     def forget(self, blob_ids: Iterable[BlobId]) -> None:
         """Drop the blobs' rows from `blobs` and `blob_deletions`."""
+        ...
+
+    def retire_deletions(self, rows: Sequence[tuple[BlobId, int]]) -> None:
+        """Drop exactly the deletion rows (blob id, deleted_at), in the blob id's generation; the blob's
+        other deletion rows stay."""
         ...
 
 
@@ -276,6 +285,25 @@ class DeduplicatingBlobStore:
             self.faults.reached(COLLECT_AFTER_CONTENT)
             self.tables.forget(chosen)
         return sizes
+
+    def referenced(self, blob_ids: Iterable[BlobId | str]) -> set[BlobId]:
+        """Those of the blobs some owner still references: the GC's exact check of a few blobs."""
+        return self.tables.referenced(sorted({BlobId.parse(b) for b in blob_ids}))
+
+    def retire_deletions(self, rows: Iterable[tuple[BlobId | str, int]]) -> int:
+        """Drop the deletion rows (blob id, deleted_at) of blobs a GC iteration found still referenced,
+        so that the next iteration does not examine them again; returns how many rows were named.
+
+        Never deletes content or a `blobs` row, so it cannot lose a live blob. The caller names only
+        rows it read and old enough that the releases that wrote them have removed their references
+        (see assets/blobs.py, the settle time); a later release of the blob appends a new row, which
+        makes the GC examine the blob again.
+        """
+        chosen = sorted({(BlobId.parse(blob_id), int(deleted_at)) for blob_id, deleted_at in rows})
+        if chosen:
+            with self.group_writes():
+                self.tables.retire_deletions(chosen)
+        return len(chosen)
 
     def deletion_backlog(self, since_generation: int = 0, since: int = 0) -> DeletionBacklog:
         """Deletions of eligible generations appended after `since`, or eligible only since the current

@@ -55,6 +55,19 @@ class EmbeddedBlobTables:
         )
         return [BlobId.parse(blob_id) for (blob_id,) in rows]
 
+    def referenced(self, blob_ids: Sequence[BlobId]) -> set[BlobId]:
+        by_name = {str(blob_id): blob_id for blob_id in blob_ids}
+        names = list(by_name)
+        found: set[BlobId] = set()
+        for start in range(0, len(names), 500):  # under SQLite's default limit of 999 parameters
+            chunk = names[start : start + 500]
+            chosen = ", ".join("?" * len(chunk))
+            rows = self.store.read(
+                f"SELECT DISTINCT blob_id FROM blob_references WHERE blob_id IN ({chosen})", chunk
+            )
+            found.update(by_name[name] for (name,) in rows)
+        return found
+
     def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         with self.store.transaction() as db:
             db.executemany(
@@ -78,6 +91,14 @@ class EmbeddedBlobTables:
         with self.store.transaction() as db:
             db.executemany("DELETE FROM blob_deletions WHERE blob_id = ?", [(str(b),) for b in blob_ids])
             db.executemany("DELETE FROM blobs WHERE blob_id = ?", [(str(b),) for b in blob_ids])
+
+    def retire_deletions(self, rows: Sequence[tuple[BlobId, int]]) -> None:
+        """Drop exactly the deletion rows (blob id, deleted_at); found by the blob id's index."""
+        with self.store.transaction() as db:
+            db.executemany(
+                "DELETE FROM blob_deletions WHERE blob_id = ? AND generation = ? AND deleted_at = ?",
+                [(str(blob_id), blob_id.generation, deleted_at) for blob_id, deleted_at in rows],
+            )
 
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:
         return self.store.read_one(

@@ -121,6 +121,8 @@ CREATE TABLE IF NOT EXISTS blob_references (
     generation INTEGER NOT NULL,
     PRIMARY KEY (owner, blob_id)
 );
+-- The collector looks a few concerned blobs' references up by blob id rather than read them all.
+CREATE INDEX IF NOT EXISTS blob_references_blob ON blob_references (blob_id);
 
 CREATE TABLE IF NOT EXISTS blob_deletions (
     blob_id TEXT NOT NULL,

@@ -43,9 +43,18 @@ def checks_passed(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
     return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
 
-def run_gc(resources: dict, **collect_config: object) -> dict:
+def gc_run_config(filter_config: dict | None, collect_config: dict) -> dict | None:
+    ops = {
+        name: {"config": config}
+        for name, config in (("live_reference_filter", filter_config), ("collected_blobs", collect_config))
+        if config
+    }
+    return {"ops": ops} if ops else None
+
+
+def run_gc(resources: dict, filter_config: dict | None = None, **collect_config: object) -> dict:
     """One GC iteration; returns the figures of `collected_blobs`, after its check passed."""
-    run_config = {"ops": {"collected_blobs": {"config": collect_config}}} if collect_config else None
+    run_config = gc_run_config(filter_config, collect_config)
     result = dg.materialize(GC_ASSETS, resources=resources, run_config=run_config)
     assert result.success
     assert checks_passed(result) == {"no_live_blob_collected": True}

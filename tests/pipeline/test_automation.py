@@ -33,8 +33,16 @@ def resources(runtime: Runtime) -> dict:
     return {"mailq": MailqRuntime(url=runtime.settings.url)}
 
 
-def evaluate(sensor: dg.SensorDefinition, runtime: Runtime, cursor: str | None = None) -> dg.SensorResult:
-    with dg.build_sensor_context(resources=resources(runtime), cursor=cursor) as context:
+def evaluate(
+    sensor: dg.SensorDefinition,
+    runtime: Runtime,
+    cursor: str | None = None,
+    instance: dg.DagsterInstance | None = None,
+) -> dg.SensorResult:
+    """One tick; in `instance` (runs recorded there), or else in an empty one, as the daemon's always is."""
+    with dg.build_sensor_context(
+        resources=resources(runtime), cursor=cursor, instance=instance or dg.DagsterInstance.ephemeral()
+    ) as context:
         return sensor(context)
 
 

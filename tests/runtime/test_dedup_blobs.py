@@ -221,3 +221,29 @@ def test_bad_owners_and_contents_are_refused_and_unknown_blobs_not_found(
     assert backend.count("blobs") == 0
     with pytest.raises(BlobNotFound):
         runtime.blobs.read("g1_" + "0" * 64)
+
+
+def test_referenced_blobs_are_looked_up_and_deletions_retired_row_by_row(backend: Backend) -> None:
+    """The GC's exact check of a few blobs, and the retirement of exactly the deletion rows it names."""
+    now = [1_000_000]
+    runtime = backend.open(clock=lambda: now[0])
+    try:
+        live = runtime.blobs.save("keeper", b"kept")
+        runtime.blobs.save("leaver", b"kept")
+        gone = runtime.blobs.save("leaver", b"gone")
+        runtime.blobs.release("leaver")  # a deletion of each at 1 s
+        now[0] = 2_000_000
+        runtime.blobs.save("passer-by", b"kept")
+        runtime.blobs.release("passer-by")  # another deletion of the live blob, at 2 s
+        assert runtime.blobs.referenced([live, gone, str(live)]) == {live}
+        assert runtime.blobs.referenced([]) == set()
+
+        assert runtime.blobs.retire_deletions([(live, 1_000_000), (str(live), 1_000_000)]) == 1
+        assert sorted(b for b, _, _ in backend.blob_deletions()) == sorted([str(live), str(gone)])
+        assert runtime.blobs.retire_deletions([(live, 1_000_000)]) == 1  # gone already: harmless
+        assert runtime.blobs.retire_deletions([(live, 2_000_000)]) == 1
+        assert [b for b, _, _ in backend.blob_deletions()] == [str(gone)]
+        # Retiring never touches the content nor the blob rows.
+        assert runtime.blobs.read(live) == b"kept" and runtime.blobs.read(gone) == b"gone"
+    finally:
+        runtime.close()

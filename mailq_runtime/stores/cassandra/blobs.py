@@ -107,6 +107,13 @@ class BlobReferencesDAO:
         rows = self.store.execute("SELECT blob_id FROM blob_references WHERE owner = ?", (owner,))
         return [row.blob_id for row in rows]
 
+    def referenced(self, blob_ids: list[str]) -> set[str]:
+        """Those of the blob ids with a reference, one indexed query a blob id, run concurrently."""
+        results = self.store.execute_all(
+            "SELECT blob_id FROM blob_references WHERE blob_id = ? LIMIT 1", [(b,) for b in blob_ids]
+        )
+        return {row.blob_id for rows in results for row in rows}
+
     def remove(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
         self.store.execute(
             "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
@@ -132,6 +139,17 @@ class BlobDeletionsDAO:
         self.store.execute_all(
             "DELETE FROM blob_deletions WHERE generation = ? AND shard = ? AND blob_id = ?",
             [(blob_id.generation, shard_of(blob_id), str(blob_id)) for blob_id in blob_ids],
+        )
+
+    def retire(self, rows: Sequence[tuple[BlobId, int]]) -> None:
+        """Delete rows by their full primary key: a blob's other deletions stay."""
+        self.store.execute_all(
+            "DELETE FROM blob_deletions "
+            "WHERE generation = ? AND shard = ? AND blob_id = ? AND deleted_at = ?",
+            [
+                (blob_id.generation, shard_of(blob_id), str(blob_id), deleted_at)
+                for blob_id, deleted_at in rows
+            ],
         )
 
     def partitions(self) -> list[tuple[int, int]]:
@@ -193,6 +211,10 @@ class CassandraBlobTables:
     def references_of(self, owner: str) -> list[BlobId]:
         return [BlobId.parse(blob_id) for blob_id in self.references.of(owner)]
 
+    def referenced(self, blob_ids: Sequence[BlobId]) -> set[BlobId]:
+        by_name = {str(blob_id): blob_id for blob_id in blob_ids}
+        return {by_name[name] for name in self.references.referenced(list(by_name))}
+
     def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         """Append one deletion a blob id, in its generation's partitions."""
         self.deletions.add(blob_ids, gc_iteration, now)
@@ -205,6 +227,10 @@ class CassandraBlobTables:
         blob_ids = list(blob_ids)
         self.deletions.delete(blob_ids)
         self.blobs.delete([str(blob_id) for blob_id in blob_ids])
+
+    def retire_deletions(self, rows: Sequence[tuple[BlobId, int]]) -> None:
+        """Drop exactly the deletion rows (blob id, deleted_at) of blobs found still referenced."""
+        self.deletions.retire(rows)
 
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:
         """(count, oldest, newest) of the deletions of generations up to `max_generation` that were
