@@ -5,7 +5,8 @@ reading every reference), and retire the deletion rows of blobs found still refe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from itertools import islice
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -24,18 +25,16 @@ RESULT_SCHEMA = StructType(
 )
 
 
-def _collect_partition(url: str, rows: Iterator) -> Iterator[tuple]:
+def _in_batches(url: str, rows: Iterator, columns: tuple[str, str], work: Callable) -> Iterator[tuple]:
+    """A partition's rows, as pairs of `columns`, handed to `work(runtime, batch)` BATCH at a time, through
+    one runtime the executor opens from `url`; yields what `work` yields."""
     from mailq_runtime import Runtime  # imported on the executor
 
-    batch: list[tuple[str, int]] = []
+    first, second = columns
+    pairs = ((row[first], row[second]) for row in rows)
     with Runtime.open(url) as runtime:
-        for row in rows:
-            batch.append((row["blob_id"], row["generation"]))
-            if len(batch) == BATCH:
-                yield from _collect_batch(runtime, batch)
-                batch = []
-        if batch:
-            yield from _collect_batch(runtime, batch)
+        while batch := list(islice(pairs, BATCH)):
+            yield from work(runtime, batch)
 
 
 def _collect_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
@@ -47,20 +46,6 @@ def _collect_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
         return
     for blob_id, generation in batch:
         yield blob_id, generation, sizes.get(blob_id, 0), None
-
-
-def _lookup_partition(url: str, rows: Iterator) -> Iterator[tuple]:
-    from mailq_runtime import Runtime  # imported on the executor
-
-    batch: list[tuple[str, int]] = []
-    with Runtime.open(url) as runtime:
-        for row in rows:
-            batch.append((row["blob_id"], row["generation"]))
-            if len(batch) == BATCH:
-                yield from _lookup_batch(runtime, batch)
-                batch = []
-        if batch:
-            yield from _lookup_batch(runtime, batch)
 
 
 def _lookup_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
@@ -76,32 +61,18 @@ def lookup_references(concerned: DataFrame, url: str) -> DataFrame:
     executors: blob_id, generation, referenced. Exact, and checkpointed eagerly: one look a blob."""
     spark = concerned.sparkSession
     looked = concerned.select("blob_id", "generation").rdd.mapPartitions(
-        lambda rows: _lookup_partition(url, rows)
+        lambda rows: _in_batches(url, rows, ("blob_id", "generation"), _lookup_batch)
     )
     return spark.createDataFrame(
         looked, "blob_id string, generation long, referenced boolean"
     ).localCheckpoint()
 
 
-def _retire_partition(url: str, rows: Iterator) -> Iterator[tuple]:
-    from mailq_runtime import Runtime  # imported on the executor
-
-    batch: list[tuple[str, int]] = []
-    with Runtime.open(url) as runtime:
-        for row in rows:
-            batch.append((row["blob_id"], row["deleted_at"]))
-            if len(batch) == BATCH:
-                yield _retire_batch(runtime, batch)
-                batch = []
-        if batch:
-            yield _retire_batch(runtime, batch)
-
-
-def _retire_batch(runtime, batch: list[tuple[str, int]]) -> tuple:
+def _retire_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
     try:
-        return runtime.blobs.retire_deletions(batch), None
+        yield runtime.blobs.retire_deletions(batch), None
     except Exception as error:  # the rows stay: the next iteration examines their blobs again
-        return 0, f"{type(error).__name__}: {error}"
+        yield 0, f"{type(error).__name__}: {error}"
 
 
 def retire_deletions(rows: DataFrame, url: str) -> tuple[int, int, str | None]:
@@ -109,7 +80,7 @@ def retire_deletions(rows: DataFrame, url: str) -> tuple[int, int, str | None]:
     returns the rows retired, the batches that failed, and one failure's message."""
     spark = rows.sparkSession
     retired = rows.select("blob_id", "deleted_at").rdd.mapPartitions(
-        lambda part: _retire_partition(url, part)
+        lambda rows: _in_batches(url, rows, ("blob_id", "deleted_at"), _retire_batch)
     )
     totals = (
         spark.createDataFrame(retired, "retired long, error string")
@@ -137,6 +108,6 @@ def collect_blobs(candidates: DataFrame, url: str, *, dry_run: bool) -> DataFram
             .localCheckpoint()
         )
     deleted = candidates.select("blob_id", "generation").rdd.mapPartitions(
-        lambda rows: _collect_partition(url, rows)
+        lambda rows: _in_batches(url, rows, ("blob_id", "generation"), _collect_batch)
     )
     return spark.createDataFrame(deleted, RESULT_SCHEMA).localCheckpoint()
