@@ -228,7 +228,9 @@ class Cassandra(Server):
         (conf / "logback.xml").write_text(LOGBACK_XML)
         fresh_log(self.system_log)
         ports = self.ports()
-        heap = os.environ.get("MAILQ_CASSANDRA_HEAP", "768m")
+        # A whole suite's keyspaces, schema changes and SAI indexes outgrew a 768m heap (the JVM exits on
+        # OutOfMemoryError); -Xms stays small, so an idle node's RSS does not grow with the ceiling.
+        heap = os.environ.get("MAILQ_CASSANDRA_HEAP", "2g")
         java = [
             require_program("java", "install a Java 17 runtime"),
             "-Xms256m",
