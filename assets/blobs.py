@@ -144,12 +144,17 @@ def deletion_sets(
     )
 
 
+# Up to this many blobs, looking each one's references up by blob id (exact) is cheaper than reading
+# every reference.
+LOOKUP_LIMIT = 50_000
+
+
 class BloomFilterConfig(dg.Config):
     false_positive_probability: float = 0.01
     expected_references: int = 0  # 0: size each generation's filter as generation_filters() says
-    # Up to this many concerned blobs, no filter is built: collected_blobs looks each one's references up
-    # by blob id (exact, and far cheaper than reading every reference). 0: always the Bloom filter.
-    lookup_limit: int = 50_000
+    # Up to this many concerned blobs, no filter is built: collected_blobs looks their references up by
+    # blob id. 0: always the Bloom filter.
+    lookup_limit: int = LOOKUP_LIMIT
 
 
 def generation_filters(
@@ -388,24 +393,30 @@ def _collect_figures(config: CollectConfig, mode: str, concerned: int, figures: 
 
 
 @dg.asset_check(asset=collected_blobs, blocking=True)
-def no_live_blob_collected(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.AssetCheckResult:
-    """Every reference to a blob of a collectable generation still finds its blob: the collector never
-    took a live one. Only eligible generations are compared: no reference to them can appear any more, so
-    the two scans agree without a snapshot while traffic goes on in the current generations."""
-    spark = pyspark.spark_session
-    eligible = mailq.runtime.generations.eligible()
-    references = read_table(spark, mailq.url, "blob_references", columns=["blob_id", "generation"])
-    blobs = read_table(spark, mailq.url, "blobs", columns=["blob_id", "generation"])
-    dangling = references.where(F.col("generation").isin(eligible)).join(
-        blobs.where(F.col("generation").isin(eligible)), "blob_id", "left_anti"
-    )
-    count = dangling.count()
-    sample = [r["blob_id"] for r in dangling.select("blob_id").limit(10).collect()]
+def no_live_blob_collected(
+    collected_blobs: DataFrame, mailq: MailqRuntime, pyspark: LazyPySparkResource
+) -> dg.AssetCheckResult:
+    """No blob this run collected (in a dry run: would collect) has a reference. Its cost follows the
+    run's: up to LOOKUP_LIMIT blobs, their references are looked up by blob id; past it, one read of the
+    references is joined with them. The comparison of every reference with the blobs is the orphan
+    sweep's check, `every_reference_finds_its_blob`."""
+    taken = collected_blobs.where(F.col("error").isNull()).select("blob_id", "generation").cache()
+    checked = taken.count()
+    if not checked:
+        referenced = taken
+    elif checked <= LOOKUP_LIMIT:
+        referenced = lookup_references(taken, mailq.url).where(F.col("referenced"))
+    else:
+        references = read_table(pyspark.spark_session, mailq.url, "blob_references", columns=["blob_id"])
+        referenced = taken.join(references, "blob_id", "left_semi")
+    count = referenced.count()
+    sample = [r["blob_id"] for r in referenced.select("blob_id").limit(10).collect()]
+    taken.unpersist()
     return dg.AssetCheckResult(
         passed=count == 0,
         metadata={
-            "dangling_references": count,
-            "eligible_generations": dg.MetadataValue.json(eligible),
+            "collected_blobs_checked": checked,
+            "collected_yet_referenced": count,
             "sample": dg.MetadataValue.json(sample),
         },
     )
@@ -474,5 +485,30 @@ def orphan_blobs(
             "bytes_reclaimed": 0 if config.dry_run else totals["bytes"],
             "size_reclaimed": human_bytes(0 if config.dry_run else totals["bytes"]),
             "errors": totals["errors"],
+        },
+    )
+
+
+@dg.asset_check(asset=orphan_blobs, blocking=True)
+def every_reference_finds_its_blob(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.AssetCheckResult:
+    """Every reference to a blob of a collectable generation still finds its blob: nothing, the
+    collector or a hand, took a live one. A full read of both tables, as the sweep's own. Only eligible
+    generations are compared: no reference to them can appear any more, so the two scans agree without a
+    snapshot while traffic goes on in the current generations."""
+    spark = pyspark.spark_session
+    eligible = mailq.runtime.generations.eligible()
+    references = read_table(spark, mailq.url, "blob_references", columns=["blob_id", "generation"])
+    blobs = read_table(spark, mailq.url, "blobs", columns=["blob_id", "generation"])
+    dangling = references.where(F.col("generation").isin(eligible)).join(
+        blobs.where(F.col("generation").isin(eligible)), "blob_id", "left_anti"
+    )
+    count = dangling.count()
+    sample = [r["blob_id"] for r in dangling.select("blob_id").limit(10).collect()]
+    return dg.AssetCheckResult(
+        passed=count == 0,
+        metadata={
+            "dangling_references": count,
+            "eligible_generations": dg.MetadataValue.json(eligible),
+            "sample": dg.MetadataValue.json(sample),
         },
     )

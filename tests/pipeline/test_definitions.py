@@ -40,6 +40,7 @@ ASSETS = {
 }
 CHECKS = {
     "collected_blobs": {"no_live_blob_collected"},
+    "orphan_blobs": {"every_reference_finds_its_blob"},
     "mailbox_counters": {"counters_match_source_of_truth"},
     "mail_queue_slices": {"slice_counters_match_recount", "browse_start_not_ahead_of_live_mail"},
     "mail_queue_dead_letters": {"dead_letters_not_growing"},

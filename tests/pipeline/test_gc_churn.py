@@ -6,7 +6,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from assets import automation
+from assets import automation, blobs
 from mailq_runtime import Runtime
 from mailq_runtime.model import BlobId
 
@@ -179,3 +179,41 @@ def test_the_lookups_and_the_bloom_filter_collect_the_same_blobs(
     applied = gc(resources)["collected_blobs"]  # the lookups, for real
     assert (applied["deleted_blobs"], applied["kept_still_referenced"]) == (4, 4)
     assert [runtime.content.exists(blob) for blob in blobs] == [True] * 4 + [False] * 4
+
+
+def check_alone(resources: dict) -> dict:
+    """`no_live_blob_collected` alone, on the last run's collected_blobs; its evaluation's metadata."""
+    result = dg.materialize(
+        GC_ASSETS,
+        resources=resources,
+        selection=dg.AssetSelection.checks(blobs.no_live_blob_collected),
+        raise_on_error=False,  # a blocking check that fails raises otherwise
+    )
+    (evaluation,) = result.get_asset_check_evaluations()
+    return {"passed": evaluation.passed} | {k: v.value for k, v in evaluation.metadata.items()}
+
+
+def test_the_check_looks_up_only_what_the_run_collected_and_fails_on_a_referenced_one(
+    runtime: Runtime, pipeline_resources
+) -> None:
+    resources = pipeline_resources(runtime.settings.data_dir)
+    _, garbage = eligible_live_and_garbage(runtime)
+    gc(resources, settle="0s")
+    assert check_alone(resources) == {
+        "passed": True,
+        "collected_blobs_checked": 1,
+        "collected_yet_referenced": 0,
+        "sample": [],
+    }
+
+    # What a collector that took a live blob would leave: a reference to a collected blob.
+    with runtime.store.transaction() as connection:
+        connection.execute(
+            "INSERT INTO blob_references (owner, blob_id, generation) VALUES ('late', ?, 1)", (str(garbage),)
+        )
+    assert check_alone(resources) == {
+        "passed": False,
+        "collected_blobs_checked": 1,
+        "collected_yet_referenced": 1,
+        "sample": [str(garbage)],
+    }
