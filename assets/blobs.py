@@ -399,11 +399,11 @@ def collected_blobs(
     totals = _totals(collected)
     for row in collected.where(F.col("error").isNotNull()).limit(20).collect():
         context.log.warning(f"could not collect {row['blob_id']}: {row['error']}")
-    record_id = new_id(context.run_id, now)
+    record_id = new_id(context.run.run_id, now)
     record_run(
         spark_parquet.base_path,
         record_id,
-        context.run_id,
+        context.run.run_id,
         None,
         now,
         _collect_outcomes(collected, marked, deletion_sets, live_reference_filter),

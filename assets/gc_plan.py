@@ -47,7 +47,7 @@ def gc_plan(
     dates, how it was found unreferenced (`found_by`; with the Bloom filter, its `salt` and
     `false_positive_probability`) and its size. Nothing is deleted, no deletion row retired."""
     now = mailq.runtime.clock()
-    plan_id = gc_records.new_id(context.run_id, now)
+    plan_id = gc_records.new_id(context.run.run_id, now)
     concerned = deletion_sets.count()
     mode, kept_live = "nothing to examine", 0
     spark = pyspark.spark_session
@@ -181,8 +181,8 @@ def applied_gc_plan(
     approved = looked.where(~F.col("referenced")).select("blob_id", "generation")
     collected = collect_blobs(approved, mailq.url, dry_run=False)
     outcomes = _apply_outcomes(planned, rows, present, eligible, looked, collected)
-    record_id = gc_records.new_id(context.run_id, now)
-    record_run(base, record_id, context.run_id, plan_id, now, outcomes)
+    record_id = gc_records.new_id(context.run.run_id, now)
+    record_run(base, record_id, context.run.run_id, plan_id, now, outcomes)
     written = spark.read.parquet(gc_records.path(base, gc_records.RUNS, record_id))
     counts = {r["outcome"]: (r["blobs"], r["bytes"] or 0) for r in _by_outcome(written)}
     deleted, reclaimed = counts.pop(gc_records.DELETED, (0, 0))
