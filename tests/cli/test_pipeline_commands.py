@@ -166,13 +166,13 @@ def test_exact_gc_with_orphans_and_a_failed_check_exits_1(url, mailq, capsys):
     report = json.loads(out)
     assert status == 1 and report["success"] is False
     assert report["assets"]["collected_blobs"]["mode"] == "exact anti-join"
-    # The row nothing names, and the content whose row was removed.
-    assert report["assets"]["orphan_blobs"]["orphans"] == 2
+    # The row nothing names (the content whose row went is still referenced: not an orphan).
+    assert report["assets"]["orphan_blobs"]["orphans"] == 1
     check = report["checks"]["no_live_blob_collected"]
     assert check["passed"] is False and check["metadata"]["dangling_references"] == 1
     text = "\n".join(describe_run(report))
     assert "check        no_live_blob_collected: FAILED" in text and "dangling_references: 1" in text
-    assert "orphans      2 orphan blob(s), 2 deleted" in text
+    assert "orphans      1 orphan blob(s), 1 deleted" in text
 
 
 def test_gc_plan_reviewed_applied_and_its_blobs_explained(url, mailq, mailq_json):
