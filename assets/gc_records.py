@@ -92,10 +92,13 @@ def _ids(base: str, kind: str) -> list[str]:
 
 def latest_about(base: str, blob_id: str) -> tuple[str, dict] | None:
     """The newest plan or run record that names the blob: (PLANS or RUNS, its row), or None. Records are
-    read newest first, each by its blob_id column, until one names it."""
+    read newest first, each by its blob_id column, until one names it. A record that found the blob gone
+    already (a plan applied twice) says less than the one that deleted it: the search goes on past it,
+    and returns it only when no older record names the blob."""
     found = sorted(
         ((record_id, kind) for kind in (PLANS, RUNS) for record_id in _ids(base, kind)), reverse=True
     )
+    gone = None
     for record_id, kind in found:
         if not exists(base, kind, record_id):
             continue  # a write that did not finish
@@ -104,6 +107,10 @@ def latest_about(base: str, blob_id: str) -> tuple[str, dict] | None:
         if "blob_id" not in dataset.schema.names:
             continue  # an empty plan or record: Spark may write no part file at all
         rows = dataset.to_table(filter=ds.field("blob_id") == blob_id)
-        if rows.num_rows:
-            return kind, rows.slice(0, 1).to_pylist()[0]
-    return None
+        if not rows.num_rows:
+            continue
+        row = rows.slice(0, 1).to_pylist()[0]
+        if row.get("outcome") != KEPT_GONE:
+            return kind, row
+        gone = gone or (kind, row)
+    return gone
