@@ -29,10 +29,11 @@ def _setting(name: str, default: str) -> str:
 
 def _last_gc(instance: dg.DagsterInstance) -> dict:
     """What the latest real GC run examined: its current generation and the newest deletion it read
-    (zeros when there was none, or it was a dry run, which retired nothing)."""
+    (zeros when there was none). A dry run is a gc_plan materialisation, not one of collected_blobs; an
+    instance may still hold collected_blobs' dry runs of before, which retired nothing."""
     event = instance.get_latest_materialization_event(dg.AssetKey("collected_blobs"))
     metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
-    if "examined_through" not in metadata or metadata["dry_run"].value:
+    if "examined_through" not in metadata or ("dry_run" in metadata and metadata["dry_run"].value):
         return {"generation": 0, "deleted_at": 0}
     return {
         "generation": metadata["examined_generation"].value,

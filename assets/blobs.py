@@ -23,6 +23,7 @@ With nothing to examine, a run reads no reference at all; with few concerned blo
 
 import time
 import uuid
+from dataclasses import dataclass
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
@@ -32,7 +33,10 @@ from pyspark.sql import functions as F
 
 from mailq_runtime.model import parse_duration
 from resources import MailqRuntime
+from resources.parquet_io import SparkParquetIOManager
 
+from .gc_records import DELETED, KEPT_DELETE_FAILED, KEPT_FALSE_POSITIVE, KEPT_REFERENCED, RUNS, new_id
+from .gc_records import path as records_path
 from .metadata import human_bytes, table, when
 from .spark.bloom import (
     FILTER_COLUMN,
@@ -187,6 +191,7 @@ def generation_filters(
             bloom_filter(live, "blob_id", size, fpp, salt).select(
                 F.lit(generation).cast("long").alias("generation"),
                 F.lit(salt).alias("salt"),
+                F.lit(fpp).cast("double").alias("false_positive_probability"),
                 F.lit(size).cast("long").alias("expected_references"),
                 F.lit(bits).cast("long").alias("bits"),
                 FILTER_COLUMN,
@@ -264,21 +269,80 @@ def live_reference_filter(
     )
 
 
-FILTER_SCHEMA = "generation long, salt string, expected_references long, bits long, bloom_filter binary"
+FILTER_SCHEMA = (
+    "generation long, salt string, false_positive_probability double, expected_references long, "
+    "bits long, bloom_filter binary"
+)
+# How a blob was found unreferenced (a plan's `found_by`).
+BY_FILTER, BY_ANTI_JOIN, BY_LOOKUP = (
+    "absent from the Bloom filter",
+    "exact anti-join",
+    "exact reference lookup",
+)
 
 
 def _absent_from_filters(filters: DataFrame, concerned: DataFrame) -> DataFrame:
-    """The concerned blobs that their generation's filter does not contain."""
-    absent = concerned.limit(0)
-    for row in filters.select("generation", "salt").collect():
+    """The concerned blobs that their generation's filter does not contain, each with that filter's salt
+    and false-positive probability."""
+    absent = _found_by(concerned.limit(0), BY_FILTER)
+    for row in filters.select("generation", "salt", "false_positive_probability").collect():
         bloom = filters.where(F.col("generation") == row["generation"]).select(FILTER_COLUMN)
         in_generation = concerned.where(F.col("generation") == row["generation"])
-        absent = absent.unionByName(not_in_filter(bloom, in_generation, "blob_id", row["salt"]))
+        missing = not_in_filter(bloom, in_generation, "blob_id", row["salt"])
+        absent = absent.unionByName(
+            _found_by(missing, BY_FILTER, row["salt"], row["false_positive_probability"])
+        )
     return absent
 
 
+def _found_by(blobs: DataFrame, how: str, salt: str | None = None, fpp: float | None = None) -> DataFrame:
+    return blobs.select(
+        "blob_id",
+        "generation",
+        F.lit(how).alias("found_by"),
+        F.lit(salt).cast("string").alias("salt"),
+        F.lit(fpp).cast("double").alias("false_positive_probability"),
+    )
+
+
+@dataclass
+class Marked:
+    """What the mark found among the concerned blobs: the collectable ones (blob_id, generation,
+    found_by, salt, false_positive_probability) and the live ones (deletion_sets' rows, cached)."""
+
+    mode: str
+    candidates: DataFrame
+    live: DataFrame
+
+
+def mark(exact: bool, deletion_sets: DataFrame, live_reference_filter: DataFrame, url: str) -> Marked:
+    """The mark of an iteration, shared by collected_blobs and gc_plan: the concerned blobs that no live
+    reference uses, by the exact anti-join, the Bloom filters, or (with no filter built) one lookup a blob;
+    and those found still referenced."""
+    spark = deletion_sets.sparkSession
+    if exact or live_reference_filter.limit(1).count():
+        references = read_table(spark, url, "blob_references")
+        if exact:
+            mode = "exact anti-join"
+            candidates = _found_by(exact_absent(references, deletion_sets, "blob_id"), BY_ANTI_JOIN)
+        else:
+            mode = "bloom filter"
+            candidates = _absent_from_filters(live_reference_filter, deletion_sets)
+        candidates = candidates.cache()
+        kept = deletion_sets.join(candidates, ["blob_id", "generation"], "left_anti")
+        # An exact look at what the filter kept: live blobs, and false positives left for a later run.
+        live = kept.join(references.select("blob_id").distinct(), "blob_id", "left_semi").cache()
+    else:
+        # No filter for blobs to examine: few enough to look each one's references up, exactly.
+        mode = "reference lookups"
+        looked = lookup_references(deletion_sets, url)
+        candidates = _found_by(looked.where(~F.col("referenced")), BY_LOOKUP)
+        found = looked.where(F.col("referenced")).select("blob_id")
+        live = deletion_sets.join(found, "blob_id", "left_semi").cache()
+    return Marked(mode, candidates, live)
+
+
 class CollectConfig(dg.Config):
-    dry_run: bool = False
     exact: bool = False  # an anti-join against the references instead of the Bloom filter
     # Deletion rows younger than this at the run's start are never retired (`model.parse_duration`): the
     # release that wrote one may not have removed its reference yet.
@@ -297,19 +361,21 @@ def collected_blobs(
     live_reference_filter: DataFrame,
     mailq: MailqRuntime,
     pyspark: LazyPySparkResource,
+    spark_parquet: dg.ResourceParam[SparkParquetIOManager],
 ) -> dg.Output[DataFrame]:
     """The concerned blobs absent from the filter, deleted from the blob store, `blobs` and
-    `blob_deletions`. Its figures: `concerned_blobs` examined; `deleted_blobs` (or, in a dry run,
-    `blobs_a_real_run_would_delete`); `kept_still_referenced`, blobs a live reference still uses, whose
-    settled deletion rows are retired (`retired_deletions`); `kept_by_filter_false_positive`, garbage
-    the Bloom filter kept back, left for a later iteration; `delete_errors`, blobs whose deletion failed
-    and that stay for the next run."""
+    `blob_deletions` (a dry run is `gc_plan`). Its figures: `concerned_blobs` examined; `deleted_blobs`;
+    `kept_still_referenced`, blobs a live reference still uses, whose settled deletion rows are retired
+    (`retired_deletions`); `kept_by_filter_false_positive`, garbage the Bloom filter kept back, left for
+    a later iteration; `delete_errors`, blobs whose deletion failed and that stay for the next run. What
+    it did with each blob examined goes to `gc_runs/<record_id>` (gc_records.py), for `mailq blobs
+    explain`."""
     spark = pyspark.spark_session
     started = time.monotonic()
+    now = mailq.runtime.clock()
     # Taken before the references are read: a row settled by then was written by a release that
     # removed its reference before the check below reads them.
-    settled_before = mailq.runtime.clock() - parse_duration(config.settle, "settle")
-    mode = "exact anti-join" if config.exact else "bloom filter"
+    settled_before = now - parse_duration(config.settle, "settle")
     read = deletion_sets.agg(F.count("*").alias("blobs"), F.max("last_deleted_at").alias("newest")).first()
     concerned = read["blobs"]
     # What this run examined, for the deletions sensor: rows up to `examined_through` in the generations
@@ -321,39 +387,33 @@ def collected_blobs(
     if not concerned:  # nothing to examine: the references are not read
         return dg.Output(
             spark.createDataFrame([], COLLECTED_SCHEMA),
-            metadata=examined | _collect_figures(config, "nothing to examine", 0, {}, started),
+            metadata=examined
+            | {"settle": config.settle}
+            | _collect_figures("nothing to examine", 0, {}, started),
         )
-    if config.exact or live_reference_filter.limit(1).count():
-        references = read_table(spark, mailq.url, "blob_references")
-        if config.exact:
-            candidates = exact_absent(references, deletion_sets, "blob_id")
-        else:
-            candidates = _absent_from_filters(live_reference_filter, deletion_sets)
-        candidates = candidates.select("blob_id", "generation").cache()
-        kept = deletion_sets.join(candidates, ["blob_id", "generation"], "left_anti")
-        # An exact look at what the filter kept: live blobs, and false positives left for a later run.
-        live = kept.join(references.select("blob_id").distinct(), "blob_id", "left_semi").cache()
-    else:
-        # No filter for blobs to examine: few enough to look each one's references up, exactly.
-        mode = "reference lookups"
-        looked = lookup_references(deletion_sets, mailq.url)
-        candidates = looked.where(~F.col("referenced")).select("blob_id", "generation")
-        found = looked.where(F.col("referenced")).select("blob_id")
-        live = deletion_sets.join(found, "blob_id", "left_semi").cache()
-    kept_live = live.count()
-    retired = (0, 0, None)
-    if not config.dry_run:
-        settled = live.select("blob_id", F.explode("deletion_times").alias("deleted_at")).where(
-            F.col("deleted_at") <= settled_before
-        )
-        retired = retire_deletions(settled, mailq.url)
-        if retired[1]:
-            context.log.warning(f"{retired[1]} batch(es) of deletions not retired, e.g.: {retired[2]}")
-    live.unpersist()
-    collected = collect_blobs(candidates, mailq.url, dry_run=config.dry_run).cache()
+    marked = mark(config.exact, deletion_sets, live_reference_filter, mailq.url)
+    kept_live = marked.live.count()
+    settled = marked.live.select("blob_id", F.explode("deletion_times").alias("deleted_at")).where(
+        F.col("deleted_at") <= settled_before
+    )
+    retired = retire_deletions(settled, mailq.url)
+    if retired[1]:
+        context.log.warning(f"{retired[1]} batch(es) of deletions not retired, e.g.: {retired[2]}")
+    collected = collect_blobs(marked.candidates.select("blob_id", "generation"), mailq.url, dry_run=False)
+    collected = collected.cache()
     totals = _totals(collected)
     for row in collected.where(F.col("error").isNotNull()).limit(20).collect():
         context.log.warning(f"could not collect {row['blob_id']}: {row['error']}")
+    record_id = new_id(context.run.run_id, now)
+    record_run(
+        spark_parquet.base_path,
+        record_id,
+        context.run.run_id,
+        None,
+        now,
+        _collect_outcomes(collected, marked, deletion_sets, live_reference_filter),
+    )
+    marked.live.unpersist()
     figures = {
         "concerned": concerned,
         "kept_live": kept_live,
@@ -362,25 +422,78 @@ def collected_blobs(
         **totals.asDict(),
     }
     return dg.Output(
-        collected, metadata=examined | _collect_figures(config, mode, concerned, figures, started)
+        collected,
+        metadata=examined
+        | {"settle": config.settle, "record_id": record_id}
+        | _collect_figures(marked.mode, concerned, figures, started),
     )
 
 
-def _collect_figures(config: CollectConfig, mode: str, concerned: int, figures: dict, started: float) -> dict:
+def _collect_outcomes(
+    collected: DataFrame, marked: Marked, deletion_sets: DataFrame, filters: DataFrame
+) -> DataFrame:
+    """Per blob examined: outcome, detail, bytes (gc_records.RUN_SCHEMA's blob columns)."""
+    done = collected.join(marked.candidates, ["blob_id", "generation"], "left").select(
+        "blob_id",
+        "generation",
+        F.when(F.col("error").isNull(), F.lit(DELETED)).otherwise(F.lit(KEPT_DELETE_FAILED)).alias("outcome"),
+        F.coalesce(F.col("error"), F.col("found_by")).alias("detail"),
+        "bytes",
+    )
+    live = marked.live.select(
+        "blob_id",
+        "generation",
+        F.lit(KEPT_REFERENCED).alias("outcome"),
+        F.lit(f"a reference found ({marked.mode})").alias("detail"),
+        F.lit(None).cast("long").alias("bytes"),
+    )
+    # The rest of the concerned blobs: kept back by the filter (none in the exact modes).
+    salts = filters.select("generation", "salt")
+    false_positives = (
+        deletion_sets.select("blob_id", "generation")
+        .join(marked.candidates, ["blob_id", "generation"], "left_anti")
+        .join(marked.live, ["blob_id", "generation"], "left_anti")
+        .join(salts, "generation", "left")
+        .select(
+            "blob_id",
+            "generation",
+            F.lit(KEPT_FALSE_POSITIVE).alias("outcome"),
+            F.concat(F.lit("in the Bloom filter of salt "), F.col("salt")).alias("detail"),
+            F.lit(None).cast("long").alias("bytes"),
+        )
+    )
+    return done.unionByName(live).unionByName(false_positives)
+
+
+def record_run(
+    base: str, record_id: str, run_id: str, plan_id: str | None, now: int, outcomes: DataFrame
+) -> None:
+    """Write what a run did with each blob (outcomes: blob_id, generation, outcome, detail, bytes)."""
+    outcomes.select(
+        F.lit(record_id).alias("record_id"),
+        F.lit(run_id).alias("run_id"),
+        F.lit(plan_id).cast("string").alias("plan_id"),
+        "blob_id",
+        "generation",
+        "outcome",
+        "detail",
+        "bytes",
+        F.lit(now).cast("long").alias("at"),
+    ).write.mode("errorifexists").parquet(records_path(base, RUNS, record_id))
+
+
+def _collect_figures(mode: str, concerned: int, figures: dict, started: float) -> dict:
     deleted, errors, kept_live = (
         figures.get("deleted", 0),
         figures.get("errors", 0),
         figures.get("kept_live", 0),
     )
-    reclaimed = 0 if config.dry_run else figures.get("bytes", 0)
+    reclaimed = figures.get("bytes", 0)
     return {
         "mode": mode,
-        "dry_run": config.dry_run,
-        "settle": config.settle,
         "references_read": mode in ("exact anti-join", "bloom filter"),
         "concerned_blobs": concerned,
-        "deleted_blobs": 0 if config.dry_run else deleted,
-        "blobs_a_real_run_would_delete": deleted if config.dry_run else 0,
+        "deleted_blobs": deleted,
         "kept_still_referenced": kept_live,
         "kept_by_filter_false_positive": concerned - deleted - errors - kept_live,
         "retired_deletions": figures.get("retired", 0),
@@ -396,10 +509,10 @@ def _collect_figures(config: CollectConfig, mode: str, concerned: int, figures: 
 def no_live_blob_collected(
     collected_blobs: DataFrame, mailq: MailqRuntime, pyspark: LazyPySparkResource
 ) -> dg.AssetCheckResult:
-    """No blob this run collected (in a dry run: would collect) has a reference. Its cost follows the
-    run's: up to LOOKUP_LIMIT blobs, their references are looked up by blob id; past it, one read of the
-    references is joined with them. The comparison of every reference with the blobs is the orphan
-    sweep's check, `every_reference_finds_its_blob`."""
+    """No blob this run collected has a reference. Its cost follows the run's: up to LOOKUP_LIMIT blobs,
+    their references are looked up by blob id; past it, one read of the references is joined with them.
+    The comparison of every reference with the blobs is the orphan sweep's check,
+    `every_reference_finds_its_blob`."""
     taken = collected_blobs.where(F.col("error").isNull()).select("blob_id", "generation").cache()
     checked = taken.count()
     if not checked:

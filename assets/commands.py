@@ -1,6 +1,9 @@
 """The maintenance pipeline's `mailq` commands, which `mailq_runtime.cli` imports once one is named:
 
-    mailq gc [--dry-run] [--exact] [--orphans]   one GC iteration: the blob_gc assets (and the orphan sweep)
+    mailq gc [--dry-run] [--exact] [--orphans]   one GC iteration: the blob_gc assets (and the orphan sweep);
+                                                 --dry-run writes a plan (gc_plan) instead
+    mailq gc --apply PLAN_ID                     apply a plan: delete its blobs still collectable
+    mailq blobs explain BLOB_ID                  a blob's generation, rows, references, deletions, last GC
     mailq counters recompute [--user U [--mailbox NAME]] [--rate N]
                                                  the mailboxes group: counters and projection repaired
     mailq queue cleanup                          the mail_queue group: slice statistics, then the clean-up
@@ -22,12 +25,14 @@ from typing import Any
 from mailq_runtime import cli
 from mailq_runtime.cli import PIPELINE_COMMANDS, Report
 from mailq_runtime.errors import InvalidInput, shown
+from mailq_runtime.model import BlobId
 from mailq_runtime.pacing import check_rate
 from mailq_runtime.runtime import Runtime, build
 from mailq_runtime.settings import URL_VARIABLE, Settings
 
-from . import jobs, runner
+from . import definitions, gc_records, jobs, runner
 from .mailboxes import resolve_scope
+from .metadata import when
 
 EXIT_RUN_FAILED = 1
 
@@ -104,20 +109,36 @@ def _filter(f: dict) -> list[str]:
 
 
 def _collected(f: dict) -> list[str]:
-    kept = (
-        f"kept {f['kept_still_referenced']} still referenced, {f['kept_by_filter_false_positive']} by a "
-        f"false positive of the filter; {f['retired_deletions']} deletion row(s) of live blobs retired; "
-        f"{f['delete_errors']} error(s); {f['mode']}"
-    )
-    if f["dry_run"]:
-        return [
-            f"collected    dry run: would delete {f['blobs_a_real_run_would_delete']} of "
-            f"{f['concerned_blobs']} blob(s); {kept}"
-        ]
     return [
         f"collected    {f['deleted_blobs']} of {f['concerned_blobs']} blob(s) deleted, "
+        f"{f['size_reclaimed']} reclaimed; kept {f['kept_still_referenced']} still referenced, "
+        f"{f['kept_by_filter_false_positive']} by a false positive of the filter; {f['retired_deletions']} "
+        f"deletion row(s) of live blobs retired; {f['delete_errors']} error(s); {f['mode']}"
+    ]
+
+
+def _plan(f: dict) -> list[str]:
+    lines = [
+        f"plan         {f['plan_id']}: would delete {f['blobs_to_delete']} of {f['concerned_blobs']} "
+        f"blob(s), {f['size_to_reclaim']}; kept {f['kept_still_referenced']} still referenced, "
+        f"{f['kept_by_filter_false_positive']} by a false positive of the filter; {f['mode']}",
+        f"plan         salt {f['salt']}, false positive probability {f['false_positive_probability']}",
+        *_text_table(f["per_generation"]),
+    ]
+    if f["blobs_to_delete"]:
+        lines.append(f"plan         review it, then: {f['apply_with']}")
+    return lines
+
+
+def _applied(f: dict) -> list[str]:
+    kept = "; ".join(f"{row['blobs']} {row['reason']}" for row in f["kept"]) or "none kept"
+    lines = [
+        f"applied      plan {f['plan_id']}: {f['deleted_blobs']} of {f['planned_blobs']} blob(s) deleted, "
         f"{f['size_reclaimed']} reclaimed; {kept}"
     ]
+    if "note" in f:
+        lines.append(f"applied      {f['note']}")
+    return lines
 
 
 def _orphans(f: dict) -> list[str]:
@@ -177,6 +198,8 @@ RENDERERS = {
     "deletion_sets": _deletions,
     "live_reference_filter": _filter,
     "collected_blobs": _collected,
+    "gc_plan": _plan,
+    "applied_gc_plan": _applied,
     "orphan_blobs": _orphans,
     "mailbox_counters": _counters,
     "mail_queue_slices": _slices,
@@ -228,17 +251,41 @@ def _report(summary: dict, heading: list[str] | None = None) -> Report:
 
 def _gc(args: argparse.Namespace) -> Report:
     url = pipeline_url(args.url)
-    job = jobs.blob_gc_job.name
-    ops: dict[str, Any] = {"collected_blobs": {"config": {"dry_run": args.dry_run, "exact": args.exact}}}
+    if args.apply is not None:
+        if args.dry_run or args.exact or args.orphans:
+            raise InvalidInput("gc --apply takes no other option: the plan says what to delete")
+        # Refused here, before Spark starts, as the asset would refuse it.
+        plan_id = gc_records.check_plan_id(args.apply)
+        base = definitions.pipeline_dir(url)
+        if not gc_records.exists(base, gc_records.PLANS, plan_id):
+            raise InvalidInput(
+                f"unknown GC plan {plan_id}: none at {gc_records.path(base, gc_records.PLANS, plan_id)}"
+            )
+        ops: dict[str, Any] = {"applied_gc_plan": {"config": {"plan_id": plan_id}}}
+        return _report(run_pipeline(jobs.gc_apply_job.name, url, "gc --apply", {"ops": ops}))
+    if args.dry_run:
+        job = jobs.gc_plan_and_orphan_sweep_job if args.orphans else jobs.gc_plan_job
+        ops = {"gc_plan": {"config": {"exact": args.exact}}}
+    else:
+        job = jobs.blob_gc_and_orphan_sweep_job if args.orphans else jobs.blob_gc_job
+        ops = {"collected_blobs": {"config": {"exact": args.exact}}}
     if args.orphans:
-        job = jobs.blob_gc_and_orphan_sweep_job.name
         ops["orphan_blobs"] = {"config": {"dry_run": args.dry_run}}
-    return _report(run_pipeline(job, url, "gc", {"ops": ops}))
+    return _report(run_pipeline(job.name, url, "gc", {"ops": ops}))
 
 
 def add_gc_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("gc", help=PIPELINE_COMMANDS["gc"])
-    parser.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="write a plan of what would be deleted (printed with its id), delete nothing",
+    )
+    parser.add_argument(
+        "--apply",
+        metavar="PLAN_ID",
+        help="delete the blobs of that plan that are still collectable (each re-checked first)",
+    )
     parser.add_argument(
         "--exact",
         action="store_true",
@@ -250,6 +297,79 @@ def add_gc_parser(subparsers: argparse._SubParsersAction) -> None:
         help="also sweep the blobs that neither a reference nor a deletion names",
     )
     parser.set_defaults(handler=_gc)
+
+
+def _blobs_explain(args: argparse.Namespace) -> Report:
+    url = pipeline_url(args.url)
+    with Runtime.open(url) as runtime:
+        facts = runtime.blobs.explain(args.blob_id)
+    last = gc_records.latest_about(definitions.pipeline_dir(url), str(facts.blob_id))
+    data = {
+        "blob_id": str(facts.blob_id),
+        "generation": facts.blob_id.generation,
+        "state": facts.state,
+        "current_generation": facts.current_generation,
+        "blobs_row": facts.size is not None,
+        "size": facts.size,
+        "content": facts.content,
+        "references": [{"owner": o, "generation": g} for o, g in facts.references],
+        "deletions": [{"deleted_at": when(at), "gc_iteration": i} for at, i in facts.deletions],
+        "last_gc": _last_gc(last),
+    }
+    state = {
+        "eligible": "eligible: the GC may collect it",
+        "protected": "protected: the generation before the current one",
+        "current": "current: new saves go to it",
+        "not started": "not started: no rotation reached it yet",
+    }[facts.state]
+    lines = [
+        f"blob         {data['blob_id']}",
+        f"generation   rg{facts.blob_id.generation}, {state} (current rg{facts.current_generation})",
+        "blobs row    " + (f"yes, {facts.size} bytes" if facts.size is not None else "no"),
+        f"content      {'yes' if facts.content else 'no'}",
+        f"references   {len(facts.references)}" + "".join(f"\n    {o} (rg{g})" for o, g in facts.references),
+        f"deletions    {len(facts.deletions)}"
+        + "".join(f"\n    {d['deleted_at']} (gci{d['gc_iteration']})" for d in data["deletions"]),
+        f"last GC      {data['last_gc']['summary']}",
+    ]
+    if not (facts.size is not None or facts.content or facts.references or facts.deletions or last):
+        lines.append("nothing of this blob anywhere: never saved here, or collected and its record removed")
+    return Report(data, "\n".join(lines).splitlines())
+
+
+def _last_gc(last: tuple[str, dict] | None) -> dict:
+    """What the newest plan or GC run record naming the blob says, as a summary and its fields."""
+    if last is None:
+        return {"summary": "never examined by a GC run or plan kept here"}
+    kind, row = last
+    if kind == gc_records.PLANS:
+        how = row["found_by"]
+        if row["salt"]:
+            how += f" of salt {row['salt']}, false positive probability {row['false_positive_probability']}"
+        summary = f"in plan {row['plan_id']} of {when(row['planned_at'])}, not applied since: {how}"
+        return {"summary": summary, "plan_id": row["plan_id"], "found_by": row["found_by"]}
+    run = f"run {row['run_id']}" + (f" applying plan {row['plan_id']}" if row["plan_id"] else "")
+    verb = "deleted by" if row["outcome"] == gc_records.DELETED else f"{row['outcome']}, in"
+    summary = f"{verb} {run} at {when(row['at'])} ({row['detail']})"
+    return {"summary": summary, "run_id": row["run_id"], "plan_id": row["plan_id"], "outcome": row["outcome"]}
+
+
+def _blob_id(text: str) -> str:
+    try:
+        return str(BlobId.parse(text))
+    except InvalidInput as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_blobs_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("blobs", help=PIPELINE_COMMANDS["blobs"])
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    explain = actions.add_parser(
+        "explain",
+        help="a blob's generation, row, content, references, deletions, and what the last GC did with it",
+    )
+    explain.add_argument("blob_id", metavar="BLOB_ID", type=_blob_id)
+    explain.set_defaults(handler=_blobs_explain)
 
 
 def _counters_recompute(args: argparse.Namespace) -> Report:
@@ -369,6 +489,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
 
 PIPELINE_SUBCOMMANDS = [
     add_gc_parser,
+    add_blobs_parser,
     add_counters_parser,
     add_queue_parser,
     add_generation_parser,

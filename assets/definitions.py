@@ -11,9 +11,9 @@ from mailq_runtime.settings import DEFAULT_URL, EMBEDDED, URL_VARIABLE, Settings
 from resources import MailqRuntime, spark_resource
 from resources.parquet_io import SparkParquetIOManager
 
-from . import automation, blobs, jobs, mailboxes, queue, queue_overview
+from . import automation, blobs, gc_plan, jobs, mailboxes, queue, queue_overview
 
-ASSETS = dg.load_assets_from_modules([blobs, mailboxes, queue, queue_overview])
+ASSETS = dg.load_assets_from_modules([blobs, gc_plan, mailboxes, queue, queue_overview])
 CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, queue])
 PIPELINE_DIR_VARIABLE = "MAILQ_PIPELINE_DIR"
 
@@ -68,6 +68,9 @@ defs = dg.Definitions(
         jobs.blob_gc_job,
         jobs.orphan_sweep_job,
         jobs.blob_gc_and_orphan_sweep_job,
+        jobs.gc_plan_job,
+        jobs.gc_plan_and_orphan_sweep_job,
+        jobs.gc_apply_job,
         jobs.mailbox_counters_job,
         jobs.queue_cleanup_job,
         jobs.queue_overview_job,

@@ -4,7 +4,7 @@ import dagster as dg
 
 from resources import MailqRuntime
 
-from . import blobs, mailboxes, queue, queue_overview
+from . import blobs, gc_plan, mailboxes, queue, queue_overview
 
 blob_gc_job = dg.define_asset_job(
     "blob_gc_job",
@@ -22,6 +22,26 @@ blob_gc_and_orphan_sweep_job = dg.define_asset_job(
     "blob_gc_and_orphan_sweep_job",
     selection=blob_gc_job.selection | orphan_sweep_job.selection,
     description="One GC iteration and the orphan sweep in one run (`mailq gc --orphans`).",
+)
+gc_plan_job = dg.define_asset_job(
+    "gc_plan_job",
+    selection=dg.AssetSelection.assets(
+        blobs.reference_generations, blobs.deletion_sets, blobs.live_reference_filter, gc_plan.gc_plan
+    ),
+    description="The GC's dry run (`mailq gc --dry-run`): one iteration's mark, written as a plan to review "
+    "and apply with gc_apply_job; deletes nothing.",
+)
+gc_plan_and_orphan_sweep_job = dg.define_asset_job(
+    "gc_plan_and_orphan_sweep_job",
+    selection=gc_plan_job.selection | orphan_sweep_job.selection,
+    config={"ops": {"orphan_blobs": {"config": {"dry_run": True}}}},
+    description="A GC plan and the orphan sweep's dry run in one run (`mailq gc --dry-run --orphans`).",
+)
+gc_apply_job = dg.define_asset_job(
+    "gc_apply_job",
+    selection=dg.AssetSelection.assets(gc_plan.applied_gc_plan),
+    description="Apply a GC plan (`mailq gc --apply PLAN_ID`; its config names the plan): delete its "
+    "blobs that are still eligible, still have their row and no reference now; keep the others, with why.",
 )
 mailbox_counters_job = dg.define_asset_job(
     "mailbox_counters_job",
@@ -50,9 +70,12 @@ dead_letters_job = dg.define_asset_job(
 maintenance_job = dg.define_asset_job(
     "maintenance_job",
     # The overviews only look: they run in their own jobs, and the demo's run stays the maintenance.
-    selection=dg.AssetSelection.all() - queue_overview_job.selection - dead_letters_job.selection,
+    selection=dg.AssetSelection.all()
+    - queue_overview_job.selection
+    - dead_letters_job.selection
+    - dg.AssetSelection.assets(gc_plan.gc_plan, gc_plan.applied_gc_plan),
     description="Every maintenance asset, in lineage order (the overviews of what the queues hold run "
-    "in queue_overview_job and dead_letters_job).",
+    "in queue_overview_job and dead_letters_job; GC plans in gc_plan_job and gc_apply_job).",
 )
 
 

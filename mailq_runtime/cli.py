@@ -734,7 +734,9 @@ SUBCOMMANDS: list[AddParser] = [
 # that implements them (its `PIPELINE_SUBCOMMANDS`, with this help) once one of them is named.
 PIPELINE_MODULE = "assets.commands"
 PIPELINE_COMMANDS = {
-    "gc": "one blob GC iteration (record 39) over the generations two behind the current one",
+    "gc": "one blob GC iteration (record 39) over the generations two behind the current one, or its "
+    "plan (--dry-run), or a plan applied (--apply)",
+    "blobs": "explain a blob: its generation, references, deletions and what the last GC did with it",
     "counters": "mailbox counters (record 23)",
     "queue": "mail queue maintenance (records 31 and 32)",
     "generation": "reference generations of the blob store (record 39)",

@@ -1,7 +1,7 @@
 """The sweep of the garbage collector: Spark partitions delete their share of blobs in batches, each
 executor through its own runtime connection, and report per blob what was reclaimed or what failed;
-the same way, they look a few concerned blobs' references up by blob id (the exact check that spares
-reading every reference), and retire the deletion rows of blobs found still referenced."""
+the same way, they look a few concerned blobs' references (the exact check that spares reading every
+reference) and `blobs` rows up by blob id, and retire the deletion rows of blobs found still referenced."""
 
 from __future__ import annotations
 
@@ -66,6 +66,23 @@ def lookup_references(concerned: DataFrame, url: str) -> DataFrame:
     return spark.createDataFrame(
         looked, "blob_id string, generation long, referenced boolean"
     ).localCheckpoint()
+
+
+def _rows_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
+    # As for the lookups, a failure fails the task: a blob not known to have its row is never deleted.
+    sizes = {str(blob_id): size for blob_id, size in runtime.blobs.sizes(b for b, _ in batch).items()}
+    for blob_id, generation in batch:
+        yield blob_id, generation, sizes.get(blob_id)
+
+
+def lookup_rows(blobs: DataFrame, url: str) -> DataFrame:
+    """Each blob's (blob_id, generation) `blobs` row, looked up by blob id on the executors: blob_id,
+    generation, bytes (NULL: no row any more). Checkpointed eagerly: one look a blob."""
+    spark = blobs.sparkSession
+    looked = blobs.select("blob_id", "generation").rdd.mapPartitions(
+        lambda rows: _in_batches(url, rows, ("blob_id", "generation"), _rows_batch)
+    )
+    return spark.createDataFrame(looked, "blob_id string, generation long, bytes long").localCheckpoint()
 
 
 def _retire_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:

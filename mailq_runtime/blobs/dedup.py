@@ -83,6 +83,14 @@ class BlobTables(Protocol):
         other deletion rows stay."""
         ...
 
+    def references_to(self, blob_id: BlobId) -> list[tuple[str, int]]:
+        """(owner, generation) of every reference to the blob, by owner (looked up by blob id)."""
+        ...
+
+    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int]]:
+        """(deleted_at, gc_iteration) of every deletion row of the blob, oldest first."""
+        ...
+
 
 @dataclass(frozen=True)
 class DeletionBacklog:
@@ -92,6 +100,19 @@ class DeletionBacklog:
     oldest: int | None
     newest: int | None
     current_generation: int
+
+
+@dataclass(frozen=True)
+class BlobFacts:
+    """What the tables and the content store hold of one blob, for `mailq blobs explain`."""
+
+    blob_id: BlobId
+    state: str  # its generation's: eligible, protected, current, or not started
+    current_generation: int
+    size: int | None  # its `blobs` row's; None: no row
+    content: bool
+    references: list[tuple[str, int]]  # (owner, generation)
+    deletions: list[tuple[int, int]]  # (deleted_at, gc_iteration)
 
 
 @dataclass(frozen=True)
@@ -165,6 +186,16 @@ class Generations:
     def eligible(self) -> list[int]:
         """Generations the GC may collect: at least two behind the current one (record 39's n-2)."""
         return list(range(1, self.current() - 1))
+
+    def state(self, generation: int, current: int | None = None) -> str:
+        """eligible (the GC may collect it), protected (the one before the current: a save that read it
+        may still write), current, or not started (a number no rotation reached yet)."""
+        current = self.current() if current is None else current
+        if generation <= current - 2:
+            return "eligible"
+        if generation == current - 1:
+            return "protected"
+        return "current" if generation == current else "not started"
 
 
 def validate_owner(owner: str) -> str:
@@ -304,6 +335,25 @@ class DeduplicatingBlobStore:
             with self.group_writes():
                 self.tables.retire_deletions(chosen)
         return len(chosen)
+
+    def explain(self, blob_id: BlobId | str) -> BlobFacts:
+        """The blob's generation state, `blobs` row, content, references and deletions, read by its id.
+        A well-formed id of which nothing is left anywhere is no error: its facts are all empty."""
+        parsed = BlobId.parse(blob_id)
+        current = self.generations.current()
+        return BlobFacts(
+            blob_id=parsed,
+            state=self.generations.state(parsed.generation, current),
+            current_generation=current,
+            size=self.tables.sizes([parsed]).get(parsed),
+            content=self.content.exists(parsed),
+            references=self.tables.references_to(parsed),
+            deletions=self.tables.deletions_of(parsed),
+        )
+
+    def sizes(self, blob_ids: Iterable[BlobId | str]) -> dict[BlobId, int]:
+        """The size of each of the blobs that still has its `blobs` row."""
+        return self.tables.sizes(sorted({BlobId.parse(b) for b in blob_ids}))
 
     def deletion_backlog(self, since_generation: int = 0, since: int = 0) -> DeletionBacklog:
         """Deletions of eligible generations appended after `since`, or eligible only since the current

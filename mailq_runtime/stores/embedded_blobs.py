@@ -100,6 +100,17 @@ class EmbeddedBlobTables:
                 [(str(blob_id), blob_id.generation, deleted_at) for blob_id, deleted_at in rows],
             )
 
+    def references_to(self, blob_id: BlobId) -> list[tuple[str, int]]:
+        return self.store.read(
+            "SELECT owner, generation FROM blob_references WHERE blob_id = ? ORDER BY owner", (str(blob_id),)
+        )
+
+    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int]]:
+        return self.store.read(
+            "SELECT deleted_at, gc_iteration FROM blob_deletions WHERE blob_id = ? ORDER BY deleted_at",
+            (str(blob_id),),
+        )
+
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:
         return self.store.read_one(
             "SELECT COUNT(*), MIN(deleted_at), MAX(deleted_at) FROM blob_deletions "

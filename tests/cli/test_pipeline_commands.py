@@ -117,22 +117,20 @@ def test_gc_dry_run_then_collect_after_two_rotations(url, mailq, mailq_json):
     dry = mailq_json("gc", "--dry-run")
 
     assert set(dry) == {"job", "run_id", "success", "assets", "checks", "failures", "seconds", "instance"}
-    assert dry["job"] == "blob_gc_job"
+    assert dry["job"] == "gc_plan_job"
     assert list(dry["assets"]) == [
         "reference_generations",
         "deletion_sets",
         "live_reference_filter",
-        "collected_blobs",
+        "gc_plan",
     ]
     assert dry["assets"]["reference_generations"]["eligible_generations"] == [1]
-    figures = dry["assets"]["collected_blobs"]
+    figures = dry["assets"]["gc_plan"]
     # The spam's header (the same for all three: stored once) and bodies, the expunged message's body;
     # the Bloom filter may keep one back as a false positive (1% each, a new salt every run).
     garbage = 5
-    assert figures["dry_run"] is True and figures["deleted_blobs"] == 0
-    assert figures["blobs_a_real_run_would_delete"] + figures["kept_by_filter_false_positive"] == garbage
+    assert figures["blobs_to_delete"] + figures["kept_by_filter_false_positive"] == garbage
     assert figures["kept_still_referenced"] > 0  # the queue's deletions of blobs the INBOX copies still use
-    assert dry["checks"]["no_live_blob_collected"]["passed"] is True
     assert (dry["success"], dry["failures"], dry["instance"]) == (True, [], None)
     assert rows(url, "SELECT COUNT(*) FROM blobs")[0][0] == blobs
 
@@ -163,18 +161,98 @@ def test_exact_gc_with_orphans_and_a_failed_check_exits_1(url, mailq, capsys):
         connection.execute("DELETE FROM blobs WHERE blob_id = (SELECT blob_id FROM blob_references LIMIT 1)")
         connection.execute("INSERT INTO blobs VALUES (?, 1, 10, 0)", ("g1_" + "0" * 64,))
 
-    status, out, _ = mailq("--json", "gc", "--dry-run", "--exact", "--orphans")
+    status, out, _ = mailq("--json", "gc", "--exact", "--orphans")
 
     report = json.loads(out)
     assert status == 1 and report["success"] is False
     assert report["assets"]["collected_blobs"]["mode"] == "exact anti-join"
+    # The row nothing names (the content whose row went is still referenced: not an orphan).
     assert report["assets"]["orphan_blobs"]["orphans"] == 1
     assert report["checks"]["no_live_blob_collected"]["passed"] is True  # it took no referenced blob
     check = report["checks"]["every_reference_finds_its_blob"]
     assert check["passed"] is False and check["metadata"]["dangling_references"] == 1
     text = "\n".join(describe_run(report))
     assert "check        every_reference_finds_its_blob: FAILED" in text and "dangling_references: 1" in text
-    assert "orphans      dry run: 1 orphan blob(s) would be deleted" in text
+    assert "orphans      1 orphan blob(s), 1 deleted" in text
+
+
+def test_gc_plan_reviewed_applied_and_its_blobs_explained(url, mailq, mailq_json):
+    traffic(url)
+    for _ in range(2):
+        assert mailq("generation", "rotate")[0] == 0
+    with Runtime.open(url) as runtime:
+        fresh = str(runtime.blobs.save("fresh-owner", b"saved in the current generation"))
+    (live,) = rows(
+        url,
+        "SELECT DISTINCT d.blob_id FROM blob_deletions d JOIN blob_references r ON r.blob_id = d.blob_id "
+        "ORDER BY d.blob_id LIMIT 1",
+    )[0]
+    tables = "SELECT (SELECT COUNT(*) FROM blobs), (SELECT COUNT(*) FROM blob_deletions)"
+    before = rows(url, tables)
+
+    report = mailq_json("gc", "--dry-run", "--exact")
+
+    plan = report["assets"]["gc_plan"]
+    plan_id = plan["plan_id"]
+    assert (plan["mode"], plan["blobs_to_delete"], plan["kept_by_filter_false_positive"]) == (
+        "exact anti-join",
+        5,
+        0,
+    )
+    assert {b["found_by"] for b in plan["blobs"]} == {"exact anti-join"}
+    text = describe_run(report)
+    assert any(line.startswith(f"plan         {plan_id}: would delete 5 of ") for line in text)
+    assert f"plan         review it, then: mailq gc --apply {plan_id}" in text
+    assert rows(url, tables) == before
+    planned = plan["blobs"][0]["blob_id"]
+    status, out, _ = mailq("blobs", "explain", planned)
+    assert status == 0
+    assert f"last GC      in plan {plan_id} of " in out and "not applied since: exact anti-join" in out
+    assert "references   0" in out and "blobs row    yes" in out
+
+    # Refused before anything runs: a plan that does not exist, a malformed id, options beside --apply.
+    assert_bad_input(mailq("gc", "--apply", "20260101T000000Z-0badc0de"), "unknown GC plan 20260101T000000Z")
+    assert_bad_input(mailq("gc", "--apply", "../pipeline"), "invalid GC plan id")
+    assert_bad_input(mailq("gc", "--apply", plan_id, "--exact"), "takes no other option")
+    assert rows(url, tables) == before
+
+    status, out, err = mailq("gc", "--apply", plan_id)
+
+    assert status == 0, err
+    assert f"applied      plan {plan_id}: 5 of 5 blob(s) deleted" in out and "none kept" in out
+    assert rows(url, tables)[0][0] == before[0][0] - 5
+    again = mailq_json("gc", "--apply", plan_id)["assets"]["applied_gc_plan"]
+    assert (again["deleted_blobs"], again["kept"]) == (
+        0,
+        [{"reason": "kept: gone already (no blobs row)", "blobs": 5}],
+    )
+    assert again["note"].startswith("nothing deleted: the plan's 5 blob(s) are all gone already")
+    assert mailq("gc")[0] == 0  # finds the live blobs' deletions: kept, still referenced
+
+    explained = {}
+    for blob_id in (planned, live, fresh):
+        status, out, _ = mailq("--json", "blobs", "explain", blob_id)
+        assert status == 0
+        explained[blob_id] = json.loads(out)
+    deleted = explained[planned]
+    assert (deleted["blobs_row"], deleted["content"], deleted["references"]) == (False, False, [])
+    assert deleted["last_gc"]["outcome"] == "deleted" and deleted["last_gc"]["plan_id"] == plan_id
+    assert deleted["last_gc"]["summary"].startswith("deleted by run ")
+    kept = explained[live]
+    assert (kept["state"], kept["blobs_row"], kept["content"]) == ("eligible", True, True)
+    assert kept["references"] and kept["deletions"]
+    assert kept["last_gc"]["outcome"] == "kept: still referenced" and kept["last_gc"]["plan_id"] is None
+    never = explained[fresh]
+    assert (never["state"], never["references"], never["deletions"]) == (
+        "current",
+        [{"owner": "fresh-owner", "generation": 3}],
+        [],
+    )
+    assert never["last_gc"] == {"summary": "never examined by a GC run or plan kept here"}
+
+    assert_bad_input(mailq("blobs", "explain", "g1_not-a-hash"), "invalid blob id")
+    status, out, _ = mailq("blobs", "explain", "g1_" + "0" * 64)
+    assert status == 0 and "nothing of this blob anywhere" in out
 
 
 def test_counters_recompute_repairs_what_a_fault_left(url, mailq, mailq_json):

@@ -30,6 +30,8 @@ ASSETS = {
     "deletion_sets",
     "live_reference_filter",
     "collected_blobs",
+    "gc_plan",
+    "applied_gc_plan",
     "orphan_blobs",
     "mailbox_counters",
     "mail_queue_slices",
@@ -49,6 +51,9 @@ JOBS = {
     "blob_gc_job",
     "orphan_sweep_job",
     "blob_gc_and_orphan_sweep_job",
+    "gc_plan_job",
+    "gc_plan_and_orphan_sweep_job",
+    "gc_apply_job",
     "mailbox_counters_job",
     "queue_cleanup_job",
     "queue_overview_job",
@@ -74,10 +79,18 @@ def test_the_definitions_load_and_expose_everything_by_name() -> None:
         assert defs.resolve_job_def(name).name == name
     assert {sensor.name for sensor in defs.sensors} == SENSORS
     assert {schedule.name for schedule in defs.schedules} == SCHEDULES
-    # The overviews only look: they run in jobs of their own, not in the clean-up or the maintenance.
+    # The overviews only look: they run in jobs of their own, not in the clean-up or the maintenance;
+    # neither do a GC plan and its application, which an operator reviews between two runs.
     overviews = {"mail_queue_overview", "mail_queue_domains", "mail_queue_dead_letters"}
+    plans = {"gc_plan", "applied_gc_plan"}
     for name, expected in (
-        ("maintenance_job", ASSETS - overviews),
+        ("maintenance_job", ASSETS - overviews - plans),
+        ("gc_plan_job", {"reference_generations", "deletion_sets", "live_reference_filter", "gc_plan"}),
+        (
+            "gc_plan_and_orphan_sweep_job",
+            {"reference_generations", "deletion_sets", "live_reference_filter", "gc_plan", "orphan_blobs"},
+        ),
+        ("gc_apply_job", {"applied_gc_plan"}),
         ("queue_cleanup_job", {"mail_queue_slices", "mail_queue_cleanup"}),
         ("queue_overview_job", {"mail_queue_overview", "mail_queue_domains"}),
         ("dead_letters_job", {"mail_queue_dead_letters"}),

@@ -16,7 +16,7 @@ import time
 import dagster as dg
 import pytest
 
-from assets import blobs
+from assets import blobs, gc_plan
 from mailq_runtime import Runtime
 from mailq_runtime.faults import SAVE_AFTER_BLOB_ROWS, InjectedFault
 from mailq_runtime.model import BlobId
@@ -225,19 +225,20 @@ def test_dry_run_exact_mode_and_orphan_sweep(backend: Backend, deployment_resour
     runtime.generations.rotate()
     before = _blob_rows(backend)
 
-    dry = run_gc(resources, dry_run=True, exact=True)
+    planned = dg.materialize(
+        [blobs.reference_generations, blobs.deletion_sets, blobs.live_reference_filter, gc_plan.gc_plan],
+        resources=resources,
+        run_config={"ops": {"gc_plan": {"config": {"exact": True}}}},
+    )
+    assert planned.success
     expect_figures(
-        dry,
-        dry_run=True,
+        materialized(planned, "gc_plan"),
         mode="exact anti-join",
         concerned_blobs=3,
-        deleted_blobs=0,
-        blobs_a_real_run_would_delete=2,
+        blobs_to_delete=2,
         kept_still_referenced=1,
         kept_by_filter_false_positive=0,
-        bytes_reclaimed=0,
-        size_reclaimed="0 bytes",
-        delete_errors=0,
+        bytes_to_reclaim=len(GARBAGE[0] + GARBAGE[1]),
     )
     assert _blob_rows(backend) == before
 
@@ -254,11 +255,9 @@ def test_dry_run_exact_mode_and_orphan_sweep(backend: Backend, deployment_resour
     exact = run_gc(resources, exact=True)
     expect_figures(
         exact,
-        dry_run=False,
         mode="exact anti-join",
         concerned_blobs=3,
         deleted_blobs=2,
-        blobs_a_real_run_would_delete=0,
         kept_still_referenced=1,
         kept_by_filter_false_positive=0,
         delete_errors=0,

@@ -247,3 +247,31 @@ def test_referenced_blobs_are_looked_up_and_deletions_retired_row_by_row(backend
         assert runtime.blobs.read(live) == b"kept" and runtime.blobs.read(gone) == b"gone"
     finally:
         runtime.close()
+
+
+def test_explain_reads_a_blobs_generation_row_content_references_and_deletions(backend: Backend) -> None:
+    now = [1_000_000]
+    runtime = backend.open(clock=lambda: now[0])
+    try:
+        shared = runtime.blobs.save("m1", b"shared")
+        runtime.blobs.save("m2", b"shared")
+        runtime.blobs.release("m1")  # a deletion at 1 s, in GC iteration 1
+        runtime.generations.rotate()
+        young = runtime.blobs.save("m3", b"young")
+
+        facts = runtime.blobs.explain(str(shared))
+        assert (facts.blob_id, facts.state, facts.current_generation) == (shared, "protected", 2)
+        assert (facts.size, facts.content) == (len(b"shared"), True)
+        assert (facts.references, facts.deletions) == ([("m2", 1)], [(1_000_000, 1)])
+        assert runtime.blobs.explain(young).state == "current"
+        runtime.generations.rotate()
+        assert runtime.blobs.explain(shared).state == "eligible"
+
+        # A well-formed id nothing holds: its facts are empty, not an error.
+        nothing = runtime.blobs.explain("g9_" + "0" * 64)
+        assert (nothing.state, nothing.size, nothing.content) == ("not started", None, False)
+        assert (nothing.references, nothing.deletions) == ([], [])
+        with pytest.raises(InvalidInput, match="invalid blob id"):
+            runtime.blobs.explain("g1_nothex")
+    finally:
+        runtime.close()

@@ -114,6 +114,13 @@ class BlobReferencesDAO:
         )
         return {row.blob_id for rows in results for row in rows}
 
+    def to(self, blob_id: str) -> list[tuple[str, int]]:
+        """(owner, generation) of the blob's references, through the blob id's index."""
+        rows = self.store.execute(
+            "SELECT owner, generation FROM blob_references WHERE blob_id = ?", (blob_id,)
+        )
+        return sorted((row.owner, row.generation) for row in rows)
+
     def remove(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
         self.store.execute(
             "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
@@ -151,6 +158,15 @@ class BlobDeletionsDAO:
                 for blob_id, deleted_at in rows
             ],
         )
+
+    def of(self, blob_id: BlobId) -> list[tuple[int, int]]:
+        """(deleted_at, gc_iteration) of the blob's deletions: one clustering range of one partition."""
+        rows = self.store.execute(
+            "SELECT deleted_at, gc_iteration FROM blob_deletions "
+            "WHERE generation = ? AND shard = ? AND blob_id = ?",
+            (blob_id.generation, shard_of(blob_id), str(blob_id)),
+        )
+        return [(row.deleted_at, row.gc_iteration) for row in rows]
 
     def partitions(self) -> list[tuple[int, int]]:
         """(generation, shard) of every partition: a few per generation, read from the partition keys."""
@@ -231,6 +247,12 @@ class CassandraBlobTables:
     def retire_deletions(self, rows: Sequence[tuple[BlobId, int]]) -> None:
         """Drop exactly the deletion rows (blob id, deleted_at) of blobs found still referenced."""
         self.deletions.retire(rows)
+
+    def references_to(self, blob_id: BlobId) -> list[tuple[str, int]]:
+        return self.references.to(str(blob_id))
+
+    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int]]:
+        return self.deletions.of(blob_id)
 
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:
         """(count, oldest, newest) of the deletions of generations up to `max_generation` that were

@@ -1,0 +1,268 @@
+"""Mark, review, sweep (lakeFS's model): the GC's dry run writes a plan an operator can read, and applying
+the plan deletes exactly its blobs, each re-checked first.
+
+gc_plan runs the same mark as collected_blobs (`blobs.mark`, on the same inputs) and writes the blobs a
+real run would delete, each with why, to `gc_plans/<plan id>` (gc_records.py), kept until removed by
+hand. applied_gc_plan reads one plan (its config names it) and, per blob, re-checks that its generation
+is still eligible, its `blobs` row still there and no reference to it now (looked up by blob id); a blob
+failing a check is kept and reported with the reason, the others go through `collect_blobs`, the
+collector's own crash-safe deletion. Between a plan and its application a reference to an eligible
+blob can only appear by the rare case record 39 leaves open (an operation that read a generation
+before two rotations), which the lookup catches.
+"""
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from resources import MailqRuntime
+from resources.parquet_io import SparkParquetIOManager
+
+from . import gc_records
+from .blobs import GROUP, mark, record_run
+from .metadata import human_bytes, table, when
+from .spark.collect import collect_blobs, lookup_references, lookup_rows
+
+# The plan's blobs shown in the UI; the plan itself holds them all.
+BLOBS_SHOWN = 50
+
+
+class PlanConfig(dg.Config):
+    exact: bool = False  # an anti-join against the references instead of the Bloom filter
+
+
+@dg.asset(group_name=GROUP, kinds={"spark"})
+def gc_plan(
+    context: dg.AssetExecutionContext,
+    config: PlanConfig,
+    deletion_sets: DataFrame,
+    live_reference_filter: DataFrame,
+    mailq: MailqRuntime,
+    pyspark: LazyPySparkResource,
+    spark_parquet: dg.ResourceParam[SparkParquetIOManager],
+) -> dg.MaterializeResult:
+    """The GC's dry run: the blobs a real run would delete now, written as a plan (`plan_id`) that
+    `mailq gc --apply PLAN_ID` or gc_apply_job applies. Per blob: its generation, its deletion rows'
+    dates, how it was found unreferenced (`found_by`; with the Bloom filter, its `salt` and
+    `false_positive_probability`) and its size. Nothing is deleted, no deletion row retired."""
+    now = mailq.runtime.clock()
+    plan_id = gc_records.new_id(context.run.run_id, now)
+    concerned = deletion_sets.count()
+    mode, kept_live = "nothing to examine", 0
+    spark = pyspark.spark_session
+    planned = spark.createDataFrame([], gc_records.PLAN_SCHEMA)
+    if concerned:
+        marked = mark(config.exact, deletion_sets, live_reference_filter, mailq.url)
+        mode, kept_live = marked.mode, marked.live.count()
+        sized = lookup_rows(marked.candidates, mailq.url)
+        planned = (
+            marked.candidates.join(sized.select("blob_id", "bytes"), "blob_id", "left")
+            .join(
+                deletion_sets.select("blob_id", "generation", "deletions", "deletion_times"),
+                ["blob_id", "generation"],
+            )
+            .select(
+                F.lit(plan_id).alias("plan_id"),
+                "blob_id",
+                "generation",
+                F.coalesce("bytes", F.lit(0)).alias("bytes"),
+                "deletions",
+                "deletion_times",
+                "found_by",
+                "salt",
+                "false_positive_probability",
+                F.lit(now).cast("long").alias("planned_at"),
+            )
+        )
+        marked.live.unpersist()
+    where = gc_records.path(spark_parquet.base_path, gc_records.PLANS, plan_id)
+    planned.write.mode("errorifexists").parquet(where)
+    planned = spark.read.parquet(where)  # what the plan holds, not a second mark
+    per_generation = (
+        planned.groupBy("generation")
+        .agg(F.count("*").alias("blobs"), F.sum("bytes").alias("bytes"))
+        .orderBy("generation")
+        .collect()
+    )
+    blobs = sum(r["blobs"] for r in per_generation)
+    size = sum(r["bytes"] for r in per_generation)
+    salts = sorted({r["salt"] for r in planned.select("salt").distinct().collect() if r["salt"]})
+    fpps = planned.select("false_positive_probability").where(F.col("false_positive_probability").isNotNull())
+    fpp = fpps.first()
+    shown = planned.orderBy("generation", "blob_id").limit(BLOBS_SHOWN).collect()
+    return dg.MaterializeResult(
+        metadata={
+            "plan_id": plan_id,
+            "apply_with": f"mailq gc --apply {plan_id}",
+            "path": dg.MetadataValue.path(where),
+            "mode": mode,
+            "salt": ", ".join(salts) or "none: no Bloom filter",
+            "false_positive_probability": fpp[0] if fpp else None,
+            "concerned_blobs": concerned,
+            "blobs_to_delete": blobs,
+            "bytes_to_reclaim": size,
+            "size_to_reclaim": human_bytes(size),
+            "kept_still_referenced": kept_live,
+            "kept_by_filter_false_positive": concerned - blobs - kept_live,
+            **table(
+                "per_generation",
+                [
+                    ("generation", "string", "eligible reference generation"),
+                    ("blobs", "int", "blobs the plan would delete"),
+                    ("bytes", "int", "their size"),
+                    ("size", "string", "their size in human units"),
+                ],
+                [
+                    {
+                        "generation": f"rg{r['generation']}",
+                        "blobs": r["blobs"],
+                        "bytes": r["bytes"],
+                        "size": human_bytes(r["bytes"]),
+                    }
+                    for r in per_generation
+                ],
+                "the plan is empty: no concerned blob is unreferenced",
+            ),
+            **table(
+                "blobs",
+                [
+                    ("blob_id", "string", "the blob"),
+                    ("bytes", "int", "its size"),
+                    ("deletions", "int", "its deletion rows"),
+                    ("last_deleted", "string", "the newest of them"),
+                    ("found_by", "string", "how it was found unreferenced"),
+                ],
+                [
+                    {
+                        "blob_id": r["blob_id"],
+                        "bytes": r["bytes"],
+                        "deletions": r["deletions"],
+                        "last_deleted": when(max(r["deletion_times"])),
+                        "found_by": r["found_by"],
+                    }
+                    for r in shown
+                ],
+                "the plan is empty: no concerned blob is unreferenced",
+            ),
+        }
+    )
+
+
+class ApplyConfig(dg.Config):
+    plan_id: str  # as gc_plan's materialisation and `mailq gc --dry-run` show it
+
+
+@dg.asset(group_name=GROUP, kinds={"spark"}, deps=[gc_plan])
+def applied_gc_plan(
+    context: dg.AssetExecutionContext,
+    config: ApplyConfig,
+    mailq: MailqRuntime,
+    pyspark: LazyPySparkResource,
+    spark_parquet: dg.ResourceParam[SparkParquetIOManager],
+) -> dg.MaterializeResult:
+    """Applies the plan `plan_id`: deletes exactly its blobs that are still collectable, and keeps the
+    others with the reason (`kept`). Applying a plan again deletes nothing: its blobs are gone already."""
+    plan_id = gc_records.check_plan_id(config.plan_id)
+    base = spark_parquet.base_path
+    if not gc_records.exists(base, gc_records.PLANS, plan_id):
+        raise dg.Failure(
+            f"unknown GC plan {plan_id}: none at {gc_records.path(base, gc_records.PLANS, plan_id)}"
+        )
+    spark = pyspark.spark_session
+    now = mailq.runtime.clock()
+    plan = spark.read.parquet(gc_records.path(base, gc_records.PLANS, plan_id))
+    planned = plan.select("blob_id", "generation", "found_by").cache()
+    current = mailq.runtime.generations.current()
+    rows = lookup_rows(planned, mailq.url)
+    present = rows.where(F.col("bytes").isNotNull())
+    eligible = present.where(F.col("generation") <= current - 2)
+    looked = lookup_references(eligible, mailq.url)
+    approved = looked.where(~F.col("referenced")).select("blob_id", "generation")
+    collected = collect_blobs(approved, mailq.url, dry_run=False)
+    outcomes = _apply_outcomes(planned, rows, present, eligible, looked, collected)
+    record_id = gc_records.new_id(context.run.run_id, now)
+    record_run(base, record_id, context.run.run_id, plan_id, now, outcomes)
+    written = spark.read.parquet(gc_records.path(base, gc_records.RUNS, record_id))
+    counts = {r["outcome"]: (r["blobs"], r["bytes"] or 0) for r in _by_outcome(written)}
+    deleted, reclaimed = counts.pop(gc_records.DELETED, (0, 0))
+    total = planned.count()
+    kept = [{"reason": reason, "blobs": n} for reason, (n, _) in sorted(counts.items())]
+    for row in written.where(F.col("outcome") == gc_records.KEPT_DELETE_FAILED).limit(20).collect():
+        context.log.warning(f"could not collect {row['blob_id']}: {row['detail']}")
+    metadata = {
+        "plan_id": plan_id,
+        "record_id": record_id,
+        "planned_blobs": total,
+        "deleted_blobs": deleted,
+        "bytes_reclaimed": reclaimed,
+        "size_reclaimed": human_bytes(reclaimed),
+        "kept_blobs": total - deleted,
+        **table(
+            "kept",
+            [("reason", "string", "why blobs of the plan were kept"), ("blobs", "int", "how many")],
+            kept,
+            "none kept: every blob of the plan was deleted",
+        ),
+    }
+    gone = counts.get(gc_records.KEPT_GONE, (0, 0))[0]
+    if not deleted:
+        metadata["note"] = (
+            f"nothing deleted: the plan's {total} blob(s) are all gone already (applied before, or "
+            "collected since)"
+            if total and gone == total
+            else "nothing deleted"
+        )
+    planned.unpersist()
+    return dg.MaterializeResult(metadata=metadata)
+
+
+def _apply_outcomes(
+    planned: DataFrame,
+    rows: DataFrame,
+    present: DataFrame,
+    eligible: DataFrame,
+    looked: DataFrame,
+    collected: DataFrame,
+) -> DataFrame:
+    def kept(blobs: DataFrame, outcome: str, detail: str) -> DataFrame:
+        return blobs.select(
+            "blob_id",
+            "generation",
+            F.lit(outcome).alias("outcome"),
+            F.lit(detail).alias("detail"),
+            F.lit(None).cast("long").alias("bytes"),
+        )
+
+    done = collected.join(planned, ["blob_id", "generation"], "left").select(
+        "blob_id",
+        "generation",
+        F.when(F.col("error").isNull(), F.lit(gc_records.DELETED))
+        .otherwise(F.lit(gc_records.KEPT_DELETE_FAILED))
+        .alias("outcome"),
+        F.coalesce(F.col("error"), F.concat(F.lit("re-checked, "), F.col("found_by"))).alias("detail"),
+        "bytes",
+    )
+    return (
+        done.unionByName(kept(rows.where(F.col("bytes").isNull()), gc_records.KEPT_GONE, "no blobs row"))
+        .unionByName(
+            kept(
+                present.join(eligible, ["blob_id", "generation"], "left_anti"),
+                gc_records.KEPT_NOT_ELIGIBLE,
+                "its generation is less than two behind the current one",
+            )
+        )
+        .unionByName(
+            kept(
+                looked.where(F.col("referenced")),
+                gc_records.KEPT_REFERENCED_AGAIN,
+                "a reference found by blob id",
+            )
+        )
+    )
+
+
+def _by_outcome(records: DataFrame) -> list:
+    return (
+        records.groupBy("outcome").agg(F.count("*").alias("blobs"), F.sum("bytes").alias("bytes")).collect()
+    )

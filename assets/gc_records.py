@@ -1,0 +1,116 @@
+"""What the GC keeps beyond an asset's output, which each materialisation overwrites: its plans and
+what each run did with each blob, as Parquet beside the spark_parquet IO manager's outputs (so on a
+cluster, on the storage its executors share):
+
+    <base path>/gc_plans/<plan id>     the blobs a dry run found collectable (`gc_plan`), with why
+    <base path>/gc_runs/<record id>    per blob examined, what a run did (`collected_blobs`,
+                                       `applied_gc_plan`): deleted, or kept and why
+
+An id is the run's start, UTC, then the first 8 hex digits of its Dagster run id: `20261123T064735Z-1a2b3c4d`.
+Ids sort by time, which is how `mailq blobs explain` finds the latest record naming a blob. Spark writes
+the records; this module reads them with pyarrow, without a Spark session.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from mailq_runtime.clock import to_datetime
+from mailq_runtime.errors import InvalidInput, shown
+
+PLANS = "gc_plans"
+RUNS = "gc_runs"
+_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
+
+# What a run did with a blob (the `outcome` column of a run record).
+DELETED = "deleted"
+KEPT_REFERENCED = "kept: still referenced"
+KEPT_FALSE_POSITIVE = "kept: Bloom false positive"
+KEPT_DELETE_FAILED = "kept: its deletion failed"
+KEPT_GONE = "kept: gone already (no blobs row)"
+KEPT_REFERENCED_AGAIN = "kept: referenced again since the plan"
+KEPT_NOT_ELIGIBLE = "kept: generation not eligible"
+
+PLAN_SCHEMA = (
+    "plan_id string, blob_id string, generation long, bytes long, deletions long, "
+    "deletion_times array<long>, found_by string, salt string, false_positive_probability double, "
+    "planned_at long"
+)
+RUN_SCHEMA = (
+    "record_id string, run_id string, plan_id string, blob_id string, generation long, outcome string, "
+    "detail string, bytes long, at long"
+)
+
+
+def new_id(run_id: str, started: int) -> str:
+    """The id of a plan or record of the run `run_id` that started at `started` (runtime micros)."""
+    return f"{to_datetime(started):%Y%m%dT%H%M%SZ}-{run_id.replace('-', '')[:8]}"
+
+
+def check_plan_id(text: str) -> str:
+    # The id ends up in a path: only the shape new_id makes is accepted.
+    if not isinstance(text, str) or not _ID.fullmatch(text):
+        raise InvalidInput(
+            f"invalid GC plan id {shown(text)}: expected YYYYMMDDTHHMMSSZ-<8 hex digits>, as "
+            "`mailq gc --dry-run` prints it"
+        )
+    return text
+
+
+def id_time(record_id: str) -> datetime:
+    return datetime.strptime(record_id.split("-")[0] + "+0000", "%Y%m%dT%H%M%SZ%z")
+
+
+def path(base: str, kind: str, record_id: str) -> str:
+    return f"{base.rstrip('/')}/{kind}/{record_id}"
+
+
+def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's file system of a path or URI; Hadoop's s3a:// is S3 to pyarrow."""
+    if "://" not in location:
+        return pafs.LocalFileSystem(), location
+    return pafs.FileSystem.from_uri(re.sub(r"^s3a://", "s3://", location))
+
+
+def exists(base: str, kind: str, record_id: str) -> bool:
+    """Whether the record was written whole: Spark's _SUCCESS marks a committed write."""
+    fs, where = _filesystem(path(base, kind, record_id) + "/_SUCCESS")
+    return fs.get_file_info(where).type == pafs.FileType.File
+
+
+def _ids(base: str, kind: str) -> list[str]:
+    fs, where = _filesystem(f"{base.rstrip('/')}/{kind}")
+    if fs.get_file_info(where).type != pafs.FileType.Directory:
+        return []
+    entries = fs.get_file_info(pafs.FileSelector(where))
+    return [e.base_name for e in entries if e.type == pafs.FileType.Directory and _ID.fullmatch(e.base_name)]
+
+
+def latest_about(base: str, blob_id: str) -> tuple[str, dict] | None:
+    """The newest plan or run record that names the blob: (PLANS or RUNS, its row), or None. Records are
+    read newest first, each by its blob_id column, until one names it. A record that found the blob gone
+    already (a plan applied twice) says less than the one that deleted it: the search goes on past it,
+    and returns it only when no older record names the blob."""
+    found = sorted(
+        ((record_id, kind) for kind in (PLANS, RUNS) for record_id in _ids(base, kind)), reverse=True
+    )
+    gone = None
+    for record_id, kind in found:
+        if not exists(base, kind, record_id):
+            continue  # a write that did not finish
+        fs, where = _filesystem(path(base, kind, record_id))
+        dataset = ds.dataset(where, filesystem=fs, format="parquet")
+        if "blob_id" not in dataset.schema.names:
+            continue  # an empty plan or record: Spark may write no part file at all
+        rows = dataset.to_table(filter=ds.field("blob_id") == blob_id)
+        if not rows.num_rows:
+            continue
+        row = rows.slice(0, 1).to_pylist()[0]
+        if row.get("outcome") != KEPT_GONE:
+            return kind, row
+        gone = gone or (kind, row)
+    return gone
