@@ -40,6 +40,7 @@ from .gc_records import path as records_path
 from .metadata import human_bytes, table, when
 from .spark.bloom import (
     FILTER_COLUMN,
+    MIN_FILTER_ITEMS,
     bloom_filter,
     exact_absent,
     filter_bits,
@@ -184,7 +185,7 @@ def generation_filters(
             sizes = dict.fromkeys(generations, 0) | {row["generation"]: row["count"] for row in counted}
     filters, summary = [], []
     for generation in generations:
-        size = max(sizes[generation], 1)
+        size = max(sizes[generation], MIN_FILTER_ITEMS)
         bits = filter_bits(size, fpp)
         live = references.where(F.col("generation") == generation)
         filters.append(

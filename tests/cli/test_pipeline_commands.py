@@ -390,7 +390,7 @@ def test_demo_end_to_end(tmp_path, capsys):
         "mail_queue_slices",
         "mail_queue_cleanup",
     }
-    assert len(pipeline["checks"]) == 4 and all(c["passed"] for c in pipeline["checks"].values())
+    assert len(pipeline["checks"]) == 5 and all(c["passed"] for c in pipeline["checks"].values())
     tables = summary["tables"]
     assert tables["after"]["blobs"] == tables["before"]["blobs"] - summary["collected"]["blobs"]
     text = "\n".join(demo.describe(summary))

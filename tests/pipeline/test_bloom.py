@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 
 from assets.spark.bloom import (
     FILTER_COLUMN,
+    MIN_FILTER_ITEMS,
     absent_from_filter,
     bloom_filter,
     exact_absent,
@@ -142,3 +143,16 @@ def test_invalid_keys_and_salts_are_clear_errors(references: DataFrame, candidat
         absent_from_filter(references, candidates, "blob_id", 10, FPP, "")
     with pytest.raises(ValueError, match=f"the filter needs a binary column '{FILTER_COLUMN}'"):
         not_in_filter(references, candidates, "blob_id", "s")
+
+
+def test_a_filter_of_few_items_keeps_the_rate_asked_only_when_sized_for_the_minimum(spark: SparkSession):
+    one = blob_ids(spark, 0, 1).select("blob_id")
+    garbage = blob_ids(spark, 1, 20_001)
+
+    def kept_back(expected: int) -> int:
+        bloom = bloom_filter(one, "blob_id", expected, 1e-6, "salt-1").localCheckpoint()
+        return 20_000 - not_in_filter(bloom, garbage, "blob_id", "salt-1").count()
+
+    # Sized for its one item, a filter of one 64-bit word keeps hundreds back at a rate of one in a million.
+    assert kept_back(1) > 100
+    assert kept_back(MIN_FILTER_ITEMS) == 0
