@@ -394,7 +394,7 @@ def test_demo_end_to_end(tmp_path, capsys):
     tables = summary["tables"]
     assert tables["after"]["blobs"] == tables["before"]["blobs"] - summary["collected"]["blobs"]
     text = "\n".join(demo.describe(summary))
-    for heading in ("collected    ", "repaired     ", "cleaned      ", "checks       4 of 4 passed"):
+    for heading in ("collected    ", "repaired     ", "cleaned      ", "checks       5 of 5 passed"):
         assert heading in text
 
 
