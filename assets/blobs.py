@@ -103,7 +103,8 @@ def deletion_sets(
     reference_generations: dict, mailq: MailqRuntime, pyspark: LazyPySparkResource
 ) -> dg.Output[DataFrame]:
     """The concerned blobs: distinct blob ids of the deletions in eligible generations, each with the
-    times of the deletion rows read (`deletion_times`), which name the rows a live blob's retirement drops."""
+    times of the deletion rows read (`deletion_times`), which name the rows a live blob's retirement drops,
+    and the owners whose releases wrote them (`owners`)."""
     spark = pyspark.spark_session
     eligible = reference_generations["eligible"]
     deletions = read_table(spark, mailq.url, "blob_deletions", generations=eligible)
@@ -114,6 +115,7 @@ def deletion_sets(
             F.min("deleted_at").alias("first_deleted_at"),
             F.max("deleted_at").alias("last_deleted_at"),
             F.collect_list("deleted_at").alias("deletion_times"),
+            F.array_sort(F.collect_set("owner")).alias("owners"),  # rows older than the column have none
         )
         .cache()
     )

@@ -313,7 +313,9 @@ def _blobs_explain(args: argparse.Namespace) -> Report:
         "size": facts.size,
         "content": facts.content,
         "references": [{"owner": o, "generation": g} for o, g in facts.references],
-        "deletions": [{"deleted_at": when(at), "gc_iteration": i} for at, i in facts.deletions],
+        "deletions": [
+            {"deleted_at": when(at), "gc_iteration": i, "owner": owner} for at, i, owner in facts.deletions
+        ],
         "last_gc": _last_gc(last),
     }
     state = {
@@ -329,7 +331,11 @@ def _blobs_explain(args: argparse.Namespace) -> Report:
         f"content      {'yes' if facts.content else 'no'}",
         f"references   {len(facts.references)}" + "".join(f"\n    {o} (rg{g})" for o, g in facts.references),
         f"deletions    {len(facts.deletions)}"
-        + "".join(f"\n    {d['deleted_at']} (gci{d['gc_iteration']})" for d in data["deletions"]),
+        + "".join(
+            f"\n    {d['deleted_at']} (gci{d['gc_iteration']}), released by "
+            + (d["owner"] or "an unrecorded owner")
+            for d in data["deletions"]
+        ),
         f"last GC      {data['last_gc']['summary']}",
     ]
     if not (facts.size is not None or facts.content or facts.references or facts.deletions or last):
@@ -354,13 +360,6 @@ def _last_gc(last: tuple[str, dict] | None) -> dict:
     return {"summary": summary, "run_id": row["run_id"], "plan_id": row["plan_id"], "outcome": row["outcome"]}
 
 
-def _blob_id(text: str) -> str:
-    try:
-        return str(BlobId.parse(text))
-    except InvalidInput as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
 def add_blobs_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("blobs", help=PIPELINE_COMMANDS["blobs"])
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -368,7 +367,9 @@ def add_blobs_parser(subparsers: argparse._SubParsersAction) -> None:
         "explain",
         help="a blob's generation, row, content, references, deletions, and what the last GC did with it",
     )
-    explain.add_argument("blob_id", metavar="BLOB_ID", type=_blob_id)
+    explain.add_argument(
+        "blob_id", metavar="BLOB_ID", type=cli.checked_argument(lambda text: str(BlobId.parse(text)))
+    )
     explain.set_defaults(handler=_blobs_explain)
 
 
@@ -380,13 +381,6 @@ def _counters_recompute(args: argparse.Namespace) -> Report:
     config = {"user": args.user, "mailbox": args.mailbox, "max_repairs_per_second": args.rate}
     ops = {"mailbox_counters": {"config": config}}
     return _report(run_pipeline(jobs.mailbox_counters_job.name, url, "counters recompute", {"ops": ops}))
-
-
-def _rate(text: str) -> float:
-    try:
-        return check_rate(text)
-    except InvalidInput as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_counters_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -401,7 +395,7 @@ def add_counters_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     recompute.add_argument(
         "--rate",
-        type=_rate,
+        type=cli.checked_argument(check_rate),
         metavar="N",
         help="at most N repairs (projection entries healed, counters reset) a second (default: unlimited)",
     )

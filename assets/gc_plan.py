@@ -44,8 +44,9 @@ def gc_plan(
 ) -> dg.MaterializeResult:
     """The GC's dry run: the blobs a real run would delete now, written as a plan (`plan_id`) that
     `mailq gc --apply PLAN_ID` or gc_apply_job applies. Per blob: its generation, its deletion rows'
-    dates, how it was found unreferenced (`found_by`; with the Bloom filter, its `salt` and
-    `false_positive_probability`) and its size. Nothing is deleted, no deletion row retired."""
+    dates and the owners that released it, how it was found unreferenced (`found_by`; with the Bloom
+    filter, its `salt` and `false_positive_probability`) and its size. Nothing is deleted, no deletion
+    row retired."""
     now = mailq.runtime.clock()
     plan_id = gc_records.new_id(context.run.run_id, now)
     concerned = deletion_sets.count()
@@ -59,7 +60,7 @@ def gc_plan(
         planned = (
             marked.candidates.join(sized.select("blob_id", "bytes"), "blob_id", "left")
             .join(
-                deletion_sets.select("blob_id", "generation", "deletions", "deletion_times"),
+                deletion_sets.select("blob_id", "generation", "deletions", "deletion_times", "owners"),
                 ["blob_id", "generation"],
             )
             .select(
@@ -69,6 +70,7 @@ def gc_plan(
                 F.coalesce("bytes", F.lit(0)).alias("bytes"),
                 "deletions",
                 "deletion_times",
+                "owners",
                 "found_by",
                 "salt",
                 "false_positive_probability",
@@ -131,6 +133,7 @@ def gc_plan(
                     ("bytes", "int", "its size"),
                     ("deletions", "int", "its deletion rows"),
                     ("last_deleted", "string", "the newest of them"),
+                    ("owners", "string", "the owners whose releases wrote them"),
                     ("found_by", "string", "how it was found unreferenced"),
                 ],
                 [
@@ -139,6 +142,7 @@ def gc_plan(
                         "bytes": r["bytes"],
                         "deletions": r["deletions"],
                         "last_deleted": when(max(r["deletion_times"])),
+                        "owners": ", ".join(r["owners"]) or "not recorded",
                         "found_by": r["found_by"],
                     }
                     for r in shown

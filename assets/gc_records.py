@@ -37,8 +37,8 @@ KEPT_NOT_ELIGIBLE = "kept: generation not eligible"
 
 PLAN_SCHEMA = (
     "plan_id string, blob_id string, generation long, bytes long, deletions long, "
-    "deletion_times array<long>, found_by string, salt string, false_positive_probability double, "
-    "planned_at long"
+    "deletion_times array<long>, owners array<string>, found_by string, salt string, "
+    "false_positive_probability double, planned_at long"
 )
 RUN_SCHEMA = (
     "record_id string, run_id string, plan_id string, blob_id string, generation long, outcome string, "

@@ -4,10 +4,13 @@ delete), three ways on the same data in one run, as benchmarks/gc.py measures it
   a. bloom: the pipeline's Bloom GC (assets/blobs.py: deletion_sets, live_reference_filter,
      collected_blobs) through the same functions, Dagster left out: the eligible generation's deletions
      read through the "mailq" data source by their partitions (`generations`) and grouped into the
-     concerned blobs; the references read once by token range (`generation_filters`: kept, counted to
-     size the filter as the pipeline's default `expected_references: 0` does on Cassandra, which has no
-     cheap bound, and folded into a Bloom filter at fpp 0.01, checkpointed as the asset does), the
-     concerned blobs tested against it, the result counted;
+     concerned blobs; the references read once by token range (`generation_filters`) and folded into a
+     Bloom filter at fpp 0.01 sized for R references (`expected_references: R`, as James's GC is given
+     its `expectedBlobCount` and as the single process below is sized), checkpointed as the asset does;
+     the concerned blobs tested against it, the result counted;
+  a'. bloom_counted: the same with the pipeline's default `expected_references: 0`, which on Cassandra
+     (no cheap bound) keeps the references' read and counts it to size the filter: one timed run per
+     master, reported beside;
   b. antijoin: the exact mode (exact_absent) on the same inputs, a sort-merge left anti-join;
   c. single_process: James's BloomFilterGCAlgorithm in one Python process with the cassandra-driver: one
      paged scan of blob_references (the next page fetched while this one is hashed) into a Bloom filter
@@ -151,14 +154,13 @@ def live_references(spark: SparkSession, url: str) -> DataFrame:
     return references.where(F.col("generation") == GENERATION)
 
 
-def bloom_run(spark: SparkSession, url: str, fpp: float) -> tuple[int, dict[str, float]]:
+def bloom_run(spark: SparkSession, url: str, fpp: float, expected: int) -> tuple[int, dict[str, float]]:
+    """`expected` 0: the references counted to size the filter, in the same kept read it is built from."""
     stages: dict[str, float] = {}
     start = time.perf_counter()
     salt = uuid.uuid4().hex
-    # live_reference_filter's work: the references counted (Cassandra has no cheap bound) and the filter
-    # built, in one read of the table.
     stages["build"], (filters, _) = timed(
-        lambda: blobs.generation_filters(spark, url, [GENERATION], fpp, salt)
+        lambda: blobs.generation_filters(spark, url, [GENERATION], fpp, salt, expected)
     )
     absent = not_in_filter(filters.select(FILTER_COLUMN), concerned_blobs(spark, url), "blob_id", salt)
     stages["probe"], count = timed(absent.count)
@@ -166,9 +168,9 @@ def bloom_run(spark: SparkSession, url: str, fpp: float) -> tuple[int, dict[str,
     return count, stages
 
 
-def bloom_ids(spark: SparkSession, url: str, fpp: float) -> set[str]:
+def bloom_ids(spark: SparkSession, url: str, fpp: float, expected: int) -> set[str]:
     salt = uuid.uuid4().hex
-    filters, _ = blobs.generation_filters(spark, url, [GENERATION], fpp, salt)
+    filters, _ = blobs.generation_filters(spark, url, [GENERATION], fpp, salt, expected)
     absent = not_in_filter(filters.select(FILTER_COLUMN), concerned_blobs(spark, url), "blob_id", salt)
     return {row["blob_id"] for row in absent.select("blob_id").toLocalIterator()}
 
@@ -257,13 +259,14 @@ def measure_master(master: str, deployment: Deployment, data: Dataset, args: arg
     url = deployment.url
     spark = spark_session(master, args.driver_memory)
     try:
-        warm, _ = timed(lambda: (bloom_run(spark, url, args.fpp), antijoin_run(spark, url)))
+        expected = data.references
+        warm, _ = timed(lambda: (bloom_run(spark, url, args.fpp, expected), antijoin_run(spark, url)))
         print(f"{master}: warmed up in {warm:.1f} s")
-        bloom, antijoin = Runs(args.quiet_wait), Runs(args.quiet_wait)
+        bloom, antijoin, counted = Runs(args.quiet_wait), Runs(args.quiet_wait), Runs(args.quiet_wait)
         stages: list[dict[str, float]] = []
         bloom_counts, antijoin_counts = [], []
         for run in range(args.runs):  # interleaved, so that a noisy minute hits both methods alike
-            count, seconds = bloom.run(lambda: bloom_run(spark, url, args.fpp))
+            count, seconds = bloom.run(lambda: bloom_run(spark, url, args.fpp, expected))
             stages.append(seconds)
             bloom_counts.append(count)
             antijoin_counts.append(antijoin.run(lambda: antijoin_run(spark, url)))
@@ -272,6 +275,11 @@ def measure_master(master: str, deployment: Deployment, data: Dataset, args: arg
                 f"{seconds['build']:.1f} + probe {seconds['probe']:.1f}] -> {count:,}; "
                 f"antijoin {describe(antijoin.last)} -> {antijoin_counts[-1]:,}"
             )
+        counted_count, counted_stages = counted.run(lambda: bloom_run(spark, url, args.fpp, 0))
+        print(
+            f"{master}: bloom_counted {describe(counted.last)} [build {counted_stages['build']:.1f} + "
+            f"probe {counted_stages['probe']:.1f}] -> {counted_count:,}"
+        )
         result = {
             "cores": master_cores(master),
             "partitions": spark.sparkContext.defaultParallelism,
@@ -280,9 +288,12 @@ def measure_master(master: str, deployment: Deployment, data: Dataset, args: arg
             "bloom_counts": bloom_counts,
             **antijoin.summary("antijoin"),
             "antijoin_counts": antijoin_counts,
+            **counted.summary("bloom_counted"),
+            "bloom_counted_stages_s": {key: counted_stages[key] for key in ("build", "probe")},
+            "bloom_counted_count": counted_count,
         }
         if args.verify == master:
-            result["bloom_ids"] = bloom_ids(spark, url, args.fpp)
+            result["bloom_ids"] = bloom_ids(spark, url, args.fpp, expected)
             exact = exact_mark(spark, url).select("blob_id")
             result["exact_ids"] = {row["blob_id"] for row in exact.toLocalIterator()}
         return result
@@ -292,7 +303,7 @@ def measure_master(master: str, deployment: Deployment, data: Dataset, args: arg
 
 def scaling(data: Dataset, per_master: dict[str, dict]) -> dict:
     """Rows read a second per core by each method, and the projection of one iteration at scale."""
-    bloom_rows = data.references + data.deletions  # read once: counted and built from the kept read
+    bloom_rows = data.references + data.deletions  # read once
     antijoin_rows = data.references + data.deletions
     rates = {
         master: {
@@ -306,7 +317,7 @@ def scaling(data: Dataset, per_master: dict[str, dict]) -> dict:
     # on a real cluster.
     basis = max(per_master, key=lambda m: (m.startswith("cluster"), per_master[m]["cores"]))
     rate = rates[basis]["bloom_rows_per_s_per_core"]
-    rows = PROJECTED_REFERENCES + PROJECTED_DELETIONS  # a configured filter size: the references read once
+    rows = PROJECTED_REFERENCES + PROJECTED_DELETIONS
     figures["projection"] = {
         "basis": basis,
         "rows": rows,
@@ -391,6 +402,7 @@ def main() -> None:
         ratios["bloom_vs_single_process"] = two["bloom_s"] / figures["single_process_s"]
         ratios["bloom_vs_antijoin_cpu"] = ratio(two["antijoin_cpu_s"], two["bloom_cpu_s"])
         ratios["bloom_vs_single_process_cpu"] = two["bloom_cpu_s"] / figures["single_process_cpu_s"]
+        ratios["bloom_counted_vs_antijoin"] = ratio(two["antijoin_s"], two["bloom_counted_s"])
         targets["bloom_faster_than_antijoin"] = ratios["bloom_vs_antijoin"] > 1
         targets["bloom_within_1_5x_single_process"] = ratios["bloom_vs_single_process"] <= 1.5
     for master, m in per_master.items():
@@ -413,7 +425,8 @@ def main() -> None:
         print(
             f"{master}: bloom {m['bloom_s']:6.1f} s [build {s['build']:.1f}, probe "
             f"{s['probe']:.1f}], {rates['bloom_rows_per_s_per_core']:,.0f} rows/s/core; antijoin "
-            f"{m['antijoin_s']:6.1f} s, {rates['antijoin_rows_per_s_per_core']:,.0f} rows/s/core"
+            f"{m['antijoin_s']:6.1f} s, {rates['antijoin_rows_per_s_per_core']:,.0f} rows/s/core; "
+            f"bloom_counted {m['bloom_counted_s']:6.1f} s"
         )
     projection = figures["scaling"]["projection"]
     print(

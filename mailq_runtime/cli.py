@@ -123,7 +123,7 @@ def progress_bar(label: str, total: int, stream: TextIO | None = None) -> Iterat
 # Shared helpers ---------------------------------------------------------------------------------------------
 
 
-def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+def checked_argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """An argument type from one of the model's parsers: the value is checked while parsing (bad input
     whether or not there is data to look in), and its InvalidInput is argparse's complaint."""
 
@@ -136,13 +136,13 @@ def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
-_queue_name = _checked(QueueName)
-_enqueue_id = _checked(EnqueueId)
+_queue_name = checked_argument(QueueName)
+_enqueue_id = checked_argument(EnqueueId)
 
 
 def count_argument(name: str) -> Callable[[str], int]:
     """The argument type of a count (`parse_count`), for these commands and the pipeline's."""
-    return _checked(lambda text: parse_count(text, name))
+    return checked_argument(lambda text: parse_count(text, name))
 
 
 def _duration(name: str) -> Callable[[str], str]:
@@ -152,7 +152,7 @@ def _duration(name: str) -> Callable[[str], str]:
         parse_duration(text, name)
         return text
 
-    return _checked(check)
+    return checked_argument(check)
 
 
 def _text_priority(text: str) -> int:
@@ -163,7 +163,7 @@ def _text_priority(text: str) -> int:
     return check_priority(value)
 
 
-_priority = _checked(_text_priority)
+_priority = checked_argument(_text_priority)
 
 
 def _existing_queue(runtime: Runtime, name: str) -> MailQueue:

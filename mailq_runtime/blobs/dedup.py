@@ -68,8 +68,9 @@ class BlobTables(Protocol):
         """Those of the blobs that at least one reference names (looked up by blob id)."""
         ...
 
-    def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
-        """Append one deletion a blob id (repeated ones too: the GC counts blob ids, not deletions)."""
+    def add_deletions(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
+        """Append one deletion a blob id, naming the owner that released it (repeated ones too: the GC
+        counts blob ids, not deletions)."""
         ...
 
     def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None: ...
@@ -87,8 +88,9 @@ class BlobTables(Protocol):
         """(owner, generation) of every reference to the blob, by owner (looked up by blob id)."""
         ...
 
-    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int]]:
-        """(deleted_at, gc_iteration) of every deletion row of the blob, oldest first."""
+    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int, str | None]]:
+        """(deleted_at, gc_iteration, owner) of every deletion row of the blob, oldest first; the owner
+        is None in rows written before deletions named theirs."""
         ...
 
 
@@ -112,7 +114,7 @@ class BlobFacts:
     size: int | None  # its `blobs` row's; None: no row
     content: bool
     references: list[tuple[str, int]]  # (owner, generation)
-    deletions: list[tuple[int, int]]  # (deleted_at, gc_iteration)
+    deletions: list[tuple[int, int, str | None]]  # (deleted_at, gc_iteration, owner)
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,7 @@ class DeduplicatingBlobStore:
                 held = [blob_id for blob_id in held if blob_id in chosen]
             if not held:
                 return 0
-            self.tables.add_deletions(held, self.generations.current_gc_iteration(), self.clock())
+            self.tables.add_deletions(owner, held, self.generations.current_gc_iteration(), self.clock())
             self.faults.reached(RELEASE_AFTER_DELETIONS)
             self.tables.remove_references(owner, held)
         return len(held)

@@ -68,12 +68,12 @@ class EmbeddedBlobTables:
             found.update(by_name[name] for (name,) in rows)
         return found
 
-    def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
+    def add_deletions(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         with self.store.transaction() as db:
             db.executemany(
-                "INSERT INTO blob_deletions (blob_id, generation, deleted_at, gc_iteration) "
-                "VALUES (?, ?, ?, ?)",
-                [(str(blob_id), blob_id.generation, now, gc_iteration) for blob_id in blob_ids],
+                "INSERT INTO blob_deletions (blob_id, generation, deleted_at, gc_iteration, owner) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(str(blob_id), blob_id.generation, now, gc_iteration, owner) for blob_id in blob_ids],
             )
 
     def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
@@ -105,9 +105,10 @@ class EmbeddedBlobTables:
             "SELECT owner, generation FROM blob_references WHERE blob_id = ? ORDER BY owner", (str(blob_id),)
         )
 
-    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int]]:
+    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int, str | None]]:
         return self.store.read(
-            "SELECT deleted_at, gc_iteration FROM blob_deletions WHERE blob_id = ? ORDER BY deleted_at",
+            "SELECT deleted_at, gc_iteration, owner FROM blob_deletions WHERE blob_id = ? "
+            "ORDER BY deleted_at",
             (str(blob_id),),
         )
 

@@ -124,11 +124,13 @@ CREATE TABLE IF NOT EXISTS blob_references (
 -- The collector looks a few concerned blobs' references up by blob id rather than read them all.
 CREATE INDEX IF NOT EXISTS blob_references_blob ON blob_references (blob_id);
 
+-- `owner`: whose release wrote the row (NULL in rows written before the column was added).
 CREATE TABLE IF NOT EXISTS blob_deletions (
     blob_id TEXT NOT NULL,
     generation INTEGER NOT NULL,
     deleted_at INTEGER NOT NULL,
-    gc_iteration INTEGER NOT NULL
+    gc_iteration INTEGER NOT NULL,
+    owner TEXT
 );
 -- The collector removes the deletions of the blobs it collected.
 CREATE INDEX IF NOT EXISTS blob_deletions_blob ON blob_deletions (blob_id);

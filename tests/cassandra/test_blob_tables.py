@@ -64,15 +64,15 @@ def test_blobs_references_deletions_backlog_and_forgetting_as_the_embedded_ones(
         b.add_references("m1", [b1])  # a save run again after a crash
         seen["references"] = [b.references_of(owner) for owner in ("m1", "m2", "m3", "m4", "m5", "nobody")]
         # A release's steps: the deletions, then the references; m1's first one run again after a crash.
-        b.add_deletions([b1], 7, T0 + 100)
-        b.add_deletions([b1], 7, T0 + 101)
+        b.add_deletions("m1", [b1], 7, T0 + 100)
+        b.add_deletions("m1", [b1], 7, T0 + 101)
         b.remove_references("m1", [b1])
         b.remove_references("m1", [b1])
-        b.add_deletions([b2], 7, T0 + 102)
+        b.add_deletions("m1", [b2], 7, T0 + 102)
         b.remove_references("m1", [b2])
-        b.add_deletions([b2, b3], 8, T0 + 200)
+        b.add_deletions("m2", [b2, b3], 8, T0 + 200)
         b.remove_references("m2", [b2, b3])
-        b.add_deletions([b4, old], 8, T0 + 300)
+        b.add_deletions("m4", [b4, old], 8, T0 + 300)
         b.remove_references("m4", [b4, old])
         b.remove_references("m3", [b1])  # a blob it does not reference: its own are kept
         b.remove_references("nobody", [b1])

@@ -45,6 +45,33 @@ def test_creating_the_schema_again_keeps_what_is_there(cassandra, cassandra_serv
         again.close()
 
 
+def test_a_keyspace_lacking_a_column_of_this_version_is_refused_until_created_again(cassandra_server):
+    name = fresh_keyspace_name()
+    older = open_cassandra(cassandra_server, name, create=True)
+    released = BlobId(1, "ab" * 32)
+    try:
+        older.session.execute(f"ALTER TABLE {name}.blob_deletions DROP owner")  # as an older version made it
+        older.execute(
+            "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (1, shard_of(released), str(released), T0, 1),
+        )
+        with pytest.raises(NoStore, match=r"lacks the columns blob_deletions\.owner .*create the schema"):
+            open_cassandra(cassandra_server, name)
+        again = open_cassandra(cassandra_server, name, create=True)
+        try:
+            tables = CassandraBlobTables(again)
+            assert tables.deletions_of(released) == [(T0, 1, None)]  # the older row kept, its owner unknown
+            tables.add_deletions("m1", [released], 2, T0 + 1)
+            assert tables.deletions_of(released) == [(T0, 1, None), (T0 + 1, 2, "m1")]
+        finally:
+            again.close()
+        open_cassandra(cassandra_server, name).close()
+    finally:
+        older.session.execute(f"DROP KEYSPACE IF EXISTS {name}")
+        older.close()
+
+
 def test_a_keyspace_never_created_is_no_store_and_is_not_created(cassandra, cassandra_server):
     name = fresh_keyspace_name()
     with pytest.raises(NoStore, match=f"no keyspace '{name}'.*create the schema first"):
@@ -107,8 +134,8 @@ def test_a_generations_deletions_are_its_own_partitions(cassandra):
     would scan the table is refused without ALLOW FILTERING)."""
     tables = CassandraBlobTables(cassandra)
     owners = {f"m{n}": [BlobId(generation, f"{n:064x}") for generation in (3, 4)] for n in range(40)}
-    for blob_ids in owners.values():
-        tables.add_deletions(blob_ids, 5, T0)
+    for owner, blob_ids in owners.items():
+        tables.add_deletions(owner, blob_ids, 5, T0)
     rows = cassandra.execute(
         "SELECT blob_id FROM blob_deletions WHERE generation = ? AND shard IN ?",
         (3, list(range(DELETION_SHARDS))),

@@ -675,6 +675,26 @@ def test_a_store_lacking_tables_of_this_version_is_refused_until_schema_create(m
     assert mailq("size", "spool")[:2] == (0, "spool: 1 mails\n")
 
 
+def test_a_store_whose_deletions_name_no_owner_gains_the_column_at_schema_create(
+    mailq, mailq_json, eml, tmp_path
+):
+    enqueue(mailq, eml)
+    released = "g1_" + "ab" * 32
+    with closing(sqlite3.connect(tmp_path / "data" / "mailq.db")) as db, db:
+        db.execute("ALTER TABLE blob_deletions DROP COLUMN owner")  # as a store of an older version
+        db.execute("INSERT INTO blob_deletions VALUES (?, 1, 1700000000000000, 1)", (released,))
+    assert_bad_input(
+        mailq("size", "spool"), "lacks blob_deletions.owner of this version", "`mailq schema create`"
+    )
+    status, _, err = mailq("schema", "create")
+    assert (status, err) == (0, "")
+    assert mailq("size", "spool")[:2] == (0, "spool: 1 mails\n")
+    (deletion,) = mailq_json("blobs", "explain", released)["deletions"]
+    assert (deletion["owner"], deletion["gc_iteration"]) == (None, 1)  # the older row kept, its owner unknown
+    status, out, _ = mailq("blobs", "explain", released)
+    assert status == 0 and "released by an unrecorded owner" in out
+
+
 # mailq dead-letters --------------------------------------------------------------------------------------
 
 

@@ -209,6 +209,8 @@ def test_gc_plan_reviewed_applied_and_its_blobs_explained(url, mailq, mailq_json
     assert status == 0
     assert f"last GC      in plan {plan_id} of " in out and "not applied since: exact anti-join" in out
     assert "references   0" in out and "blobs row    yes" in out
+    owners = plan["blobs"][0]["owners"].split(", ")  # the releases that made it garbage, named by both
+    assert owners and all(f"released by {owner}\n" in out + "\n" for owner in owners)
 
     # Refused before anything runs: a plan that does not exist, a malformed id, options beside --apply.
     assert_bad_input(mailq("gc", "--apply", "20260101T000000Z-0badc0de"), "unknown GC plan 20260101T000000Z")

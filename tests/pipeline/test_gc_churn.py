@@ -109,7 +109,9 @@ def test_a_release_between_the_read_and_the_check_leaves_its_blob_collectable(
     runtime.generations.rotate()
     runtime.generations.rotate()
     # The release's first step only (dedup.py's order): its deletion row.
-    runtime.blob_tables.add_deletions([blob], runtime.generations.current_gc_iteration(), runtime.clock())
+    runtime.blob_tables.add_deletions(
+        "last-owner", [blob], runtime.generations.current_gc_iteration(), runtime.clock()
+    )
 
     during = gc(resources)["collected_blobs"]
     assert (during["kept_still_referenced"], during["retired_deletions"], during["deleted_blobs"]) == (

@@ -82,7 +82,8 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
                 len(GARBAGE[garbage.index(blob_id)]),
             )
             assert (row["found_by"], row["salt"]) == ("exact reference lookup", None)
-            assert row["deletion_times"] == [at for at, _ in runtime.blobs.explain(blob_id).deletions]
+            assert row["deletion_times"] == [at for at, _, _ in runtime.blobs.explain(blob_id).deletions]
+            assert row["owners"] == [f"leaver-{garbage.index(blob_id)}"]  # whose release made it garbage
 
         # The Bloom filter's plan names the same blobs, each with the filter's salt and rate.
         bloomed = make_plan(resources, lookup_limit=0, false_positive_probability=1e-9)

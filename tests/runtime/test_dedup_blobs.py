@@ -262,7 +262,7 @@ def test_explain_reads_a_blobs_generation_row_content_references_and_deletions(b
         facts = runtime.blobs.explain(str(shared))
         assert (facts.blob_id, facts.state, facts.current_generation) == (shared, "protected", 2)
         assert (facts.size, facts.content) == (len(b"shared"), True)
-        assert (facts.references, facts.deletions) == ([("m2", 1)], [(1_000_000, 1)])
+        assert (facts.references, facts.deletions) == ([("m2", 1)], [(1_000_000, 1, "m1")])
         assert runtime.blobs.explain(young).state == "current"
         runtime.generations.rotate()
         assert runtime.blobs.explain(shared).state == "eligible"

@@ -13,9 +13,10 @@ on a collection), so that none needs another's transaction, which Cassandra does
   once: with the same size (a blob id is its content's hash) and the later `created_at`, which nothing
   reads. That is why it needs no IF NOT EXISTS.
 - add_references writes the owner's references in one batch, a single mutation of one partition.
-- add_deletions appends a row a blob id. A repeated release (after a crash between its deletions and
-  its references' removal) appends them again at its own time, counted again as on the embedded store;
-  the GC counts blob ids, not deletions, either way.
+- add_deletions appends a row a blob id, naming the owner that released it. A repeated release (after a
+  crash between its deletions and its references' removal) appends them again at its own time, counted
+  again as on the embedded store; the GC counts blob ids, not deletions, either way. Two releases of one
+  blob in the same millisecond share a row (its key ends with the time), which names the later owner.
 - remove_references deletes exactly the blob ids given, one statement in the owner's partition: a
   reference saved meanwhile, which has no deletion, is kept.
 - blob_deletions is partitioned by (generation, shard): the deletions of one generation are its
@@ -132,12 +133,12 @@ class BlobDeletionsDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
 
-    def add(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
+    def add(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         self.store.execute_all(
-            "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration) "
-            "VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration, owner) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
             [
-                (blob_id.generation, shard_of(blob_id), str(blob_id), now, gc_iteration)
+                (blob_id.generation, shard_of(blob_id), str(blob_id), now, gc_iteration, owner)
                 for blob_id in blob_ids
             ],
         )
@@ -159,14 +160,15 @@ class BlobDeletionsDAO:
             ],
         )
 
-    def of(self, blob_id: BlobId) -> list[tuple[int, int]]:
-        """(deleted_at, gc_iteration) of the blob's deletions: one clustering range of one partition."""
+    def of(self, blob_id: BlobId) -> list[tuple[int, int, str | None]]:
+        """(deleted_at, gc_iteration, owner) of the blob's deletions: one clustering range of one
+        partition."""
         rows = self.store.execute(
-            "SELECT deleted_at, gc_iteration FROM blob_deletions "
+            "SELECT deleted_at, gc_iteration, owner FROM blob_deletions "
             "WHERE generation = ? AND shard = ? AND blob_id = ?",
             (blob_id.generation, shard_of(blob_id), str(blob_id)),
         )
-        return [(row.deleted_at, row.gc_iteration) for row in rows]
+        return [(row.deleted_at, row.gc_iteration, row.owner) for row in rows]
 
     def partitions(self) -> list[tuple[int, int]]:
         """(generation, shard) of every partition: a few per generation, read from the partition keys."""
@@ -231,9 +233,9 @@ class CassandraBlobTables:
         by_name = {str(blob_id): blob_id for blob_id in blob_ids}
         return {by_name[name] for name in self.references.referenced(list(by_name))}
 
-    def add_deletions(self, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
+    def add_deletions(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         """Append one deletion a blob id, in its generation's partitions."""
-        self.deletions.add(blob_ids, gc_iteration, now)
+        self.deletions.add(owner, blob_ids, gc_iteration, now)
 
     def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
         self.references.remove(owner, blob_ids)
@@ -251,7 +253,7 @@ class CassandraBlobTables:
     def references_to(self, blob_id: BlobId) -> list[tuple[str, int]]:
         return self.references.to(str(blob_id))
 
-    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int]]:
+    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int, str | None]]:
         return self.deletions.of(blob_id)
 
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cassandra.cluster import Session
+from cassandra.metadata import KeyspaceMetadata
 from cassandra.protocol import RequestValidationException
 
 from ...errors import InvalidInput
@@ -93,7 +94,7 @@ TABLES = {
     # A generation's deletions in its DELETION_SHARDS partitions; a blob's repeated deletions apart by
     # their time.
     "blob_deletions": f"""CREATE TABLE IF NOT EXISTS blob_deletions (
-        generation bigint, shard int, blob_id text, deleted_at bigint, gc_iteration bigint,
+        generation bigint, shard int, blob_id text, deleted_at bigint, gc_iteration bigint, owner text,
         PRIMARY KEY ((generation, shard), blob_id, deleted_at)
     ) WITH {_SHORT_GC_GRACE}""",
     # Record 23. `mailbox_paths` finds a user's mailbox by name (a lightweight transaction claims a
@@ -120,6 +121,11 @@ TABLES = {
         mailbox_id text PRIMARY KEY, count counter, unseen counter
     )""",
 }
+
+# Columns added to a table after it first shipped, with their type: CREATE TABLE IF NOT EXISTS keeps an
+# older keyspace's table as it is, so create_schema adds them. blob_deletions.owner: whose release wrote
+# the row (null in rows written before).
+ADDED_COLUMNS = {("blob_deletions", "owner"): "text"}
 
 # Storage-attached indexes: the source of truth read by mailbox (its uids, the entry at a uid, a recount),
 # as the embedded store's index on imap_uid_table (mailbox_id, uid). On a cluster such a read asks every
@@ -166,8 +172,24 @@ def create_schema(session: Session, keyspace: str, replication: Mapping[str, str
     for name, cql in TABLES.items():
         if name not in tables:
             session.execute(cql.replace(f"EXISTS {name} (", f"EXISTS {keyspace}.{name} (", 1))
+    for table, column in missing_columns(existing):
+        # IF NOT EXISTS: another client may be completing the same keyspace.
+        session.execute(
+            f"ALTER TABLE {keyspace}.{table} ADD IF NOT EXISTS {column} {ADDED_COLUMNS[table, column]}"
+        )
     for index, (table, column) in INDEXES.items():
         if index not in indexes:
             session.execute(
                 f"CREATE INDEX IF NOT EXISTS {index} ON {keyspace}.{table} ({column}) USING 'sai'"
             )
+
+
+def missing_columns(keyspace: KeyspaceMetadata | None) -> list[tuple[str, str]]:
+    """The ADDED_COLUMNS an existing keyspace's tables lack (none for a keyspace created just now)."""
+    if keyspace is None:
+        return []
+    return [
+        (table, column)
+        for table, column in ADDED_COLUMNS
+        if table in keyspace.tables and column not in keyspace.tables[table].columns
+    ]

@@ -29,7 +29,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import PreparedStatement
 
 from ...errors import InvalidInput, NoStore, StoreUnavailable
-from .schema import TABLES, create_schema, validate_replication
+from .schema import TABLES, create_schema, missing_columns, validate_replication
 
 DEFAULT_REPLICATION = {"class": "SimpleStrategy", "replication_factor": 1}
 _KEYSPACE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
@@ -127,6 +127,12 @@ class CassandraStore:
                 raise NoStore(
                     f"keyspace {self.keyspace!r} at {self.where} lacks the tables {', '.join(missing)} "
                     "(create the schema first)"
+                )
+            columns = [f"{table}.{column}" for table, column in missing_columns(metadata)]
+            if columns:
+                raise NoStore(
+                    f"keyspace {self.keyspace!r} at {self.where} lacks the columns {', '.join(columns)} "
+                    "of this version of mailq (create the schema first: it adds them)"
                 )
         return session
 
