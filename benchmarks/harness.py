@@ -116,6 +116,7 @@ def fresh_deployment(label: str) -> Iterator[Deployment]:
 _LOAD_CONCURRENCY = 64
 _LOAD_BATCH = 32
 _LOAD_CHUNK = 20_000
+_LOAD_ATTEMPTS = 5
 
 
 def load(
@@ -123,9 +124,13 @@ def load(
 ) -> float:
     """Insert `rows` with one prepared statement, concurrently and `batch` rows a request (1 for counter
     updates, which a logged or unlogged batch refuses), in chunks so that the parameters are made as they
-    go; print and return the seconds."""
+    go; print and return the seconds. A request that times out is sent again (a few times) unless it
+    updates counters, where a timed-out increment may have been applied."""
+    from cassandra import OperationTimedOut, WriteTimeout
     from cassandra.concurrent import execute_concurrent
     from cassandra.query import BatchStatement, BatchType
+
+    timeouts = (OperationTimedOut, WriteTimeout)
 
     statement = store.statement(cql)
 
@@ -139,14 +144,28 @@ def load(
                 request.add(statement, parameters)
             yield request, ()
 
+    def send(pending: list[tuple]) -> None:
+        # A node busy flushing or compacting times a write out now and then; the inserts are idempotent,
+        # so the requests that timed out are sent again, a few times.
+        for attempt in range(_LOAD_ATTEMPTS):
+            results = execute_concurrent(
+                store.session, pending, concurrency=_LOAD_CONCURRENCY, raise_on_first_error=False
+            )
+            failed = [(sent, error) for sent, (ok, error) in zip(pending, results, strict=True) if not ok]
+            if not failed:
+                return
+            retry = batch > 1 and all(isinstance(error, timeouts) for _, error in failed)
+            if attempt == _LOAD_ATTEMPTS - 1 or not retry:
+                raise failed[0][1]
+            pending = [request for request, _ in failed]
+            time.sleep(1)
+
     start, count, chunk = time.perf_counter(), 0, []
     for row in (*rows, None):
         if row is not None:
             chunk.append(row)
         if chunk and (row is None or len(chunk) == _LOAD_CHUNK):
-            execute_concurrent(
-                store.session, requests(chunk), concurrency=_LOAD_CONCURRENCY, raise_on_first_error=True
-            )
+            send(list(requests(chunk)))
             count += len(chunk)
             chunk = []
     seconds = time.perf_counter() - start
