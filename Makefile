@@ -41,8 +41,11 @@ demo-distributed: setup $(DAGSTER_DIR)/dagster.yaml
 	$(BIN)/python -m tests.servers deployment $(DISTRIBUTED_DIR)
 	$(SERVERS_ENV) && $(BIN)/mailq --url "$$(cat $(DISTRIBUTED_DIR)/url)" demo $(DEMO_OPTIONS)
 
+# Two workers: most of a test's time is spent waiting on a JVM or a server, so two share 2 cores well.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The real servers of the distributed tests (tests/servers), installed into ~/.cache/mailq-servers.
 servers: setup
@@ -67,5 +70,8 @@ ui-distributed: setup $(DAGSTER_DIR)/dagster.yaml
 	$(BIN)/python -m tests.servers up
 	$(SERVERS_ENV) && MAILQ_URL="$$(cat $(DISTRIBUTED_DIR)/url)" $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1
 
+# The distributed demo's keyspace, bucket and vhost are removed from the servers when they run (`-`: the
+# rest is cleaned either way).
 clean:
-	rm -rf $(VENV) .mailq .mailq-demo .dagster
+	-[ ! -f $(DISTRIBUTED_DIR)/url ] || $(BIN)/python -m tests.servers deployment --remove $(DISTRIBUTED_DIR)
+	rm -rf $(VENV) .mailq .mailq-demo .dagster $(DISTRIBUTED_DIR)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -28,20 +29,21 @@ def url(cassandra_server, s3_server, tmp_path: Path, monkeypatch: pytest.MonkeyP
     remove_bucket(s3_server.client(), bucket)
 
 
-def _keyspaces(cassandra_server) -> set[str]:
+def _keyspace_exists(cassandra_server, url: str) -> bool:
+    """Whether the URL's keyspace exists (only its own: other test sessions make theirs meanwhile)."""
     cluster = cassandra_server.cluster()
-    names = {
-        row.keyspace_name
-        for row in cluster.connect().execute("SELECT keyspace_name FROM system_schema.keyspaces")
-    }
+    found = cluster.connect().execute(
+        "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
+        (urlsplit(url).path.strip("/"),),
+    )
+    exists = found.one() is not None
     cluster.shutdown()
-    return names
+    return exists
 
 
 def test_a_reading_command_names_the_missing_keyspace_and_creates_nothing(url, cassandra_server, tmp_path):
-    before = _keyspaces(cassandra_server)
     assert_one_line(mailq("--url", url, "size", "spool"), "no keyspace", "create the schema first")
-    assert _keyspaces(cassandra_server) == before
+    assert not _keyspace_exists(cassandra_server, url)
     assert not (tmp_path / "broker").exists()
 
 
@@ -74,7 +76,6 @@ def test_the_demo_refuses_a_deployment_it_would_share_and_makes_nothing(
     url, cassandra_server, s3_server, tmp_path, monkeypatch
 ):
     monkeypatch.delenv("MAILQ_PIPELINE_DIR", raising=False)
-    before = _keyspaces(cassandra_server)
     assert_one_line(mailq("--url", url, "demo", "--mails", "10"), "set MAILQ_PIPELINE_DIR")
     monkeypatch.setenv("MAILQ_PIPELINE_DIR", str(tmp_path / "pipeline"))
     # Someone else's content in the bucket: the demo's orphan sweep would delete it.
@@ -83,7 +84,7 @@ def test_the_demo_refuses_a_deployment_it_would_share_and_makes_nothing(
     client.create_bucket(Bucket=bucket)
     client.put_object(Bucket=bucket, Key=f"g1_{'ab' * 32}", Body=b"kept")
     assert_one_line(mailq("--url", url, "demo", "--mails", "10"), f"bucket '{bucket}'", "holds content")
-    assert _keyspaces(cassandra_server) == before
+    assert not _keyspace_exists(cassandra_server, url)
     assert not (tmp_path / "broker").exists() and not (tmp_path / "pipeline").exists()
     assert client.get_object(Bucket=bucket, Key=f"g1_{'ab' * 32}")["Body"].read() == b"kept"
     # A keyspace that holds a store already.

@@ -33,12 +33,16 @@ def main(argv: list[str] | None = None) -> int:
         "print its URL",
     )
     fresh.add_argument("directory", type=Path, metavar="DIR")
+    fresh.add_argument("--remove", action="store_true", help="only remove it, and DIR, making none")
     args = parser.parse_args(argv)
     if args.command == "deployment":
         from . import deployment  # imports mailq and pytest, which the other commands do without
 
         try:
-            print(deployment.fresh(args.directory))
+            if args.remove:
+                deployment.discard(args.directory)
+            else:
+                print(deployment.fresh(args.directory))
         except ServerError as error:
             print(f"servers: error: {error}", file=sys.stderr)
             return 1

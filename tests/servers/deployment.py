@@ -3,7 +3,8 @@
 
 `fresh(directory)` removes the deployment whose URL `directory/url` holds (the previous run's), empties
 the directory, makes the vhost (the keyspace and the bucket are made by the runtime's creating open) and
-writes the new URL there. The servers must be running (`python -m tests.servers up`)."""
+writes the new URL there; `discard(directory)` only removes (`make clean`). The servers must be running
+(`python -m tests.servers up`)."""
 
 from __future__ import annotations
 
@@ -63,13 +64,18 @@ def remove(url: str) -> None:
     )
 
 
-def fresh(directory: Path, prefix: str = "mailq-demo") -> str:
-    """Replace the deployment named in `directory` by a new one (see the module); returns its URL."""
+def discard(directory: Path) -> None:
+    """Remove the deployment named in `directory`, then the directory."""
     url_file = directory / URL_FILE
     if url_file.exists():
         remove(url_file.read_text().strip())
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def fresh(directory: Path, prefix: str = "mailq-demo") -> str:
+    """Replace the deployment named in `directory` by a new one (see the module); returns its URL."""
+    discard(directory)
     directory.mkdir(parents=True)
     url = make(f"{prefix}-{int(time.time())}")
-    url_file.write_text(url + "\n")
+    (directory / URL_FILE).write_text(url + "\n")
     return url

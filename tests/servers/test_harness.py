@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -11,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from mailq_runtime.settings import Settings
+
+from . import deployment
 from .base import Proc, ServerError
+from .cassandra import CassandraServer
+from .rabbitmq import RabbitMQ, RabbitMQServer
 from .s3 import S3Endpoint, S3Server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,3 +70,37 @@ def test_env_prints_lines_a_shell_can_source(s3_server: S3Server):
         check=True,
     )
     assert shell.stdout.strip() == s3_server.endpoint_url
+
+
+def test_a_deployment_is_made_then_removed_whole_with_its_directory(
+    cassandra_server: CassandraServer, s3_server: S3Server, rabbitmq_server: RabbitMQServer, tmp_path: Path
+):
+    directory = tmp_path / "demo"
+    url = deployment.fresh(directory, prefix=f"mailq-test-{secrets.token_hex(3)}")
+    settings = Settings.from_url(url)
+    assert (directory / deployment.URL_FILE).read_text().strip() == url
+    assert settings.amqp.vhost in RabbitMQ().ctl("list_vhosts", "name").split()
+    # What the runtime's creating open would make there.
+    cluster = cassandra_server.cluster()
+    session = cluster.connect()
+    keyspace = settings.cassandra.keyspace
+    replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = {replication}")
+    s3 = s3_server.client()
+    s3.create_bucket(Bucket=settings.s3.bucket)
+    s3.put_object(Bucket=settings.s3.bucket, Key="content", Body=b"x")
+
+    subprocess.run(
+        [sys.executable, "-m", "tests.servers", "deployment", "--remove", str(directory)],
+        cwd=REPO,
+        check=True,
+    )
+
+    assert not directory.exists()
+    found = session.execute(
+        "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", (keyspace,)
+    )
+    assert found.one() is None
+    cluster.shutdown()
+    assert settings.s3.bucket not in {bucket["Name"] for bucket in s3.list_buckets()["Buckets"]}
+    assert settings.amqp.vhost not in RabbitMQ().ctl("list_vhosts", "name").split()
