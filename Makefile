@@ -41,11 +41,8 @@ demo-distributed: setup $(DAGSTER_DIR)/dagster.yaml
 	$(BIN)/python -m tests.servers deployment $(DISTRIBUTED_DIR)
 	$(SERVERS_ENV) && $(BIN)/mailq --url "$$(cat $(DISTRIBUTED_DIR)/url)" demo $(DEMO_OPTIONS)
 
-# Two workers: most of a test's time is spent waiting on a JVM or a server, so two share 2 cores well.
-TEST_WORKERS ?= 2
-
 test: setup
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest
 
 # The real servers of the distributed tests (tests/servers), installed into ~/.cache/mailq-servers.
 servers: setup

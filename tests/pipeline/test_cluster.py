@@ -22,12 +22,11 @@ import pytest
 from mailq_runtime.faults import AFTER_PROJECTION, InjectedFault
 from tests.runtime.backends import Backend
 from tests.runtime.helpers import FakeClock, make_mail
-from tests.servers.fixtures import SPARK_CLUSTER_GROUP
 from tests.servers.spark import SparkCluster
 
 DEPLOYMENTS = ("cassandra",)
 # A cluster's run starts executors on both workers: about a minute and a half on a quiet two-core machine.
-pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group(SPARK_CLUSTER_GROUP)]
+pytestmark = pytest.mark.timeout(900)
 RUN_JOB = """
 import json, sys
 from assets import runner

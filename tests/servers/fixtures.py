@@ -24,10 +24,6 @@ from .rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from .s3 import S3Server
 from .spark import SparkCluster
 
-# The tests that run applications on the harness's Spark cluster share one xdist worker: an application
-# takes every core it is offered, and another one started meanwhile would wait for them.
-SPARK_CLUSTER_GROUP = "spark_cluster"
-
 
 def fresh_keyspace_name() -> str:
     """A keyspace name no other session uses (the time in it tells old leftovers apart)."""

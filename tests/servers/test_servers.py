@@ -16,7 +16,7 @@ from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import SimpleStatement
 
 from .cassandra import CassandraServer
-from .fixtures import SPARK_CLUSTER_GROUP, fresh_bucket_name, fresh_keyspace_name, remove_bucket
+from .fixtures import fresh_bucket_name, fresh_keyspace_name, remove_bucket
 from .rabbitmq import RabbitMQServer
 from .s3 import S3Server
 from .spark import SparkCluster
@@ -192,7 +192,6 @@ spark.stop()
 """
 
 
-@pytest.mark.xdist_group(SPARK_CLUSTER_GROUP)
 def test_spark_job_runs_on_both_workers(spark_cluster: SparkCluster, tmp_path: Path):
     conf = {
         **spark_cluster.conf(),
