@@ -16,7 +16,7 @@ on a collection), so that none needs another's transaction, which Cassandra does
 - add_deletions appends a row a blob id, naming the owner that released it. A repeated release (after a
   crash between its deletions and its references' removal) appends them again at its own time, counted
   again as on the embedded store; the GC counts blob ids, not deletions, either way. Two releases of one
-  blob in the same millisecond share a row (its key ends with the time), which names the later owner.
+  blob in the same microsecond share a row (its key ends with the time), which names the later owner.
 - remove_references deletes exactly the blob ids given, one statement in the owner's partition: a
   reference saved meanwhile, which has no deletion, is kept.
 - blob_deletions is partitioned by (generation, shard): the deletions of one generation are its
