@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from .clock import MICROS_PER_SECOND
-from .errors import InvalidInput, LeaseExpired, shown
+from .errors import BACKEND_FAILURES, BrokerRefused, InvalidInput, LeaseExpired, shown
 from .mailbox import INBOX, Mailboxes
 from .model import Mail, MailAddress, MessageId, check_message, parse_count, parse_duration
 from .queue import MailQueueItem
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 # How long one dequeue waits: the bound on how late a worker notices `stop` while idle.
 _POLL_SECONDS = 0.2
+# How long a worker waits after a backend failed a dequeue, doubling up to the last while it fails: the
+# mail it held is given back at once, and the worker comes back to it within seconds of the backend.
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 5.0
 
 
 @dataclass
@@ -125,15 +128,26 @@ def run_worker(
     queue = runtime.queue(queue_name, create=False)
     stats = WorkerStats()
     idle_since = time.monotonic()
+    stop = threading.Event() if stop is None else stop
+    backoff = _BACKOFF_FIRST
     with LeaseKeeper(queue.broker.visibility_timeout / MICROS_PER_SECOND / 2) as leases:
-        while stop is None or not stop.is_set():
+        while not stop.is_set():
             wait = _POLL_SECONDS
             if idle_timeout is not None:
                 remaining = idle_timeout - (time.monotonic() - idle_since)
                 if remaining <= 0:
                     break
                 wait = min(wait, remaining)
-            item = queue.dequeue(timeout=wait)
+            try:
+                item = queue.dequeue(timeout=wait)
+            except BrokerRefused:
+                raise  # its configuration must change: waiting will not help
+            except BACKEND_FAILURES as error:
+                log.warning("queue %s: cannot dequeue, again in %.1f s: %s", queue_name, backoff, error)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                continue
+            backoff = _BACKOFF_FIRST
             if item is None:
                 continue
             handle(runtime.mailboxes, item, domains, retry_delay, max_attempts, stats, leases)
@@ -252,14 +266,17 @@ def handle(
 
 def _settle(item: MailQueueItem, settle: Callable[[], None], stats: WorkerStats) -> bool:
     """Whether the outcome is this worker's to count: False when another worker took the mail."""
-    # A failed acknowledgement loses nothing: the lease expires and the mail comes back, and delivering
-    # it again is idempotent. So the worker logs it and goes on with the next mail rather than dying.
+    # A failed acknowledgement loses nothing: the mail comes back (at once when a backend failed, as the
+    # queue gives it back; once its lease expires otherwise), and delivering it again is idempotent. So
+    # the worker logs it and goes on with the next mail rather than dying.
     try:
         settle()
     except LeaseExpired as error:
         log.warning("%s", error)
         stats.lease_expired += 1
         return False
+    except BACKEND_FAILURES as error:
+        log.warning("could not settle mail %s, it comes back: %s", item.enqueue_id, error)
     except Exception:
         log.exception("could not settle mail %s: its lease will expire and it comes back", item.enqueue_id)
     return True

@@ -46,10 +46,14 @@ stream with many messages in flight. Queues are declared from the caller's threa
 of its own, so the I/O thread never waits.
 
 Recovery: when the connection or a channel is lost, the I/O thread reconnects with growing, jittered
-delays and resumes: publishes that were unconfirmed or nacked are sent again (consumers see duplicates,
-which the view's deletion marks absorb), and every consumer starts again. Nothing needs a restart. A
-publish still unconfirmed after `publish_timeout` raises BrokerUnavailable; the queue then keeps the mail
-as a delayed mail due at once, which the next publisher of due mails hands over.
+delays and resumes, and every consumer starts again. Nothing needs a restart. Publishes unconfirmed when
+the connection is lost, every publish while the link knows RabbitMQ is away, and a publish still
+unconfirmed after `publish_timeout` raise BrokerUnavailable at once: the queue then keeps the mail as a
+delayed mail due at once, which the next publisher of due mails hands over once RabbitMQ is back (a copy
+RabbitMQ did take is a duplicate, which the view's deletion mark absorbs). A publish nacked on a live
+channel is sent again. Deliveries in hand when the connection is lost are RabbitMQ's to deliver again:
+settling one raises BrokerUnavailable, which says so, rather than reporting an expired lease; `release`
+gives a delivery back without counting it, for a consumer that a failing backend kept from handling it.
 
 Leases: RabbitMQ gives a delivery back when its consumer's channel dies. Besides, a delivery is leased to
 its receiver for the visibility timeout on the broker's clock, and `extend` pushes the end; a receive in
@@ -191,6 +195,8 @@ class RabbitMQBroker:
         body = payload.encode()
         while True:
             link = self._started()
+            if link.down:
+                raise BrokerUnavailable(f"RabbitMQ at {self.target} is unreachable ({link.error})")
             self._declare(queue, deadline)
             publish = Publish(queue_name(queue), enqueue_id, body, properties)
             waiter = publish.waiter
@@ -305,7 +311,7 @@ class RabbitMQBroker:
             # dead-letters an unreadable payload instead of failing every receive.
             payload=body.decode("utf-8", errors="replace"),
             attempts=deliveries(properties) + 1,
-            handle=Handle(consumer, epoch, tag),
+            handle=Handle(consumer, epoch, tag, properties, body),
         )
 
     @contextmanager
@@ -456,20 +462,49 @@ class RabbitMQBroker:
         """Give the message back, deliverable again at once; each return counts towards the delivery limit."""
         return self._settle(delivery, requeue=True)
 
+    def release(self, delivery: Delivery) -> bool:
+        """Give the message back uncounted: a copy keeping its count replaces it."""
+        handle: Handle = delivery.handle
+        consumer = handle.consumer
+        with consumer.cond:
+            if not self._holds(delivery):
+                return False
+            del consumer.outstanding[handle.tag]
+            consumer.dirty = True
+        link = self._started()
+        link.submit(
+            partial(link.give_back, consumer, handle.epoch, handle.tag, handle.properties, handle.body)
+        )
+        return True
+
     def extend(self, delivery: Delivery, until: int) -> bool:
         handle: Handle = delivery.handle
         consumer = handle.consumer
         with consumer.cond:
-            if not consumer.holds(handle):
+            if not self._holds(delivery):
                 return False
             consumer.outstanding[handle.tag][1] = until
             return True
+
+    def _holds(self, delivery: Delivery) -> bool:
+        """Whether the delivery's lease holds; raises BrokerUnavailable when it went with a lost channel,
+        as RabbitMQ then delivers the message again without any lease having expired. Under `cond`."""
+        handle: Handle = delivery.handle
+        if handle.consumer.holds(handle):
+            return True
+        if handle.consumer.lost_with_channel(handle):
+            what = "this broker was closed" if self._closed else "the connection was lost"
+            raise BrokerUnavailable(
+                f"RabbitMQ at {self.target}: {what} while mail {delivery.enqueue_id} was in hand, "
+                "and RabbitMQ delivers it again"
+            )
+        return False
 
     def _settle(self, delivery: Delivery, requeue: bool) -> bool:
         handle: Handle = delivery.handle
         consumer = handle.consumer
         with consumer.cond:
-            if not consumer.holds(handle):
+            if not self._holds(delivery):
                 return False
             del consumer.outstanding[handle.tag]
             consumer.dirty = consumer.dirty or requeue

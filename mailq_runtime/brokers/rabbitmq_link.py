@@ -28,6 +28,10 @@ from ..clock import Clock
 from ..errors import BrokerRefused, BrokerUnavailable
 
 log = logging.getLogger("mailq_runtime.brokers.rabbitmq")
+# pika logs every lost or refused connection at ERROR, with a traceback, from several of its modules. The
+# link logs one line per event itself, so pika's lines stay for an operator who sets pika's level.
+if logging.getLogger("pika").level == logging.NOTSET:
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
 # A consumer nobody has asked for a message for this long (seconds) stops consuming and gives back what
@@ -141,11 +145,14 @@ class Publish:
 
 @dataclass(frozen=True, eq=False)
 class Handle:
-    """What a Delivery of this broker holds: its consumer, the channel's epoch and the delivery tag."""
+    """What a Delivery of this broker holds: its consumer, the channel's epoch and the delivery tag, and
+    the message as received, for a copy that gives it back uncounted."""
 
     consumer: Consumer
     epoch: int
     tag: int
+    properties: pika.BasicProperties
+    body: bytes
 
 
 class Consumer:
@@ -200,6 +207,10 @@ class Consumer:
         """Whether the delivery is still this consumer's to settle. Under `cond`."""
         return handle.epoch == self.epoch and self.live and handle.tag in self.outstanding
 
+    def lost_with_channel(self, handle: Handle) -> bool:
+        """Whether the delivery went with a lost channel (not with an expired lease). Under `cond`."""
+        return handle.epoch != self.epoch or not self.live
+
     def lose(self) -> None:
         """The channel is gone: RabbitMQ gives its unacknowledged messages to other consumers."""
         with self.cond:
@@ -249,6 +260,9 @@ class Link(threading.Thread):
         # virtual host (waiting for it is of no use then).
         self.error: str | None = None
         self.refused: str | None = None
+        # Whether the last connection was lost or could not be opened, until one opens: a publish then
+        # fails at once instead of waiting for a confirmation that cannot come.
+        self.down = False
 
     # Callers' side.
 
@@ -305,6 +319,7 @@ class Link(threading.Thread):
             log.warning("RabbitMQ at %s: connected again", self.target)
         self.failures = 0
         self.error = self.refused = None
+        self.down = False
         if self.idle_timer is None:
             self.idle_timer = self.ioloop.call_later(IDLE / 2, self._check_idle)
         connection.channel(on_open_callback=self._on_publish_channel)
@@ -318,6 +333,7 @@ class Link(threading.Thread):
             self._stop_loop()
             return
         self.error = describe(error)
+        self.down = True
         if self.failures == 0:
             log.warning("RabbitMQ at %s: cannot connect (%s), retrying", self.target, self.error)
         if isinstance(
@@ -333,7 +349,12 @@ class Link(threading.Thread):
     def _on_closed(self, connection: Any, reason: BaseException) -> None:
         self.connection = None
         self.channel = None
-        self._requeue_pending()
+        self.down = True
+        # The callers' publishes that were unconfirmed fail now rather than at their timeout: the queue
+        # keeps each mail as a delayed mail due at once (a copy RabbitMQ did take is a duplicate, which
+        # the view's deletion mark absorbs). The I/O thread's own copies are dropped, as their originals
+        # come again.
+        self._fail_waiting(BrokerUnavailable(f"the connection to RabbitMQ at {self.target} was lost"))
         for consumer in self.consumers.values():
             consumer.channel = None
             consumer.tag = None
@@ -451,6 +472,7 @@ class Link(threading.Thread):
                 publish.finish(error)
         self.pending.clear()
         self.unsent.clear()
+        self.returned.clear()
 
     # Consuming.
 
@@ -581,6 +603,12 @@ class Link(threading.Thread):
             self.settle(consumer, epoch, tag, requeue=False)
 
         self.send(Publish(routing_key, copy.message_id or "", body, copy, confirmed))
+
+    def give_back(
+        self, consumer: Consumer, epoch: int, tag: int, properties: pika.BasicProperties, body: bytes
+    ) -> None:
+        """Give a handed-out message back uncounted, as a copy keeping its count."""
+        self._send_copy(consumer, epoch, tag, consumer.name, properties, body)
 
     def _on_consumer_channel_closed(self, consumer: Consumer, channel: Any, reason: BaseException) -> None:
         if channel is not consumer.channel:
