@@ -190,6 +190,13 @@ class MailQueueItem:
         self._settle()
         self._queue._retry(self._delivery, self._row, deliver_at, self.attempts)
 
+    def release(self) -> None:
+        """Not tried: a backend the delivery needs is away. Give the mail back, deliverable again at once,
+        without counting this delivery towards any limit. With the lease lost it changes nothing and
+        raises LeaseExpired."""
+        self._settle()
+        self._queue._release(self._delivery, self._row)
+
     def reject(self, reason: str = "rejected") -> None:
         """Never deliverable: move it to the dead letters, which keep its content. With the lease lost
         it changes nothing and raises LeaseExpired."""
@@ -459,6 +466,16 @@ class MailQueue:
                 self.delayed.remove(delayed)
         if not acked:
             raise self._lost(row, "retried")
+
+    def _release(self, delivery: Delivery, row: EnqueuedMail) -> None:
+        try:
+            released = self.broker.release(delivery)
+        except BrokerUnavailable as error:
+            # What was asked: the broker delivers it again, from its own copy.
+            log.info("queue %s: mail %s given back with the connection: %s", self.name, row.enqueue_id, error)
+            return
+        if not released:
+            raise self._lost(row, "given back")
 
     def _reject(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:
         """Crash-safe order: 1. extend the lease, which says whether it still holds (a mail another consumer

@@ -110,9 +110,11 @@ def run_worker(
     address (lowercased), then the mail is acknowledged (`done()`, which releases the queue's blob
     references; the copies hold their own). A mail is rejected to the dead letters (which keep its
     content) when it is malformed (`check_message`, the rule enqueue applies too) or has recipients outside
-    `local_domains` (the local ones are delivered first; the reason names the others). Any other failure
-    gives the mail back to the queue for another try after `retry_delay`, and rejects it once it has been
-    attempted `max_attempts` times.
+    `local_domains` (the local ones are delivered first; the reason names the others). A backend away (the
+    store, the blob store, the broker) gives the mail back untried and uncounted, and the worker waits for
+    it, half a second and doubling up to 5 s, so an outage delays mails by its length and dead-letters
+    none. Any other failure gives the mail back to the queue for another try after `retry_delay`, and
+    rejects it once it has been attempted `max_attempts` times.
 
     Raises UnknownQueue, naming the known queues, if no enqueue has created `queue_name`. Returns when
     `stop` is set (the mail in hand is finished first: the CLI sets it on SIGTERM) or when no mail has
@@ -140,18 +142,17 @@ def run_worker(
                 wait = min(wait, remaining)
             try:
                 item = queue.dequeue(timeout=wait)
+                if item is not None:
+                    handle(runtime.mailboxes, item, domains, retry_delay, max_attempts, stats, leases)
+                    idle_since = time.monotonic()
             except BrokerRefused:
                 raise  # its configuration must change: waiting will not help
             except BACKEND_FAILURES as error:
-                log.warning("queue %s: cannot dequeue, again in %.1f s: %s", queue_name, backoff, error)
+                log.warning("queue %s: a backend is away, again in %.1f s: %s", queue_name, backoff, error)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 continue
             backoff = _BACKOFF_FIRST
-            if item is None:
-                continue
-            handle(runtime.mailboxes, item, domains, retry_delay, max_attempts, stats, leases)
-            idle_since = time.monotonic()
     return stats
 
 
@@ -231,7 +232,7 @@ def handle(
     """Deliver one dequeued mail and settle it as `run_worker` does, counting the outcome in `stats`.
     `domains` are normalised (`normalise_domains`); the caller that drives its own dequeues (the demo, on
     simulated time) gets exactly the worker's behaviour. `leases` keeps the mail's lease while it is
-    delivered."""
+    delivered. A backend away gives the mail back untried and is raised, for the caller to wait."""
     try:
         with nullcontext() if leases is None else leases.keeping(item):
             report = deliver(mailboxes, item.enqueue_id, item.mail, domains)
@@ -240,6 +241,11 @@ def handle(
         if _settle(item, lambda: item.reject(reason), stats):
             stats.dead_lettered += 1
         return
+    except BACKEND_FAILURES as error:
+        # Not the mail's fault: it goes back untried and uncounted, and the caller waits for the backend.
+        log.warning("delivery of %s waits for a backend: %s", item.enqueue_id, error)
+        _settle(item, item.release, stats)
+        raise
     except Exception as error:
         log.warning(
             "delivery of %s failed (attempt %d of %d)",
