@@ -256,9 +256,11 @@ class Link(threading.Thread):
         self.failures = 0
         self.reconnect_timer: Any = None
         self.idle_timer: Any = None
-        # Read by callers: why the last connection failed, and whether RabbitMQ refused the login or the
-        # virtual host (waiting for it is of no use then).
+        # Read by callers: why the last connection failed (and pika's error, which callers' errors are
+        # chained to), and whether RabbitMQ refused the login or the virtual host (waiting for it is of no
+        # use then).
         self.error: str | None = None
+        self.failure: BaseException | None = None
         self.refused: str | None = None
         # Whether the last connection was lost or could not be opened, until one opens: a publish then
         # fails at once instead of waiting for a confirmation that cannot come.
@@ -318,7 +320,7 @@ class Link(threading.Thread):
         if self.failures:
             log.warning("RabbitMQ at %s: connected again", self.target)
         self.failures = 0
-        self.error = self.refused = None
+        self.error = self.refused = self.failure = None
         self.down = False
         if self.idle_timer is None:
             self.idle_timer = self.ioloop.call_later(IDLE / 2, self._check_idle)
@@ -332,7 +334,7 @@ class Link(threading.Thread):
         if self.closing:
             self._stop_loop()
             return
-        self.error = describe(error)
+        self.error, self.failure = describe(error), error
         self.down = True
         if self.failures == 0:
             log.warning("RabbitMQ at %s: cannot connect (%s), retrying", self.target, self.error)
@@ -354,7 +356,9 @@ class Link(threading.Thread):
         # keeps each mail as a delayed mail due at once (a copy RabbitMQ did take is a duplicate, which
         # the view's deletion mark absorbs). The I/O thread's own copies are dropped, as their originals
         # come again.
-        self._fail_waiting(BrokerUnavailable(f"the connection to RabbitMQ at {self.target} was lost"))
+        lost = BrokerUnavailable(f"the connection to RabbitMQ at {self.target} was lost ({describe(reason)})")
+        lost.__cause__ = reason
+        self._fail_waiting(lost)
         for consumer in self.consumers.values():
             consumer.channel = None
             consumer.tag = None
@@ -364,7 +368,7 @@ class Link(threading.Thread):
         if self.closing:
             self._stop_loop()
             return
-        self.error = describe(reason)
+        self.error, self.failure = describe(reason), reason
         log.warning("RabbitMQ at %s: connection lost (%s), reconnecting", self.target, self.error)
         self._retry_later()
 
