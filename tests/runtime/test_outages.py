@@ -103,6 +103,17 @@ def snapshot(backend: RabbitMQBackend, holder: Runtime | None = None) -> dict[st
     return state
 
 
+def before_the_outage(backend: RabbitMQBackend, holder: Runtime) -> dict[str, list[tuple]]:
+    """The state once the queue's one broker message is in view: a consumer idle for a second gives back
+    what it holds as copies, which are neither ready nor held while RabbitMQ confirms them."""
+    deadline = time.monotonic() + 10
+    while True:
+        state = snapshot(backend, holder)
+        if len(state["broker_messages"]) == 1 or time.monotonic() >= deadline:
+            return state
+        time.sleep(0.1)
+
+
 def settled(backend: RabbitMQBackend, expected: dict[str, list[tuple]], seconds: float = 10.0) -> dict:
     """The state once equal to `expected`, or as it is after `seconds`: the messages a closed runtime held
     go back to RabbitMQ's queue a moment after its connection closes."""
@@ -197,7 +208,7 @@ def lost_by_the_broker(runtime: Runtime, seconds: float = 5.0) -> None:
 def test_an_outage_raises_the_backends_error_and_changes_nothing(backend, wired, outage, call):
     prepared = prepare(wired, dequeued=call in ITEM_CALLS)
     queue = wired.queue
-    before = snapshot(backend, wired.runtime)
+    before = before_the_outage(backend, wired.runtime)
     wired.cables[outage].cut()
     if call not in NEEDS[outage]:
         CALLS[call](queue, prepared)
@@ -218,7 +229,7 @@ def test_settling_a_mail_whose_broker_connection_was_lost(backend, wired, call):
     consumes: this consumer's lease is lost. done() still records the mail as delivered (so it is not
     delivered again); retry() and reject() change nothing."""
     prepared = prepare(wired, dequeued=True)
-    before = snapshot(backend, wired.runtime)
+    before = before_the_outage(backend, wired.runtime)
     wired.cables["rabbitmq"].cut()
     lost_by_the_broker(wired.runtime)
     with pytest.raises(LeaseExpired):
@@ -325,7 +336,7 @@ def test_an_outage_is_one_line_of_the_command_line(backend, wired, outage, tmp_p
     wired.queue.enqueue(make_mail("waiting"))
     message = tmp_path / "mail.eml"
     message.write_bytes(b"Subject: new\r\n\r\nNew content.\r\n")
-    before = snapshot(backend, wired.runtime)
+    before = before_the_outage(backend, wired.runtime)
     argv, words = CLI_COMMANDS[outage]
     with wired.cables[outage].cable_pulled():
         status, out, err = mailq("--url", wired.url, *(arg.format(file=message) for arg in argv))
