@@ -4,6 +4,7 @@ written is StoreUnusable; both are chained to the driver's exception and fit on 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -104,3 +105,22 @@ def test_a_table_dropped_under_a_running_store_is_store_unusable(cassandra_serve
     finally:
         store.session.execute(f"DROP KEYSPACE IF EXISTS {name}")
         store.close()
+
+
+def test_the_node_is_reached_only_through_the_cable_and_the_store_recovers_once_it_is_back(wired, cable):
+    """The driver keeps the contact point's address for a single node (it does not switch to the address
+    the node gives in system.local), so pulling the cable is a whole outage; once it is back, the driver
+    reconnects by itself."""
+    assert [host.endpoint.port for host in wired.cluster.metadata.all_hosts()] == [cable.port]
+    cable.cut()
+    with pytest.raises(StoreUnavailable):
+        wired.execute(SELECT, ("spool",))
+    cable.restore()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert wired.execute(SELECT, ("spool",)).one() is None
+            break
+        except StoreUnavailable:
+            assert time.monotonic() < deadline, "the store did not reconnect within 30 s"
+            time.sleep(0.1)
