@@ -1,11 +1,11 @@
-"""Each backend's outage at each public call of the queue: the call raises mailq's error for that backend,
-chained to the driver's (never the driver's own), and changes nothing; or, where the call does not need
-that backend, it works on.
+"""Each backend's outage at each public call of the queue and of the mailboxes: the call raises mailq's
+error for that backend, chained to the driver's (never the driver's own), and changes nothing; or, where
+the call does not need that backend, it works on. And one command of the CLI per backend: one line.
 
 The outages are real: the runtime under test reaches Cassandra, S3 and RabbitMQ through a loopback
 forwarder each (tests/forwarder.py), and a test pulls one cable (every connection reset, every new one
-refused) while the shared servers run on for everyone else. The state is read before and after straight
-from the servers (the backend's probes), not through the runtime that saw the outage.
+reset at once) while the shared servers run on for everyone else. The state is read before and after
+straight from the servers (the backend's probes), not through the runtime that saw the outage.
 """
 
 from __future__ import annotations
