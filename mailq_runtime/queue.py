@@ -37,6 +37,7 @@ from .errors import (
     BrokerUnavailable,
     InvalidInput,
     LeaseExpired,
+    MailqError,
     UnknownQueue,
     shown,
 )
@@ -44,6 +45,7 @@ from .faults import (
     CLEAN_AFTER_BROWSE_START,
     CLEAN_AFTER_DELETE,
     CLEAN_AFTER_RELEASE,
+    DONE_AFTER_DELETION_MARK,
     DONE_AFTER_MARK,
     DONE_AFTER_RELEASE,
     ENQUEUE_AFTER_REFERENCES,
@@ -88,6 +90,10 @@ PUBLISH_INTERVAL = 1.0
 _NEVER = LATEST + 1
 # Delayed mails handed to the broker per group of writes.
 _PUBLISH_BATCH = 100
+# Seconds between an idle consumer's recounts of a queue whose counters count mails that are neither
+# delayed nor delivered to it (`_recount_if_idle`): the bound, once a queue idles, on how long a count
+# a crash left wrong stays wrong.
+RECOUNT_INTERVAL = 60.0
 
 
 def split_message(message: bytes) -> tuple[bytes, bytes]:
@@ -271,6 +277,7 @@ class MailQueue:
         self._look_at = 0.0
         self._dues: list[int] = []
         self._next_due = _NEVER
+        self._recount_at = 0.0  # time.monotonic() of the next idle recount
 
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"
@@ -348,6 +355,7 @@ class MailQueue:
                 wait = min(wait, max(0.0, deadline - time.monotonic()))
             delivery = self.broker.receive(self.name, wait)
             if delivery is None:
+                self._recount_if_idle()
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
@@ -387,7 +395,13 @@ class MailQueue:
         or 2 leaves the broker message, which the next consumer acks as not live; after 1, also the
         references, which record 32's clean-up releases with the mail's slice."""
         with self.group_writes():
-            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
+            self.view.mark_done(
+                self.name,
+                row.enqueue_id,
+                row.slice_start,
+                row.bucket,
+                lambda: self.faults.reached(DONE_AFTER_DELETION_MARK),
+            )
             self.faults.reached(DONE_AFTER_MARK)
             self.blobs.release(row.enqueue_id)
             self.faults.reached(DONE_AFTER_RELEASE)
@@ -597,9 +611,55 @@ class MailQueue:
                 )
 
     def size(self) -> int:
-        """Read from the per-slice counters: the cost does not grow with the queue's history."""
+        """Read from the per-slice counters: the cost does not grow with the queue's history. A slice
+        counted below zero, which no queue holds, is recounted first (see `recount`)."""
         browse_start = self.view.browse_start(self.name)
-        return 0 if browse_start is None else self.view.size(self.name, browse_start)
+        if browse_start is None:
+            return 0
+        sizes = self.view.slice_sizes(self.name, browse_start)
+        if any(live < 0 for _, live in sizes):
+            self.recount()
+            sizes = self.view.slice_sizes(self.name, browse_start)
+        return sum(max(live, 0) for _, live in sizes)
+
+    def recount(self) -> int:
+        """Correct the counters of every slice from browse_start on against its rows and deletion marks,
+        as a browse reads them; returns the sum of the corrections' sizes (0: the counters were right).
+
+        A crash between a done()'s deletion mark and its count, or two settlements of one mail at once,
+        leaves a slice's counters wrong by one. An idle consumer recounts on its own (`dequeue`, at most
+        every RECOUNT_INTERVAL seconds while the counters count mails it cannot find), as does `size()`
+        when a slice is counted below zero. It costs a browse."""
+        browse_start = self.view.browse_start(self.name)
+        if browse_start is None:
+            return 0
+        corrected = 0
+        for slice_start in self.view.slices_from(self.name, browse_start):
+            corrected += self.view.recount(self.name, slice_start)
+        if corrected:
+            log.warning("queue %s: counters corrected by %d from the rows", self.name, corrected)
+        return corrected
+
+    def _recount_if_idle(self) -> None:
+        """Recount when nothing was delivered to this consumer, yet the counters count mails that are not
+        delayed (or a slice below zero): those are mails in flight with other consumers, or a count a
+        crash left wrong. At most every RECOUNT_INTERVAL seconds; a failure is left to the next one."""
+        if time.monotonic() < self._recount_at:
+            return
+        self._recount_at = time.monotonic() + RECOUNT_INTERVAL
+        try:
+            browse_start = self.view.browse_start(self.name)
+            if browse_start is None:
+                return
+            sizes = self.view.slice_sizes(self.name, browse_start)
+            counted = sum(live for _, live in sizes)
+            if (
+                counted > self.delayed.summary(self.name, self.clock()).waiting
+                or min((live for _, live in sizes), default=0) < 0
+            ):
+                self.recount()
+        except MailqError as error:
+            log.warning("queue %s: the idle recount failed, the next one retries: %s", self.name, error)
 
     def overview(self) -> QueueOverview:
         """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse
