@@ -391,9 +391,10 @@ class MailQueue:
         return self.broker.extend(delivery, min(self.clock() + length, LATEST))
 
     def _done(self, delivery: Delivery, row: EnqueuedMail) -> None:
-        """Crash-safe order: 1. mark the mail deleted; 2. release its references; 3. ack. A crash after 1
-        or 2 leaves the broker message, which the next consumer acks as not live; after 1, also the
-        references, which record 32's clean-up releases with the mail's slice."""
+        """Crash-safe order: 1. mark the mail deleted, then count it; 2. release its references (those
+        its row names, not read again); 3. ack. A crash after 1 or 2 leaves the broker message, which the
+        next consumer acks as not live; after 1, also the references, which record 32's clean-up
+        releases with the mail's slice; between the mark and the count, a counter `recount` corrects."""
         with self.group_writes():
             self.view.mark_done(
                 self.name,
@@ -403,7 +404,7 @@ class MailQueue:
                 lambda: self.faults.reached(DONE_AFTER_DELETION_MARK),
             )
             self.faults.reached(DONE_AFTER_MARK)
-            self.blobs.release(row.enqueue_id)
+            self.blobs.release_saved(row.enqueue_id, (row.header_blob_id, row.body_blob_id))
             self.faults.reached(DONE_AFTER_RELEASE)
             acked = self.broker.ack(delivery)
         # Raised once the writes are done, and not undone: the mail was delivered even with the lease
