@@ -78,6 +78,6 @@ class JamesFloor:
                 )["Body"].read(),
             )
         self._timed(
-            "view.mark_deleted", lambda: session.execute(self.statements["mark"], (queue, mail.enqueue_id))
+            "view.mark_done", lambda: session.execute(self.statements["mark"], (queue, mail.enqueue_id))
         )
         self._timed("broker.ack", lambda: floor.broker.ack(handle))
