@@ -4,16 +4,21 @@ Not a benchmark itself. The servers are found by the loopback port they listen o
 native port, the S3 server's HTTP port, RabbitMQ's AMQP port): the inode of the listening socket in
 /proc/net/tcp, then the process holding it among /proc/*/fd. The client is this process. A sample reads
 every process's ticks; the difference of two samples is the CPU each spent in between, whoever caused
-it, so other work on the same servers meanwhile counts too (the phases take turns to spread it alike).
+it, so other work on the same servers meanwhile counts too. The phases take turns to spread it alike,
+and idle turns (nothing of ours running) measure that background's rate, which `net_ms_per_mail`
+takes off each turn's CPU in proportion to its length: on shared servers, the slower side would
+otherwise carry more of other people's work.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 TICK_SECONDS = 1 / os.sysconf("SC_CLK_TCK")
 CLIENT = "client"
+BACKGROUND = "background"
 _LISTEN = "0A"
 
 
@@ -65,19 +70,46 @@ class CpuMeter:
             if pid is not None and pid != os.getpid():
                 self.pids[name] = pid
         self.seconds: dict[str, dict[str, float]] = {}
+        self.wall: dict[str, float] = {}
         self._started: dict[str, int] = {}
+        self._started_at = 0.0
 
     def start(self) -> None:
         self._started = {name: ticks(pid) for name, pid in self.pids.items()}
+        self._started_at = time.perf_counter()
 
     def stop(self, key: str) -> None:
+        self.wall[key] = self.wall.get(key, 0.0) + time.perf_counter() - self._started_at
         spent = self.seconds.setdefault(key, dict.fromkeys(self.pids, 0.0))
         for name, pid in self.pids.items():
             spent[name] += (ticks(pid) - self._started[name]) * TICK_SECONDS
 
+    def idle(self, seconds: float) -> None:
+        """An idle turn: what the processes spend while this one waits, the background's rate."""
+        self.start()
+        time.sleep(seconds)
+        self.stop(BACKGROUND)
+
     def ms_per_mail(self, key: str, mails: int) -> dict[str, float]:
         """Milliseconds per mail by process, and their total."""
+        return _per_mail(self.seconds[key], mails)
+
+    def net_ms_per_mail(self, key: str, mails: int) -> dict[str, float]:
+        """The same, less the background's rate (idle turns) over the turns' length."""
+        idle = self.seconds.get(BACKGROUND)
+        if idle is None:
+            return self.ms_per_mail(key, mails)
+        share = self.wall[key] / self.wall[BACKGROUND]
         spent = self.seconds[key]
-        figures = {name: round(seconds * 1e3 / mails, 3) for name, seconds in spent.items()}
-        figures["total"] = round(sum(spent.values()) * 1e3 / mails, 3)
-        return figures
+        return _per_mail({name: seconds - idle[name] * share for name, seconds in spent.items()}, mails)
+
+    def background_percent(self) -> dict[str, float]:
+        """Each process's CPU in the idle turns, in percent of one core."""
+        idle = self.seconds.get(BACKGROUND, {})
+        return {name: round(spent * 100 / self.wall[BACKGROUND], 1) for name, spent in idle.items()}
+
+
+def _per_mail(seconds: dict[str, float], mails: int) -> dict[str, float]:
+    figures = {name: round(spent * 1e3 / mails, 3) for name, spent in seconds.items()}
+    figures["total"] = round(sum(seconds.values()) * 1e3 / mails, 3)
+    return figures
