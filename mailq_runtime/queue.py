@@ -278,6 +278,7 @@ class MailQueue:
         self._dues: list[int] = []
         self._next_due = _NEVER
         self._recount_at = 0.0  # time.monotonic() of the next idle recount
+        self._widest_window: int | None = None  # see `_current_slice`
 
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"
@@ -373,7 +374,7 @@ class MailQueue:
             with self.group_writes():
                 self._bury(delivery, None, f"unreadable message: {error}")
             return None
-        if not self.view.is_live(row):
+        if not self.view.is_live(row, self._current_slice()):
             self.broker.ack(delivery)  # removed or cleared while waiting in the broker
             return None
         try:
@@ -383,6 +384,19 @@ class MailQueue:
                 self._bury(delivery, row, f"content missing: {error}")
             return None
         return MailQueueItem(self, delivery, row, mail, attempts_before + delivery.attempts)
+
+    def _current_slice(self) -> int | None:
+        """A slice start no process can have moved browse_start past: now aligned on the widest
+        sliceWindow ever in force. browse_start never passes a process's `browse_start_limit`, whose
+        clock is at most the clock-skew grace ahead of this one, and every window divides the widest,
+        so every limit lies on its grid. The widest is the first configuration's, read once; None
+        until a configuration is registered."""
+        if self._widest_window is None:
+            windows = [configuration.slice_window for configuration in self.configurations.history()]
+            if not windows:
+                return None
+            self._widest_window = max(windows)
+        return slice_of(self.clock(), max(self._widest_window, self.configuration.slice_window))
 
     def _load(self, row: EnqueuedMail) -> Mail:
         return row.to_mail(self.blobs.read(row.header_blob_id) + self.blobs.read(row.body_blob_id))

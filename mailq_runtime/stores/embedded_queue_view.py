@@ -105,10 +105,11 @@ class EmbeddedQueueView:
                 )
             return corrected
 
-    def is_live(self, mail: EnqueuedMail) -> bool:
+    def is_live(self, mail: EnqueuedMail, current_slice: int | None = None) -> bool:
         """From browse_start on, a mail is live unless marked in deleted_mails. Behind browse_start,
         record 32's clean-up drops a deleted mail's mark together with its row, so there only a row still
-        present and unmarked is live (a writer lagging behind browse_start adds such a row). One read."""
+        present and unmarked is live (a writer lagging behind browse_start adds such a row). One read,
+        whatever `current_slice` says."""
         unmarked = (
             "NOT EXISTS (SELECT 1 FROM deleted_mails d WHERE d.queue = :queue AND d.enqueue_id = :enqueue_id)"
         )

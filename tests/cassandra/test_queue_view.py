@@ -193,3 +193,23 @@ def test_a_recount_counts_a_mark_whose_count_was_lost_and_an_insert_without_its_
     assert view.size("spool", T0) == 3 and ids(view.live_mails("spool", T0)) == ids([m2])
     assert view.recount("spool", T0) == 2
     assert view.size("spool", T0) == 1 and view.recount("spool", T0) == 0
+
+
+def test_is_live_with_the_current_slice_answers_as_without(both):
+    """A mail from the current slice on is live by its mark alone; one behind it still gets the full
+    check, browse_start and its row, whatever the current slice."""
+    behind, m1 = mail("spool", T0, 0, 1, T0 + 1), mail("spool", T0 + HOUR, 0, 2, T0 + HOUR + 1)
+    m2 = mail("spool", T0 + HOUR, 0, 3, T0 + HOUR + 2)
+
+    def scenario(t: Tables) -> list:
+        v = t.view
+        v.create_queue("spool", T0, T0)
+        for m in (behind, m1, m2):
+            v.insert(m)
+        v.mark_done("spool", m2.enqueue_id, T0 + HOUR, 0, _no_fault)
+        v.mark_deleted("spool", behind.enqueue_id, T0, 0)
+        v.advance_browse_start("spool", T0 + HOUR)
+        v.delete_slices("spool", T0, T0 + HOUR)  # the clean-up: the mark goes with the row
+        return [[v.is_live(m, T0 + HOUR), v.is_live(m)] for m in (behind, m1, m2)]
+
+    assert same_on_both(both, scenario) == [[False, False], [True, True], [False, False]]

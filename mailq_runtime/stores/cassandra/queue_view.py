@@ -337,11 +337,14 @@ class CassandraQueueView:
             for bucket in before
         }
 
-    def is_live(self, mail: EnqueuedMail) -> bool:
+    def is_live(self, mail: EnqueuedMail, current_slice: int | None = None) -> bool:
         """From browse_start on, a mail is live unless marked in deleted_mails. Behind browse_start, the
         clean-up drops a deleted mail's mark with its row, so there only a complete row still present
-        and unmarked is live. Two reads at once, a third behind browse_start."""
+        and unmarked is live. Two reads at once, a third behind browse_start; one, the mark, for a mail
+        from `current_slice` on, which browse_start cannot be past."""
         marked = self.deleted_mails.is_marked(mail.queue, mail.enqueue_id)
+        if current_slice is not None and mail.slice_start >= current_slice:
+            return marked.result().one() is None
         browse_start = self.browse_starts.get_async(mail.queue)
         if marked.result().one() is not None:
             return False
