@@ -16,9 +16,10 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
   dequeue + done  broker.receive                 a SQLite transaction: claim the next message;
                                                  RabbitMQ: the next message of a consumer
                   view.is_live                   SELECT the deletion mark and browse_start, concurrently
+                                                 (mailq: the mark alone for a mail of the current slice)
                   content.get x2                 GetObject, checksum checked, one after the other
                   view.mark_done                 INSERT INTO deleted_mails, then UPDATE the counter
-                  blob_tables.current            SELECT the current GC iteration
+                  blob_tables.current            SELECT the current GC iteration (mailq: once a second)
                   blob_tables.add_deletions      INSERT INTO blob_deletions x2 (the blob ids the row
                                                  names), one unlogged batch
                   blob_tables.remove_references  DELETE the owner's references (one IN)
