@@ -37,7 +37,6 @@ from .errors import (
     BrokerUnavailable,
     InvalidInput,
     LeaseExpired,
-    MailqError,
     UnknownQueue,
     shown,
 )
@@ -673,7 +672,7 @@ class MailQueue:
                 or min((live for _, live in sizes), default=0) < 0
             ):
                 self.recount()
-        except MailqError as error:
+        except Exception as error:  # a side task of the consumer's wait: it must not fail the dequeue
             log.warning("queue %s: the idle recount failed, the next one retries: %s", self.name, error)
 
     def overview(self) -> QueueOverview:
