@@ -304,7 +304,7 @@ class CassandraQueueView:
         """Correct the slice's counters from its rows and marks (see the module's docstring); returns the
         sum of the corrections' sizes, 0 when the counters were right."""
         first = self._errors(queue, slice_start)
-        if not any(first.values()):
+        if not any(enqueued or deleted for enqueued, deleted in first.values()):
             return 0
         time.sleep(RECOUNT_SETTLE)
         second = self._errors(queue, slice_start)
