@@ -6,7 +6,7 @@ Every method commits on its own; the order of the writes is what keeps a crash h
 
 - insert: the slice counter first, then the row. The counter rows are what list a queue's slices and
   buckets (size, browse, clean-up), so no row sits in a bucket that nothing lists; a crash in between
-  only counts one mail too many, which the pipeline's recount reports.
+  only counts one mail too many, which `recount` repairs.
 - mark_deleted (remove, clear, reject): a lightweight transaction (INSERT ... IF NOT EXISTS) marks the
   mail, and only the call whose insert applied counts the deletion, so an operator's removal racing
   another counts each mail once. A crash between the mark and the count leaves the deleted counter one
