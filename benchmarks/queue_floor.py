@@ -8,7 +8,7 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
   enqueue         blob_tables.current            SELECT the current reference generation
                   blob_tables.sizes              SELECT the two blob ids' rows (one IN query)
                   content.put x2                 PutObject with a CRC32 checksum, one after the other
-                  blob_tables.add_blobs          INSERT INTO blobs x2, concurrently
+                  blob_tables.add_blobs          INSERT INTO blobs x2, one unlogged batch
                   blob_tables.add_references     one unlogged batch of two INSERTs (one partition)
                   view.insert                    UPDATE the slice counter, then INSERT INTO enqueued_mails
                   broker.publish                 a SQLite transaction: INSERT INTO broker_messages;
@@ -16,11 +16,12 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
   dequeue + done  broker.receive                 a SQLite transaction: claim the next message;
                                                  RabbitMQ: the next message of a consumer
                   view.is_live                   SELECT the deletion mark and browse_start, concurrently
+                                                 (mailq: the mark alone for a mail of the current slice)
                   content.get x2                 GetObject, checksum checked, one after the other
-                  view.mark_deleted              INSERT INTO deleted_mails IF NOT EXISTS, UPDATE the counter
-                  blob_tables.references_of      SELECT the owner's references
-                  blob_tables.current            SELECT the current GC iteration
-                  blob_tables.add_deletions      INSERT INTO blob_deletions x2, concurrently
+                  view.mark_done                 INSERT INTO deleted_mails, then UPDATE the counter
+                  blob_tables.current            SELECT the current GC iteration (mailq: once a second)
+                  blob_tables.add_deletions      INSERT INTO blob_deletions x2 (the blob ids the row
+                                                 names), one unlogged batch
                   blob_tables.remove_references  DELETE the owner's references (one IN)
                   broker.ack                     a SQLite transaction: DELETE FROM broker_messages;
                                                  RabbitMQ: basic_ack
@@ -64,9 +65,6 @@ from cassandra.query import BatchStatement, BatchType, PreparedStatement
 from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import SYNCHRONOUS
 
-# The runtime's concurrency for one call's statements (stores/cassandra/store.py).
-CONCURRENCY = 32
-
 _STATEMENTS = {
     "generation": "SELECT number FROM generations WHERE kind = ? LIMIT 1",
     "sizes": "SELECT blob_id, size FROM blobs WHERE blob_id IN ?",
@@ -79,10 +77,9 @@ _STATEMENTS = {
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "is_marked": "SELECT enqueue_id FROM deleted_mails WHERE queue = ? AND enqueue_id = ?",
     "browse_start": "SELECT browse_start FROM browse_start WHERE queue = ?",
-    "mark": "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?) IF NOT EXISTS",
+    "mark": "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)",
     "count_deleted": "UPDATE slice_counters SET deleted = deleted + 1 "
     "WHERE queue = ? AND slice_start = ? AND bucket = ?",
-    "references_of": "SELECT blob_id FROM blob_references WHERE owner = ?",
     "add_deletion": "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration) "
     "VALUES (?, ?, ?, ?, ?)",
     "remove_references": "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
@@ -267,6 +264,13 @@ class Floor:
         self.timings.add(kind, time.perf_counter() - started)
         return result
 
+    def _batch(self, statement: PreparedStatement, parameter_sets: list[tuple]) -> None:
+        """One unlogged batch of the rows, as the store writes a mail's blob rows and deletions."""
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for parameters in parameter_sets:
+            batch.add(statement, parameters)
+        self.session.execute(batch)
+
     def create_queue(self, queue: str, slice_start: int) -> None:
         self.session.execute(self.statements["set_browse_start"], (queue, slice_start))
         self.broker.declare(queue)
@@ -365,16 +369,12 @@ class Floor:
             )
         self._timed(
             "blob_tables.add_blobs",
-            lambda: execute_concurrent_with_args(
-                session,
+            lambda: self._batch(
                 statements["add_blob"],
                 [
                     (blob_id, 1, len(data), now)
                     for blob_id, data in zip(mail.blob_ids, mail.contents, strict=True)
                 ],
-                concurrency=CONCURRENCY,
-                raise_on_first_error=True,
-                results_generator=False,
             ),
         )
 
@@ -416,30 +416,23 @@ class Floor:
                 )["Body"].read(),
             )
 
-        def mark_deleted() -> None:
-            if session.execute(statements["mark"], (queue, mail.enqueue_id)).one().applied:
-                session.execute(statements["count_deleted"], mail.row[:3])
+        def mark_done() -> None:
+            session.execute(statements["mark"], (queue, mail.enqueue_id))
+            session.execute(statements["count_deleted"], mail.row[:3])
 
-        self._timed("view.mark_deleted", mark_deleted)
-        held = self._timed(
-            "blob_tables.references_of",
-            lambda: [row.blob_id for row in session.execute(statements["references_of"], (mail.enqueue_id,))],
-        )
+        self._timed("view.mark_done", mark_done)
+        held = list(mail.blob_ids)  # the row names them
         iteration = self._timed(
             "blob_tables.current", lambda: session.execute(statements["generation"], ("gc_iteration",)).one()
         )
         self._timed(
             "blob_tables.add_deletions",
-            lambda: execute_concurrent_with_args(
-                session,
+            lambda: self._batch(
                 statements["add_deletion"],
                 [
                     (1, zlib.crc32(blob_id.encode()) % 16, blob_id, now, iteration.number if iteration else 1)
                     for blob_id in held
                 ],
-                concurrency=CONCURRENCY,
-                raise_on_first_error=True,
-                results_generator=False,
             ),
         )
         self._timed(

@@ -59,8 +59,10 @@ from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from call_timings import DEQUEUE_DONE, ENQUEUE, Timings, grouped
+from process_cpu import CpuMeter
 from rabbitmq_broker import CONSUMERS, PUBLISHERS, WINDOW, ratios
 
 from mailq_runtime import Mail, Runtime
@@ -75,7 +77,7 @@ from mailq_runtime.stores.delayed_mails import DelayedMails
 from mailq_runtime.stores.embedded import SYNCHRONOUS
 
 if TYPE_CHECKING:
-    from queue_floor import Floor
+    from queue_floor import Floor, FloorMail
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 HISTORY_DAYS = 30
@@ -103,6 +105,14 @@ FLOOR_PHASES = {
     "single_enqueue": "single_thread_enqueue",
     "single_dequeue": "single_thread_dequeue_ack",
 }
+# Seconds of the idle turn that starts each round with a CPU meter: the background's rate.
+IDLE_TURN = 1.0
+# The sides of a phase with a floor: mailq, the floor of its calls, the James-like floor (james_floor.py).
+SIDES = ("mailq", "floor", "james")
+# The cost per mail against the James-like floor (issue 22), in the phases of `--threads` callers:
+# CPU per mail at most this many times the floor's, the rate at least this fraction of its.
+TARGET_JAMES_CPU = 1.25
+TARGET_JAMES_RATE = 0.8
 # The runtime's backends whose calls the breakdown times, by the protocol that lists their methods.
 TIMED = {
     "view": QueueView,
@@ -232,16 +242,19 @@ def check_emptied(runtime: Runtime, name: str) -> None:
 
 
 def floor_enqueue_phase(
-    floor: Floor, queue: str, mails: int, size: int, threads: int
+    floor: Floor, enqueue: Callable[[FloorMail], None], queue: str, mails: int, size: int, threads: int
 ) -> tuple[list[float], float]:
+    """`enqueue` (the floor's or the James-like floor's) of `mails` mails made by the floor."""
     slice_start = slice_of(time.time_ns() // 1000, 3600 * MICROS_PER_SECOND)
     floor.create_queue(queue, slice_start)
     prepared = [floor.new_mail(queue, slice_start, message(size), i) for i in range(mails)]
-    return run_threads(threads, mails, lambda i: floor.enqueue(prepared[i]))
+    return run_threads(threads, mails, lambda i: enqueue(prepared[i]))
 
 
-def floor_dequeue_phase(floor: Floor, queue: str, mails: int, threads: int) -> tuple[list[float], float]:
-    return run_threads(threads, mails, lambda _: floor.dequeue_done(queue))
+def floor_dequeue_phase(
+    dequeue_done: Callable[[str], None], queue: str, mails: int, threads: int
+) -> tuple[list[float], float]:
+    return run_threads(threads, mails, lambda _: dequeue_done(queue))
 
 
 def warm_up(runtime: Runtime, name: str, size: int) -> None:
@@ -373,47 +386,70 @@ def print_breakdown(name: str, tables: dict[str, dict[str, list[float]]]) -> Non
 
 
 class Phases:
-    """The throughput phases on one runtime. With a floor (Cassandra), each phase alternates the floor's
-    calls and mailq's in ROUNDS rounds, so that whatever else loads the machine and the servers meanwhile
-    weighs on both alike; the single-thread phases are timed by call kind."""
+    """The throughput phases on one runtime. With a floor (Cassandra), each phase alternates mailq, the floor
+    of its calls and the James-like floor in ROUNDS rounds, each going first in turn, so that whatever else
+    loads the machine and the servers meanwhile weighs on all alike; the single-thread phases are timed by
+    call kind, and with a CPU meter every turn's CPU time is added up by side and phase, per process."""
 
     def __init__(
-        self, runtime: Runtime, floor: Floor | None, prefix: str, size: int, threads: int, profile: str | None
+        self,
+        runtime: Runtime,
+        floor: Floor | None,
+        prefix: str,
+        size: int,
+        threads: int,
+        profile: str | None,
+        meter: CpuMeter | None = None,
     ):
         self.runtime = runtime
         self.prefix = prefix
         self.floor = floor
+        self.james = None
+        if floor is not None:
+            from james_floor import JamesFloor
+
+            self.james = JamesFloor(floor)
         self.size = size
         self.threads = threads
         self.profile = profile
+        self.meter = meter
         self.measured: dict[str, tuple[list[float], float]] = {}
-        self.timings = {side: {"enqueue": Timings(), "dequeue": Timings()} for side in ("mailq", "floor")}
+        self.timings = {side: {"enqueue": Timings(), "dequeue": Timings()} for side in SIDES}
 
     def throughput(self, mails: int, single: int) -> None:
-        runtime, floor, size, threads = self.runtime, self.floor, self.size, self.threads
+        runtime, floor, james, size, threads = self.runtime, self.floor, self.james, self.size, self.threads
         one, many = f"{self.prefix}throughput-1", f"{self.prefix}throughput-{threads}"
         if floor is not None:
             self.warm_up()
         self.both(
             "single_enqueue",
             single,
-            lambda n: floor_enqueue_phase(floor, "floor-1", n, size, 1),
+            {
+                "floor": lambda n: floor_enqueue_phase(floor, floor.enqueue, "floor-1", n, size, 1),
+                "james": lambda n: floor_enqueue_phase(floor, james.enqueue, "james-1", n, size, 1),
+            },
             lambda n: enqueue_phase(runtime, one, n, size, 1),
             "enqueue",
         )
         self.both(
             "single_dequeue",
             single,
-            lambda n: floor_dequeue_phase(floor, "floor-1", n, 1),
+            {
+                "floor": lambda n: floor_dequeue_phase(floor.dequeue_done, "floor-1", n, 1),
+                "james": lambda n: floor_dequeue_phase(james.dequeue_done, "james-1", n, 1),
+            },
             lambda n: dequeue_phase(runtime, one, n, 1),
             "dequeue",
         )
         check_emptied(runtime, one)
-        name = f"floor-{threads}"
+        name, named = f"floor-{threads}", f"james-{threads}"
         self.both(
             "enqueue",
             mails,
-            lambda n: floor_enqueue_phase(floor, name, n, size, threads),
+            {
+                "floor": lambda n: floor_enqueue_phase(floor, floor.enqueue, name, n, size, threads),
+                "james": lambda n: floor_enqueue_phase(floor, james.enqueue, named, n, size, threads),
+            },
             lambda n: profiled(
                 self.profile == "enqueue", lambda: enqueue_phase(runtime, many, n, size, threads)
             ),
@@ -421,41 +457,67 @@ class Phases:
         self.both(
             "dequeue",
             mails,
-            lambda n: floor_dequeue_phase(floor, name, n, threads),
+            {
+                "floor": lambda n: floor_dequeue_phase(floor.dequeue_done, name, n, threads),
+                "james": lambda n: floor_dequeue_phase(james.dequeue_done, named, n, threads),
+            },
             lambda n: profiled(self.profile == "dequeue", lambda: dequeue_phase(runtime, many, n, threads)),
         )
         check_emptied(runtime, many)
 
     def warm_up(self) -> None:
-        """Statements prepared, connections opened and the first generation made, by both sides."""
-        assert self.floor is not None
+        """Statements prepared, connections opened and the first generation made, by every side."""
+        assert self.floor is not None and self.james is not None
         self.floor.prepare()
-        floor_enqueue_phase(self.floor, "floor-warm-up", WARM_UP_MAILS, self.size, 1)
-        floor_dequeue_phase(self.floor, "floor-warm-up", WARM_UP_MAILS, 1)
+        self.james.prepare()
+        for enqueue, dequeue_done, queue in (
+            (self.floor.enqueue, self.floor.dequeue_done, "floor-warm-up"),
+            (self.james.enqueue, self.james.dequeue_done, "james-warm-up"),
+        ):
+            floor_enqueue_phase(self.floor, enqueue, queue, WARM_UP_MAILS, self.size, 1)
+            floor_dequeue_phase(dequeue_done, queue, WARM_UP_MAILS, 1)
         warm_up(self.runtime, f"{self.prefix}warm-up", self.size)
 
-    def both(self, phase: str, mails: int, of_floor: Callable, of_mailq: Callable, timed: str | None = None):
-        """`mails` through mailq (and through the floor, in turns); `timed` names the operation whose calls
+    def both(
+        self,
+        phase: str,
+        mails: int,
+        of_floors: dict[str, Callable],
+        of_mailq: Callable,
+        timed: str | None = None,
+    ) -> None:
+        """`mails` through mailq (and through each floor, in turns); `timed` names the operation whose calls
         are timed by kind."""
+        sides = ["mailq"] if self.floor is None else list(SIDES)
         rounds = 1 if self.floor is None else ROUNDS
         for number in range(rounds):
             count = mails * (number + 1) // rounds - mails * number // rounds
-            # The floor first in even rounds, mailq first in odd ones.
-            if self.floor is not None and number % 2 == 0:
-                self._floor(phase, count, of_floor, timed)
-            if timed is None:
-                self._add(phase, of_mailq(count))
-            else:
-                with timed_calls(self.runtime, self.timings["mailq"][timed]):
-                    self._add(phase, of_mailq(count))
-            if self.floor is not None and number % 2 == 1:
-                self._floor(phase, count, of_floor, timed)
+            if self.meter is not None:
+                self.meter.idle(IDLE_TURN)
+            # Each side goes first in turn.
+            shift = number % len(sides)
+            for side in sides[shift:] + sides[:shift]:
+                self._turn(side, phase, count, of_mailq if side == "mailq" else of_floors[side], timed)
 
-    def _floor(self, phase: str, count: int, of_floor: Callable, timed: str | None) -> None:
-        assert self.floor is not None
-        self.floor.timings = self.timings["floor"][timed] if timed else None
-        self._add(f"floor_{phase}", of_floor(count))
-        self.floor.timings = None
+    def _turn(self, side: str, phase: str, count: int, of_side: Callable, timed: str | None) -> None:
+        key = phase if side == "mailq" else f"{side}_{phase}"
+        timings = self.timings[side][timed] if timed else None
+        if self.meter is not None:
+            self.meter.start()
+        if side == "mailq":
+            if timings is None:
+                measured = of_side(count)
+            else:
+                with timed_calls(self.runtime, timings):
+                    measured = of_side(count)
+        else:
+            assert self.floor is not None
+            self.floor.timings = timings
+            measured = of_side(count)
+            self.floor.timings = None
+        if self.meter is not None:
+            self.meter.stop(key)
+        self._add(key, measured)
 
     def _add(self, phase: str, measured: tuple[list[float], float]) -> None:
         latencies, wall = self.measured.get(phase, ([], 0.0))
@@ -510,6 +572,67 @@ def messaging_leg(runtime: Runtime, floor: Floor, name: str) -> tuple[int, dict[
     return size, figures
 
 
+def server_ports(settings: Settings) -> dict[str, int]:
+    """The loopback port each server of a distributed deployment listens on, by the name its CPU is
+    reported under (process_cpu.py finds the processes)."""
+    assert settings.cassandra is not None and settings.s3 is not None
+    ports = {"cassandra": settings.cassandra.contact_points[0][1]}
+    endpoint = urlsplit(settings.s3.endpoint or "")
+    if endpoint.port is not None:
+        ports["s3"] = endpoint.port
+    if settings.amqp is not None:
+        ports["rabbitmq"] = settings.amqp.port
+    return ports
+
+
+def cost_figures(meter: CpuMeter, rate: dict[str, float], mails: int, single: int) -> dict[str, dict]:
+    """CPU milliseconds per mail by process and side in every phase, as measured and net of the background
+    (process_cpu.py), and mailq's ratios to the James-like floor in the phases of many callers: CPU per
+    mail (net; and as measured) and rate."""
+    per_mail: dict[str, dict] = {}
+    net: dict[str, dict] = {}
+    for phase in FLOOR_PHASES:
+        count = single if phase.startswith("single") else mails
+        keys = {side: phase if side == "mailq" else f"{side}_{phase}" for side in SIDES}
+        per_mail[phase] = {side: meter.ms_per_mail(key, count) for side, key in keys.items()}
+        net[phase] = {side: meter.net_ms_per_mail(key, count) for side, key in keys.items()}
+    ratios_to_james = {
+        operation: {
+            "cpu": round(net[operation]["mailq"]["total"] / net[operation]["james"]["total"], 3),
+            "cpu_as_measured": round(
+                per_mail[operation]["mailq"]["total"] / per_mail[operation]["james"]["total"], 3
+            ),
+            "rate": round(rate[operation] / rate[f"james_{operation}"], 3),
+        }
+        for operation in ("enqueue", "dequeue")
+    }
+    return {
+        "processes": sorted(meter.pids),
+        "background_percent_of_a_core": meter.background_percent(),
+        "cpu_ms_per_mail": per_mail,
+        "cpu_ms_per_mail_net": net,
+        "ratios_to_james": ratios_to_james,
+    }
+
+
+def print_cost(cost: dict[str, dict], threads: int) -> None:
+    background = ", ".join(f"{name} {value}%" for name, value in cost["background_percent_of_a_core"].items())
+    print(
+        f"CPU per mail, {threads} threads, milliseconds by process (the client is this process), net of the"
+        f" background measured in idle turns ({background} of a core)"
+    )
+    for operation, label in (("enqueue", "enqueue"), ("dequeue", "dequeue + done()")):
+        for side, figures in cost["cpu_ms_per_mail_net"][operation].items():
+            shares = ", ".join(f"{name} {value}" for name, value in figures.items() if name != "total")
+            print(f"  {label:<17} {side:<6} {figures['total']:7.2f} ms ({shares})")
+        ratios_of = cost["ratios_to_james"][operation]
+        print(
+            f"  {label:<17} mailq / James-like: CPU {ratios_of['cpu']}x (target <= {TARGET_JAMES_CPU};"
+            f" {ratios_of['cpu_as_measured']}x with the background), rate {ratios_of['rate']}x"
+            f" (target >= {TARGET_JAMES_RATE})"
+        )
+
+
 def backend_names(settings: Settings) -> dict[str, str]:
     """What each backend of call_timings.BACKENDS is on this deployment."""
     if settings.backend == EMBEDDED:
@@ -541,6 +664,11 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=8, help="concurrent callers, as SMTP sessions are")
     parser.add_argument("--profile", choices=("enqueue", "dequeue"), help="print a phase's top costs")
+    parser.add_argument(
+        "--cost-only",
+        action="store_true",
+        help="the throughput phases and their cost alone (no messaging leg, size() nor two processes)",
+    )
     args = parser.parse_args()
 
     work = None
@@ -566,21 +694,23 @@ def main() -> None:
         names = mail_queue_names(prefix, args.threads)
         with fresh(settings, args.url is not None, args.threads, names) as (scratch, floor):
             with Runtime(settings, create=True) as runtime:
-                run = Phases(runtime, floor, prefix, args.size, args.threads, args.profile)
+                meter = None if floor is None else CpuMeter(server_ports(settings))
+                run = Phases(runtime, floor, prefix, args.size, args.threads, args.profile, meter)
                 run.throughput(mails, single)
-                leg = None
-                if floor is not None and settings.amqp is not None:
+                leg = sizes = processes = None
+                if floor is not None and settings.amqp is not None and not args.cost_only:
                     leg = messaging_leg(runtime, floor, f"{prefix}leg")
-                if floor is not None:
+                if floor is not None and not args.cost_only:
                     started = time.perf_counter()
                     slices = build_history_distributed(runtime, floor, f"{prefix}history", history)
                     history_seconds = time.perf_counter() - started
                     sizes, answer, browse_seconds = size_phase(runtime, f"{prefix}history", live, args.size)
-                from queue_processes import measure
+                if not args.cost_only:
+                    from queue_processes import measure
 
-                processes = measure(settings, prefix, process_mails, args.size, args.threads)
+                    processes = measure(settings, prefix, process_mails, args.size, args.threads)
             raw_rate = None
-            if floor is None:
+            if floor is None and not args.cost_only:
                 # A store of its own, beside the deployment's: the content the phases above left in the
                 # deployment's file is not what size() is measured against.
                 history_settings = replace(settings, data_dir=scratch / "history", url="")
@@ -596,7 +726,7 @@ def main() -> None:
 
     measured = run.measured
     rate = {
-        phase: (mails if phase in ("enqueue", "dequeue", "floor_enqueue", "floor_dequeue") else single) / wall
+        phase: (single if phase.endswith(("single_enqueue", "single_dequeue")) else mails) / wall
         for phase, (_, wall) in measured.items()
     }
     enqueue, dequeue = measured["enqueue"][0], measured["dequeue"][0]
@@ -612,10 +742,13 @@ def main() -> None:
         "enqueue_p99_ms": ms(enqueue, 0.99),
         "dequeue_p50_ms": ms(dequeue, 0.5),
         "dequeue_p99_ms": ms(dequeue, 0.99),
-        "size_p50_ms": ms(sizes, 0.5),
-        "size_p99_ms": ms(sizes, 0.99),
-        "size_by_browse_ms": round(browse_seconds * 1e3),
     }
+    if sizes is not None:
+        figures["size_p50_ms"] = ms(sizes, 0.5)
+        figures["size_p99_ms"] = ms(sizes, 0.99)
+        figures["size_by_browse_ms"] = round(browse_seconds * 1e3)
+    if run.meter is not None:
+        figures["cost"] = cost = cost_figures(run.meter, rate, mails, single)
     if raw_rate is not None:
         figures["raw_sqlite_tx_per_s"] = round(raw_rate)
         figures["enqueue_ratio_to_raw"] = round(rate["enqueue"] / raw_rate, 3)
@@ -628,13 +761,22 @@ def main() -> None:
             "size_p99_le_5ms": figures["size_p99_ms"] <= TARGET_SIZE_MS,
             "size_equals_live": answer == live,
         }
+    elif floor is None:
+        figures["targets"] = {}
     else:
         targets = {}
         for phase, label in FLOOR_PHASES.items():
             figures[f"floor_{label}_per_s"] = round(rate[f"floor_{phase}"])
             figures[f"{label}_ratio_to_floor"] = ratio = round(rate[phase] / rate[f"floor_{phase}"], 3)
             targets[f"{label}_ratio_ge_0.7"] = ratio >= TARGET_FLOOR_RATIO
-        figures["targets"] = {**targets, "size_equals_live": answer == live}
+            figures[f"james_{label}_per_s"] = round(rate[f"james_{phase}"])
+        for operation in ("enqueue", "dequeue"):
+            cpu, ratio = cost["ratios_to_james"][operation]["cpu"], cost["ratios_to_james"][operation]["rate"]
+            targets[f"{operation}_cpu_le_{TARGET_JAMES_CPU}x_james"] = cpu <= TARGET_JAMES_CPU
+            targets[f"{operation}_rate_ge_{TARGET_JAMES_RATE}x_james"] = ratio >= TARGET_JAMES_RATE
+        if sizes is not None:
+            targets["size_equals_live"] = answer == live
+        figures["targets"] = targets
     where = {}
     for operation, phase, kinds in (
         ("enqueue", "single_enqueue", ENQUEUE),
@@ -643,10 +785,11 @@ def main() -> None:
         where[operation] = {
             "mailq": breakdown(run.timings["mailq"][operation], single, measured[phase][1], kinds)
         }
-        if raw_rate is None:
-            where[operation]["floor"] = breakdown(
-                run.timings["floor"][operation], single, measured[f"floor_{phase}"][1], kinds
-            )
+        if floor is not None:
+            for side in ("floor", "james"):
+                where[operation][side] = breakdown(
+                    run.timings[side][operation], single, measured[f"{side}_{phase}"][1], kinds
+                )
     figures["ms_per_mail_one_thread"] = where
     names = backend_names(settings)
     by_backend = {
@@ -669,17 +812,18 @@ def main() -> None:
         }
         for key, value in leg_ratios.items():
             targets[f"messaging_leg_{key}_ratio_ge_0.5"] = value >= TARGET_LEG_RATIO
-    (one_enqueue, one_dequeue), (two_enqueue, two_dequeue) = processes[1], processes[2]
-    figures["processes"] = {
-        "mails_a_turn": process_mails,
-        "threads_each": args.threads,
-        "one_enqueue_per_s": round(one_enqueue),
-        "one_dequeue_ack_per_s": round(one_dequeue),
-        "two_enqueue_per_s": round(two_enqueue),
-        "two_dequeue_ack_per_s": round(two_dequeue),
-        "enqueue_two_over_one": round(two_enqueue / one_enqueue, 3),
-        "dequeue_two_over_one": round(two_dequeue / one_dequeue, 3),
-    }
+    if processes is not None:
+        (one_enqueue, one_dequeue), (two_enqueue, two_dequeue) = processes[1], processes[2]
+        figures["processes"] = {
+            "mails_a_turn": process_mails,
+            "threads_each": args.threads,
+            "one_enqueue_per_s": round(one_enqueue),
+            "one_dequeue_ack_per_s": round(one_dequeue),
+            "two_enqueue_per_s": round(two_enqueue),
+            "two_dequeue_ack_per_s": round(two_dequeue),
+            "enqueue_two_over_one": round(two_enqueue / one_enqueue, 3),
+            "dequeue_two_over_one": round(two_dequeue / one_dequeue, 3),
+        }
 
     f = figures
     print(
@@ -691,25 +835,28 @@ def main() -> None:
         f"dequeue + done() {f['dequeue_ack_per_s']:6} mails/s  p50 {f['dequeue_p50_ms']} ms"
         f"  p99 {f['dequeue_p99_ms']} ms  (one thread: {f['single_thread_dequeue_ack_per_s']} mails/s)"
     )
-    print(
-        f"history          {history} processed mails in {slices} slices, written directly in "
-        f"{history_seconds:.1f} s"
-    )
-    print(
-        f"size()           {answer} (live: {live})  p50 {f['size_p50_ms']} ms"
-        f"  p99 {f['size_p99_ms']} ms; counting by browse instead takes {f['size_by_browse_ms']} ms"
-    )
+    if sizes is not None:
+        print(
+            f"history          {history} processed mails in {slices} slices, written directly in "
+            f"{history_seconds:.1f} s"
+        )
+        print(
+            f"size()           {answer} (live: {live})  p50 {f['size_p50_ms']} ms"
+            f"  p99 {f['size_p99_ms']} ms; counting by browse instead takes {f['size_by_browse_ms']} ms"
+        )
     if raw_rate is not None:
         print(
             f"raw SQLite       {f['raw_sqlite_tx_per_s']:6} one-row transactions/s; ratios: enqueue "
             f"{f['enqueue_ratio_to_raw']}, dequeue + done() {f['dequeue_ratio_to_raw']}"
         )
-    else:
+    elif floor is not None:
         for phase, label in FLOOR_PHASES.items():
             print(
                 f"floor {label:<26} {f[f'floor_{label}_per_s']:6} mails/s; mailq {round(rate[phase]):6}"
-                f" mails/s; ratio {f[f'{label}_ratio_to_floor']}"
+                f" mails/s; ratio {f[f'{label}_ratio_to_floor']}; James-like {f[f'james_{label}_per_s']:6}"
+                " mails/s"
             )
+        print_cost(cost, args.threads)
     if leg is not None:
         leg_figures = figures["messaging_leg"]
         assert isinstance(leg_figures, dict)
@@ -728,14 +875,15 @@ def main() -> None:
                 f"  {label:<38} {leg_figures[f'mailq_{key}_per_s']:6} /s against {raw:6}"
                 f" /s: ratio {leg_figures[f'ratio_{key}']}"
             )
-    p = figures["processes"]
-    assert isinstance(p, dict)
-    print(
-        f"two processes    enqueue {p['two_enqueue_per_s']} mails/s against one's {p['one_enqueue_per_s']}"
-        f" ({p['enqueue_two_over_one']}x); dequeue + done() {p['two_dequeue_ack_per_s']} against"
-        f" {p['one_dequeue_ack_per_s']} ({p['dequeue_two_over_one']}x); {process_mails} mails a turn,"
-        f" {args.threads} threads a process"
-    )
+    if processes is not None:
+        p = figures["processes"]
+        assert isinstance(p, dict)
+        print(
+            f"two processes    enqueue {p['two_enqueue_per_s']} mails/s against one's"
+            f" {p['one_enqueue_per_s']} ({p['enqueue_two_over_one']}x); dequeue + done()"
+            f" {p['two_dequeue_ack_per_s']} against {p['one_dequeue_ack_per_s']}"
+            f" ({p['dequeue_two_over_one']}x); {process_mails} mails a turn, {args.threads} threads a process"
+        )
     print("where the time goes, one thread, per mail: milliseconds (calls) by the runtime's call")
     for operation, tables in where.items():
         print_breakdown(operation if operation == "enqueue" else "dequeue + done()", tables)

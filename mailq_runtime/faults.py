@@ -21,6 +21,7 @@ from .errors import InvalidInput, shown
 # The mail queue's write paths (queue.py).
 ENQUEUE_AFTER_REFERENCES = "enqueue.after_references"  # content and references saved; no view row yet
 ENQUEUE_AFTER_VIEW_ROW = "enqueue.after_view_row"  # view row written; not published nor delayed yet
+DONE_AFTER_DELETION_MARK = "done.after_deletion_mark"  # marked deleted; not counted as deleted yet
 DONE_AFTER_MARK = "done.after_mark"  # marked deleted; references kept, broker message not acked
 DONE_AFTER_RELEASE = "done.after_release"  # references released; broker message not acked
 RETRY_AFTER_DELAYED_ROW = "retry.after_delayed_row"  # delayed row written; broker message not acked
@@ -40,6 +41,7 @@ PURGE_AFTER_REMOVE = "purge.after_remove"  # letter removed; its references kept
 QUEUE_POINTS = (
     ENQUEUE_AFTER_REFERENCES,
     ENQUEUE_AFTER_VIEW_ROW,
+    DONE_AFTER_DELETION_MARK,
     DONE_AFTER_MARK,
     DONE_AFTER_RELEASE,
     RETRY_AFTER_DELAYED_ROW,

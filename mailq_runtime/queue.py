@@ -45,6 +45,7 @@ from .faults import (
     CLEAN_AFTER_BROWSE_START,
     CLEAN_AFTER_DELETE,
     CLEAN_AFTER_RELEASE,
+    DONE_AFTER_DELETION_MARK,
     DONE_AFTER_MARK,
     DONE_AFTER_RELEASE,
     ENQUEUE_AFTER_REFERENCES,
@@ -89,6 +90,10 @@ PUBLISH_INTERVAL = 1.0
 _NEVER = LATEST + 1
 # Delayed mails handed to the broker per group of writes.
 _PUBLISH_BATCH = 100
+# Seconds between an idle consumer's recounts of a queue whose counters count mails that are neither
+# delayed nor delivered to it (`_recount_if_idle`): the bound, once a queue idles, on how long a count
+# a crash left wrong stays wrong.
+RECOUNT_INTERVAL = 60.0
 
 
 def split_message(message: bytes) -> tuple[bytes, bytes]:
@@ -279,6 +284,8 @@ class MailQueue:
         self._look_at = 0.0
         self._dues: list[int] = []
         self._next_due = _NEVER
+        self._recount_at = 0.0  # time.monotonic() of the next idle recount
+        self._widest_window: int | None = None  # see `_current_slice`
 
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"
@@ -357,6 +364,7 @@ class MailQueue:
                 wait = min(wait, max(0.0, deadline - time.monotonic()))
             delivery = self.broker.receive(self.name, wait)
             if delivery is None:
+                self._recount_if_idle()
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
@@ -389,7 +397,7 @@ class MailQueue:
             with self.group_writes():
                 self._bury(delivery, None, f"unreadable message: {error}")
             return None
-        if not self.view.is_live(row):
+        if not self.view.is_live(row, self._current_slice()):
             self._ack_settled(delivery)  # removed or cleared while waiting in the broker
             return None
         try:
@@ -400,6 +408,19 @@ class MailQueue:
             return None
         return MailQueueItem(self, delivery, row, mail, attempts_before + delivery.attempts)
 
+    def _current_slice(self) -> int | None:
+        """A slice start no process can have moved browse_start past: now aligned on the widest
+        sliceWindow ever in force. browse_start never passes a process's `browse_start_limit`, whose
+        clock is at most the clock-skew grace ahead of this one, and every window divides the widest,
+        so every limit lies on its grid. The widest is the first configuration's, read once; None
+        until a configuration is registered."""
+        if self._widest_window is None:
+            windows = [configuration.slice_window for configuration in self.configurations.history()]
+            if not windows:
+                return None
+            self._widest_window = max(windows)
+        return slice_of(self.clock(), max(self._widest_window, self.configuration.slice_window))
+
     def _load(self, row: EnqueuedMail) -> Mail:
         return row.to_mail(self.blobs.read(row.header_blob_id) + self.blobs.read(row.body_blob_id))
 
@@ -407,15 +428,23 @@ class MailQueue:
         return self.broker.extend(delivery, min(self.clock() + length, LATEST))
 
     def _done(self, delivery: Delivery, row: EnqueuedMail) -> None:
-        """Crash-safe order: 1. mark the mail deleted; 2. release its references; 3. ack. A crash after 1
-        or 2 leaves the broker message, which the next consumer acks as not live; after 1, also the
-        references, which record 32's clean-up releases with the mail's slice. A backend failing before
-        the ack gives the delivery back (`_giving_back`): after 1, its next consumer acks it as not live.
-        A lost broker connection at 3 fails nothing: the mark absorbs the message RabbitMQ sends again."""
+        """Crash-safe order: 1. mark the mail deleted, then count it; 2. release its references (those
+        its row names, not read again); 3. ack. A crash after 1 or 2 leaves the broker message, which the
+        next consumer acks as not live; after 1, also the references, which record 32's clean-up
+        releases with the mail's slice; between the mark and the count, a counter `recount` corrects.
+        A backend failing before the ack gives the delivery back (`_giving_back`): after 1, its next
+        consumer acks it as not live. A lost broker connection at 3 fails nothing: the mark absorbs the
+        message RabbitMQ sends again."""
         with self._giving_back(delivery), self.group_writes():
-            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
+            self.view.mark_done(
+                self.name,
+                row.enqueue_id,
+                row.slice_start,
+                row.bucket,
+                lambda: self.faults.reached(DONE_AFTER_DELETION_MARK),
+            )
             self.faults.reached(DONE_AFTER_MARK)
-            self.blobs.release(row.enqueue_id)
+            self.blobs.release_saved(row.enqueue_id, (row.header_blob_id, row.body_blob_id))
             self.faults.reached(DONE_AFTER_RELEASE)
             acked = self._ack_settled(delivery)
         # Raised once the writes are done, and not undone: the mail was delivered even with the lease
@@ -661,9 +690,55 @@ class MailQueue:
                 )
 
     def size(self) -> int:
-        """Read from the per-slice counters: the cost does not grow with the queue's history."""
+        """Read from the per-slice counters: the cost does not grow with the queue's history. A slice
+        counted below zero, which no queue holds, is recounted first (see `recount`)."""
         browse_start = self.view.browse_start(self.name)
-        return 0 if browse_start is None else self.view.size(self.name, browse_start)
+        if browse_start is None:
+            return 0
+        sizes = self.view.slice_sizes(self.name, browse_start)
+        if any(live < 0 for _, live in sizes):
+            self.recount()
+            sizes = self.view.slice_sizes(self.name, browse_start)
+        return sum(max(live, 0) for _, live in sizes)
+
+    def recount(self) -> int:
+        """Correct the counters of every slice from browse_start on against its rows and deletion marks,
+        as a browse reads them; returns the sum of the corrections' sizes (0: the counters were right).
+
+        A crash between a done()'s deletion mark and its count, or two settlements of one mail at once,
+        leaves a slice's counters wrong by one. An idle consumer recounts on its own (`dequeue`, at most
+        every RECOUNT_INTERVAL seconds while the counters count mails it cannot find), as does `size()`
+        when a slice is counted below zero. It costs a browse."""
+        browse_start = self.view.browse_start(self.name)
+        if browse_start is None:
+            return 0
+        corrected = 0
+        for slice_start in self.view.slices_from(self.name, browse_start):
+            corrected += self.view.recount(self.name, slice_start)
+        if corrected:
+            log.warning("queue %s: counters corrected by %d from the rows", self.name, corrected)
+        return corrected
+
+    def _recount_if_idle(self) -> None:
+        """Recount when nothing was delivered to this consumer, yet the counters count mails that are not
+        delayed (or a slice below zero): those are mails in flight with other consumers, or a count a
+        crash left wrong. At most every RECOUNT_INTERVAL seconds; a failure is left to the next one."""
+        if time.monotonic() < self._recount_at:
+            return
+        self._recount_at = time.monotonic() + RECOUNT_INTERVAL
+        try:
+            browse_start = self.view.browse_start(self.name)
+            if browse_start is None:
+                return
+            sizes = self.view.slice_sizes(self.name, browse_start)
+            counted = sum(live for _, live in sizes)
+            if (
+                counted > self.delayed.summary(self.name, self.clock()).waiting
+                or min((live for _, live in sizes), default=0) < 0
+            ):
+                self.recount()
+        except Exception as error:  # a side task of the consumer's wait: it must not fail the dequeue
+            log.warning("queue %s: the idle recount failed, the next one retries: %s", self.name, error)
 
     def overview(self) -> QueueOverview:
         """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ GC_ITERATION = "gc_iteration"
 _OWNER = re.compile(r"[!-~]{1,200}")
 
 GroupWrites = Callable[[], AbstractContextManager]
+# Seconds a done()'s release may name the GC iteration it read last (`Generations.recent_gc_iteration`).
+GC_ITERATION_REUSE = 1.0
 
 
 class BlobTables(Protocol):
@@ -142,12 +145,23 @@ class Generations:
         self.clock = clock
         self.faults = faults or FaultInjector()
         self.group_writes = group_writes
+        self._recent: tuple[int, float] | None = None  # (GC iteration, time.monotonic() it was read)
 
     def current(self) -> int:
         return self.tables.current(REFERENCE_GENERATION) or 1
 
     def current_gc_iteration(self) -> int:
         return self.tables.current(GC_ITERATION) or 1
+
+    def recent_gc_iteration(self) -> int:
+        """The GC iteration read within the last GC_ITERATION_REUSE seconds, else the current one: the
+        iteration a deletion names is there to be read (`explain`), no GC step decides by it, so the
+        releases of a busy consumer share one read a second. A rotation by this process shows at once;
+        another's, within that second."""
+        recent = self._recent
+        if recent is None or time.monotonic() - recent[1] >= GC_ITERATION_REUSE:
+            recent = self._recent = (self.current_gc_iteration(), time.monotonic())
+        return recent[0]
 
     def for_saving(self) -> int:
         """The current generation, for a save: the first one is emitted if none is yet."""
@@ -167,17 +181,20 @@ class Generations:
         numbers). A crash after 1 leaves a generation without its iteration: the next rotation completes
         that one rather than starting another, as it does for a rotation another process has under way.
         """
-        with self.group_writes():
-            now = self.clock()
-            generation = self.for_saving()
-            iteration = self.tables.current(GC_ITERATION) or 0
-            if iteration < generation:
-                self.tables.emit(GC_ITERATION, generation, now)
-                return generation, generation
-            self.tables.emit(REFERENCE_GENERATION, generation + 1, now)
-            self.faults.reached(ROTATE_AFTER_REFERENCE_GENERATION)
-            self.tables.emit(GC_ITERATION, generation + 1, now)
-        return generation + 1, generation + 1
+        try:
+            with self.group_writes():
+                now = self.clock()
+                generation = self.for_saving()
+                iteration = self.tables.current(GC_ITERATION) or 0
+                if iteration < generation:
+                    self.tables.emit(GC_ITERATION, generation, now)
+                    return generation, generation
+                self.tables.emit(REFERENCE_GENERATION, generation + 1, now)
+                self.faults.reached(ROTATE_AFTER_REFERENCE_GENERATION)
+                self.tables.emit(GC_ITERATION, generation + 1, now)
+            return generation + 1, generation + 1
+        finally:
+            self._recent = None  # the next release reads the iteration this rotation emitted
 
     def reference_generations(self) -> list[Generation]:
         return [Generation(n, at) for n, at in self.tables.history(REFERENCE_GENERATION)]
@@ -293,6 +310,18 @@ class DeduplicatingBlobStore:
             self.faults.reached(RELEASE_AFTER_DELETIONS)
             self.tables.remove_references(owner, held)
         return len(held)
+
+    def release_saved(self, owner: str, blob_ids: Iterable[BlobId | str]) -> None:
+        """Release the references a `save_all` for `owner` wrote to `blob_ids`, without reading them
+        first: for a caller whose record names them (a mail's row names its header and body). The order
+        is `release`'s: 1. the deletions; 2. the references. Released again, they get their deletions
+        appended again (harmless, as for `release` run again after a crash) and nothing is removed."""
+        validate_owner(owner)
+        held = list(dict.fromkeys(BlobId.parse(blob_id) for blob_id in blob_ids))
+        with self.group_writes():
+            self.tables.add_deletions(owner, held, self.generations.recent_gc_iteration(), self.clock())
+            self.faults.reached(RELEASE_AFTER_DELETIONS)
+            self.tables.remove_references(owner, held)
 
     def collect(self, blob_ids: Iterable[BlobId | str]) -> dict[BlobId, int]:
         """Garbage collection: delete the content of blobs found unreferenced, then their rows in `blobs`

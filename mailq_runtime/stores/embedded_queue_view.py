@@ -4,7 +4,7 @@ group one operation's calls into one (`group_writes`), which nests them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ..queue_view import EnqueuedMail
 from .embedded import EmbeddedStore
@@ -66,10 +66,50 @@ class EmbeddedQueueView:
             )
             return True
 
-    def is_live(self, mail: EnqueuedMail) -> bool:
+    def mark_done(
+        self, queue: str, enqueue_id: str, slice_start: int, bucket: int, after_mark: Callable[[], None]
+    ) -> None:
+        """Record a delivered mail as deleted, counted once: the mark and the count are one transaction,
+        so `after_mark`, run between them (the fault seam), rolls both back if it raises."""
+        with self.store.transaction() as db:
+            marked = db.execute("INSERT OR IGNORE INTO deleted_mails VALUES (?, ?)", (queue, enqueue_id))
+            after_mark()
+            if marked.rowcount:
+                db.execute(
+                    "UPDATE slice_counters SET deleted = deleted + 1 WHERE queue = ? AND slice_start = ?",
+                    (queue, slice_start),
+                )
+
+    def recount(self, queue: str, slice_start: int) -> int:
+        """Set the slice's counters to its rows and marks, in one transaction; returns the sum of the
+        corrections' sizes. Here every write that counts is in the transaction of its row or mark, so
+        the counters are always right and this finds nothing to correct."""
+        with self.store.transaction() as db:
+            counted = db.execute(
+                "SELECT enqueued, deleted FROM slice_counters WHERE queue = ? AND slice_start = ?",
+                (queue, slice_start),
+            ).fetchone()
+            if counted is None:
+                return 0
+            rows, marks = db.execute(
+                "SELECT COUNT(*), COUNT(d.enqueue_id) FROM enqueued_mails e LEFT JOIN deleted_mails d "
+                "ON d.queue = e.queue AND d.enqueue_id = e.enqueue_id "
+                "WHERE e.queue = ? AND e.slice_start = ?",
+                (queue, slice_start),
+            ).fetchone()
+            corrected = abs(counted[0] - rows) + abs(counted[1] - marks)
+            if corrected:
+                db.execute(
+                    "UPDATE slice_counters SET enqueued = ?, deleted = ? WHERE queue = ? AND slice_start = ?",
+                    (rows, marks, queue, slice_start),
+                )
+            return corrected
+
+    def is_live(self, mail: EnqueuedMail, current_slice: int | None = None) -> bool:
         """From browse_start on, a mail is live unless marked in deleted_mails. Behind browse_start,
         record 32's clean-up drops a deleted mail's mark together with its row, so there only a row still
-        present and unmarked is live (a writer lagging behind browse_start adds such a row). One read."""
+        present and unmarked is live (a writer lagging behind browse_start adds such a row). One read,
+        whatever `current_slice` says."""
         unmarked = (
             "NOT EXISTS (SELECT 1 FROM deleted_mails d WHERE d.queue = :queue AND d.enqueue_id = :enqueue_id)"
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from mailq_runtime.model import EnqueueId
 from mailq_runtime.queue_view import EnqueuedMail
 
-from .conftest import Tables, same_on_both
+from .conftest import Tables, cassandra_tables, same_on_both
 
 HOUR = 3600 * 1_000_000
 T0 = 1_700_002_800 * 1_000_000  # a whole hour
@@ -135,3 +135,81 @@ def test_configuration_events_append_only_at_the_position_read(both):
         ]
 
     assert same_on_both(both, scenario) == [[], True, False, True, False, ['{"n": 1}', '{"n": 2}'], []]
+
+
+def _no_fault() -> None:
+    """Nothing between a done()'s mark and its count."""
+
+
+def test_a_mail_done_twice_is_counted_once_after_a_recount(both):
+    """Without a transaction, two done() of one mail (its lease expired while its first consumer still
+    worked) both count it on Cassandra; the recount takes the second count back. The embedded store
+    counts it once, and its recount finds nothing to correct."""
+    m1, m2 = mail("spool", T0, 0, 1, T0 + 1), mail("spool", T0, 1, 2, T0 + 2)
+
+    def scenario(t: Tables) -> list:
+        v = t.view
+        v.create_queue("spool", T0, T0)
+        v.insert(m1)
+        v.insert(m2)
+        for _ in range(2):
+            v.mark_done("spool", m1.enqueue_id, T0, 0, _no_fault)
+        counted = v.size("spool", T0)
+        corrected = v.recount("spool", T0)
+        return [
+            counted,
+            corrected,
+            v.size("spool", T0),
+            v.recount("spool", T0),
+            ids(v.live_mails("spool", T0)),
+        ]
+
+    embedded, cassandra = both
+    assert scenario(embedded) == [1, 0, 1, 0, ids([m2])]
+    assert scenario(cassandra) == [0, 1, 1, 0, ids([m2])]
+
+
+def test_a_recount_counts_a_mark_whose_count_was_lost_and_an_insert_without_its_row(cassandra):
+    """The crash's leftovers on Cassandra: a done() that died between its mark and its count, and an
+    insert that died between its count and its row; the recount corrects both."""
+    view = cassandra_tables(cassandra).view
+    m1, m2, lost = (
+        mail("spool", T0, 0, 1, T0 + 1),
+        mail("spool", T0, 0, 2, T0 + 2),
+        mail("spool", T0, 0, 3, 3),
+    )
+    view.create_queue("spool", T0, T0)
+    view.insert(m1)
+    view.insert(m2)
+
+    def crash() -> None:
+        raise RuntimeError("killed")
+
+    try:
+        view.mark_done("spool", m1.enqueue_id, T0, 0, crash)
+    except RuntimeError:
+        pass
+    view.slice_counters.count_enqueued("spool", T0, lost.bucket)  # the insert's count, then no row
+    assert view.size("spool", T0) == 3 and ids(view.live_mails("spool", T0)) == ids([m2])
+    assert view.recount("spool", T0) == 2
+    assert view.size("spool", T0) == 1 and view.recount("spool", T0) == 0
+
+
+def test_is_live_with_the_current_slice_answers_as_without(both):
+    """A mail from the current slice on is live by its mark alone; one behind it still gets the full
+    check, browse_start and its row, whatever the current slice."""
+    behind, m1 = mail("spool", T0, 0, 1, T0 + 1), mail("spool", T0 + HOUR, 0, 2, T0 + HOUR + 1)
+    m2 = mail("spool", T0 + HOUR, 0, 3, T0 + HOUR + 2)
+
+    def scenario(t: Tables) -> list:
+        v = t.view
+        v.create_queue("spool", T0, T0)
+        for m in (behind, m1, m2):
+            v.insert(m)
+        v.mark_done("spool", m2.enqueue_id, T0 + HOUR, 0, _no_fault)
+        v.mark_deleted("spool", behind.enqueue_id, T0, 0)
+        v.advance_browse_start("spool", T0 + HOUR)
+        v.delete_slices("spool", T0, T0 + HOUR)  # the clean-up: the mark goes with the row
+        return [[v.is_live(m, T0 + HOUR), v.is_live(m)] for m in (behind, m1, m2)]
+
+    assert same_on_both(both, scenario) == [[False, False], [True, True], [False, False]]

@@ -275,3 +275,16 @@ def test_explain_reads_a_blobs_generation_row_content_references_and_deletions(b
             runtime.blobs.explain("g1_nothex")
     finally:
         runtime.close()
+
+
+def test_a_release_after_a_rotation_names_the_new_gc_iteration(runtime: Runtime, backend: Backend) -> None:
+    """done()'s release reuses the GC iteration it read within a second, but not across a rotation by its
+    own process."""
+    first = runtime.blobs.save("mail-1", b"first")
+    second = runtime.blobs.save("mail-2", b"second")
+    runtime.blobs.release_saved("mail-1", [first])
+    runtime.generations.rotate()
+    runtime.blobs.release_saved("mail-2", [second])
+    assert sorted((b, i) for b, _, i in backend.blob_deletions()) == sorted(
+        [(str(first), 1), (str(second), 2)]
+    )

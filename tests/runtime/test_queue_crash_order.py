@@ -21,6 +21,7 @@ from mailq_runtime.faults import (
     CLEAN_AFTER_BROWSE_START,
     CLEAN_AFTER_DELETE,
     CLEAN_AFTER_RELEASE,
+    DONE_AFTER_DELETION_MARK,
     DONE_AFTER_MARK,
     DONE_AFTER_RELEASE,
     ENQUEUE_AFTER_REFERENCES,
@@ -162,6 +163,28 @@ def done_dies(point: str) -> Callable[[Crash, object], None]:
         assert c.references(enqueue_id) == []
 
     return scenario
+
+
+def done_dies_before_its_count(c: Crash, backend) -> None:
+    """The gap the consumers' SIGKILLs found: a done() dies between its deletion mark and its count. The
+    embedded store's transaction takes both back; on Cassandra the mark stays and the counter still
+    counts the mail, until the queue's own recount corrects it once a consumer finds nothing to do."""
+    enqueue_id = c.enqueue("a")
+    item = c.take("a")
+    c.crash(DONE_AFTER_DELETION_MARK, item.done)
+    if backend.name == "embedded":
+        assert c.queue.size() == 1 and [i.enqueue_id for i in c.queue.browse()] == [enqueue_id]
+        c.settled(c.heal(), {"a"})
+        return
+    assert list(c.queue.browse()) == []
+    assert c.queue.view.size(QUEUE, c.queue.browse_start()) == 1  # the crash's leftover count
+    c.clock.advance(LEASE + 1)
+    # The broker's message is acked as not live; the consumer, idle, recounts the slice.
+    assert c.queue.dequeue(timeout=0) is None
+    assert backend.count("broker_messages") == 0
+    assert c.queue.view.size(QUEUE, c.queue.browse_start()) == 0 and c.queue.size() == 0
+    assert c.queue.recount() == 0  # nothing left to correct
+    c.settled([], set())
 
 
 def retry_dies(point: str) -> Callable[[Crash, object], None]:
@@ -310,6 +333,7 @@ SCENARIOS: dict[str, dict[str, Callable[[Crash, object], None]]] = {
         "now": enqueue_dies(ENQUEUE_AFTER_VIEW_ROW, None),
         "delayed": enqueue_dies(ENQUEUE_AFTER_VIEW_ROW, 30),
     },
+    DONE_AFTER_DELETION_MARK: {"done": done_dies_before_its_count},
     DONE_AFTER_MARK: {"done": done_dies(DONE_AFTER_MARK)},
     DONE_AFTER_RELEASE: {"done": done_dies(DONE_AFTER_RELEASE)},
     RETRY_AFTER_DELAYED_ROW: {"retry": retry_dies(RETRY_AFTER_DELAYED_ROW)},

@@ -8,15 +8,19 @@ on a collection), so that none needs another's transaction, which Cassandra does
 - generations: `emit` is a lightweight transaction (INSERT ... IF NOT EXISTS) and returns whether this
   call emitted the number, so of two processes rotating at once one emits generation n+1 and the
   other learns that it did not. It is the only lightweight transaction of these tables.
-- add_blobs is a plain INSERT a blob, all at once. The caller writes only the blobs that `sizes` did
-  not find, so a row present already is rewritten only when two processes save the same new content at
-  once: with the same size (a blob id is its content's hash) and the later `created_at`, which nothing
-  reads. That is why it needs no IF NOT EXISTS.
+- add_blobs is a plain INSERT a blob, sent as one unlogged batch (one request for a message's header
+  and body; each partition's row applied on its own, so a crash may leave some, which the same save run
+  again completes). The caller writes only the blobs that `sizes` did not find, so a row present
+  already is rewritten only when two processes save the same new content at once: with the same size
+  (a blob id is its content's hash) and the later `created_at`, which nothing reads. That is why it
+  needs no IF NOT EXISTS.
 - add_references writes the owner's references in one batch, a single mutation of one partition.
-- add_deletions appends a row a blob id, naming the owner that released it. A repeated release (after a
-  crash between its deletions and its references' removal) appends them again at its own time, counted
-  again as on the embedded store; the GC counts blob ids, not deletions, either way. Two releases of one
-  blob in the same microsecond share a row (its key ends with the time), which names the later owner.
+- add_deletions appends a row a blob id, naming the owner that released it, the rows sent as one
+  unlogged batch (one request; a crash may leave some, which the release run again appends). A repeated
+  release (after a crash between its deletions and its references' removal) appends them again at its
+  own time, counted again as on the embedded store; the GC counts blob ids, not deletions, either way.
+  Two releases of one blob in the same microsecond share a row (its key ends with the time), which names
+  the later owner.
 - remove_references deletes exactly the blob ids given, one statement in the owner's partition: a
   reference saved meanwhile, which has no deletion, is kept.
 - blob_deletions is partitioned by (generation, shard): the deletions of one generation are its
@@ -33,6 +37,8 @@ from .schema import DELETION_SHARDS
 from .store import CassandraStore
 
 _IN_CHUNK = 100
+# The most rows written as one batch: beyond, concurrent writes (Cassandra warns from ten partitions).
+_BATCH_ROWS = 8
 
 
 def shard_of(blob_id: BlobId | str) -> int:
@@ -42,6 +48,16 @@ def shard_of(blob_id: BlobId | str) -> int:
 def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def _write_all(store: CassandraStore, cql: str, parameter_sets: list[tuple]) -> None:
+    """Run one write per parameter set: a few (a mail's two blobs) as one unlogged batch, a single
+    request whose rows are applied partition by partition, no more atomic than separate writes; many
+    (a clean-up's) concurrently, as a batch of many partitions would load its coordinator."""
+    if len(parameter_sets) <= 1 or len(parameter_sets) > _BATCH_ROWS:
+        store.execute_all(cql, parameter_sets)
+        return
+    store.batch(cql, parameter_sets)
 
 
 class GenerationsDAO:
@@ -76,7 +92,8 @@ class BlobsDAO:
         return {row.blob_id: row.size for rows in results for row in rows}
 
     def add(self, blobs: Sequence[tuple[BlobId, int]], now: int) -> None:
-        self.store.execute_all(
+        _write_all(
+            self.store,
             "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
             [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs],
         )
@@ -129,7 +146,8 @@ class BlobDeletionsDAO:
         self.store = store
 
     def add(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
-        self.store.execute_all(
+        _write_all(
+            self.store,
             "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration, owner) "
             "VALUES (?, ?, ?, ?, ?, ?)",
             [

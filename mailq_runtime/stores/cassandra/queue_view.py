@@ -6,11 +6,24 @@ Every method commits on its own; the order of the writes is what keeps a crash h
 
 - insert: the slice counter first, then the row. The counter rows are what list a queue's slices and
   buckets (size, browse, clean-up), so no row sits in a bucket that nothing lists; a crash in between
-  only counts one mail too many, which the pipeline's recount reports.
-- mark_deleted: a lightweight transaction (INSERT ... IF NOT EXISTS) marks the mail, and only the call
-  whose insert applied counts the deletion, so a consumer's done() racing an operator's remove, or a
-  duplicate delivery, counts each mail once. A crash between the mark and the count leaves the deleted
-  counter one short.
+  only counts one mail too many, which `recount` repairs.
+- mark_deleted (remove, clear, reject): a lightweight transaction (INSERT ... IF NOT EXISTS) marks the
+  mail, and only the call whose insert applied counts the deletion, so an operator's removal racing
+  another counts each mail once. A crash between the mark and the count leaves the deleted counter one
+  short, which `recount` repairs.
+- mark_done (a consumer's done(), the hot path): a plain, idempotent INSERT marks the mail, then the
+  deleted counter counts it; no lightweight transaction. Two settlements of one mail at once (a lease
+  that expired while its consumer still worked, a done() racing a remove) count it twice; a crash (or
+  a failed write) between the mark and the count leaves it uncounted. Either leaves the slice's counter
+  wrong by one, which `recount` repairs.
+- recount: a slice's counters against its rows and marks, corrected by adding the difference (a
+  counter cannot be set). The writers' orders make every in-flight operation err on one side only: an
+  insert counts before its row lands, a done() marks before it counts. So `enqueued` is read after the
+  rows and `deleted` before the marks, and the slice is looked at twice, RECOUNT_SETTLE apart: an
+  operation in flight at one look has landed by the other, and each counter is corrected by the
+  smaller of its two errors, which is the crash's (or the double count's) unless both looks met an
+  operation in flight; a correction too large then shows as an error of the other sign at the next
+  recount, which corrects it.
 - create_queue: a lightweight transaction (INSERT ... IF NOT EXISTS) creates the queue row with the
   slice it starts at, and every creator then writes that slice as both starts. Without it, two
   processes creating one queue a slice apart would leave browse_start on the later slice, past the
@@ -32,7 +45,8 @@ bucket, which is how the reads find the buckets that hold mails whatever bucketC
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from ...queue_view import EnqueuedMail
 from .configuration import ConfigurationEventsDAO
@@ -44,6 +58,9 @@ _FIELDS = (
 )
 # Marks read with one IN query, so a slice of thousands of mails costs tens of requests, not thousands.
 _IN_CHUNK = 100
+# Seconds between a recount's two looks at a slice: longer than any gap between an operation's two
+# writes (the next statement of the same call), so that one in flight at the first look has landed.
+RECOUNT_SETTLE = 1.0
 
 
 def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
@@ -129,6 +146,10 @@ class DeletedMailsDAO:
             "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?) IF NOT EXISTS", (queue, enqueue_id)
         ).applied
 
+    def put(self, queue: str, enqueue_id: str) -> None:
+        """Mark the mail, whether it was marked or not: an idempotent write."""
+        self.store.execute("INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)", (queue, enqueue_id))
+
     def is_marked(self, queue: str, enqueue_id: str):
         """A future whose result has a row if the mail is marked."""
         return self.store.execute_async(
@@ -166,6 +187,22 @@ class SliceCountersDAO:
             "WHERE queue = ? AND slice_start = ? AND bucket = ?",
             (queue, slice_start, bucket),
         )
+
+    def correct(self, queue: str, slice_start: int, bucket: int, enqueued: int, deleted: int) -> None:
+        """Add `enqueued` and `deleted` (either may be negative) to the counters of a slice's bucket."""
+        self.store.execute(
+            "UPDATE slice_counters SET enqueued = enqueued + ?, deleted = deleted + ? "
+            "WHERE queue = ? AND slice_start = ? AND bucket = ?",
+            (enqueued, deleted, queue, slice_start, bucket),
+        )
+
+    def of_slice(self, queue: str, slice_start: int) -> dict[int, tuple[int, int]]:
+        """(enqueued, deleted) by bucket of one slice."""
+        rows = self.store.execute(
+            "SELECT bucket, enqueued, deleted FROM slice_counters WHERE queue = ? AND slice_start = ?",
+            (queue, slice_start),
+        )
+        return {row.bucket: (row.enqueued or 0, row.deleted or 0) for row in rows}
 
     def rows_from(self, queue: str, start: int) -> list:
         return list(
@@ -254,11 +291,60 @@ class CassandraQueueView:
         self.slice_counters.count_deleted(queue, slice_start, bucket)
         return True
 
-    def is_live(self, mail: EnqueuedMail) -> bool:
+    def mark_done(
+        self, queue: str, enqueue_id: str, slice_start: int, bucket: int, after_mark: Callable[[], None]
+    ) -> None:
+        """Record a delivered mail as deleted and count it, with no transaction (see the module's
+        docstring); `after_mark` runs between the two writes (the fault seam)."""
+        self.deleted_mails.put(queue, enqueue_id)
+        after_mark()
+        self.slice_counters.count_deleted(queue, slice_start, bucket)
+
+    def recount(self, queue: str, slice_start: int) -> int:
+        """Correct the slice's counters from its rows and marks (see the module's docstring); returns the
+        sum of the corrections' sizes, 0 when the counters were right."""
+        first = self._errors(queue, slice_start)
+        if not any(enqueued or deleted for enqueued, deleted in first.values()):
+            return 0
+        time.sleep(RECOUNT_SETTLE)
+        second = self._errors(queue, slice_start)
+        corrected = 0
+        for bucket in first.keys() & second.keys():
+            (enqueued_1, deleted_1), (enqueued_2, deleted_2) = first[bucket], second[bucket]
+            # In flight, an insert makes `enqueued` count too many and a done() `deleted` too few: the
+            # true error is at most the smaller `enqueued` error, at least the larger `deleted` one.
+            enqueued = min(enqueued_1, enqueued_2)
+            deleted = max(deleted_1, deleted_2)
+            if enqueued or deleted:
+                self.slice_counters.correct(queue, slice_start, bucket, -enqueued, -deleted)
+                corrected += abs(enqueued) + abs(deleted)
+        return corrected
+
+    def _errors(self, queue: str, slice_start: int) -> dict[int, tuple[int, int]]:
+        """(enqueued, deleted) counted minus found, by bucket. `deleted` is read before the marks and
+        `enqueued` after the rows, so an operation in flight errs on one side only."""
+        before = self.slice_counters.of_slice(queue, slice_start)
+        mails = self.enqueued_mails.read(queue, [(slice_start, bucket) for bucket in before])
+        marked = self.deleted_mails.marked(queue, [mail.enqueue_id for mail in mails])
+        after = self.slice_counters.of_slice(queue, slice_start)
+        rows = dict.fromkeys(before, 0)
+        marks = dict.fromkeys(before, 0)
+        for mail in mails:
+            rows[mail.bucket] += 1
+            marks[mail.bucket] += mail.enqueue_id in marked
+        return {
+            bucket: (after.get(bucket, before[bucket])[0] - rows[bucket], before[bucket][1] - marks[bucket])
+            for bucket in before
+        }
+
+    def is_live(self, mail: EnqueuedMail, current_slice: int | None = None) -> bool:
         """From browse_start on, a mail is live unless marked in deleted_mails. Behind browse_start, the
         clean-up drops a deleted mail's mark with its row, so there only a complete row still present
-        and unmarked is live. Two reads at once, a third behind browse_start."""
+        and unmarked is live. Two reads at once, a third behind browse_start; one, the mark, for a mail
+        from `current_slice` on, which browse_start cannot be past."""
         marked = self.deleted_mails.is_marked(mail.queue, mail.enqueue_id)
+        if current_slice is not None and mail.slice_start >= current_slice:
+            return marked.result().one() is None
         browse_start = self.browse_starts.get_async(mail.queue)
         if marked.result().one() is not None:
             return False

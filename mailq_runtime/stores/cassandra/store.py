@@ -223,8 +223,9 @@ class CassandraStore:
         return [_Pages(self, cql, rows) if rows.has_more_pages else rows for _, rows in results]
 
     def batch(self, cql: str, parameter_sets: Sequence[Sequence]) -> None:
-        """Run one statement once per parameter set in one unlogged batch: for rows of one partition,
-        which the server then applies as a single mutation, whole. At least one parameter set."""
+        """Run one statement once per parameter set in one unlogged batch, one request: rows of one
+        partition are applied as a single mutation, whole; a few rows of several partitions each on its
+        own, no more atomic than separate writes. At least one parameter set."""
         statement = self.statement(cql)
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         for parameters in parameter_sets:
