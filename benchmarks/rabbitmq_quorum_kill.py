@@ -1,0 +1,145 @@
+"""Do quorum queues on RabbitMQ 3.10 keep their confirmed messages when the node leading them is SIGKILLed
+shortly after they were declared? The question the broker's module text answered "no" for a single node.
+
+On the harness's three-node cluster (`python -m tests.servers up rabbitmq-cluster`), in a virtual host of
+its own: declare `--queues` quorum queues through node 1 (so node 1 leads them), publish `--messages`
+confirmed messages to each through node 2, SIGKILL the node leading the last queue declared `--delay`
+seconds after the last confirmation, once every queue has a new leader count what each queue delivers
+through a survivor (given back unacked), and again after the node restarted, through it, consuming every
+message (a count from a passive declare would not show a queue that no longer delivers). `--runs` runs per delay.
+
+    PYTHONPATH=$PWD python benchmarks/rabbitmq_quorum_kill.py --delays 0.2 2 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import time
+
+import pika
+import pika.exceptions
+
+from tests.servers.base import ServerError
+from tests.servers.rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer, node_name
+
+
+def connection(server: RabbitMQClusterServer, index: int, vhost: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(
+        pika.ConnectionParameters(
+            host=server.host,
+            port=server.ports[index - 1],
+            virtual_host=vhost,
+            credentials=pika.PlainCredentials(server.username, server.password),
+            connection_attempts=1,
+            socket_timeout=5,
+        )
+    )
+
+
+def count(server: RabbitMQClusterServer, index: int, vhost: str, queues: list[str], ack: bool) -> list[int]:
+    """The distinct messages a consumer gets from each queue through node `index`, taking them until
+    the queue says it is empty (unacked ones go back when the connection closes)."""
+    conn = connection(server, index, vhost)
+    try:
+        channel = conn.channel()
+        counts = []
+        for queue in queues:
+            seen: set[str] = set()
+            while (got := channel.basic_get(queue))[0] is not None:
+                method, properties, _ = got
+                seen.add(properties.message_id)
+                if ack:
+                    channel.basic_ack(method.delivery_tag)
+            counts.append(len(seen))
+        return counts
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def led(cluster: RabbitMQCluster, vhost: str, queues: list[str], dead: str, wait: float) -> float | None:
+    """Seconds until every queue has a leader other than the node `dead`, or None if one never had."""
+    started = time.monotonic()
+    while time.monotonic() - started < wait:
+        try:
+            leaders = cluster.leaders(vhost)
+        except ServerError:
+            leaders = {}
+        if all(leaders.get(queue) not in (None, "", dead) for queue in queues):
+            return round(time.monotonic() - started, 1)
+        time.sleep(0.5)
+    return None
+
+
+def one_run(cluster: RabbitMQCluster, server: RabbitMQClusterServer, delay: float, args) -> dict:
+    vhost = f"quorum-kill-{secrets.token_hex(3)}"
+    cluster.ctl("add_vhost", vhost)
+    cluster.ctl("set_permissions", "-p", vhost, server.username, ".*", ".*", ".*")
+    queues = [f"q{n}" for n in range(args.queues)]
+    declaring = connection(server, 1, vhost)
+    channel = declaring.channel()
+    for queue in queues:
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    declaring.close()
+    publishing = connection(server, 2, vhost)
+    channel = publishing.channel()
+    channel.confirm_delivery()
+    confirmed = 0
+    for queue in queues:
+        for n in range(args.messages):
+            channel.basic_publish(
+                "",
+                queue,
+                b"x" * 200,
+                pika.BasicProperties(message_id=f"{queue}-{n}", delivery_mode=2),
+                mandatory=True,
+            )
+            confirmed += 1
+    publishing.close()
+    started = time.monotonic()  # the last confirmation
+    leader = cluster.leaders(vhost)[queues[-1]]
+    index = cluster.index_of(leader)
+    time.sleep(max(0.0, delay - (time.monotonic() - started)))
+    killed_at = time.monotonic() - started
+    cluster.kill_node(index)
+    survivor = 2 if index != 2 else 3
+    elected = led(cluster, vhost, queues, leader, args.wait)
+    during = count(server, survivor, vhost, queues, ack=False)
+    cluster.start_node(index)
+    time.sleep(2)
+    after = count(server, index, vhost, queues, ack=True)
+    cluster.ctl("delete_vhost", vhost)
+    return {
+        "delay": delay,
+        "killed_at": round(killed_at, 2),
+        "killed": node_name(index),
+        "confirmed": confirmed,
+        "new_leaders_after_s": elected,
+        "during_outage": sum(during),
+        "after_restart": sum(after),
+        "per_queue_after": after,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--delays", type=float, nargs="+", default=[0.2, 2.0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--queues", type=int, default=6)
+    parser.add_argument("--messages", type=int, default=20)
+    parser.add_argument("--wait", type=float, default=60.0, help="seconds a count waits for a queue")
+    args = parser.parse_args()
+    cluster = RabbitMQCluster()
+    running = cluster.running()
+    if running is None:
+        raise SystemExit("rabbitmq-cluster is not running: python -m tests.servers up rabbitmq-cluster")
+    server = RabbitMQClusterServer(**running.facts)
+    for delay in args.delays:
+        for run in range(args.runs):
+            result = one_run(cluster, server, delay, args)
+            print(f"run {run + 1}: {result}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
