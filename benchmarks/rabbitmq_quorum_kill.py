@@ -82,6 +82,8 @@ def one_run(cluster: RabbitMQCluster, server: RabbitMQClusterServer, delay: floa
     for queue in queues:
         channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
     declaring.close()
+    leader = cluster.leaders(vhost)[queues[-1]]  # looked up before: a lookup takes most of a second
+    index = cluster.index_of(leader)
     publishing = connection(server, 2, vhost)
     channel = publishing.channel()
     channel.confirm_delivery()
@@ -98,8 +100,6 @@ def one_run(cluster: RabbitMQCluster, server: RabbitMQClusterServer, delay: floa
             confirmed += 1
     publishing.close()
     started = time.monotonic()  # the last confirmation
-    leader = cluster.leaders(vhost)[queues[-1]]
-    index = cluster.index_of(leader)
     time.sleep(max(0.0, delay - (time.monotonic() - started)))
     killed_at = time.monotonic() - started
     cluster.kill_node(index)

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
@@ -86,6 +86,7 @@ from .rabbitmq_link import (
     Waiter,
     deliveries,
     describe,
+    kept,
     redelivery,
 )
 
@@ -104,12 +105,33 @@ _MISSING = object()  # what a waiting receive finds when its queue vanished
 T = TypeVar("T")
 
 
+CLASSIC, QUORUM = "classic", "quorum"
+QUEUE_TYPES = (CLASSIC, QUORUM)
+# The quorum design's priority bands, highest first: the lowest priority each takes, and its name.
+BANDS = ((7, "high"), (4, "normal"), (0, "low"))
+
+
 def queue_name(queue: str) -> str:
     return f"mailq:{queue}"
 
 
 def dead_letter_queue(queue: str) -> str:
     return f"mailq-dead-letters:{queue}"
+
+
+def band_queue(queue: str, priority: int) -> str:
+    """The quorum queue holding mail queue `queue`'s messages of `priority`."""
+    band = next(name for lowest, name in BANDS if priority >= lowest)
+    return f"mailq-quorum-{band}:{queue}"
+
+
+def rabbitmq_queues(queue: str, queue_type: str = CLASSIC) -> tuple[tuple[str, ...], str]:
+    """The RabbitMQ queues of mail queue `queue`: those of its messages (highest band first), and its
+    dead letters'."""
+    if queue_type == QUORUM:
+        bands = tuple(band_queue(queue, lowest) for lowest, _ in BANDS)
+        return bands, f"mailq-quorum-dead-letters:{queue}"
+    return (queue_name(queue),), dead_letter_queue(queue)
 
 
 class RabbitMQBroker:
@@ -124,6 +146,8 @@ class RabbitMQBroker:
         user: str = "guest",
         password: str = "guest",
         *,
+        more_hosts: Sequence[tuple[str, int]] = (),
+        queue_type: str = CLASSIC,
         clock: Clock = system_clock,
         visibility_timeout: int = 300 * MICROS_PER_SECOND,
         prefetch: int = 50,
@@ -134,22 +158,33 @@ class RabbitMQBroker:
         for name, value in (("prefetch", prefetch), ("delivery_limit", delivery_limit)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
                 raise InvalidInput(f"invalid {name} {shown(value)}: expected an integer 1..65535")
+        if queue_type not in QUEUE_TYPES:
+            expected = ", ".join(QUEUE_TYPES)
+            raise InvalidInput(f"invalid queue type {shown(queue_type)}: expected one of {expected}")
+        self.queue_type = queue_type
         self.clock = clock
         self.visibility_timeout = visibility_timeout
         self.prefetch = prefetch
         self.delivery_limit = delivery_limit
         self.publish_timeout = publish_timeout
-        self.target = f"{host}:{port} (vhost {vhost!r}, user {user!r})"
-        self._parameters = pika.ConnectionParameters(
-            host=host,
-            port=port,
-            virtual_host=vhost,
-            credentials=pika.PlainCredentials(user, password),
-            heartbeat=heartbeat,
-            connection_attempts=1,
-            socket_timeout=10,
-            stack_timeout=15,
-        )
+        hosts = [(host, port), *more_hosts]
+        nodes = ",".join(f"{one}:{its_port}" for one, its_port in hosts)
+        self.target = f"{nodes} (vhost {vhost!r}, user {user!r})"
+        # Any node of a cluster serves: the I/O thread tries the next one each time it connects, and a
+        # short connection tries them in turn.
+        self._parameters = [
+            pika.ConnectionParameters(
+                host=one,
+                port=its_port,
+                virtual_host=vhost,
+                credentials=pika.PlainCredentials(user, password),
+                heartbeat=heartbeat,
+                connection_attempts=1,
+                socket_timeout=10,
+                stack_timeout=15,
+            )
+            for one, its_port in hosts
+        ]
         self._declared: set[str] = set()
         self._declare_lock = threading.Lock()
         self._consumers: dict[str, Consumer] = {}
@@ -192,7 +227,7 @@ class RabbitMQBroker:
         while True:
             link = self._started()
             self._declare(queue, deadline)
-            publish = Publish(queue_name(queue), enqueue_id, body, properties)
+            publish = Publish(self._route(queue, priority), enqueue_id, body, properties)
             waiter = publish.waiter
             assert waiter is not None
             link.submit(partial(link.send, publish))
@@ -209,6 +244,10 @@ class RabbitMQBroker:
                 raise waiter.outcome
             self._stir(queue_name(queue))
             return
+
+    def _route(self, queue: str, priority: int) -> str:
+        """The RabbitMQ queue a message of mail queue `queue` and `priority` goes to."""
+        return band_queue(queue, priority) if self.queue_type == QUORUM else queue_name(queue)
 
     def _stir(self, name: str) -> None:
         """This process changed what RabbitMQ queue `name` holds: its consumer's next receive catches up
@@ -236,24 +275,27 @@ class RabbitMQBroker:
         return (held | seen) & wanted
 
     def _browse(self, queue: str, channel: Any) -> set[str]:
-        name = queue_name(queue)
-        ready = channel.queue_declare(name, passive=True).method.message_count
+        names, dead_letters = rabbitmq_queues(queue, self.queue_type)
         channel.confirm_delivery()
         seen = set()
-        # At most the messages ready at the start: the copies go to the queue's end and must not be
-        # taken again.
-        for _ in range(ready):
-            method, properties, body = channel.basic_get(name)
-            if method is None:
-                break
-            seen.add(properties.message_id or "")
-            routing_key = name
-            if method.redelivered:
-                routing_key, properties = redelivery(
-                    properties, name, dead_letter_queue(queue), self.delivery_limit, self.clock
-                )
-            channel.basic_publish("", routing_key, body, properties=properties)  # returns once confirmed
-            channel.basic_ack(method.delivery_tag)
+        for name in names:
+            ready = channel.queue_declare(name, passive=True).method.message_count
+            # At most the messages ready at the start: the copies go to the queue's end and must not be
+            # taken again.
+            for _ in range(ready):
+                method, properties, body = channel.basic_get(name)
+                if method is None:
+                    break
+                seen.add(properties.message_id or "")
+                routing_key = name
+                if self.queue_type == QUORUM:
+                    properties = kept(properties)  # RabbitMQ counted; the copy keeps the count
+                elif method.redelivered:
+                    routing_key, properties = redelivery(
+                        properties, name, dead_letters, self.delivery_limit, self.clock
+                    )
+                channel.basic_publish("", routing_key, body, properties=properties)  # returns once confirmed
+                channel.basic_ack(method.delivery_tag)
         return seen
 
     def counts(self, queue: str) -> BrokerCounts:
@@ -266,8 +308,9 @@ class RabbitMQBroker:
         return BrokerCounts(ready=ready, leased=None, dead_letters=dead)
 
     def _ready_counts(self, queue: str, channel: Any) -> tuple[int, int]:
+        names, dead_letters = rabbitmq_queues(queue, self.queue_type)
         counts = []
-        for name in (queue_name(queue), dead_letter_queue(queue)):
+        for name in (*names, dead_letters):
             try:
                 counts.append(channel.queue_declare(name, passive=True).method.message_count)
             except pika.exceptions.ChannelClosedByBroker as error:
@@ -277,7 +320,7 @@ class RabbitMQBroker:
                 # broker closed the channel, so the next declare takes a new one.
                 counts.append(0)
                 channel = channel.connection.channel()
-        return counts[0], counts[1]
+        return sum(counts[:-1]), counts[-1]
 
     # Consuming.
 
@@ -330,6 +373,8 @@ class RabbitMQBroker:
             ended = [tag for tag, (_, until) in consumer.outstanding.items() if until <= now]
             for tag in ended:
                 del consumer.outstanding[tag]
+            if consumer.counted:
+                consumer.returning += len(ended)
             epoch = consumer.epoch
         if not ended:
             return
@@ -373,13 +418,16 @@ class RabbitMQBroker:
             if settle_until is None:
                 settle_until = now + _SETTLE_WAIT
             elif now >= settle_until:
+                with consumer.cond:
+                    consumer.returning = 0  # taken by another consumer, or RabbitMQ dead-lettered them
                 return None
             ready = self._sync(consumer)
             with consumer.cond:
                 if consumer.buffer or consumer.missing:
                     continue
                 room = len(consumer.outstanding) + len(consumer.buffer) < self.prefetch
-                if ready is None or not (consumer.republishing or (ready and room)):
+                on_the_way = consumer.republishing or consumer.returning or (ready and room)
+                if ready is None or not on_the_way:
                     return None
                 consumer.cond.wait(min(0.05, max(settle_until - now, 0.001)))
 
@@ -390,9 +438,12 @@ class RabbitMQBroker:
         while True:
             with consumer.cond:
                 while time.monotonic() < end and (
-                    (consumer.republishing and consumer.live) or (consumer.started and not consumer.ever_live)
+                    ((consumer.republishing or consumer.returning) and consumer.live)
+                    or (consumer.started and not consumer.ever_live)
                 ):
                     consumer.cond.wait(max(end - time.monotonic(), 0.001))
+                if time.monotonic() >= end:
+                    consumer.returning = 0  # taken by another consumer, or RabbitMQ dead-lettered them
                 consumer.dirty = False
             if not consumer.live or self._sync(consumer) is None or time.monotonic() >= end:
                 return
@@ -414,8 +465,7 @@ class RabbitMQBroker:
         with self._consumers_lock:
             consumer = self._consumers.get(name)
             if consumer is None:
-                counting = dead_letter_queue(queue) if name == queue_name(queue) else None
-                consumer = self._consumers[name] = Consumer(name, counting)
+                consumer = self._consumers[name] = self._new_consumer(queue, name)
         if consumer.started and not consumer.missing:
             return consumer
         link = self._started()
@@ -436,6 +486,16 @@ class RabbitMQBroker:
             consumer.started = True
             link.submit(partial(link.consume, consumer))
         return consumer
+
+    def _new_consumer(self, queue: str, name: str) -> Consumer:
+        """The consumer of mail queue `queue`'s messages (`name` its queue_name), or of its dead letters."""
+        names, dead_letters = rabbitmq_queues(queue, self.queue_type)
+        if name != queue_name(queue):
+            return Consumer(name, None)
+        if self.queue_type == QUORUM:
+            route = partial(band_queue, queue)
+            return Consumer(name, dead_letters, queues=names, route=route, counted=True)
+        return Consumer(name, dead_letters)
 
     def held(self, queue: str) -> list[tuple[str, int | None]]:
         """The messages of `queue` this broker holds unsettled, once those RabbitMQ sent it have arrived:
@@ -473,6 +533,8 @@ class RabbitMQBroker:
                 return False
             del consumer.outstanding[handle.tag]
             consumer.dirty = consumer.dirty or requeue
+            if requeue and consumer.counted:
+                consumer.returning += 1
         # Not waited for: AMQP answers no ack, and one sent just before a connection dies is lost all the
         # same, the message then being delivered again (at-least-once).
         link = self._started()
@@ -487,7 +549,7 @@ class RabbitMQBroker:
         Crash-safe order: 1. receive them; 2. `keep`; 3. ack. A crash or a failing `keep` leaves them in
         the dead-letter queue, so `keep` may be handed a letter again: it must replace, not add."""
         deadline = time.monotonic() + _START_WAIT
-        consumer = self._consumer(queue, dead_letter_queue(queue), deadline)
+        consumer = self._consumer(queue, rabbitmq_queues(queue, self.queue_type)[1], deadline)
         if consumer is None:
             return 0
         taken = []
@@ -526,9 +588,18 @@ class RabbitMQBroker:
             queue=queue,
             enqueue_id=properties.message_id or "",
             payload=body.decode("utf-8", errors="replace"),
-            reason=reason if isinstance(reason, str) else "RabbitMQ dead-lettered it",
+            reason=reason if isinstance(reason, str) else self._limit_reason(headers),
             died_at=int(died_at) if isinstance(died_at, int) else self.clock(),
         )
+
+    def _limit_reason(self, headers: dict) -> str:
+        """Why RabbitMQ dead-lettered a message by itself (a quorum queue's delivery limit)."""
+        if headers.get("x-first-death-reason") == "delivery_limit":
+            return (
+                f"delivered {self.delivery_limit} times without being settled, the broker's delivery limit "
+                "(counted by RabbitMQ): its consumers died, lost their lease or gave it back every time"
+            )
+        return "RabbitMQ dead-lettered it"
 
     # Declaring, on a short connection of the caller's own.
 
@@ -543,6 +614,25 @@ class RabbitMQBroker:
             self._declared.add(queue)
 
     def _declare_on(self, queue: str, channel: Any) -> None:
+        if self.queue_type == QUORUM:
+            names, dead_letters = rabbitmq_queues(queue, QUORUM)
+            channel.queue_declare(dead_letters, durable=True, arguments={"x-queue-type": QUORUM})
+            for name in names:
+                channel.queue_declare(
+                    name,
+                    durable=True,
+                    arguments={
+                        "x-queue-type": QUORUM,
+                        # RabbitMQ counts returns; a message handed out `delivery_limit` times and
+                        # returned once more moves to the dead letters, no copy of it lost on the way.
+                        "x-delivery-limit": self.delivery_limit - 1,
+                        "x-dead-letter-exchange": "",
+                        "x-dead-letter-routing-key": dead_letters,
+                        "x-dead-letter-strategy": "at-least-once",
+                        "x-overflow": "reject-publish",  # what at-least-once dead-lettering requires
+                    },
+                )
+            return
         channel.queue_declare(
             queue_name(queue),
             durable=True,

@@ -11,7 +11,7 @@ from urllib.parse import quote, urlencode
 
 import pytest
 
-from mailq_runtime.brokers.rabbitmq import RabbitMQBroker
+from mailq_runtime.brokers.rabbitmq import QUEUE_TYPES, RabbitMQBroker
 from tests.servers.base import ServerError
 from tests.servers.fixtures import fresh_keyspace
 from tests.servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
@@ -24,11 +24,14 @@ def vhost(rabbitmq_vhosts: Vhosts) -> str:
     return rabbitmq_vhosts.take()
 
 
-def broker_factory(server: RabbitMQServer, vhost: str) -> tuple[Brokers, list[RabbitMQBroker]]:
+def broker_factory(
+    server: RabbitMQServer, vhost: str, queue_type: str = "classic"
+) -> tuple[Brokers, list[RabbitMQBroker]]:
     made: list[RabbitMQBroker] = []
 
     def make(**options) -> RabbitMQBroker:
         options.setdefault("password", server.password)
+        options.setdefault("queue_type", queue_type)
         broker = RabbitMQBroker(server.host, server.port, vhost, server.username, **options)
         made.append(broker)
         return broker
@@ -36,11 +39,18 @@ def broker_factory(server: RabbitMQServer, vhost: str) -> tuple[Brokers, list[Ra
     return make, made
 
 
+@pytest.fixture(params=QUEUE_TYPES)
+def queue_type(request: pytest.FixtureRequest) -> str:
+    """Each broker test runs on both designs: classic priority queues, and quorum queues per priority
+    band (on one node quorum queues work too, unreplicated)."""
+    return request.param
+
+
 @pytest.fixture
-def brokers(rabbitmq_server: RabbitMQServer, vhost: str) -> Iterator[Brokers]:
-    """Makes brokers in the test's virtual host (keyword arguments as RabbitMQBroker's); all closed at
-    the end."""
-    make, made = broker_factory(rabbitmq_server, vhost)
+def brokers(rabbitmq_server: RabbitMQServer, vhost: str, queue_type: str) -> Iterator[Brokers]:
+    """Makes brokers of the test's queue type in the test's virtual host (keyword arguments as
+    RabbitMQBroker's); all closed at the end."""
+    make, made = broker_factory(rabbitmq_server, vhost, queue_type)
     yield make
     for broker in made:
         broker.close()
