@@ -21,6 +21,8 @@ QUEUE = "spool"
 # run there, as their subject is not the broker.
 DEPLOYMENTS = ("embedded", "rabbitmq")
 WITH_EMBEDDED_BROKER = ("embedded", "cassandra", "rabbitmq")
+# The modules whose subject is the broker's contract run on RabbitMQ's quorum queues too.
+WITH_EVERY_BROKER = (*WITH_EMBEDDED_BROKER, "rabbitmq-quorum")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
