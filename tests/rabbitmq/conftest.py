@@ -1,9 +1,11 @@
 """Fixtures of the RabbitMQ broker's tests: brokers in a virtual host of the test's own on the harness's
 node, and, for the tests that stop or kill RabbitMQ, a private node of their own (never the shared one,
-which other test runs are using); the URL of the whole distributed deployment on either."""
+which other test runs are using) or the harness's three-node cluster, started for their module only; the
+URL of the whole distributed deployment on any of them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +17,7 @@ from mailq_runtime.brokers.rabbitmq import QUEUE_TYPES, RabbitMQBroker
 from tests.servers.base import ServerError
 from tests.servers.fixtures import fresh_keyspace
 from tests.servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
+from tests.servers.rabbitmq_cluster import RabbitMQCluster
 
 Brokers = Callable[..., RabbitMQBroker]
 
@@ -71,6 +74,22 @@ def private_node(
     node.stop()
 
 
+@pytest.fixture(scope="module")
+def rabbitmq_cluster(rabbitmq_server: RabbitMQServer) -> Iterator[RabbitMQCluster]:
+    """The harness's three-node cluster, for this module: started if it is not running (rabbitmq_server
+    first: it installs RabbitMQ when missing), and stopped afterwards if this fixture started it."""
+    cluster = RabbitMQCluster()
+    started = time.monotonic()
+    try:
+        _, did = cluster.ensure()
+    except ServerError as error:
+        pytest.fail(f"the RabbitMQ cluster could not start: {error}", pytrace=False)
+    print(f"rabbitmq-cluster: {did} in {time.monotonic() - started:.1f} s")
+    yield cluster
+    if did != "reused":
+        cluster.stop()
+
+
 def private_server(node: RabbitMQ) -> RabbitMQServer:
     return RabbitMQServer(**node.facts())
 
@@ -86,6 +105,11 @@ class Deployment:
     bucket: str
 
     def url(self, rabbitmq: RabbitMQServer, vhost: str) -> Callable[..., str]:
+        return self.url_on(f"amqp://{rabbitmq.host}:{rabbitmq.port}/{quote(vhost, safe='')}")
+
+    def url_on(self, broker: str) -> Callable[..., str]:
+        """The URL on the broker of the amqp:// URL `broker`."""
+
         def url(**options: object) -> str:
             query = urlencode(
                 {
@@ -93,7 +117,7 @@ class Deployment:
                     "s3_endpoint": self.s3.endpoint_url,
                     "s3_region": self.s3.region,
                     "s3_prefix": f"{self.keyspace}/",
-                    "broker": f"amqp://{rabbitmq.host}:{rabbitmq.port}/{quote(vhost, safe='')}",
+                    "broker": broker,
                     **options,
                 },
                 safe=":/",
