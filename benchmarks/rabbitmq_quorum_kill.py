@@ -6,21 +6,30 @@ its own: declare `--queues` quorum queues through node 1 (so node 1 leads them),
 confirmed messages to each through node 2, SIGKILL the node leading the last queue declared `--delay`
 seconds after the last confirmation, once every queue has a new leader count what each queue delivers
 through a survivor (given back unacked), and again after the node restarted, through it, consuming every
-message (a count from a passive declare would not show a queue that no longer delivers). `--runs` runs per delay.
+message (a count from a passive declare would not show a queue that no longer delivers). `--runs` runs
+per delay.
 
-    PYTHONPATH=$PWD python benchmarks/rabbitmq_quorum_kill.py --delays 0.2 2 --runs 3
+`--single`: the measurement the broker's module text first made, on a private single node of its own
+(never the harness's shared one): the same queues and messages, the node SIGKILLed and started again on
+its data, then each queue drained (None: it neither delivered nor answered within `--wait` seconds).
+
+    PYTHONPATH=$PWD python benchmarks/rabbitmq_quorum_kill.py --delays 0.2 2 --runs 3 [--single]
 """
 
 from __future__ import annotations
 
 import argparse
 import secrets
+import tempfile
+import threading
 import time
+from pathlib import Path
 
 import pika
 import pika.exceptions
 
 from tests.servers.base import ServerError
+from tests.servers.rabbitmq import RabbitMQ, RabbitMQServer
 from tests.servers.rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer, node_name
 
 
@@ -122,6 +131,73 @@ def one_run(cluster: RabbitMQCluster, server: RabbitMQClusterServer, delay: floa
     }
 
 
+def drained(server: RabbitMQServer, queue: str, wait: float) -> int | None:
+    """The distinct messages `queue` of the single node delivers (acked), or None if it neither
+    delivered nor said it is empty within `wait` seconds."""
+    result: list[int] = []
+
+    def drain() -> None:
+        try:
+            conn = pika.BlockingConnection(
+                server.connection_parameters(connection_attempts=1, socket_timeout=5)
+            )
+            channel = conn.channel()
+            seen: set[str] = set()
+            while (got := channel.basic_get(queue))[0] is not None:
+                seen.add(got[1].message_id)
+                channel.basic_ack(got[0].delivery_tag)
+            conn.close()
+            result.append(len(seen))
+        except pika.exceptions.AMQPError:
+            pass
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    thread.join(wait)
+    return result[0] if result else None
+
+
+def single_run(node: RabbitMQ, delay: float, args) -> dict:
+    server = RabbitMQServer(**node.facts())
+    prefix = secrets.token_hex(3)
+    queues = [f"{prefix}-q{n}" for n in range(args.queues)]
+    conn = pika.BlockingConnection(server.connection_parameters())
+    channel = conn.channel()
+    for queue in queues:
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    channel.confirm_delivery()
+    for queue in queues:
+        for n in range(args.messages):
+            properties = pika.BasicProperties(message_id=f"{queue}-{n}", delivery_mode=2)
+            channel.basic_publish("", queue, b"x" * 200, properties, mandatory=True)
+    conn.close()
+    started = time.monotonic()
+    time.sleep(delay)
+    killed_at = time.monotonic() - started
+    node.kill()
+    node.ensure()
+    counts = [drained(server, queue, args.wait) for queue in queues]
+    return {
+        "delay": delay,
+        "killed_at": round(killed_at, 2),
+        "confirmed": args.queues * args.messages,
+        "back": sum(count or 0 for count in counts),
+        "per_queue": counts,
+    }
+
+
+def single(args) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        node = RabbitMQ.private(Path(directory))
+        node.ensure()
+        try:
+            for delay in args.delays:
+                for run in range(args.runs):
+                    print(f"single node, run {run + 1}: {single_run(node, delay, args)}", flush=True)
+        finally:
+            node.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--delays", type=float, nargs="+", default=[0.2, 2.0])
@@ -129,7 +205,11 @@ def main() -> None:
     parser.add_argument("--queues", type=int, default=6)
     parser.add_argument("--messages", type=int, default=20)
     parser.add_argument("--wait", type=float, default=60.0, help="seconds a count waits for a queue")
+    parser.add_argument("--single", action="store_true", help="on a private single node instead")
     args = parser.parse_args()
+    if args.single:
+        single(args)
+        return
     cluster = RabbitMQCluster()
     running = cluster.running()
     if running is None:
