@@ -39,7 +39,8 @@ class LeaseExpired(MailqError):
     """A dequeued mail's lease was lost: it expired and the broker gave the mail to another consumer, which
     now settles it. `retry()` and `reject()` change nothing; `done()` still records the mail as delivered
     (so it is not delivered once more by a consumer that has not loaded it yet), but the consumer holding
-    it may deliver it again: delivery is at-least-once."""
+    it may deliver it again: delivery is at-least-once. (A lease lost with the broker's connection is a
+    BrokerUnavailable instead: no lease expired, the broker delivers the mail again.)"""
 
 
 # How much of a user's value an error message echoes: enough to recognise it, while a 10,000-character
@@ -79,3 +80,8 @@ class BrokerUnavailable(MailqError, ConnectionError):
 class BrokerRefused(BrokerUnavailable):
     """The message broker refused the login, the virtual host or a queue's declaration: waiting for it
     will not help, its configuration must change."""
+
+
+# The failures of a backend (a server away, a disk full), as opposed to bad input or a lost lease: a call
+# that meets one gives back what it holds, so that the work waits for the backend, not for a timeout.
+BACKEND_FAILURES = (StoreUnavailable, StoreUnusable, BlobStoreUnavailable, BrokerUnavailable)

@@ -22,7 +22,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -32,6 +32,7 @@ from .brokers.base import Broker, BrokerDeadLetter, Delivery
 from .clock import LATEST, MICROS_PER_SECOND, Clock, to_datetime
 from .config import ConfigurationStore, QueueViewConfiguration
 from .errors import (
+    BACKEND_FAILURES,
     BlobNotFound,
     BrokerRefused,
     BrokerUnavailable,
@@ -189,6 +190,13 @@ class MailQueueItem:
         self._settle()
         self._queue._retry(self._delivery, self._row, deliver_at, self.attempts)
 
+    def release(self) -> None:
+        """Not tried: a backend the delivery needs is away. Give the mail back, deliverable again at once,
+        without counting this delivery towards any limit. With the lease lost it changes nothing and
+        raises LeaseExpired."""
+        self._settle()
+        self._queue._release(self._delivery, self._row)
+
     def reject(self, reason: str = "rejected") -> None:
         """Never deliverable: move it to the dead letters, which keep its content. With the lease lost
         it changes nothing and raises LeaseExpired."""
@@ -328,7 +336,8 @@ class MailQueue:
             except BrokerRefused:
                 raise  # its configuration is wrong: the caller must know, and republish sends it later
             except BrokerUnavailable as error:
-                log.warning("queue %s: mail %s waits for the broker: %s", self.name, row.enqueue_id, error)
+                # The broker link logs the outage once; a line per mail would flood the log meanwhile.
+                log.info("queue %s: mail %s waits for the broker: %s", self.name, row.enqueue_id, error)
         self._expect(due)
         self.delayed.add(DelayedMail(self.name, row.enqueue_id, due, row.priority, payload))
 
@@ -351,10 +360,25 @@ class MailQueue:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
-            with self.one_turn():
+            with self._giving_back(delivery), self.one_turn():
                 item = self._deliverable(delivery)
             if item is not None:
                 return item
+
+    @contextmanager
+    def _giving_back(self, delivery: Delivery) -> Iterator[None]:
+        """A backend that fails while this consumer holds `delivery` (the store, the blob store, the
+        broker) gets the delivery back to the broker at once, uncounted, before the error is raised: the
+        mail goes out again as soon as the backend is back, not once its lease expires. A broker that lost
+        the delivery with its connection delivers it again by itself."""
+        try:
+            yield
+        except BACKEND_FAILURES:
+            try:
+                self.broker.release(delivery)
+            except BACKEND_FAILURES as error:
+                log.info("queue %s: mail %s not given back: %s", self.name, delivery.enqueue_id, error)
+            raise
 
     def _deliverable(self, delivery: Delivery) -> MailQueueItem | None:
         """The item of a broker delivery, or None when the delivery was settled here instead."""
@@ -366,7 +390,7 @@ class MailQueue:
                 self._bury(delivery, None, f"unreadable message: {error}")
             return None
         if not self.view.is_live(row):
-            self.broker.ack(delivery)  # removed or cleared while waiting in the broker
+            self._ack_settled(delivery)  # removed or cleared while waiting in the broker
             return None
         try:
             mail = self._load(row)
@@ -385,13 +409,15 @@ class MailQueue:
     def _done(self, delivery: Delivery, row: EnqueuedMail) -> None:
         """Crash-safe order: 1. mark the mail deleted; 2. release its references; 3. ack. A crash after 1
         or 2 leaves the broker message, which the next consumer acks as not live; after 1, also the
-        references, which record 32's clean-up releases with the mail's slice."""
-        with self.group_writes():
+        references, which record 32's clean-up releases with the mail's slice. A backend failing before
+        the ack gives the delivery back (`_giving_back`): after 1, its next consumer acks it as not live.
+        A lost broker connection at 3 fails nothing: the mark absorbs the message RabbitMQ sends again."""
+        with self._giving_back(delivery), self.group_writes():
             self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
             self.faults.reached(DONE_AFTER_MARK)
             self.blobs.release(row.enqueue_id)
             self.faults.reached(DONE_AFTER_RELEASE)
-            acked = self.broker.ack(delivery)
+            acked = self._ack_settled(delivery)
         # Raised once the writes are done, and not undone: the mail was delivered even with the lease
         # lost, and the mark keeps a consumer that has not loaded it yet from delivering it again.
         self._maybe_update_browse_start()
@@ -407,18 +433,32 @@ class MailQueue:
         crash after 1 leaves the broker message too, delivered again once the lease expires and once more
         when the row falls due (at-least-once; the view's deletion mark absorbs the later copy once the
         mail is done); after 2, browse shows the former next delivery until the row is published.
-        A lease lost meanwhile (the ack fails) takes the delayed row back: the mail is another consumer's."""
+        A lease lost meanwhile (the ack fails) takes the delayed row back: the mail is another consumer's;
+        so does a connection to the broker lost meanwhile, as the broker delivers the mail again at once.
+        A backend failing before the ack gives the delivery back (`_giving_back`)."""
         if deliver_at <= self.clock():
-            if not self.broker.requeue(delivery):
+            try:
+                requeued = self.broker.requeue(delivery)
+            except BrokerUnavailable as error:
+                # What was asked: the broker delivers it again at once, from its own copy.
+                log.info(
+                    "queue %s: mail %s given back with the connection: %s", self.name, row.enqueue_id, error
+                )
+                return
+            if not requeued:
                 raise self._lost(row, "retried")
             return
         later = replace(row, next_delivery=deliver_at)
         delayed = DelayedMail(self.name, row.enqueue_id, deliver_at, row.priority, later.to_payload(attempts))
         self._expect(deliver_at)  # first: a look for nothing costs less than a row published late
-        with self.group_writes():
+        with self._giving_back(delivery), self.group_writes():
             self.delayed.add(delayed)
             self.faults.reached(RETRY_AFTER_DELAYED_ROW)
-            acked = self.broker.ack(delivery)
+            try:
+                acked = self.broker.ack(delivery)
+            except BrokerUnavailable:
+                self.delayed.remove(delayed)
+                raise
             if acked:
                 self.faults.reached(RETRY_AFTER_ACK)
                 self.view.reschedule([row], deliver_at)
@@ -427,16 +467,31 @@ class MailQueue:
         if not acked:
             raise self._lost(row, "retried")
 
+    def _release(self, delivery: Delivery, row: EnqueuedMail) -> None:
+        try:
+            released = self.broker.release(delivery)
+        except BrokerUnavailable as error:
+            # What was asked: the broker delivers it again, from its own copy.
+            log.info("queue %s: mail %s given back with the connection: %s", self.name, row.enqueue_id, error)
+            return
+        if not released:
+            raise self._lost(row, "given back")
+
     def _reject(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:
         """Crash-safe order: 1. extend the lease, which says whether it still holds (a mail another consumer
         took is left alone, unchanged); 2. the dead letter; 3. mark the mail deleted; 4. ack. A crash
         after 2 leaves a live mail that is delivered again once the lease expires (its dead letter is
         replaced if it is rejected again); after 3, a broker message the next consumer acks as not live.
-        The mail is never lost: it is in the queue or in the dead letters, or both."""
+        The mail is never lost: it is in the queue or in the dead letters, or both. A backend failing
+        before the ack gives the delivery back (`_giving_back`)."""
+        with self._giving_back(delivery):
+            self._reject_held(delivery, row, reason)
+
+    def _reject_held(self, delivery: Delivery, row: EnqueuedMail, reason: str) -> None:
         if not self.view.is_live(row):
             # Delivered by a consumer whose lease had expired, or removed: its content is released, so a
             # dead letter would be an empty one. There is nothing left to reject.
-            if not self.broker.ack(delivery):
+            if not self._ack_settled(delivery):
                 raise self._lost(row, "rejected")
             return
         if not self._extend(delivery, self.broker.visibility_timeout):
@@ -451,7 +506,16 @@ class MailQueue:
         self._entomb(delivery.enqueue_id, delivery.payload, row, reason, self.clock())
         # An ack that finds the lease lost is no failure: the letter is written, and the consumer that
         # took the mail acks it as not live.
-        self.broker.ack(delivery)
+        self._ack_settled(delivery)
+
+    def _ack_settled(self, delivery: Delivery) -> bool:
+        """Ack a delivery whose mail the store already records as settled; whether the lease held. A
+        connection to the broker lost meanwhile fails nothing: the store absorbs the copy sent again."""
+        try:
+            return self.broker.ack(delivery)
+        except BrokerUnavailable as error:
+            log.info("queue %s: mail %s settled, its ack lost: %s", self.name, delivery.enqueue_id, error)
+            return True
 
     def _entomb(
         self, enqueue_id: str, payload: str, row: EnqueuedMail | None, reason: str, died_at: int

@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from .clock import MICROS_PER_SECOND
-from .errors import InvalidInput, LeaseExpired, shown
+from .errors import BACKEND_FAILURES, BrokerRefused, InvalidInput, LeaseExpired, shown
 from .mailbox import INBOX, Mailboxes
 from .model import Mail, MailAddress, MessageId, check_message, parse_count, parse_duration
 from .queue import MailQueueItem
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 # How long one dequeue waits: the bound on how late a worker notices `stop` while idle.
 _POLL_SECONDS = 0.2
+# How long a worker waits after a backend failed a dequeue, doubling up to the last while it fails: the
+# mail it held is given back at once, and the worker comes back to it within seconds of the backend.
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 5.0
 
 
 @dataclass
@@ -107,9 +110,11 @@ def run_worker(
     address (lowercased), then the mail is acknowledged (`done()`, which releases the queue's blob
     references; the copies hold their own). A mail is rejected to the dead letters (which keep its
     content) when it is malformed (`check_message`, the rule enqueue applies too) or has recipients outside
-    `local_domains` (the local ones are delivered first; the reason names the others). Any other failure
-    gives the mail back to the queue for another try after `retry_delay`, and rejects it once it has been
-    attempted `max_attempts` times.
+    `local_domains` (the local ones are delivered first; the reason names the others). A backend away (the
+    store, the blob store, the broker) gives the mail back untried and uncounted, and the worker waits for
+    it, half a second and doubling up to 5 s, so an outage delays mails by its length and dead-letters
+    none. Any other failure gives the mail back to the queue for another try after `retry_delay`, and
+    rejects it once it has been attempted `max_attempts` times.
 
     Raises UnknownQueue, naming the known queues, if no enqueue has created `queue_name`. Returns when
     `stop` is set (the mail in hand is finished first: the CLI sets it on SIGTERM) or when no mail has
@@ -125,19 +130,29 @@ def run_worker(
     queue = runtime.queue(queue_name, create=False)
     stats = WorkerStats()
     idle_since = time.monotonic()
+    stop = threading.Event() if stop is None else stop
+    backoff = _BACKOFF_FIRST
     with LeaseKeeper(queue.broker.visibility_timeout / MICROS_PER_SECOND / 2) as leases:
-        while stop is None or not stop.is_set():
+        while not stop.is_set():
             wait = _POLL_SECONDS
             if idle_timeout is not None:
                 remaining = idle_timeout - (time.monotonic() - idle_since)
                 if remaining <= 0:
                     break
                 wait = min(wait, remaining)
-            item = queue.dequeue(timeout=wait)
-            if item is None:
+            try:
+                item = queue.dequeue(timeout=wait)
+                if item is not None:
+                    handle(runtime.mailboxes, item, domains, retry_delay, max_attempts, stats, leases)
+                    idle_since = time.monotonic()
+            except BrokerRefused:
+                raise  # its configuration must change: waiting will not help
+            except BACKEND_FAILURES as error:
+                log.warning("queue %s: a backend is away, again in %.1f s: %s", queue_name, backoff, error)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
                 continue
-            handle(runtime.mailboxes, item, domains, retry_delay, max_attempts, stats, leases)
-            idle_since = time.monotonic()
+            backoff = _BACKOFF_FIRST
     return stats
 
 
@@ -217,7 +232,7 @@ def handle(
     """Deliver one dequeued mail and settle it as `run_worker` does, counting the outcome in `stats`.
     `domains` are normalised (`normalise_domains`); the caller that drives its own dequeues (the demo, on
     simulated time) gets exactly the worker's behaviour. `leases` keeps the mail's lease while it is
-    delivered."""
+    delivered. A backend away gives the mail back untried and is raised, for the caller to wait."""
     try:
         with nullcontext() if leases is None else leases.keeping(item):
             report = deliver(mailboxes, item.enqueue_id, item.mail, domains)
@@ -226,6 +241,11 @@ def handle(
         if _settle(item, lambda: item.reject(reason), stats):
             stats.dead_lettered += 1
         return
+    except BACKEND_FAILURES as error:
+        # Not the mail's fault: it goes back untried and uncounted, and the caller waits for the backend.
+        log.warning("delivery of %s waits for a backend: %s", item.enqueue_id, error)
+        _settle(item, item.release, stats)
+        raise
     except Exception as error:
         log.warning(
             "delivery of %s failed (attempt %d of %d)",
@@ -252,14 +272,17 @@ def handle(
 
 def _settle(item: MailQueueItem, settle: Callable[[], None], stats: WorkerStats) -> bool:
     """Whether the outcome is this worker's to count: False when another worker took the mail."""
-    # A failed acknowledgement loses nothing: the lease expires and the mail comes back, and delivering
-    # it again is idempotent. So the worker logs it and goes on with the next mail rather than dying.
+    # A failed acknowledgement loses nothing: the mail comes back (at once when a backend failed, as the
+    # queue gives it back; once its lease expires otherwise), and delivering it again is idempotent. So
+    # the worker logs it and goes on with the next mail rather than dying.
     try:
         settle()
     except LeaseExpired as error:
         log.warning("%s", error)
         stats.lease_expired += 1
         return False
+    except BACKEND_FAILURES as error:
+        log.warning("could not settle mail %s, it comes back: %s", item.enqueue_id, error)
     except Exception:
         log.exception("could not settle mail %s: its lease will expire and it comes back", item.enqueue_id)
     return True

@@ -60,11 +60,18 @@ class Broker(Protocol):
         ...
 
     # Each operation on a delivery acts only while the delivery's lease holds, and returns whether it
-    # did: once another consumer has received the message, the message is that consumer's.
+    # did: once another consumer has received the message, the message is that consumer's. A broker that
+    # lost the delivery with its connection raises BrokerUnavailable instead: the message is delivered
+    # again, but no lease expired.
     def ack(self, delivery: Delivery) -> bool: ...
 
     def requeue(self, delivery: Delivery) -> bool:
         """Give the message back, deliverable again at once."""
+        ...
+
+    def release(self, delivery: Delivery) -> bool:
+        """Give the message back, deliverable again at once, without counting this delivery: its consumer
+        could not look at it (a backend failed), so it must not bring the message nearer a delivery limit."""
         ...
 
     def extend(self, delivery: Delivery, until: int) -> bool:

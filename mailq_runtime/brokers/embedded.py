@@ -100,6 +100,16 @@ class EmbeddedBroker:
         self._notify()
         return bool(returned)
 
+    def release(self, delivery: Delivery) -> bool:
+        with self.store.transaction() as db:
+            returned = db.execute(
+                "UPDATE broker_messages SET lease = NULL, available_at = 0, attempts = MAX(attempts - 1, 0) "
+                "WHERE id = ? AND lease = ?",
+                delivery.handle,
+            ).rowcount
+        self._notify()
+        return bool(returned)
+
     def extend(self, delivery: Delivery, until: int) -> bool:
         # A lease that expired but that no consumer has taken yet is still this one's: the claim and the
         # extension are transactions, and whichever commits first wins.

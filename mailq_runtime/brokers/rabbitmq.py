@@ -68,10 +68,14 @@ of its own, so the I/O thread never waits.
 
 Recovery: when the connection or a channel is lost, the I/O thread reconnects with growing, jittered delays,
 each attempt to the next node the URL names (the first one chosen at random, so that processes spread over a
-cluster), and resumes: publishes that were unconfirmed or nacked are sent again (consumers see duplicates,
-which the view's deletion marks absorb), and every consumer starts again. Nothing needs a restart. A publish
-still unconfirmed after `publish_timeout` raises BrokerUnavailable; the queue then keeps the mail as a delayed
-mail due at once, which the next publisher of due mails hands over.
+cluster), and resumes, and every consumer starts again. Nothing needs a restart. Publishes unconfirmed when
+the connection is lost, every publish while the link knows RabbitMQ is away, and a publish still unconfirmed
+after `publish_timeout` raise BrokerUnavailable at once: the queue then keeps the mail as a delayed mail due
+at once, which the next publisher of due mails hands over once RabbitMQ is back (a copy RabbitMQ did take is a
+duplicate, which the view's deletion mark absorbs). A publish nacked on a live channel is sent again.
+Deliveries in hand when the connection is lost are RabbitMQ's to deliver again: settling one raises
+BrokerUnavailable, which says so, rather than reporting an expired lease; `release` gives a delivery back
+without counting it, for a consumer that a failing backend kept from handling it.
 
 Leases: RabbitMQ gives a delivery back when its consumer's channel dies. Besides, a delivery is leased to
 its receiver for the visibility timeout on the broker's clock, and `extend` pushes the end; a receive in
@@ -248,6 +252,10 @@ class RabbitMQBroker:
         body = payload.encode()
         while True:
             link = self._started()
+            if link.down:
+                raise BrokerUnavailable(
+                    f"RabbitMQ at {self.target} is unreachable ({link.error})"
+                ) from link.failure
             self._declare(queue, deadline)
             publish = Publish(self._route(queue, priority), enqueue_id, body, properties)
             waiter = publish.waiter
@@ -258,7 +266,7 @@ class RabbitMQBroker:
                 raise BrokerUnavailable(
                     f"RabbitMQ at {self.target} confirmed no publish of mail {enqueue_id} within "
                     f"{self.publish_timeout:g} s ({link.error or 'no answer'})"
-                )
+                ) from link.failure
             if waiter.outcome is ROUTE_LOST:
                 self._declared.discard(queue)  # deleted behind our back: declared again, sent again
                 continue
@@ -370,7 +378,7 @@ class RabbitMQBroker:
             # dead-letters an unreadable payload instead of failing every receive.
             payload=body.decode("utf-8", errors="replace"),
             attempts=deliveries(properties) + 1,
-            handle=Handle(consumer, epoch, tag),
+            handle=Handle(consumer, epoch, tag, properties, body),
         )
 
     @contextmanager
@@ -538,20 +546,49 @@ class RabbitMQBroker:
         """Give the message back, deliverable again at once; each return counts towards the delivery limit."""
         return self._settle(delivery, requeue=True)
 
+    def release(self, delivery: Delivery) -> bool:
+        """Give the message back uncounted: a copy keeping its count replaces it."""
+        handle: Handle = delivery.handle
+        consumer = handle.consumer
+        with consumer.cond:
+            if not self._holds(delivery):
+                return False
+            del consumer.outstanding[handle.tag]
+            consumer.dirty = True
+        link = self._started()
+        link.submit(
+            partial(link.give_back, consumer, handle.epoch, handle.tag, handle.properties, handle.body)
+        )
+        return True
+
     def extend(self, delivery: Delivery, until: int) -> bool:
         handle: Handle = delivery.handle
         consumer = handle.consumer
         with consumer.cond:
-            if not consumer.holds(handle):
+            if not self._holds(delivery):
                 return False
             consumer.outstanding[handle.tag][1] = until
             return True
+
+    def _holds(self, delivery: Delivery) -> bool:
+        """Whether the delivery's lease holds; raises BrokerUnavailable when it went with a lost channel,
+        as RabbitMQ then delivers the message again without any lease having expired. Under `cond`."""
+        handle: Handle = delivery.handle
+        if handle.consumer.holds(handle):
+            return True
+        if handle.consumer.lost_with_channel(handle):
+            what = "this broker was closed" if self._closed else "the connection was lost"
+            raise BrokerUnavailable(
+                f"RabbitMQ at {self.target}: {what} while mail {delivery.enqueue_id} was in hand, "
+                "and RabbitMQ delivers it again"
+            )
+        return False
 
     def _settle(self, delivery: Delivery, requeue: bool) -> bool:
         handle: Handle = delivery.handle
         consumer = handle.consumer
         with consumer.cond:
-            if not consumer.holds(handle):
+            if not self._holds(delivery):
                 return False
             del consumer.outstanding[handle.tag]
             consumer.dirty = consumer.dirty or requeue
@@ -669,7 +706,7 @@ class RabbitMQBroker:
         while True:
             self._usable()
             try:
-                connection = pika.BlockingConnection(self._parameters)
+                connection = _blocking_connection(self._parameters)
                 try:
                     return action(connection.channel())
                 finally:
@@ -681,11 +718,13 @@ class RabbitMQBroker:
                 pika.exceptions.ChannelClosedByBroker,
             ) as error:
                 refused = describe(error)
-                raise BrokerRefused(f"RabbitMQ at {self.target} refused to {what}: {refused}") from None
+                raise BrokerRefused(f"RabbitMQ at {self.target} refused to {what}: {refused}") from error
             except pika.exceptions.AMQPError as error:
-                last = describe(error)  # unreachable, or restarting: try again
+                last = error  # unreachable, or restarting: try again
             if time.monotonic() + delay > deadline:
-                raise BrokerUnavailable(f"RabbitMQ at {self.target}: could not {what} ({last})")
+                raise BrokerUnavailable(
+                    f"RabbitMQ at {self.target}: could not {what} ({describe(last)})"
+                ) from last
             time.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX)
 
@@ -713,3 +752,13 @@ class RabbitMQBroker:
         for consumer in self._consumers.values():
             with consumer.cond:
                 consumer.cond.notify_all()
+
+
+def _blocking_connection(parameters: pika.ConnectionParameters) -> pika.BlockingConnection:
+    """A connection of pika's, failing as pika's connection errors do. pika 1.3 raises ValueError ("Expected
+    connected socket") when the server resets the connection right after accepting it, as a server going
+    down or a cut link does; it is as unreachable as a refused one."""
+    try:
+        return pika.BlockingConnection(parameters)
+    except ValueError as error:
+        raise pika.exceptions.AMQPConnectionError(error) from error

@@ -28,6 +28,10 @@ from ..clock import Clock
 from ..errors import BrokerRefused, BrokerUnavailable
 
 log = logging.getLogger("mailq_runtime.brokers.rabbitmq")
+# pika logs every lost or refused connection at ERROR, with a traceback, from several of its modules. The
+# link logs one line per event itself, so pika's lines stay for an operator who sets pika's level.
+if logging.getLogger("pika").level == logging.NOTSET:
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.25, 5.0
 # A consumer nobody has asked for a message for this long (seconds) stops consuming and gives back what
@@ -155,11 +159,14 @@ class Publish:
 
 @dataclass(frozen=True, eq=False)
 class Handle:
-    """What a Delivery of this broker holds: its consumer, the channel's epoch and the delivery tag."""
+    """What a Delivery of this broker holds: its consumer, the channel's epoch and the delivery tag, and
+    the message as received, for a copy that gives it back uncounted."""
 
     consumer: Consumer
     epoch: int
     tag: int
+    properties: pika.BasicProperties
+    body: bytes
 
 
 class Consumer:
@@ -231,6 +238,10 @@ class Consumer:
         """Whether the delivery is still this consumer's to settle. Under `cond`."""
         return handle.epoch == self.epoch and self.live and handle.tag in self.outstanding
 
+    def lost_with_channel(self, handle: Handle) -> bool:
+        """Whether the delivery went with a lost channel (not with an expired lease). Under `cond`."""
+        return handle.epoch != self.epoch or not self.live
+
     def lose(self) -> None:
         """The channel is gone: RabbitMQ gives its unacknowledged messages to other consumers."""
         with self.cond:
@@ -277,10 +288,15 @@ class Link(threading.Thread):
         self.failures = 0
         self.reconnect_timer: Any = None
         self.idle_timer: Any = None
-        # Read by callers: why the last connection failed, and whether RabbitMQ refused the login or the
-        # virtual host (waiting for it is of no use then).
+        # Read by callers: why the last connection failed (and pika's error, which callers' errors are
+        # chained to), and whether RabbitMQ refused the login or the virtual host (waiting for it is of no
+        # use then).
         self.error: str | None = None
+        self.failure: BaseException | None = None
         self.refused: str | None = None
+        # Whether the last connection was lost or could not be opened, until one opens: a publish then
+        # fails at once instead of waiting for a confirmation that cannot come.
+        self.down = False
 
     # Callers' side.
 
@@ -339,7 +355,8 @@ class Link(threading.Thread):
         if self.failures:
             log.warning("RabbitMQ at %s: connected again", self.target)
         self.failures = 0
-        self.error = self.refused = None
+        self.error = self.refused = self.failure = None
+        self.down = False
         if self.idle_timer is None:
             self.idle_timer = self.ioloop.call_later(IDLE / 2, self._check_idle)
         connection.channel(on_open_callback=self._on_publish_channel)
@@ -352,7 +369,8 @@ class Link(threading.Thread):
         if self.closing:
             self._stop_loop()
             return
-        self.error = describe(error)
+        self.error, self.failure = describe(error), error
+        self.down = True
         if self.failures == 0:
             log.warning("RabbitMQ at %s: cannot connect (%s), retrying", self.target, self.error)
         if isinstance(
@@ -368,7 +386,14 @@ class Link(threading.Thread):
     def _on_closed(self, connection: Any, reason: BaseException) -> None:
         self.connection = None
         self.channel = None
-        self._requeue_pending()
+        self.down = True
+        # The callers' publishes that were unconfirmed fail now rather than at their timeout: the queue
+        # keeps each mail as a delayed mail due at once (a copy RabbitMQ did take is a duplicate, which
+        # the view's deletion mark absorbs). The I/O thread's own copies are dropped, as their originals
+        # come again.
+        lost = BrokerUnavailable(f"the connection to RabbitMQ at {self.target} was lost ({describe(reason)})")
+        lost.__cause__ = reason
+        self._fail_waiting(lost)
         for consumer in self.consumers.values():
             consumer.channel = None
             consumer.tags = []
@@ -378,7 +403,7 @@ class Link(threading.Thread):
         if self.closing:
             self._stop_loop()
             return
-        self.error = describe(reason)
+        self.error, self.failure = describe(reason), reason
         log.warning("RabbitMQ at %s: connection lost (%s), reconnecting", self.target, self.error)
         self._retry_later()
 
@@ -486,6 +511,7 @@ class Link(threading.Thread):
                 publish.finish(error)
         self.pending.clear()
         self.unsent.clear()
+        self.returned.clear()
 
     # Consuming.
 
@@ -650,6 +676,13 @@ class Link(threading.Thread):
             self.settle(consumer, epoch, tag, requeue=False)
 
         self.send(Publish(routing_key, copy.message_id or "", body, copy, confirmed))
+
+    def give_back(
+        self, consumer: Consumer, epoch: int, tag: int, properties: pika.BasicProperties, body: bytes
+    ) -> None:
+        """Give a handed-out message back uncounted, as a copy keeping its count."""
+        route = consumer.route(properties.priority or 0)
+        self._send_copy(consumer, epoch, tag, route, kept(properties), body)
 
     def _on_consumer_channel_closed(self, consumer: Consumer, channel: Any, reason: BaseException) -> None:
         if channel is not consumer.channel:

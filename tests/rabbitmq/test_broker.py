@@ -19,7 +19,7 @@ import pytest
 from mailq_runtime.brokers.base import BrokerDeadLetter
 from mailq_runtime.brokers.rabbitmq import RabbitMQBroker, rabbitmq_queues
 from mailq_runtime.clock import MICROS_PER_SECOND, system_clock
-from mailq_runtime.errors import BrokerRefused
+from mailq_runtime.errors import BrokerRefused, BrokerUnavailable
 from tests.servers.rabbitmq import RabbitMQServer
 
 from .conftest import Brokers
@@ -239,7 +239,9 @@ def test_a_closed_consumer_gives_back_what_it_held_and_its_acks_fail(brokers: Br
     first.publish(QUEUE, "held", "{}", 5)
     delivery = first.receive(QUEUE, 0)
     first.close()
-    assert not first.ack(delivery)
+    # Not an expired lease: the delivery went with the connection, and RabbitMQ delivers it again.
+    with pytest.raises(BrokerUnavailable, match="closed while mail held was in hand"):
+        first.ack(delivery)
     again = second.receive(QUEUE, 30)
     assert (again.enqueue_id, again.attempts) == ("held", 2)
     assert second.ack(again)
@@ -372,3 +374,19 @@ def test_queues_deleted_behind_the_brokers_back_are_declared_again(
     delivery = consumer.receive(QUEUE, 30)
     assert delivery.enqueue_id == "after"
     assert consumer.ack(delivery)
+
+
+def test_release_gives_the_message_back_with_this_delivery_uncounted(brokers: Brokers):
+    broker = brokers()
+    broker.publish(QUEUE, "again", "{}", 5)
+    broker.publish(QUEUE, "later", "{}", 5)
+    delivery = broker.receive(QUEUE, 0)
+    assert (delivery.enqueue_id, delivery.attempts) == ("again", 1)
+    assert broker.release(delivery)
+    assert not broker.ack(delivery), "a released delivery is no longer this consumer's"
+    assert not broker.release(delivery)
+
+    again = broker.receive(QUEUE, 0)  # its place again, and its count as before this delivery
+    assert (again.enqueue_id, again.attempts) == ("again", 1)
+    assert broker.ack(again)
+    assert take_all(broker) == ["later"]
