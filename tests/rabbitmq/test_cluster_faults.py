@@ -7,6 +7,7 @@ fault (not settled before it) may be delivered twice."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from mailq_runtime import LeaseExpired, Runtime
-from mailq_runtime.brokers.rabbitmq import band_queue
+from mailq_runtime.brokers.rabbitmq import band_queue, rabbitmq_queues
 from mailq_runtime.model import NORMAL_PRIORITY
 from mailq_runtime.queue import MailQueue
 from tests.runtime.helpers import make_mail
@@ -105,15 +106,29 @@ class Load:
     def close(self) -> None:
         self.stop.set()
         for thread in (*self.producers, *self.consumers):
-            thread.join(60)
+            if thread.is_alive():
+                thread.join(60)
 
 
 @pytest.fixture
-def cluster_url(rabbitmq_cluster: RabbitMQCluster, deployment: Deployment) -> Callable[..., str]:
+def cluster_vhost(rabbitmq_cluster: RabbitMQCluster) -> Iterator[str]:
+    """A virtual host of the test's own on the cluster, deleted with its queues afterwards (the
+    cluster's data outlives the test run: every queue left there would elect a leader at each start)."""
+    vhost = f"mailq-faults-{secrets.token_hex(3)}"
+    rabbitmq_cluster.ctl("add_vhost", vhost)
+    rabbitmq_cluster.ctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    yield vhost
+    rabbitmq_cluster.ctl("delete_vhost", vhost)
+
+
+@pytest.fixture
+def cluster_url(
+    rabbitmq_cluster: RabbitMQCluster, cluster_vhost: str, deployment: Deployment
+) -> Callable[..., str]:
     running = rabbitmq_cluster.running()
     assert running is not None
     server = RabbitMQClusterServer(**running.facts)
-    return deployment.url_on(server.broker_url("/", queues="quorum"))
+    return deployment.url_on(server.broker_url(cluster_vhost, queues="quorum"))
 
 
 @pytest.fixture
@@ -145,10 +160,26 @@ def check_counts(load: Load, settled_before: set[str]) -> None:
     load.wait_until(lambda: load.queue.size() == 0, 30, f"size {load.queue.size()} on an empty queue")
 
 
-def test_the_node_leading_the_queue_killed_loses_no_mail_and_nobody_restarts(
-    load: Load, rabbitmq_cluster: RabbitMQCluster
+def test_a_mail_queues_quorum_queues_are_replicated_on_the_three_nodes(
+    load: Load, rabbitmq_cluster: RabbitMQCluster, cluster_vhost: str
 ):
-    leader = rabbitmq_cluster.leaders("/")[band_queue(load.queue.name, NORMAL_PRIORITY)]
+    listed = json.loads(
+        rabbitmq_cluster.ctl(
+            "list_queues", "-p", cluster_vhost, "name", "type", "members", "--formatter", "json"
+        )
+    )
+    found = {row["name"]: (row["type"], sorted(row["members"])) for row in listed}
+    names, dead_letters = rabbitmq_queues(load.queue.name, "quorum")
+    nodes = sorted(rabbitmq_cluster.members())
+    assert len(nodes) == 3
+    for name in (*names, dead_letters):
+        assert found[name] == ("quorum", nodes), name
+
+
+def test_the_node_leading_the_queue_killed_loses_no_mail_and_nobody_restarts(
+    load: Load, rabbitmq_cluster: RabbitMQCluster, cluster_vhost: str
+):
+    leader = rabbitmq_cluster.leaders(cluster_vhost)[band_queue(load.queue.name, NORMAL_PRIORITY)]
     index = rabbitmq_cluster.index_of(leader)
     load.start()
     load.wait_until(lambda: len(load.accepted) >= 80, 60, "no enqueues before the kill")
