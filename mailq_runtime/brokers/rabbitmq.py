@@ -268,6 +268,8 @@ class RabbitMQBroker:
             link.submit(partial(link.send, publish))
             if not waiter.wait(deadline - time.monotonic()):
                 link.submit(partial(link.abandon, publish))
+                if self.queue_type == QUORUM:
+                    link.submit(link.reconnect)
                 raise BrokerUnavailable(
                     f"RabbitMQ at {self.target} confirmed no publish of mail {enqueue_id} within "
                     f"{self.publish_timeout:g} s ({link.error or 'no answer'})"

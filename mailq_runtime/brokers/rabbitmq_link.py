@@ -433,6 +433,16 @@ class Link(threading.Thread):
             )
             self.ioloop.call_later(BACKOFF_MAX / 5, self._reopen_publish_channel)
 
+    def reconnect(self) -> None:
+        """A publish went unconfirmed for its whole timeout on a live connection: drop the connection, to
+        make it again to the next node. A channel opened while a quorum queue elected a new leader may
+        keep sending to the dead one, and nothing it publishes is confirmed any more (seen on 3.10)."""
+        if self._connected() and self.pending:
+            log.warning(
+                "RabbitMQ at %s: publishes unconfirmed on a live connection, connecting again", self.target
+            )
+            self.connection.close()
+
     def _reopen_publish_channel(self) -> None:
         if self._connected() and self.channel is None:
             self.connection.channel(on_open_callback=self._on_publish_channel)

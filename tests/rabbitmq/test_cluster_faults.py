@@ -25,7 +25,7 @@ from tests.servers.rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServe
 
 from .conftest import Deployment
 
-PRODUCERS, CONSUMERS, PER_PRODUCER = 2, 2, 150
+PRODUCERS, CONSUMERS, PER_PRODUCER = 2, 2, 200
 
 
 class Load:
@@ -176,24 +176,46 @@ def test_a_mail_queues_quorum_queues_are_replicated_on_the_three_nodes(
         assert found[name] == ("quorum", nodes), name
 
 
-def test_the_node_leading_the_queue_killed_loses_no_mail_and_nobody_restarts(
-    load: Load, rabbitmq_cluster: RabbitMQCluster, cluster_vhost: str
-):
-    leader = rabbitmq_cluster.leaders(cluster_vhost)[band_queue(load.queue.name, NORMAL_PRIORITY)]
-    index = rabbitmq_cluster.index_of(leader)
-    load.start()
-    load.wait_until(lambda: len(load.accepted) >= 80, 60, "no enqueues before the kill")
+def connected_node(cluster: RabbitMQCluster, vhost: str) -> str:
+    """The node the runtime's broker is connected to: the one holding its AMQP connection to `vhost`
+    (the node's AMQP port tells it)."""
+    listed = json.loads(cluster.ctl("list_connections", "vhost", "port", "--formatter", "json"))
+    (port,) = {row["port"] for row in listed if row["vhost"] == vhost}
+    running = cluster.running()
+    assert running is not None
+    return RabbitMQClusterServer(**running.facts).nodes[running.facts["ports"].index(port)]
+
+
+def kill_while_mails_flow(load: Load, cluster: RabbitMQCluster, node: str) -> set[str]:
+    """SIGKILL `node` under the load, wait until 40 more mails went through without it, start it again;
+    the mails settled before the kill."""
     with load.lock:
         settled_before = set(load.settled)
         accepted_before = len(load.accepted)
-    rabbitmq_cluster.kill_node(index)
+    index = cluster.index_of(node)
+    cluster.kill_node(index)
     try:
-        # The queue elects a leader among the two others; producers and consumers go on meanwhile.
         load.wait_until(
-            lambda: len(load.settled) >= accepted_before + 40, 60, "no mail flowed with a node down"
+            lambda: len(load.settled) >= accepted_before + 40, 60, f"no mail flowed with {node} down"
         )
     finally:
-        rabbitmq_cluster.start_node(index)
+        cluster.start_node(index)
+    return settled_before
+
+
+def test_the_node_leading_the_queue_killed_loses_no_mail_and_nobody_restarts(
+    load: Load, rabbitmq_cluster: RabbitMQCluster, cluster_vhost: str
+):
+    load.start()
+    load.wait_until(lambda: len(load.accepted) >= 80, 60, "no enqueues before the kill")
+    # The queue elects a leader among the two others; producers and consumers go on meanwhile.
+    leader = rabbitmq_cluster.leaders(cluster_vhost)[band_queue(load.queue.name, NORMAL_PRIORITY)]
+    settled_before = kill_while_mails_flow(load, rabbitmq_cluster, leader)
+    # Then the node the runtime is connected to (alive, so not the one just killed): the broker
+    # connects to another and resends what was unconfirmed.
+    settled_before &= kill_while_mails_flow(
+        load, rabbitmq_cluster, connected_node(rabbitmq_cluster, cluster_vhost)
+    )
     load.finish(60)
     check_counts(load, settled_before)
 
