@@ -134,6 +134,7 @@ _START_WAIT = 5.0
 # (ready in the queue while it has room, or being counted again): a bound, reached only under load.
 _SETTLE_WAIT = 5.0
 _SYNC_WAIT = 10.0
+_GIVE_BACK_WAIT = 5.0
 # How long counting a queue's messages retries an unreachable RabbitMQ: an operator's look, not a mail.
 _COUNT_WAIT = 5.0
 _MISSING = object()  # what a waiting receive finds when its queue vanished
@@ -568,9 +569,15 @@ class RabbitMQBroker:
             del consumer.outstanding[handle.tag]
             consumer.dirty = True
         link = self._started()
+        waiter = Waiter()
         link.submit(
-            partial(link.give_back, consumer, handle.epoch, handle.tag, handle.properties, handle.body)
+            partial(
+                link.give_back, consumer, handle.epoch, handle.tag, handle.properties, handle.body, waiter
+            )
         )
+        # Once the copy is confirmed and the original acked, so that a process closing right after leaves
+        # one message, not two. A connection lost meanwhile makes RabbitMQ deliver the original again.
+        waiter.wait(_GIVE_BACK_WAIT)
         return True
 
     def extend(self, delivery: Delivery, until: int) -> bool:

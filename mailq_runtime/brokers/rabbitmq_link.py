@@ -667,10 +667,11 @@ class Link(threading.Thread):
         routing_key: str,
         copy: pika.BasicProperties,
         body: bytes,
+        then: Callable[[object], None] | None = None,
     ) -> None:
         """Replace a message this consumer received by a copy, then ack the original once the copy is
-        confirmed: how a delivery is counted, and how an idle consumer gives back what it holds (the count
-        kept), without RabbitMQ marking it delivered again."""
+        confirmed (and call `then`): how a delivery is counted, and how an idle consumer gives back what
+        it holds (the count kept), without RabbitMQ marking it delivered again."""
         with consumer.cond:
             if epoch != consumer.epoch:
                 return
@@ -684,15 +685,24 @@ class Link(threading.Thread):
                 consumer.dirty = True
                 consumer.cond.notify_all()
             self.settle(consumer, epoch, tag, requeue=False)
+            if then is not None:
+                then(None)
 
         self.send(Publish(routing_key, copy.message_id or "", body, copy, confirmed))
 
     def give_back(
-        self, consumer: Consumer, epoch: int, tag: int, properties: pika.BasicProperties, body: bytes
+        self,
+        consumer: Consumer,
+        epoch: int,
+        tag: int,
+        properties: pika.BasicProperties,
+        body: bytes,
+        waiter: Waiter,
     ) -> None:
-        """Give a handed-out message back uncounted, as a copy keeping its count."""
+        """Give a handed-out message back uncounted, as a copy keeping its count; `waiter` learns when
+        the original is acked (or never, with the channel lost: RabbitMQ delivers the original again)."""
         route = consumer.route(properties.priority or 0)
-        self._send_copy(consumer, epoch, tag, route, kept(properties), body)
+        self._send_copy(consumer, epoch, tag, route, kept(properties), body, then=waiter.settle)
 
     def _on_consumer_channel_closed(self, consumer: Consumer, channel: Any, reason: BaseException) -> None:
         if channel is not consumer.channel:

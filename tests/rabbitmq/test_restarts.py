@@ -5,6 +5,7 @@ The runtime's tests run the whole distributed deployment: Cassandra and S3 from 
 
 from __future__ import annotations
 
+import logging
 import secrets
 import signal
 import subprocess
@@ -42,7 +43,7 @@ def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None
 
 @pytest.mark.parametrize("how", list(RESTARTS))
 def test_rabbitmq_restarting_under_a_publisher_and_a_consumer_loses_no_confirmed_message(
-    private_node: RabbitMQ, how: str
+    private_node: RabbitMQ, how: str, caplog: pytest.LogCaptureFixture
 ):
     make, made = broker_factory(private_server(private_node), "/")
     queue = f"broker-{how}-{secrets.token_hex(3)}"
@@ -103,6 +104,12 @@ def test_rabbitmq_restarting_under_a_publisher_and_a_consumer_loses_no_confirmed
         for broker in made:
             broker.close()
     assert not failures, failures
+    # One line per event (lost, cannot connect, connected again) from each of the two brokers: no
+    # traceback, and none of pika's own lines.
+    lines = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert not [record for record in lines if record.exc_info or record.name.startswith("pika")], lines
+    assert any("connection lost" in record.getMessage() for record in lines), "the outage was logged"
+    assert len(lines) <= 2 * 3, [record.getMessage() for record in lines]
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ from cassandra.cluster import (
 )
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.connection import ConnectionException
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.pool import NoConnectionsAvailable
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
@@ -50,6 +50,8 @@ DEFAULT_REPLICATION = {"class": "SimpleStrategy", "replication_factor": 1}
 _KEYSPACE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 # The table a statement names, after FROM, INTO or UPDATE.
 _TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
+# Seconds between looks at a node that went down: doubling from the first up to the last.
+_RECONNECT_FIRST, _RECONNECT_MAX = 0.5, 5.0
 # How many statements of one call are in flight at once (a slice's buckets, a mail's blobs ...).
 _CONCURRENCY = 32
 # What the driver raises when a statement fails: its own errors (NoHostAvailable is not one of them), a
@@ -120,6 +122,9 @@ class CassandraStore:
                 auth_provider=None if username is None else PlainTextAuthProvider(username, password),
                 execution_profiles={EXEC_PROFILE_DEFAULT: profile},
                 connect_timeout=max(5.0, request_timeout / 3),
+                # The driver's default waits up to 10 minutes between looks at a node that went down: an
+                # outage would then delay mails by that, not by its own length.
+                reconnection_policy=ExponentialReconnectionPolicy(_RECONNECT_FIRST, _RECONNECT_MAX),
             )
         except UnresolvableContactPoints:
             raise StoreUnavailable(
