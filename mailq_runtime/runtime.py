@@ -117,6 +117,8 @@ def _rabbitmq(settings: Settings, clock: Clock) -> Broker:
         amqp.vhost,
         amqp.user or "guest",
         password,
+        more_hosts=amqp.more_hosts,
+        queue_type=amqp.queues,
         clock=clock,
         visibility_timeout=settings.visibility_timeout,
     )

@@ -7,7 +7,9 @@ The embedded deployment keeps the metadata, the broker and the content in one SQ
 dir. The distributed one keeps the metadata in Cassandra (port 9042 unless given; `consistency`, default
 LOCAL_QUORUM; `replication`, default 1, used when `mailq schema create` makes the keyspace), the content in
 an S3 bucket (`s3_endpoint`, `s3_region`, `s3_prefix` optional) and its broker is `embedded:<dir>` or
-`amqp://[user@]host[:port]/<vhost>`. Both take the queue options of `_QUEUE_OPTIONS`.
+`amqp://[user@]host[:port][,host[:port]...]/<vhost>[?queues=classic|quorum]`: the nodes of one RabbitMQ
+cluster (the broker connects to any that answers), and its queues' type, classic (the default) or quorum
+(replicated; see brokers/rabbitmq.py). Both take the queue options of `_QUEUE_OPTIONS`.
 
 A mailq URL never carries a password: Cassandra's and RabbitMQ's come from MAILQ_CASSANDRA_PASSWORD and
 MAILQ_AMQP_PASSWORD, S3's credentials from the standard AWS chain, each read by the process that connects
@@ -63,9 +65,12 @@ _QUEUE_OPTIONS = (
 )
 _DISTRIBUTED_OPTIONS = ("s3", "s3_endpoint", "s3_region", "s3_prefix", "broker", "consistency", "replication")
 OPTIONS = {EMBEDDED: _QUEUE_OPTIONS, CASSANDRA: (*_DISTRIBUTED_OPTIONS, *_QUEUE_OPTIONS)}
+# The options of the broker's own amqp:// URL.
+BROKER_OPTIONS = ("queues",)
+BROKER_QUEUE_TYPES = ("classic", "quorum")
 # Options whose value is itself a URL: `redact` shows them redacted in turn.
 _URL_OPTIONS = ("broker", "s3_endpoint")
-_KNOWN_OPTIONS = frozenset(name for names in OPTIONS.values() for name in names)
+_KNOWN_OPTIONS = frozenset([*(name for names in OPTIONS.values() for name in names), *BROKER_OPTIONS])
 
 _AUTHORITY_END = re.compile(r"[/?#]")
 _HOST = re.compile(
@@ -153,12 +158,18 @@ class S3Settings:
 
 @dataclass(frozen=True)
 class AmqpSettings:
-    """The broker when it is RabbitMQ."""
+    """The broker when it is RabbitMQ: a node (`host`, `port`) and the cluster's other nodes, if any."""
 
     host: str
     port: int = AMQP_PORT
     vhost: str = "/"
     user: str | None = None
+    more_hosts: tuple[tuple[str, int], ...] = ()
+    queues: str = "classic"
+
+    @property
+    def hosts(self) -> tuple[tuple[str, int], ...]:
+        return ((self.host, self.port), *self.more_hosts)
 
     def password(self) -> str | None:
         """Read from the environment of the process that connects, never from the URL."""
@@ -250,7 +261,9 @@ def _broker_text(amqp: AmqpSettings | None, data_dir: Path | None) -> str:
         return f"embedded:{data_dir}"
     user = f"{amqp.user}@" if amqp.user else ""
     vhost = "" if amqp.vhost == "/" else quote(amqp.vhost, safe="")
-    return f"amqp://{user}{_host_text(amqp.host)}:{amqp.port}/{vhost}"
+    hosts = ",".join(f"{_host_text(host)}:{port}" for host, port in amqp.hosts)
+    queues = "" if amqp.queues == "classic" else f"?queues={amqp.queues}"
+    return f"amqp://{user}{hosts}/{vhost}{queues}"
 
 
 # Parsing ----------------------------------------------------------------------------------------------------
@@ -457,19 +470,34 @@ def _broker(value: str, url: str) -> tuple[AmqpSettings | None, Path | None]:
     if value.startswith("embedded:") and not value.startswith("embedded://"):
         directory = value.removeprefix("embedded:")
         return None, Path(directory)
+    expected = "amqp://[user@]host[:port][,host[:port]...]/<vhost>[?queues=classic|quorum]"
     if not value.startswith("amqp://"):
-        raise InvalidInput(
-            f"invalid broker {shown(redact(value))}: expected embedded:<dir> or amqp://[user@]host[:port]/<vhost>"
-        )
+        raise InvalidInput(f"invalid broker {shown(redact(value))}: expected embedded:<dir> or {expected}")
     _refuse_password(value, url, "the broker URL in")
     _, authority, tail = _authority(value)
-    user, host = _user(authority, value)
-    path, question, _ = tail.partition("?")
-    if question or "#" in tail:
-        raise InvalidInput(
-            f"invalid broker {shown(redact(value))}: expected amqp://[user@]host[:port]/<vhost>"
-        )
-    host, port = _host_port(host, "broker host", AMQP_PORT)
+    user, hosts = _user(authority, value)
+    path, question, query = tail.partition("?")
+    if "#" in tail or not hosts:
+        raise InvalidInput(f"invalid broker {shown(redact(value))}: expected {expected}")
+    (host, port), *more_hosts = (_host_port(one, "broker host", AMQP_PORT) for one in hosts.split(","))
     vhost = unquote(path.removeprefix("/")) or "/"
     _matching(_VHOST, vhost, "broker vhost", "printable ASCII")
-    return AmqpSettings(host=host, port=port, vhost=vhost, user=user), None
+    options = _broker_options(query, value) if question else {}
+    queues = _choice(options.get("queues", "classic"), "broker queues", BROKER_QUEUE_TYPES, str.lower)
+    amqp = AmqpSettings(host, port, vhost, user, more_hosts=tuple(more_hosts), queues=queues)
+    return amqp, None
+
+
+def _broker_options(query: str, value: str) -> dict[str, str]:
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise InvalidInput(f"invalid broker {shown(redact(value))}: its options are not name=value") from None
+    options = dict(pairs)
+    unknown = sorted(set(options) - set(BROKER_OPTIONS))
+    if unknown or len(options) != len(pairs):
+        raise InvalidInput(
+            f"invalid broker {shown(redact(value))}: unknown or repeated option(s) "
+            f"{', '.join(shown(name) for name in unknown) or 'given twice'}: known are {list(BROKER_OPTIONS)}"
+        )
+    return options

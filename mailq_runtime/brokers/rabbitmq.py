@@ -1,42 +1,73 @@
 """The RabbitMQ broker (pika): record 31's messaging leg for the distributed deployment.
 
-Objects, per mail queue Q, durable, in the URL's virtual host and declared on first use: `mailq:Q`, a
-classic queue (`x-queue-version` 2) with priorities (`x-max-priority` 9, so mailq's 0..9 are RabbitMQ's
+Two designs, chosen by the broker URL's `queues` option (settings.py): classic queues (the default) and
+quorum queues, replicated on a cluster.
+
+Objects, per mail queue Q, durable, in the URL's virtual host and declared on first use. Classic: `mailq:Q`,
+a classic queue (`x-queue-version` 2) with priorities (`x-max-priority` 9, so mailq's 0..9 are RabbitMQ's
 own), and `mailq-dead-letters:Q`, where the messages RabbitMQ delivered too often wait for the queue to
-move them into the metadata store's dead letters (`drain_dead_letters`). No queue name holds ':', so two
-mail queues' objects never meet. Messages are persistent and every publish is confirmed.
+move them into the metadata store's dead letters (`drain_dead_letters`). Quorum: one quorum queue per
+priority band, `mailq-quorum-high:Q` (priorities 7-9), `mailq-quorum-normal:Q` (4-6) and
+`mailq-quorum-low:Q` (0-3), and the quorum queue `mailq-quorum-dead-letters:Q`. No queue name holds ':',
+so two mail queues' objects never meet, and the two designs' names differ, as RabbitMQ refuses to declare
+a queue again with another type. Messages are persistent and every publish is confirmed.
 
-Why classic queues and not quorum queues: on RabbitMQ 3.10 (Debian's, the harness's), a single-node
-quorum queue declared shortly before the node is killed (SIGKILL) comes back as an empty Raft follower
-of term 0 that never elects itself: every publish to it is nacked and every consume times out, for good,
-and the messages it had confirmed are gone. Killing the node 0.2 s after declaring six quorum queues and
-publishing 20 confirmed messages to each broke the last one declared in 4 runs of 4 (at 2 s or more, none),
-and the restart test of the quorum design stayed stuck on an unconfirmed publish for the same reason: the
-node's log says "ra system 'quorum_queues' running pre init for 3 registered servers" against 4 queues
-(Ra's registry of servers lost its newest entry) and "leader not known" for ever. Six classic priority
-queues killed the same way came back whole in 3 runs of 3. Quorum queues have no priorities on 3.10
-either, and 3.10 crashes its Raft segment writer when one is deleted right after heavy writes. What
-classic queues lack, mailq does itself:
+Classic queues live on one node: on a cluster a classic queue is unavailable (not lost: its messages are
+on disk) while its node is down. Quorum queues are replicated (Raft) on every node of the cluster and
+confirm a publish once a majority wrote it, so a queue survives the loss of a minority of the nodes:
+its followers elect a leader among themselves and it serves on. Quorum queues have no priorities on 3.10,
+hence the bands: a consumer consumes the three on one channel and hands out what it holds by priority,
+then enqueue id, so a band's mails always go before a lower band's that were published before them and
+are on their way, and within a band RabbitMQ delivers in publish order (a mail of priority 6 waits behind
+the priority-4 mails of its band published before it, beyond the consumer's prefetch). The prefetch bounds
+each band's queue: a consumer holds up to three times `prefetch` messages.
 
-- Delivery counting and the delivery limit: RabbitMQ marks a message delivered again (its consumer died,
-  lost its lease or gave it back; and, after a crash, every message it recovers) but does not count. The
-  consumer that receives such a message publishes a copy carrying the count (`x-mailq-deliveries`), then
-  acks the original; past `delivery_limit` the copy goes to the dead-letter queue with its reason
-  instead. Publish-then-ack is at-least-once: a crash in between leaves a duplicate, never a loss.
+Measured on RabbitMQ 3.10.8 (benchmarks/rabbitmq_quorum_kill.py, the harness's three-node cluster): six quorum
+queues declared through node 1 (which then leads them), 20 confirmed messages published to each through node
+2, node 1 SIGKILLed 0.2 s or 2 s after the last confirmation (0.7-2.7 s after the declaration), 12 runs: every
+queue had a new leader within 1-8.5 s and delivered all its messages through a survivor while node 1 was down,
+and again after node 1 restarted: 1,440 confirmed, 1,440 back. The whole cluster SIGKILLed the same way and
+started again: 2 s after the last confirmation, 360 of 360 back in 3 runs; 0.2 s after it (0.7-1.1 s after the
+declaration), the last queue declared came back without a leader ("leader not known" on every node, nothing
+delivered within 30 s) in 3 runs of 6. On a single node the same kill at 0.2 s broke the last queue declared
+in 3 runs of 3 (and 4 of 4 earlier: an empty Raft follower of term 0 that never elects itself, "ra system
+'quorum_queues' running pre init" counting one server less than there are queues), none at 2 s or more. So a
+quorum queue on 3.10 survives the loss of a minority of its nodes at any time, and of all of them once it is
+about two seconds old: mailq declares a mail queue's queues once, at its first use. On one node classic queues
+are the safe choice (six killed at 0.2 s came back whole in 3 runs of 3); quorum queues are for a cluster of
+three or more. 3.10 also crashes its Raft segment writer when a quorum queue is deleted right after heavy
+writes. What classic queues lack, mailq does itself:
+
+- Delivery counting and the delivery limit (classic): RabbitMQ marks a message delivered again (its consumer
+  died, lost its lease or gave it back; and, after a crash, every message it recovers) but does not count. The
+  consumer that receives such a message publishes a copy carrying the count (`x-mailq-deliveries`), then acks
+  the original; past `delivery_limit` the copy goes to the dead-letter queue with its reason instead.
+  Publish-then-ack is at-least-once: a crash in between leaves a duplicate, never a loss.
 - Dead letters: the dead-letter queue is drained into the metadata store by the queue (`MailQueue`), which
   records each letter before it is acked here.
 
-Replication is what classic queues give up: on a cluster a classic queue lives on one node, and is
-unavailable (not lost: its messages are on disk) while that node is down.
+Quorum queues count deliveries themselves (`x-delivery-count`, which also counts a message given back with a
+nack): each band's `x-delivery-limit` is `delivery_limit` - 1 returns, past which RabbitMQ moves the message
+to the dead-letter queue with `x-dead-letter-strategy` at-least-once (which needs `x-overflow`
+reject-publish): the message leaves its queue only once the dead-letter queue confirmed it. A copy this
+consumer publishes (an idle consumer's give-back, `published`) carries the count so far in mailq's header, as
+RabbitMQ's starts again with the copy; a message whose count in all reaches the limit is dead-lettered by the
+consumer as in the classic design. A quorum queue takes a message given back after answering what the channel
+asks next, so a receive after a return waits for it to come back (bounded by `_SETTLE_WAIT`). A channel opened
+while a quorum queue elects a new leader (a link that lost its node and connected to another within the
+election) may keep sending to the dead leader: nothing it publishes is confirmed again, and its consumers get
+nothing new (seen on 3.10 in 5 runs of 5 with the link on the killed leader). So a publish to quorum queues
+unconfirmed for its whole `publish_timeout` on a live connection drops the connection, and the link connects
+again to the next node, whose new channels find the new leader.
 
-Delivery order: RabbitMQ delivers by priority, in publish order within one; a consumer keeps up to
-`prefetch` messages and hands out what it holds by priority, then enqueue id (creation time), as the
-embedded broker does, so a message given back or republished takes its place again among those. After
-this process published to a queue or gave a message back, its next receive first catches up with what
-RabbitMQ sent it since (a passive declare on the consumer's channel, answered after those messages), so
-a mail this process just enqueued is found by a receive(timeout=0). A consumer nobody asked for a message
-for a second (its process busy with a long delivery, or done receiving) stops consuming and gives back
-what it holds, as copies keeping their count, so it starves no other consumer; the next receive resumes.
+Delivery order: RabbitMQ delivers a classic queue by priority, in publish order within one; a consumer keeps
+up to `prefetch` messages and hands out what it holds by priority, then enqueue id (creation time), as the
+embedded broker does, so a message given back or republished takes its place again among those. After this
+process published to a queue or gave a message back, its next receive first catches up with what RabbitMQ sent
+it since (a passive declare on the consumer's channel, answered after those messages), so a mail this process
+just enqueued is found by a receive(timeout=0). A consumer nobody asked for a message for a second (its
+process busy with a long delivery, or done receiving) stops consuming and gives back what it holds, as copies
+keeping their count, so it starves no other consumer; the next receive resumes.
 
 Threads: each broker object has one I/O thread (rabbitmq_link.py) owning its AMQP connection (pika's
 SelectConnection) and every channel on it, started by the first publish or receive; callers hand it work
@@ -45,15 +76,16 @@ heartbeats are answered while callers spend minutes on a mail, and all publisher
 stream with many messages in flight. Queues are declared from the caller's thread on a short connection
 of its own, so the I/O thread never waits.
 
-Recovery: when the connection or a channel is lost, the I/O thread reconnects with growing, jittered
-delays and resumes, and every consumer starts again. Nothing needs a restart. Publishes unconfirmed when
-the connection is lost, every publish while the link knows RabbitMQ is away, and a publish still
-unconfirmed after `publish_timeout` raise BrokerUnavailable at once: the queue then keeps the mail as a
-delayed mail due at once, which the next publisher of due mails hands over once RabbitMQ is back (a copy
-RabbitMQ did take is a duplicate, which the view's deletion mark absorbs). A publish nacked on a live
-channel is sent again. Deliveries in hand when the connection is lost are RabbitMQ's to deliver again:
-settling one raises BrokerUnavailable, which says so, rather than reporting an expired lease; `release`
-gives a delivery back without counting it, for a consumer that a failing backend kept from handling it.
+Recovery: when the connection or a channel is lost, the I/O thread reconnects with growing, jittered delays,
+each attempt to the next node the URL names (the first one chosen at random, so that processes spread over a
+cluster), and resumes, and every consumer starts again. Nothing needs a restart. Publishes unconfirmed when
+the connection is lost, every publish while the link knows RabbitMQ is away, and a publish still unconfirmed
+after `publish_timeout` raise BrokerUnavailable at once: the queue then keeps the mail as a delayed mail due
+at once, which the next publisher of due mails hands over once RabbitMQ is back (a copy RabbitMQ did take is a
+duplicate, which the view's deletion mark absorbs). A publish nacked on a live channel is sent again.
+Deliveries in hand when the connection is lost are RabbitMQ's to deliver again: settling one raises
+BrokerUnavailable, which says so, rather than reporting an expired lease; `release` gives a delivery back
+without counting it, for a consumer that a failing backend kept from handling it.
 
 Leases: RabbitMQ gives a delivery back when its consumer's channel dies. Besides, a delivery is leased to
 its receiver for the visibility timeout on the broker's clock, and `extend` pushes the end; a receive in
@@ -66,7 +98,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
@@ -90,6 +122,7 @@ from .rabbitmq_link import (
     Waiter,
     deliveries,
     describe,
+    kept,
     redelivery,
 )
 
@@ -109,12 +142,33 @@ _MISSING = object()  # what a waiting receive finds when its queue vanished
 T = TypeVar("T")
 
 
+CLASSIC, QUORUM = "classic", "quorum"
+QUEUE_TYPES = (CLASSIC, QUORUM)
+# The quorum design's priority bands, highest first: the lowest priority each takes, and its name.
+BANDS = ((7, "high"), (4, "normal"), (0, "low"))
+
+
 def queue_name(queue: str) -> str:
     return f"mailq:{queue}"
 
 
 def dead_letter_queue(queue: str) -> str:
     return f"mailq-dead-letters:{queue}"
+
+
+def band_queue(queue: str, priority: int) -> str:
+    """The quorum queue holding mail queue `queue`'s messages of `priority`."""
+    band = next(name for lowest, name in BANDS if priority >= lowest)
+    return f"mailq-quorum-{band}:{queue}"
+
+
+def rabbitmq_queues(queue: str, queue_type: str = CLASSIC) -> tuple[tuple[str, ...], str]:
+    """The RabbitMQ queues of mail queue `queue`: those of its messages (highest band first), and its
+    dead letters'."""
+    if queue_type == QUORUM:
+        bands = tuple(band_queue(queue, lowest) for lowest, _ in BANDS)
+        return bands, f"mailq-quorum-dead-letters:{queue}"
+    return (queue_name(queue),), dead_letter_queue(queue)
 
 
 class RabbitMQBroker:
@@ -129,6 +183,8 @@ class RabbitMQBroker:
         user: str = "guest",
         password: str = "guest",
         *,
+        more_hosts: Sequence[tuple[str, int]] = (),
+        queue_type: str = CLASSIC,
         clock: Clock = system_clock,
         visibility_timeout: int = 300 * MICROS_PER_SECOND,
         prefetch: int = 50,
@@ -139,22 +195,33 @@ class RabbitMQBroker:
         for name, value in (("prefetch", prefetch), ("delivery_limit", delivery_limit)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
                 raise InvalidInput(f"invalid {name} {shown(value)}: expected an integer 1..65535")
+        if queue_type not in QUEUE_TYPES:
+            expected = ", ".join(QUEUE_TYPES)
+            raise InvalidInput(f"invalid queue type {shown(queue_type)}: expected one of {expected}")
+        self.queue_type = queue_type
         self.clock = clock
         self.visibility_timeout = visibility_timeout
         self.prefetch = prefetch
         self.delivery_limit = delivery_limit
         self.publish_timeout = publish_timeout
-        self.target = f"{host}:{port} (vhost {vhost!r}, user {user!r})"
-        self._parameters = pika.ConnectionParameters(
-            host=host,
-            port=port,
-            virtual_host=vhost,
-            credentials=pika.PlainCredentials(user, password),
-            heartbeat=heartbeat,
-            connection_attempts=1,
-            socket_timeout=10,
-            stack_timeout=15,
-        )
+        hosts = [(host, port), *more_hosts]
+        nodes = ",".join(f"{one}:{its_port}" for one, its_port in hosts)
+        self.target = f"{nodes} (vhost {vhost!r}, user {user!r})"
+        # Any node of a cluster serves: the I/O thread tries the next one each time it connects, and a
+        # short connection tries them in turn.
+        self._parameters = [
+            pika.ConnectionParameters(
+                host=one,
+                port=its_port,
+                virtual_host=vhost,
+                credentials=pika.PlainCredentials(user, password),
+                heartbeat=heartbeat,
+                connection_attempts=1,
+                socket_timeout=10,
+                stack_timeout=15,
+            )
+            for one, its_port in hosts
+        ]
         self._declared: set[str] = set()
         self._declare_lock = threading.Lock()
         self._consumers: dict[str, Consumer] = {}
@@ -201,12 +268,14 @@ class RabbitMQBroker:
                     f"RabbitMQ at {self.target} is unreachable ({link.error})"
                 ) from link.failure
             self._declare(queue, deadline)
-            publish = Publish(queue_name(queue), enqueue_id, body, properties)
+            publish = Publish(self._route(queue, priority), enqueue_id, body, properties)
             waiter = publish.waiter
             assert waiter is not None
             link.submit(partial(link.send, publish))
             if not waiter.wait(deadline - time.monotonic()):
                 link.submit(partial(link.abandon, publish))
+                if self.queue_type == QUORUM:
+                    link.submit(link.reconnect)
                 raise BrokerUnavailable(
                     f"RabbitMQ at {self.target} confirmed no publish of mail {enqueue_id} within "
                     f"{self.publish_timeout:g} s ({link.error or 'no answer'})"
@@ -218,6 +287,10 @@ class RabbitMQBroker:
                 raise waiter.outcome
             self._stir(queue_name(queue))
             return
+
+    def _route(self, queue: str, priority: int) -> str:
+        """The RabbitMQ queue a message of mail queue `queue` and `priority` goes to."""
+        return band_queue(queue, priority) if self.queue_type == QUORUM else queue_name(queue)
 
     def _stir(self, name: str) -> None:
         """This process changed what RabbitMQ queue `name` holds: its consumer's next receive catches up
@@ -245,24 +318,27 @@ class RabbitMQBroker:
         return (held | seen) & wanted
 
     def _browse(self, queue: str, channel: Any) -> set[str]:
-        name = queue_name(queue)
-        ready = channel.queue_declare(name, passive=True).method.message_count
+        names, dead_letters = rabbitmq_queues(queue, self.queue_type)
         channel.confirm_delivery()
         seen = set()
-        # At most the messages ready at the start: the copies go to the queue's end and must not be
-        # taken again.
-        for _ in range(ready):
-            method, properties, body = channel.basic_get(name)
-            if method is None:
-                break
-            seen.add(properties.message_id or "")
-            routing_key = name
-            if method.redelivered:
-                routing_key, properties = redelivery(
-                    properties, name, dead_letter_queue(queue), self.delivery_limit, self.clock
-                )
-            channel.basic_publish("", routing_key, body, properties=properties)  # returns once confirmed
-            channel.basic_ack(method.delivery_tag)
+        for name in names:
+            ready = channel.queue_declare(name, passive=True).method.message_count
+            # At most the messages ready at the start: the copies go to the queue's end and must not be
+            # taken again.
+            for _ in range(ready):
+                method, properties, body = channel.basic_get(name)
+                if method is None:
+                    break
+                seen.add(properties.message_id or "")
+                routing_key = name
+                if self.queue_type == QUORUM:
+                    properties = kept(properties)  # RabbitMQ counted; the copy keeps the count
+                elif method.redelivered:
+                    routing_key, properties = redelivery(
+                        properties, name, dead_letters, self.delivery_limit, self.clock
+                    )
+                channel.basic_publish("", routing_key, body, properties=properties)  # returns once confirmed
+                channel.basic_ack(method.delivery_tag)
         return seen
 
     def counts(self, queue: str) -> BrokerCounts:
@@ -275,8 +351,9 @@ class RabbitMQBroker:
         return BrokerCounts(ready=ready, leased=None, dead_letters=dead)
 
     def _ready_counts(self, queue: str, channel: Any) -> tuple[int, int]:
+        names, dead_letters = rabbitmq_queues(queue, self.queue_type)
         counts = []
-        for name in (queue_name(queue), dead_letter_queue(queue)):
+        for name in (*names, dead_letters):
             try:
                 counts.append(channel.queue_declare(name, passive=True).method.message_count)
             except pika.exceptions.ChannelClosedByBroker as error:
@@ -286,7 +363,7 @@ class RabbitMQBroker:
                 # broker closed the channel, so the next declare takes a new one.
                 counts.append(0)
                 channel = channel.connection.channel()
-        return counts[0], counts[1]
+        return sum(counts[:-1]), counts[-1]
 
     # Consuming.
 
@@ -339,6 +416,8 @@ class RabbitMQBroker:
             ended = [tag for tag, (_, until) in consumer.outstanding.items() if until <= now]
             for tag in ended:
                 del consumer.outstanding[tag]
+            if consumer.counted:
+                consumer.returning += len(ended)
             epoch = consumer.epoch
         if not ended:
             return
@@ -382,13 +461,16 @@ class RabbitMQBroker:
             if settle_until is None:
                 settle_until = now + _SETTLE_WAIT
             elif now >= settle_until:
+                with consumer.cond:
+                    consumer.returning = 0  # taken by another consumer, or RabbitMQ dead-lettered them
                 return None
             ready = self._sync(consumer)
             with consumer.cond:
                 if consumer.buffer or consumer.missing:
                     continue
                 room = len(consumer.outstanding) + len(consumer.buffer) < self.prefetch
-                if ready is None or not (consumer.republishing or (ready and room)):
+                on_the_way = consumer.republishing or consumer.returning or (ready and room)
+                if ready is None or not on_the_way:
                     return None
                 consumer.cond.wait(min(0.05, max(settle_until - now, 0.001)))
 
@@ -399,9 +481,12 @@ class RabbitMQBroker:
         while True:
             with consumer.cond:
                 while time.monotonic() < end and (
-                    (consumer.republishing and consumer.live) or (consumer.started and not consumer.ever_live)
+                    ((consumer.republishing or consumer.returning) and consumer.live)
+                    or (consumer.started and not consumer.ever_live)
                 ):
                     consumer.cond.wait(max(end - time.monotonic(), 0.001))
+                if time.monotonic() >= end:
+                    consumer.returning = 0  # taken by another consumer, or RabbitMQ dead-lettered them
                 consumer.dirty = False
             if not consumer.live or self._sync(consumer) is None or time.monotonic() >= end:
                 return
@@ -423,8 +508,7 @@ class RabbitMQBroker:
         with self._consumers_lock:
             consumer = self._consumers.get(name)
             if consumer is None:
-                counting = dead_letter_queue(queue) if name == queue_name(queue) else None
-                consumer = self._consumers[name] = Consumer(name, counting)
+                consumer = self._consumers[name] = self._new_consumer(queue, name)
         if consumer.started and not consumer.missing:
             return consumer
         link = self._started()
@@ -445,6 +529,16 @@ class RabbitMQBroker:
             consumer.started = True
             link.submit(partial(link.consume, consumer))
         return consumer
+
+    def _new_consumer(self, queue: str, name: str) -> Consumer:
+        """The consumer of mail queue `queue`'s messages (`name` its queue_name), or of its dead letters."""
+        names, dead_letters = rabbitmq_queues(queue, self.queue_type)
+        if name != queue_name(queue):
+            return Consumer(name, None)
+        if self.queue_type == QUORUM:
+            route = partial(band_queue, queue)
+            return Consumer(name, dead_letters, queues=names, route=route, counted=True)
+        return Consumer(name, dead_letters)
 
     def held(self, queue: str) -> list[tuple[str, int | None]]:
         """The messages of `queue` this broker holds unsettled, once those RabbitMQ sent it have arrived:
@@ -517,6 +611,8 @@ class RabbitMQBroker:
                 return False
             del consumer.outstanding[handle.tag]
             consumer.dirty = consumer.dirty or requeue
+            if requeue and consumer.counted:
+                consumer.returning += 1
         # Not waited for: AMQP answers no ack, and one sent just before a connection dies is lost all the
         # same, the message then being delivered again (at-least-once).
         link = self._started()
@@ -531,7 +627,7 @@ class RabbitMQBroker:
         Crash-safe order: 1. receive them; 2. `keep`; 3. ack. A crash or a failing `keep` leaves them in
         the dead-letter queue, so `keep` may be handed a letter again: it must replace, not add."""
         deadline = time.monotonic() + _START_WAIT
-        consumer = self._consumer(queue, dead_letter_queue(queue), deadline)
+        consumer = self._consumer(queue, rabbitmq_queues(queue, self.queue_type)[1], deadline)
         if consumer is None:
             return 0
         taken = []
@@ -570,9 +666,18 @@ class RabbitMQBroker:
             queue=queue,
             enqueue_id=properties.message_id or "",
             payload=body.decode("utf-8", errors="replace"),
-            reason=reason if isinstance(reason, str) else "RabbitMQ dead-lettered it",
+            reason=reason if isinstance(reason, str) else self._limit_reason(headers),
             died_at=int(died_at) if isinstance(died_at, int) else self.clock(),
         )
+
+    def _limit_reason(self, headers: dict) -> str:
+        """Why RabbitMQ dead-lettered a message by itself (a quorum queue's delivery limit)."""
+        if headers.get("x-first-death-reason") == "delivery_limit":
+            return (
+                f"delivered {self.delivery_limit} times without being settled, the broker's delivery limit "
+                "(counted by RabbitMQ): its consumers died, lost their lease or gave it back every time"
+            )
+        return "RabbitMQ dead-lettered it"
 
     # Declaring, on a short connection of the caller's own.
 
@@ -587,6 +692,25 @@ class RabbitMQBroker:
             self._declared.add(queue)
 
     def _declare_on(self, queue: str, channel: Any) -> None:
+        if self.queue_type == QUORUM:
+            names, dead_letters = rabbitmq_queues(queue, QUORUM)
+            channel.queue_declare(dead_letters, durable=True, arguments={"x-queue-type": QUORUM})
+            for name in names:
+                channel.queue_declare(
+                    name,
+                    durable=True,
+                    arguments={
+                        "x-queue-type": QUORUM,
+                        # RabbitMQ counts returns; a message handed out `delivery_limit` times and
+                        # returned once more moves to the dead letters, no copy of it lost on the way.
+                        "x-delivery-limit": self.delivery_limit - 1,
+                        "x-dead-letter-exchange": "",
+                        "x-dead-letter-routing-key": dead_letters,
+                        "x-dead-letter-strategy": "at-least-once",
+                        "x-overflow": "reject-publish",  # what at-least-once dead-lettering requires
+                    },
+                )
+            return
         channel.queue_declare(
             queue_name(queue),
             durable=True,

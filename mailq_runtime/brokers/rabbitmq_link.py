@@ -43,6 +43,8 @@ ROUTE_LOST = object()  # the outcome of a publish that RabbitMQ confirmed but co
 DELIVERIES = "x-mailq-deliveries"
 REASON = "x-mailq-reason"
 DIED_AT = "x-mailq-died-at"
+# RabbitMQ's own count of a quorum queue's message: its returns since it was published.
+QUORUM_DELIVERIES = "x-delivery-count"
 
 
 def describe(error: BaseException) -> str:
@@ -61,9 +63,28 @@ def describe(error: BaseException) -> str:
 
 
 def deliveries(properties: pika.BasicProperties) -> int:
-    """How many times the message was delivered before this copy of it was published."""
-    count = (properties.headers or {}).get(DELIVERIES, 0)
-    return int(count) if isinstance(count, int) and count > 0 else 0
+    """How many times the message was delivered before this delivery: those before this copy of it was
+    published, and those a quorum queue counted since."""
+    headers = properties.headers or {}
+    return sum(
+        int(count)
+        for count in (headers.get(DELIVERIES, 0), headers.get(QUORUM_DELIVERIES, 0))
+        if isinstance(count, int) and count > 0
+    )
+
+
+def kept(properties: pika.BasicProperties, count: int | None = None) -> pika.BasicProperties:
+    """The properties of a copy of a message that keeps its deliveries (`count`, else those it had) in
+    mailq's header: RabbitMQ's count of a quorum queue starts again with the copy."""
+    headers = {**(properties.headers or {}), DELIVERIES: deliveries(properties) if count is None else count}
+    headers.pop(QUORUM_DELIVERIES, None)
+    return pika.BasicProperties(
+        message_id=properties.message_id,
+        delivery_mode=pika.DeliveryMode.Persistent,
+        content_type=properties.content_type,
+        priority=properties.priority,
+        headers=headers,
+    )
 
 
 def redelivery(
@@ -72,23 +93,16 @@ def redelivery(
     """Where the copy of a message RabbitMQ delivers again goes, and its properties: back to `queue` with
     one more delivery counted, or, once `limit` deliveries are reached, to `dead_letters` with the reason."""
     count = deliveries(properties) + 1
-    headers = {**(properties.headers or {}), DELIVERIES: count}
-    routing_key = queue
-    if count >= limit:
-        routing_key = dead_letters
-        headers[REASON] = (
-            f"delivered {count} times without being settled, the broker's delivery limit: its consumers "
-            "died, lost their lease or gave it back every time"
-        )
-        headers[DIED_AT] = clock()
-    copy = pika.BasicProperties(
-        message_id=properties.message_id,
-        delivery_mode=pika.DeliveryMode.Persistent,
-        content_type=properties.content_type,
-        priority=properties.priority,
-        headers=headers,
+    copy = kept(properties, count)
+    if count < limit:
+        return queue, copy
+    assert copy.headers is not None
+    copy.headers[REASON] = (
+        f"delivered {count} times without being settled, the broker's delivery limit: its consumers "
+        "died, lost their lease or gave it back every time"
     )
-    return routing_key, copy
+    copy.headers[DIED_AT] = clock()
+    return dead_letters, copy
 
 
 class Waiter:
@@ -156,16 +170,29 @@ class Handle:
 
 
 class Consumer:
-    """The deliveries of one RabbitMQ queue in this process: a channel consuming it, the messages
-    received that no caller took yet (by priority, then enqueue id), and those handed out and not
-    settled, with their leases. The I/O thread fills the buffer and the callers empty it, under `cond`.
+    """The deliveries of RabbitMQ queues `queues` in this process (a mail queue's, or its dead letters'):
+    a channel consuming them, the messages received that no caller took yet (by priority, then enqueue
+    id), and those handed out and not settled, with their leases. The I/O thread fills the buffer and the
+    callers empty it, under `cond`. `route` names the queue a message of a priority goes back to.
 
-    A mail queue's consumer counts deliveries: a message RabbitMQ delivers again is replaced by a copy
-    that counts one more, or goes to `dead_letters` past the limit. The dead-letter queue's does not."""
+    A mail queue's consumer has `dead_letters`. Its queues count deliveries themselves (`counted`, quorum
+    queues), or it counts them: a message RabbitMQ delivers again is replaced by a copy that counts one
+    more. Either way, a message past the limit goes to `dead_letters` (a quorum queue's copies keep the
+    deliveries before them, which its own limit does not see)."""
 
-    def __init__(self, name: str, dead_letters: str | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        dead_letters: str | None,
+        queues: tuple[str, ...] | None = None,
+        route: Callable[[int], str] | None = None,
+        counted: bool = False,
+    ) -> None:
         self.name = name
         self.dead_letters = dead_letters
+        self.queues = queues or (name,)
+        self.route = route or (lambda _priority: name)
+        self.counted = counted
         self.cond = threading.Condition(threading.Lock())
         # (-priority, enqueue id, delivery tag, properties, body)
         self.buffer: list[tuple[int, str, int, pika.BasicProperties, bytes]] = []
@@ -175,6 +202,10 @@ class Consumer:
         self.ever_live = False
         self.outstanding: dict[int, list] = {}  # delivery tag -> [enqueue id, lease end], handed out
         self.republishing = 0  # redelivered messages whose copy RabbitMQ has not confirmed yet
+        # Messages this process gave back to queues that count deliveries and has not received again: a
+        # quorum queue takes a message back after answering what the channel asks next, unlike a
+        # classic one, so a receive waits a moment for them.
+        self.returning = 0
         # This process published to the queue or gave a message back since the last sync: messages may
         # be on their way here that should go out before those the buffer holds.
         self.dirty = False
@@ -188,7 +219,7 @@ class Consumer:
         self.wanted = False
         self.channel: Any = None
         self.opening = False
-        self.tag: str | None = None  # the consumer tag while consuming
+        self.tags: list[str] = []  # the consumer tags while consuming
         self.syncs: list[Waiter] = []
 
     def asking(self, more: int) -> None:
@@ -218,7 +249,7 @@ class Consumer:
             self.live = False
             self.buffer.clear()
             self.outstanding.clear()
-            self.republishing = 0
+            self.republishing = self.returning = 0
             self.cond.notify_all()
 
 
@@ -228,7 +259,7 @@ class Link(threading.Thread):
 
     def __init__(
         self,
-        parameters: pika.ConnectionParameters,
+        parameters: list[pika.ConnectionParameters],
         target: str,
         prefetch: int,
         delivery_limit: int,
@@ -236,6 +267,7 @@ class Link(threading.Thread):
     ) -> None:
         super().__init__(name=f"mailq-rabbitmq {target}", daemon=True)
         self.parameters = parameters
+        self.attempts = random.randrange(len(parameters))  # processes spread over the nodes
         self.target = target
         self.prefetch = prefetch
         self.delivery_limit = delivery_limit
@@ -302,8 +334,11 @@ class Link(threading.Thread):
         self.reconnect_timer = None
         if self.closing:
             return
+        # Each attempt the next node: a connection lost with its node is made again to another.
+        parameters = self.parameters[self.attempts % len(self.parameters)]
+        self.attempts += 1
         self.connection = pika.SelectConnection(
-            self.parameters,
+            parameters,
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_closed,
@@ -361,7 +396,7 @@ class Link(threading.Thread):
         self._fail_waiting(lost)
         for consumer in self.consumers.values():
             consumer.channel = None
-            consumer.tag = None
+            consumer.tags = []
             consumer.opening = False
             self._end_syncs(consumer)
             consumer.lose()
@@ -397,6 +432,16 @@ class Link(threading.Thread):
                 "RabbitMQ at %s: publish channel closed (%s), reopening", self.target, describe(reason)
             )
             self.ioloop.call_later(BACKOFF_MAX / 5, self._reopen_publish_channel)
+
+    def reconnect(self) -> None:
+        """A publish went unconfirmed for its whole timeout on a live connection: drop the connection, to
+        make it again to the next node. A channel opened while a quorum queue elected a new leader may
+        keep sending to the dead one, and nothing it publishes is confirmed any more (seen on 3.10)."""
+        if self._connected() and self.pending:
+            log.warning(
+                "RabbitMQ at %s: publishes unconfirmed on a live connection, connecting again", self.target
+            )
+            self.connection.close()
 
     def _reopen_publish_channel(self) -> None:
         if self._connected() and self.channel is None:
@@ -498,7 +543,8 @@ class Link(threading.Thread):
         consumer.channel = channel
         channel.add_on_close_callback(partial(self._on_consumer_channel_closed, consumer))
         # RabbitMQ cancels a consumer whose queue was deleted: closing the channel restarts it.
-        channel.add_on_cancel_callback(lambda _frame: channel.close())
+        # (One cancel per queue of its own: the first closes it.)
+        channel.add_on_cancel_callback(lambda _frame: channel.close() if channel.is_open else None)
         channel.basic_qos(prefetch_count=self.prefetch, callback=partial(self._on_qos, consumer, channel))
 
     def _on_qos(self, consumer: Consumer, channel: Any, _frame: Any) -> None:
@@ -511,13 +557,19 @@ class Link(threading.Thread):
 
     def _start_consuming(self, consumer: Consumer) -> None:
         epoch = consumer.epoch
-        consumer.tag = consumer.channel.basic_consume(
-            consumer.name,
-            partial(self._on_message, consumer, epoch),
-            callback=partial(self._on_consuming, consumer, epoch),
-        )
+        # One channel for all of them: its delivery tags tell their messages apart, and one prefetch
+        # per queue bounds what it holds.
+        consumer.tags = [
+            consumer.channel.basic_consume(
+                name,
+                partial(self._on_message, consumer, epoch),
+                callback=partial(self._on_consuming, consumer, epoch),
+            )
+            for name in consumer.queues
+        ]
 
     def _on_consuming(self, consumer: Consumer, epoch: int, _frame: Any) -> None:
+        # Live from the first queue's consume-ok: its messages may come before the others' answers.
         with consumer.cond:
             if epoch == consumer.epoch:
                 consumer.live = consumer.ever_live = True
@@ -541,16 +593,31 @@ class Link(threading.Thread):
             channel = consumer.channel
             with consumer.cond:
                 idle = consumer.waiting == 0 and now - consumer.last_asked > IDLE
-                if not idle or consumer.paused or not consumer.live or consumer.tag is None:
+                if not idle or consumer.paused or not consumer.live or not consumer.tags:
                     continue
                 consumer.paused = True
                 held, consumer.buffer = consumer.buffer, []
                 epoch = consumer.epoch
-            channel.basic_cancel(consumer.tag)
-            consumer.tag = None
-            for _, _, tag, properties, body in held:
-                self._send_copy(consumer, epoch, tag, consumer.name, properties, body)
+            self._cancel(consumer, channel, epoch, held)
         self.idle_timer = self.ioloop.call_later(IDLE / 2, self._check_idle)
+
+    def _cancel(self, consumer: Consumer, channel: Any, epoch: int, held: list) -> None:
+        """Stop consuming, then give back the messages `held` as copies, once RabbitMQ confirmed every
+        cancel: a copy delivered to this consumer before its cancel arrived would be rejected by pika,
+        which a quorum queue counts as a delivery."""
+        tags, consumer.tags = consumer.tags, []
+        left = [len(tags)]
+
+        def cancelled(_frame: Any) -> None:
+            left[0] -= 1
+            if left[0]:
+                return
+            for _, _, tag, properties, body in held:
+                route = consumer.route(properties.priority or 0)
+                self._send_copy(consumer, epoch, tag, route, kept(properties), body)
+
+        for consumer_tag in tags:
+            channel.basic_cancel(consumer_tag, callback=cancelled)
 
     def _on_message(
         self,
@@ -562,23 +629,35 @@ class Link(threading.Thread):
         body: bytes,
     ) -> None:
         tag = method.delivery_tag
-        if method.redelivered and consumer.dead_letters is not None:
+        if consumer.dead_letters is not None and (
+            deliveries(properties) >= self.delivery_limit if consumer.counted else method.redelivered
+        ):
             # Its consumer died, lost its lease, gave it back, or RabbitMQ restarted: RabbitMQ does not
-            # count deliveries of a classic queue, so the copy that replaces it carries the count.
+            # count deliveries of a classic queue, so the copy that replaces it carries the count. (A
+            # quorum queue's message gets here only past the limit, counting its copies' deliveries.)
             routing_key, copy = redelivery(
-                properties, consumer.name, consumer.dead_letters, self.delivery_limit, self.clock
+                properties,
+                consumer.route(properties.priority or 0),
+                consumer.dead_letters,
+                self.delivery_limit,
+                self.clock,
             )
             self._send_copy(consumer, epoch, tag, routing_key, copy, body)
             return
         with consumer.cond:
             if epoch != consumer.epoch:
                 return  # from a channel given up on: RabbitMQ delivers it again
+            if method.redelivered and consumer.returning:
+                consumer.returning -= 1
+                if not consumer.returning:
+                    consumer.cond.notify_all()  # a catching-up receive waits for them
             if not consumer.paused:
                 entry = (-(properties.priority or 0), properties.message_id or "", tag)
                 heapq.heappush(consumer.buffer, (*entry, properties, body))
                 consumer.cond.notify()
                 return
-        self._send_copy(consumer, epoch, tag, consumer.name, properties, body)  # sent before the pause
+        route = consumer.route(properties.priority or 0)
+        self._send_copy(consumer, epoch, tag, route, kept(properties), body)  # sent before the pause
 
     def _send_copy(
         self,
@@ -622,13 +701,14 @@ class Link(threading.Thread):
     ) -> None:
         """Give a handed-out message back uncounted, as a copy keeping its count; `waiter` learns when
         the original is acked (or never, with the channel lost: RabbitMQ delivers the original again)."""
-        self._send_copy(consumer, epoch, tag, consumer.name, properties, body, then=waiter.settle)
+        route = consumer.route(properties.priority or 0)
+        self._send_copy(consumer, epoch, tag, route, kept(properties), body, then=waiter.settle)
 
     def _on_consumer_channel_closed(self, consumer: Consumer, channel: Any, reason: BaseException) -> None:
         if channel is not consumer.channel:
             return
         consumer.channel = None
-        consumer.tag = None
+        consumer.tags = []
         self._end_syncs(consumer)
         consumer.lose()
         if isinstance(reason, pika.exceptions.ChannelClosedByBroker) and reason.reply_code == 404:
@@ -660,7 +740,7 @@ class Link(threading.Thread):
             channel.basic_ack(tag)
 
     def sync(self, consumer: Consumer, waiter: Waiter) -> None:
-        """Answer the number of messages ready in the consumer's queue, asked on its own channel: the
+        """Answer the number of messages ready in the consumer's queues, asked on its own channel: the
         answer comes after every message RabbitMQ sent this consumer before it, so a message that is
         neither received nor ready is on its way to another consumer. None without a live channel."""
         channel = consumer.channel
@@ -668,13 +748,16 @@ class Link(threading.Thread):
             waiter.settle(None)
             return
         consumer.syncs.append(waiter)
+        counts: list[int] = []
 
         def answered(frame: Any) -> None:
-            if waiter in consumer.syncs:
+            counts.append(frame.method.message_count)
+            if len(counts) == len(consumer.queues) and waiter in consumer.syncs:
                 consumer.syncs.remove(waiter)
-                waiter.settle(frame.method.message_count)
+                waiter.settle(sum(counts))
 
-        channel.queue_declare(consumer.name, passive=True, callback=answered)
+        for name in consumer.queues:
+            channel.queue_declare(name, passive=True, callback=answered)
 
     def _end_syncs(self, consumer: Consumer) -> None:
         syncs, consumer.syncs = consumer.syncs, []

@@ -1,9 +1,11 @@
 """Fixtures of the RabbitMQ broker's tests: brokers in a virtual host of the test's own on the harness's
 node, and, for the tests that stop or kill RabbitMQ, a private node of their own (never the shared one,
-which other test runs are using); the URL of the whole distributed deployment on either."""
+which other test runs are using) or the harness's three-node cluster, started for their module only; the
+URL of the whole distributed deployment on any of them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -11,10 +13,11 @@ from urllib.parse import quote, urlencode
 
 import pytest
 
-from mailq_runtime.brokers.rabbitmq import RabbitMQBroker
+from mailq_runtime.brokers.rabbitmq import QUEUE_TYPES, RabbitMQBroker
 from tests.servers.base import ServerError
 from tests.servers.fixtures import fresh_keyspace
 from tests.servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
+from tests.servers.rabbitmq_cluster import RabbitMQCluster
 
 Brokers = Callable[..., RabbitMQBroker]
 
@@ -24,11 +27,14 @@ def vhost(rabbitmq_vhosts: Vhosts) -> str:
     return rabbitmq_vhosts.take()
 
 
-def broker_factory(server: RabbitMQServer, vhost: str) -> tuple[Brokers, list[RabbitMQBroker]]:
+def broker_factory(
+    server: RabbitMQServer, vhost: str, queue_type: str = "classic"
+) -> tuple[Brokers, list[RabbitMQBroker]]:
     made: list[RabbitMQBroker] = []
 
     def make(**options) -> RabbitMQBroker:
         options.setdefault("password", server.password)
+        options.setdefault("queue_type", queue_type)
         broker = RabbitMQBroker(server.host, server.port, vhost, server.username, **options)
         made.append(broker)
         return broker
@@ -36,11 +42,18 @@ def broker_factory(server: RabbitMQServer, vhost: str) -> tuple[Brokers, list[Ra
     return make, made
 
 
+@pytest.fixture(params=QUEUE_TYPES)
+def queue_type(request: pytest.FixtureRequest) -> str:
+    """Each broker test runs on both designs: classic priority queues, and quorum queues per priority
+    band (on one node quorum queues work too, unreplicated)."""
+    return request.param
+
+
 @pytest.fixture
-def brokers(rabbitmq_server: RabbitMQServer, vhost: str) -> Iterator[Brokers]:
-    """Makes brokers in the test's virtual host (keyword arguments as RabbitMQBroker's); all closed at
-    the end."""
-    make, made = broker_factory(rabbitmq_server, vhost)
+def brokers(rabbitmq_server: RabbitMQServer, vhost: str, queue_type: str) -> Iterator[Brokers]:
+    """Makes brokers of the test's queue type in the test's virtual host (keyword arguments as
+    RabbitMQBroker's); all closed at the end."""
+    make, made = broker_factory(rabbitmq_server, vhost, queue_type)
     yield make
     for broker in made:
         broker.close()
@@ -61,6 +74,22 @@ def private_node(
     node.stop()
 
 
+@pytest.fixture(scope="module")
+def rabbitmq_cluster(rabbitmq_server: RabbitMQServer) -> Iterator[RabbitMQCluster]:
+    """The harness's three-node cluster, for this module: started if it is not running (rabbitmq_server
+    first: it installs RabbitMQ when missing), and stopped afterwards if this fixture started it."""
+    cluster = RabbitMQCluster()
+    started = time.monotonic()
+    try:
+        _, did = cluster.ensure()
+    except ServerError as error:
+        pytest.fail(f"the RabbitMQ cluster could not start: {error}", pytrace=False)
+    print(f"rabbitmq-cluster: {did} in {time.monotonic() - started:.1f} s")
+    yield cluster
+    if did != "reused":
+        cluster.stop()
+
+
 def private_server(node: RabbitMQ) -> RabbitMQServer:
     return RabbitMQServer(**node.facts())
 
@@ -76,6 +105,11 @@ class Deployment:
     bucket: str
 
     def url(self, rabbitmq: RabbitMQServer, vhost: str) -> Callable[..., str]:
+        return self.url_on(f"amqp://{rabbitmq.host}:{rabbitmq.port}/{quote(vhost, safe='')}")
+
+    def url_on(self, broker: str) -> Callable[..., str]:
+        """The URL on the broker of the amqp:// URL `broker`."""
+
         def url(**options: object) -> str:
             query = urlencode(
                 {
@@ -83,7 +117,7 @@ class Deployment:
                     "s3_endpoint": self.s3.endpoint_url,
                     "s3_region": self.s3.region,
                     "s3_prefix": f"{self.keyspace}/",
-                    "broker": f"amqp://{rabbitmq.host}:{rabbitmq.port}/{quote(vhost, safe='')}",
+                    "broker": broker,
                     **options,
                 },
                 safe=":/",

@@ -32,7 +32,7 @@ import pika.exceptions
 import pytest
 
 from mailq_runtime import Runtime
-from mailq_runtime.brokers.rabbitmq import dead_letter_queue, queue_name
+from mailq_runtime.brokers.rabbitmq import rabbitmq_queues
 from mailq_runtime.clock import Clock, system_clock
 from mailq_runtime.stores.cassandra.schema import TABLES as CASSANDRA_TABLES
 from tests.servers.urls import distributed_url
@@ -672,22 +672,31 @@ class RabbitMQBackend(CassandraBackend):
         rabbitmq: RabbitMQServer,
         vhost: str,
         vhosts: Vhosts | None = None,
+        queue_type: str = "classic",
     ) -> None:
         """`vhosts`: the pool `vhost` came from, which gets it back for the next test at `close` (None for
-        a backend sharing another's vhost)."""
+        a backend sharing another's vhost); `queue_type` the broker URL's `queues`."""
         super().__init__(Path("/nonexistent/rabbitmq-has-no-broker-dir"), servers, keyspace, bucket)
         self.rabbitmq = rabbitmq
         self.vhost = vhost
         self.vhosts = vhosts
+        self.queue_type = queue_type
         self._probe: pika.BlockingConnection | None = None
 
     def url(self, **options: object) -> str:
         broker = f"amqp://{self.rabbitmq.host}:{self.rabbitmq.port}/{quote(self.vhost, safe='')}"
+        if self.queue_type != "classic":
+            broker += f"?queues={self.queue_type}"
         return super().url(broker=broker, **options)
 
     def elsewhere(self) -> RabbitMQBackend:
         return RabbitMQBackend(
-            self.servers, f"{self.keyspace}_elsewhere", self.bucket, self.rabbitmq, self.vhost
+            self.servers,
+            f"{self.keyspace}_elsewhere",
+            self.bucket,
+            self.rabbitmq,
+            self.vhost,
+            queue_type=self.queue_type,
         )
 
     def close(self) -> None:
@@ -704,13 +713,23 @@ class RabbitMQBackend(CassandraBackend):
         """Delete the RabbitMQ queues of every mail queue the test used; False if one still has a
         consumer."""
         for queue in self._queue_names():
-            for name in (queue_name(queue), dead_letter_queue(queue)):
+            names, dead_letters = rabbitmq_queues(queue, self.queue_type)
+            for name in (*names, dead_letters):
                 channel = self._channel()
                 try:
-                    channel.queue_delete(name, if_unused=True)
+                    if self.queue_type == "quorum":
+                        # Quorum queues refuse if_unused: their consumers are counted instead.
+                        if channel.queue_declare(name, passive=True).method.consumer_count:
+                            return False
+                        channel.queue_delete(name)
+                    else:
+                        channel.queue_delete(name, if_unused=True)
                 except pika.exceptions.ChannelClosedByBroker as refused:
-                    assert refused.reply_code == 406, refused  # PRECONDITION_FAILED: in use
-                    return False
+                    # PRECONDITION_FAILED: in use; NOT_FOUND: never declared (a quorum queue's band)
+                    assert refused.reply_code in (404, 406), refused
+                    if refused.reply_code == 406:
+                        return False
+                    continue
                 channel.close()
         return True
 
@@ -724,10 +743,13 @@ class RabbitMQBackend(CassandraBackend):
         return sorted({"spool", *(queue for (queue,) in self._rows("SELECT queue FROM queues"))})
 
     def _ready(self, queue: str) -> int:
-        """Messages ready in the queue's RabbitMQ queue (0 when it was never declared)."""
+        """Messages ready in the queue's RabbitMQ queues (0 when never declared)."""
+        return sum(self._ready_in(name) for name in rabbitmq_queues(queue, self.queue_type)[0])
+
+    def _ready_in(self, name: str) -> int:
         channel = self._channel()
         try:
-            return channel.queue_declare(queue_name(queue), passive=True).method.message_count
+            return channel.queue_declare(name, passive=True).method.message_count
         except pika.exceptions.ChannelClosedByBroker as closed:
             assert closed.reply_code == 404, closed
             return 0
@@ -756,20 +778,20 @@ class RabbitMQBackend(CassandraBackend):
         """Take every ready message of the queue and publish the others again as they were, the one of
         `enqueue_id` as `change(body)` makes it (None: not at all)."""
         channel = self._channel()
-        name = queue_name(queue)
-        ready = channel.queue_declare(name, passive=True).method.message_count
         channel.confirm_delivery()
         found = 0
-        for _ in range(ready):
-            method, properties, body = channel.basic_get(name)
-            if method is None:
-                break
-            if properties.message_id == enqueue_id:
-                found += 1
-                body = change(body)
-            if body is not None:
-                channel.basic_publish("", name, body, properties=properties)
-            channel.basic_ack(method.delivery_tag)
+        for name in rabbitmq_queues(queue, self.queue_type)[0]:
+            ready = channel.queue_declare(name, passive=True).method.message_count
+            for _ in range(ready):
+                method, properties, body = channel.basic_get(name)
+                if method is None:
+                    break
+                if properties.message_id == enqueue_id:
+                    found += 1
+                    body = change(body)
+                if body is not None:
+                    channel.basic_publish("", name, body, properties=properties)
+                channel.basic_ack(method.delivery_tag)
         channel.close()
         assert found == 1, f"{enqueue_id} is not ready in RabbitMQ ({found} found)"
 
@@ -789,7 +811,8 @@ def replace_vhost(parameters: pika.ConnectionParameters, vhost: str) -> pika.Con
 def open_backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Backend]:
-    """The backend of the deployment `request.param` names (embedded, cassandra or rabbitmq), emptied,
+    """The backend of the deployment `request.param` names (embedded, cassandra, rabbitmq or
+    rabbitmq-quorum, RabbitMQ with quorum queues), emptied,
     closed at the end: what a `backend` fixture parametrized by deployment yields."""
     if request.param == "embedded":
         opened: Backend = EmbeddedBackend(tmp_path / "data")
@@ -806,7 +829,13 @@ def open_backend(
         else:
             vhosts = request.getfixturevalue("rabbitmq_vhosts")
             opened = RabbitMQBackend(
-                servers, keyspace, bucket, request.getfixturevalue("rabbitmq_server"), vhosts.take(), vhosts
+                servers,
+                keyspace,
+                bucket,
+                request.getfixturevalue("rabbitmq_server"),
+                vhosts.take(),
+                vhosts,
+                queue_type="quorum" if request.param == "rabbitmq-quorum" else "classic",
             )
         opened.empty()
     try:

@@ -21,6 +21,10 @@ QUEUE = "spool"
 # run there, as their subject is not the broker.
 DEPLOYMENTS = ("embedded", "rabbitmq")
 WITH_EMBEDDED_BROKER = ("embedded", "cassandra", "rabbitmq")
+# The modules whose subject is the broker's contract (deliveries, leases, priorities, dead letters) run
+# on RabbitMQ's quorum queues too.
+WITH_QUORUM_QUEUES = (*DEPLOYMENTS, "rabbitmq-quorum")
+WITH_EVERY_BROKER = (*WITH_EMBEDDED_BROKER, "rabbitmq-quorum")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -10,8 +10,10 @@ import pytest
 from mailq_runtime import InvalidInput, Mail
 from mailq_runtime.clock import to_datetime
 
-from .conftest import QUEUE
+from .conftest import QUEUE, WITH_QUORUM_QUEUES
 from .helpers import make_mail
+
+DEPLOYMENTS = WITH_QUORUM_QUEUES
 
 
 def full_mail(name: str) -> Mail:

@@ -9,7 +9,10 @@ import pytest
 
 from mailq_runtime.clock import MICROS_PER_SECOND, to_datetime
 
+from .conftest import WITH_QUORUM_QUEUES
 from .helpers import make_mail
+
+DEPLOYMENTS = WITH_QUORUM_QUEUES
 
 
 def names(queue) -> list[str]:

@@ -7,8 +7,10 @@ import pytest
 
 from mailq_runtime import InvalidInput, LeaseExpired
 
-from .conftest import QUEUE
+from .conftest import QUEUE, WITH_QUORUM_QUEUES
 from .helpers import make_mail
+
+DEPLOYMENTS = WITH_QUORUM_QUEUES
 
 TIMEOUT = 10  # seconds: the visibility timeout of these tests' runtimes
 

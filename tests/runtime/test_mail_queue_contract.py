@@ -13,10 +13,10 @@ import pytest
 
 from mailq_runtime import Mail, PerRecipientHeader
 
-from .conftest import QUEUE, WITH_EMBEDDED_BROKER
+from .conftest import QUEUE, WITH_EVERY_BROKER
 from .helpers import make_mail
 
-DEPLOYMENTS = WITH_EMBEDDED_BROKER
+DEPLOYMENTS = WITH_EVERY_BROKER
 
 
 def full_mail() -> Mail:

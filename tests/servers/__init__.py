@@ -11,16 +11,29 @@ from __future__ import annotations
 from .base import ServerError, cache_root
 from .cassandra import Cassandra, CassandraServer
 from .rabbitmq import RabbitMQ, RabbitMQServer
+from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
 from .s3 import S3Endpoint, S3Server
 from .spark import SparkCluster, SparkStandalone
 
 #: In the order `up` starts them (and `down` stops them in reverse).
 SERVERS = {"cassandra": Cassandra, "s3": S3Endpoint, "rabbitmq": RabbitMQ, "spark": SparkStandalone}
-FACTS = {"cassandra": CassandraServer, "s3": S3Server, "rabbitmq": RabbitMQServer, "spark": SparkCluster}
+#: Started only when named (`up rabbitmq-cluster`) or by the fixtures of the tests that need them.
+ON_DEMAND = {"rabbitmq-cluster": RabbitMQCluster}
+KNOWN = {**SERVERS, **ON_DEMAND}
+FACTS = {
+    "cassandra": CassandraServer,
+    "s3": S3Server,
+    "rabbitmq": RabbitMQServer,
+    "spark": SparkCluster,
+    "rabbitmq-cluster": RabbitMQClusterServer,
+}
 
 __all__ = [
+    "KNOWN",
+    "ON_DEMAND",
     "SERVERS",
     "CassandraServer",
+    "RabbitMQClusterServer",
     "RabbitMQServer",
     "S3Server",
     "SparkCluster",
@@ -34,16 +47,16 @@ __all__ = [
 
 def ensure(name: str):
     """The facts of the running server `name`, which is installed and started first when needed."""
-    running, _ = SERVERS[name]().ensure()
+    running, _ = KNOWN[name]().ensure()
     return FACTS[name](**running.facts)
 
 
 def running(name: str):
     """The facts of the server `name` if this harness runs it, else None."""
-    found = SERVERS[name]().running()
+    found = KNOWN[name]().running()
     return None if found is None else FACTS[name](**found.facts)
 
 
 def stop(name: str) -> bool:
     """Stop the server `name` gracefully; False when it was not running."""
-    return SERVERS[name]().stop()
+    return KNOWN[name]().stop()

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import FACTS, SERVERS, ServerError, cache_root
+from . import FACTS, KNOWN, SERVERS, ServerError, cache_root
 from .base import Proc
 
 
@@ -26,7 +26,13 @@ def main(argv: list[str] | None = None) -> int:
         ("env", "print shell `export` lines pointing at the running servers"),
     ):
         sub = commands.add_parser(command, help=help_text)
-        sub.add_argument("servers", nargs="*", metavar="server", help=f"{' | '.join(SERVERS)} (default: all)")
+        sub.add_argument(
+            "servers",
+            nargs="*",
+            metavar="server",
+            help=f"{' | '.join(KNOWN)} (default: {', '.join(SERVERS)}; "
+            "status and down also the on-demand ones)",
+        )
     fresh = commands.add_parser(
         "deployment",
         help="replace the deployment whose URL DIR/url holds by a new keyspace, bucket and vhost; "
@@ -47,10 +53,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"servers: error: {error}", file=sys.stderr)
             return 1
         return 0
-    unknown = [name for name in args.servers if name not in SERVERS]
+    unknown = [name for name in args.servers if name not in KNOWN]
     if unknown:
-        parser.error(f"unknown server {unknown[0]!r} (choose from {', '.join(SERVERS)})")
-    names = list(dict.fromkeys(args.servers)) or list(SERVERS)
+        parser.error(f"unknown server {unknown[0]!r} (choose from {', '.join(KNOWN)})")
+    # A plain `up` (what the suite's runner calls) starts the shared servers only; the on-demand ones
+    # are started by the tests that need them.
+    default = SERVERS if args.command in ("up", "env") else KNOWN
+    names = list(dict.fromkeys(args.servers)) or list(default)
     try:
         if args.command == "env":
             return env(names, named=bool(args.servers))
@@ -65,12 +74,12 @@ def up(names: list[str]) -> int:
     for name in names:
         started = time.monotonic()
         try:
-            running, did = SERVERS[name]().ensure()
+            running, did = KNOWN[name]().ensure()
         except ServerError as error:
             print(f"servers: error: {error}", file=sys.stderr)
             failed.append(name)
             continue
-        main_proc = running.procs[SERVERS[name].main_process]
+        main_proc = running.procs[KNOWN[name].main_process]
         ports = ", ".join(f"{role} {port}" for role, port in running.ports.items())
         print(f"{name}: {did} ({time.monotonic() - started:.1f} s), pid {main_proc.pid}, {ports}", flush=True)
     if failed:
@@ -82,14 +91,14 @@ def up(names: list[str]) -> int:
 def down(names: list[str]) -> int:
     for name in reversed(names):
         started = time.monotonic()
-        stopped = SERVERS[name]().stop()
+        stopped = KNOWN[name]().stop()
         print(f"{name}: {'stopped' if stopped else 'was not running'} ({time.monotonic() - started:.1f} s)")
     return 0
 
 
 def status(names: list[str]) -> int:
     for name in names:
-        server = SERVERS[name]()
+        server = KNOWN[name]()
         recorded = server.recorded()
         if recorded is None:
             print(f"{name}: stopped")
@@ -108,7 +117,7 @@ def status(names: list[str]) -> int:
 def env(names: list[str], named: bool) -> int:
     missing = []
     for name in names:
-        found = SERVERS[name]().running()
+        found = KNOWN[name]().running()
         if found is None:
             missing.append(name)
             print(f"# {name}: not running")

@@ -1,0 +1,287 @@
+"""A three-node RabbitMQ cluster beside the single node, for the tests of replicated (quorum) queues and
+of a node's loss: three nodes of Debian's `rabbitmq-server` with their own names, AMQP and distribution
+ports, base directories and one shared Erlang cookie, registered with an epmd of the cluster's own (never
+the single node's), joined with `rabbitmqctl join_cluster`, on loopback only.
+
+Started on demand only (`python -m tests.servers up rabbitmq-cluster`, or the module-scoped fixture of the
+tests that need it), never by a plain `up`: it costs three Erlang VMs. The harness can SIGKILL a node and
+start it again on its data (`kill_node`, `start_node`), or the whole cluster (`kill_all`, `start_all`), and
+tell which node leads a quorum queue (`leaders`)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from .base import HOST, Proc, Running, Server, ServerError, port_answers, port_setting
+from .rabbitmq import RabbitMQ, RabbitMQServer
+
+NODES = 3
+CLUSTER_NAME = "mailq-cluster"
+
+
+def node_name(index: int) -> str:
+    return f"mailq-c{index}@localhost"
+
+
+@dataclass(frozen=True)
+class RabbitMQClusterServer:
+    """How to reach the cluster: every node's AMQP port, and the broker URL naming them all."""
+
+    host: str
+    ports: list[int]
+    nodes: list[str]
+    username: str
+    password: str
+
+    def broker_url(self, vhost: str = "/", **options: str) -> str:
+        hosts = ",".join(f"{self.host}:{port}" for port in self.ports)
+        query = f"?{urlencode(options)}" if options else ""
+        return f"amqp://{hosts}/{quote(vhost, safe='') if vhost != '/' else ''}{query}"
+
+    def node_server(self, index: int, vhost: str = "/") -> RabbitMQServer:
+        """Node `index` (1..3) alone, as a client of one node reaches it."""
+        return RabbitMQServer(
+            self.host, self.ports[index - 1], self.username, self.password, vhost, self.nodes[index - 1]
+        )
+
+    def env(self) -> dict[str, str]:
+        return {"MAILQ_AMQP_CLUSTER_URL": self.broker_url()}
+
+
+class RabbitMQCluster(Server):
+    name = "rabbitmq-cluster"
+    port_settings = {
+        **{f"amqp{n}": (f"MAILQ_RABBITMQ_CLUSTER_PORT{n}", 16580 + n) for n in range(1, NODES + 1)},
+        **{
+            f"distribution{n}": (f"MAILQ_RABBITMQ_CLUSTER_DIST_PORT{n}", 26580 + n)
+            for n in range(1, NODES + 1)
+        },
+    }
+    main_process = "n1"
+
+    def epmd_port(self) -> int:
+        return port_setting("MAILQ_RABBITMQ_CLUSTER_EPMD_PORT", 14379)
+
+    def node(self, index: int) -> RabbitMQ:
+        """Node `index` (1..3) as a RabbitMQ server of the harness, in a directory of the cluster's."""
+        ports = self.ports()
+        return RabbitMQ(
+            self.run_dir / f"n{index}",
+            node=node_name(index),
+            ports={"amqp": ports[f"amqp{index}"], "distribution": ports[f"distribution{index}"]},
+            epmd_port=self.epmd_port(),
+        )
+
+    def nodes(self) -> list[RabbitMQ]:
+        return [self.node(index) for index in range(1, NODES + 1)]
+
+    def installed(self) -> bool:
+        return self.node(1).installed()
+
+    def install(self) -> None:
+        self.node(1).install()
+
+    def launch(self) -> dict[str, Proc]:
+        cookie_file = self.run_dir / "cookie"
+        if not cookie_file.exists():
+            cookie_file.write_text(secrets.token_hex(16).upper())
+        fresh = not (self.run_dir / "joined").exists()
+        for node in self.nodes():
+            _share_cookie(node, cookie_file.read_text())
+        procs = self._launch_all()
+        if fresh:
+            self.wait_ready(procs)
+            self._join()
+        return procs
+
+    def _launch_all(self) -> dict[str, Proc]:
+        """Start the three VMs together: a node that was not the last to stop waits, at boot, for the
+        others, so starting them one after another would wait for nothing."""
+        procs: dict[str, Proc] = {}
+        errors: list[BaseException] = []
+
+        def launch(index: int, node: RabbitMQ) -> None:
+            try:
+                procs[f"n{index}"] = node.launch()["server"]
+            except BaseException as error:
+                errors.append(error)
+
+        threads = [
+            threading.Thread(target=launch, args=(index, node)) for index, node in enumerate(self.nodes(), 1)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            for proc in procs.values():
+                proc.terminate(self.name, timeout=30)
+            raise errors[0]
+        return {f"n{index}": procs[f"n{index}"] for index in range(1, NODES + 1)}
+
+    def _join(self) -> None:
+        first = node_name(1)
+        for node in self.nodes()[1:]:
+            node.ctl("stop_app")
+            node.ctl("join_cluster", first)
+            node.ctl("start_app")
+        self.node(1).ctl("set_cluster_name", CLUSTER_NAME)
+        members = self.members()
+        if sorted(members) != sorted(node_name(index) for index in range(1, NODES + 1)):
+            raise ServerError(f"rabbitmq-cluster: the nodes did not join into one cluster: {members}")
+        (self.run_dir / "joined").write_text("")
+
+    def members(self) -> list[str]:
+        """The running members of the cluster, as node 1 sees them (or the first node that answers)."""
+        for node in self.nodes():
+            try:
+                status = json.loads(node.ctl("cluster_status", "--formatter", "json"))
+            except (ServerError, ValueError):
+                continue
+            return list(status.get("running_nodes", []))
+        raise ServerError("rabbitmq-cluster: no node answers cluster_status")
+
+    def wait_ready(self, procs: dict[str, Proc]) -> None:
+        errors: list[BaseException] = []
+
+        def wait(index: int) -> None:
+            try:
+                self.node(index).wait_ready({"server": procs[f"n{index}"]})
+            except BaseException as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=wait, args=(index,)) for index in range(1, NODES + 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    def serving(self, running: Running) -> bool:
+        return all(
+            running.procs[f"n{index}"].alive()
+            and running.procs[f"n{index}"].owns_listener(running.ports[f"amqp{index}"])
+            for index in range(1, NODES + 1)
+        )
+
+    def facts(self) -> dict[str, Any]:
+        ports = self.ports()
+        return asdict(
+            RabbitMQClusterServer(
+                HOST,
+                [ports[f"amqp{index}"] for index in range(1, NODES + 1)],
+                [node_name(index) for index in range(1, NODES + 1)],
+                "guest",
+                "guest",
+            )
+        )
+
+    def shut_down(self, procs: dict[str, Proc]) -> None:
+        # Stopped together, so that no node waits at its next boot for a peer that stopped after it.
+        threads = [
+            threading.Thread(target=self.node(index).shut_down, args=({"server": procs[f"n{index}"]},))
+            for index in range(1, NODES + 1)
+            if f"n{index}" in procs
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    # Faults.
+
+    def kill_node(self, index: int) -> None:
+        """SIGKILL node `index` (1..3), as a crash would; `start_node` starts it again on its data."""
+        with self.lock():
+            running = self._recorded_or_fail()
+            _kill(running, index)
+
+    def start_node(self, index: int) -> None:
+        """Start node `index` again (after `kill_node`) and wait until it serves; it rejoins by itself."""
+        with self.lock():
+            running = self._recorded_or_fail()
+            node = self.node(index)
+            proc = node.launch()["server"]
+            procs = {**running.procs, f"n{index}": proc}
+            self._write_state(Running(procs=procs, ports=running.ports, facts=running.facts))
+            node.wait_ready({"server": proc})
+
+    def kill_all(self) -> None:
+        """SIGKILL every node (the whole cluster lost at once)."""
+        with self.lock():
+            running = self._recorded_or_fail()
+            for index in range(1, NODES + 1):
+                running.procs[f"n{index}"].signal(signal.SIGKILL)
+            for index in range(1, NODES + 1):
+                _kill(running, index)
+
+    def start_all(self) -> None:
+        """Start every node again (after `kill_all`), together, and wait until all serve."""
+        with self.lock():
+            running = self._recorded_or_fail()
+            procs = self._launch_all()
+            self._write_state(Running(procs=procs, ports=running.ports, facts=running.facts))
+            self.wait_ready(procs)
+
+    def leaders(self, vhost: str = "/") -> dict[str, str]:
+        """The leader node of each quorum queue of `vhost`, by queue name, from the first node answering."""
+        for node in self.nodes():
+            try:
+                listed = node.ctl("list_queues", "-p", vhost, "name", "type", "leader", "--formatter", "json")
+            except ServerError:
+                continue
+            return {row["name"]: row["leader"] for row in json.loads(listed) if row.get("type") == "quorum"}
+        raise ServerError("rabbitmq-cluster: no node answers list_queues")
+
+    def ctl(self, *arguments: str) -> str:
+        """rabbitmqctl on the first node that answers."""
+        last: ServerError | None = None
+        for node in self.nodes():
+            try:
+                return node.ctl(*arguments)
+            except ServerError as error:
+                last = error
+        raise ServerError(f"rabbitmq-cluster: no node answers ({last})")
+
+    def index_of(self, node: str) -> int:
+        return [node_name(index) for index in range(1, NODES + 1)].index(node) + 1
+
+    def _recorded_or_fail(self) -> Running:
+        running = self.recorded()
+        if running is None:
+            raise ServerError("rabbitmq-cluster: not running")
+        return running
+
+
+def _share_cookie(node: RabbitMQ, cookie: str) -> None:
+    """The one cookie of the cluster in the node's $HOME, where its VM and rabbitmqctl read it."""
+    home = node.run_dir / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / ".erlang.cookie"
+    if path.exists() and path.read_text() == cookie:
+        return
+    path.unlink(missing_ok=True)
+    path.write_text(cookie)
+    path.chmod(0o400)
+
+
+def _kill(running: Running, index: int) -> None:
+    """SIGKILL node `index` and wait until its process and its ports are gone."""
+    proc = running.procs[f"n{index}"]
+    ports = [running.ports[f"amqp{index}"], running.ports[f"distribution{index}"]]
+    proc.signal(signal.SIGKILL)
+    if not proc.wait_gone(30):
+        raise ServerError(f"rabbitmq-cluster: pid {proc.pid} still alive 30 s after SIGKILL")
+    deadline = time.monotonic() + 30
+    while any(port_answers(port) for port in ports):
+        if time.monotonic() > deadline:
+            raise ServerError("rabbitmq-cluster: a killed node's ports still answer 30 s after SIGKILL")
+        time.sleep(0.1)
