@@ -10,16 +10,33 @@ from __future__ import annotations
 
 from .base import ServerError, cache_root
 from .cassandra import Cassandra, CassandraServer
+from .cassandra_cluster import CassandraCluster, CassandraClusterServer
 from .rabbitmq import RabbitMQ, RabbitMQServer
 from .s3 import S3Endpoint, S3Server
 from .spark import SparkCluster, SparkStandalone
 
 #: In the order `up` starts them (and `down` stops them in reverse).
-SERVERS = {"cassandra": Cassandra, "s3": S3Endpoint, "rabbitmq": RabbitMQ, "spark": SparkStandalone}
-FACTS = {"cassandra": CassandraServer, "s3": S3Server, "rabbitmq": RabbitMQServer, "spark": SparkCluster}
+SERVERS = {
+    "cassandra": Cassandra,
+    "s3": S3Endpoint,
+    "rabbitmq": RabbitMQ,
+    "spark": SparkStandalone,
+    "cassandra-cluster": CassandraCluster,
+}
+FACTS = {
+    "cassandra": CassandraServer,
+    "s3": S3Server,
+    "rabbitmq": RabbitMQServer,
+    "spark": SparkCluster,
+    "cassandra-cluster": CassandraClusterServer,
+}
+#: Started only when named (`up cassandra-cluster`) or by the fixtures of the tests that need them: the
+#: rest of the suite does not run beside their JVMs.
+ON_DEMAND = {"cassandra-cluster"}
 
 __all__ = [
     "SERVERS",
+    "CassandraClusterServer",
     "CassandraServer",
     "RabbitMQServer",
     "S3Server",

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import FACTS, SERVERS, ServerError, cache_root
+from . import FACTS, ON_DEMAND, SERVERS, ServerError, cache_root
 from .base import Proc
 
 
@@ -26,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         ("env", "print shell `export` lines pointing at the running servers"),
     ):
         sub = commands.add_parser(command, help=help_text)
-        sub.add_argument("servers", nargs="*", metavar="server", help=f"{' | '.join(SERVERS)} (default: all)")
+        default = "all but " + ", ".join(sorted(ON_DEMAND)) if command == "up" else "all"
+        sub.add_argument(
+            "servers", nargs="*", metavar="server", help=f"{' | '.join(SERVERS)} (default: {default})"
+        )
     fresh = commands.add_parser(
         "deployment",
         help="replace the deployment whose URL DIR/url holds by a new keyspace, bucket and vhost; "
@@ -50,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.servers if name not in SERVERS]
     if unknown:
         parser.error(f"unknown server {unknown[0]!r} (choose from {', '.join(SERVERS)})")
-    names = list(dict.fromkeys(args.servers)) or list(SERVERS)
+    names = list(dict.fromkeys(args.servers))
+    if not names:
+        # `up` alone starts the servers the whole suite shares; down, status and env take every server.
+        names = [name for name in SERVERS if args.command != "up" or name not in ON_DEMAND]
     try:
         if args.command == "env":
             return env(names, named=bool(args.servers))
