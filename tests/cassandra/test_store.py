@@ -113,18 +113,18 @@ def test_an_unreachable_cassandra_is_named_without_the_password(caplog):
 def test_statements_run_at_the_configured_consistency(cassandra, cassandra_server):
     read = cassandra.execute_async("SELECT queue FROM queues WHERE queue = ?", ("spool",))
     read.result()
-    assert read.message.consistency_level == ConsistencyLevel.LOCAL_QUORUM
+    assert read.future.message.consistency_level == ConsistencyLevel.LOCAL_QUORUM
     one = open_cassandra(cassandra_server, cassandra.keyspace, consistency="one")
     try:
         read = one.execute_async("SELECT queue FROM queues WHERE queue = ?", ("spool",))
         read.result()
-        assert read.message.consistency_level == ConsistencyLevel.ONE
+        assert read.future.message.consistency_level == ConsistencyLevel.ONE
         lwt = one.execute_async(
             "INSERT INTO queues (queue, created_at, first_slice_start) VALUES (?, ?, ?) IF NOT EXISTS",
             ("spool", T0, T0),
         )
         assert lwt.result().one().applied
-        assert lwt.message.serial_consistency_level == ConsistencyLevel.SERIAL
+        assert lwt.future.message.serial_consistency_level == ConsistencyLevel.SERIAL
     finally:
         one.close()
 

@@ -28,8 +28,6 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Sequence
 
-from cassandra.query import BatchStatement, BatchType
-
 from ...model import BlobId
 from .schema import DELETION_SHARDS
 from .store import CassandraStore
@@ -94,14 +92,11 @@ class BlobReferencesDAO:
     def add(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
         if not blob_ids:
             return  # Cassandra refuses an empty batch
-        insert = self.store.statement(
-            "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)"
-        )
         # One partition: the batch is a single mutation, applied whole.
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        for blob_id in blob_ids:
-            batch.add(insert, (owner, str(blob_id), blob_id.generation))
-        self.store.session.execute(batch)
+        self.store.batch(
+            "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
+            [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids],
+        )
 
     def of(self, owner: str) -> list[str]:
         """The owner's references, by blob id."""

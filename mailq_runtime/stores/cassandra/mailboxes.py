@@ -46,6 +46,7 @@ import random
 
 from cassandra import WriteTimeout
 
+from ...errors import StoreUnavailable
 from .store import CassandraStore
 
 _MIN_TOKEN, _MAX_TOKEN = -(2**63), 2**63 - 1
@@ -328,7 +329,9 @@ class CassandraMailboxTables:
         while expected is not None:
             try:
                 applied, found = self.mailbox_rows.take_uid(mailbox_id, expected)
-            except WriteTimeout:
+            except StoreUnavailable as error:
+                if not isinstance(error.__cause__, WriteTimeout):
+                    raise
                 # Unknown whether this round took the uid: read again and take a later one (a gap).
                 timeouts += 1
                 if timeouts > _UID_TIMEOUTS:

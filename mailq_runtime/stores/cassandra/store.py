@@ -6,15 +6,28 @@ Every statement is prepared once per store and run at the store's consistency le
 default); lightweight transactions run their Paxos round at LOCAL_SERIAL (SERIAL when the level is not a
 LOCAL_ one). Built from plain arguments: the URL and the environment are the settings' business. The
 password goes to the driver's auth provider and nowhere else: no error or log of this module shows it.
+
+Every statement runs through this module (`execute`, `execute_async`, `execute_all`, `batch`, `applied`),
+and every failure of the driver reaches the DAOs' callers as a mailq error chained to the driver's, the
+next pages of a paged result included: StoreUnavailable for an outage (no host, too few replicas, a
+timeout, a lost connection), StoreUnusable for a statement the server refuses as written (a table or
+column missing or altered under a running process, a permission revoked), which waiting does not cure.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from cassandra import AuthenticationFailed, ConsistencyLevel, DriverException, UnresolvableContactPoints
+from cassandra import (
+    AuthenticationFailed,
+    ConsistencyLevel,
+    DriverException,
+    RequestValidationException,
+    UnresolvableContactPoints,
+    protocol,
+)
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
@@ -25,10 +38,12 @@ from cassandra.cluster import (
     Session,
 )
 from cassandra.concurrent import execute_concurrent_with_args
+from cassandra.connection import ConnectionException
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
-from cassandra.query import PreparedStatement
+from cassandra.pool import NoConnectionsAvailable
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
-from ...errors import InvalidInput, NoStore, StoreUnavailable
+from ...errors import InvalidInput, MailqError, NoStore, StoreUnavailable, StoreUnusable
 from .schema import TABLES, create_schema, missing_columns, validate_replication
 
 DEFAULT_REPLICATION = {"class": "SimpleStrategy", "replication_factor": 1}
@@ -37,6 +52,20 @@ _KEYSPACE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 _TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
 # How many statements of one call are in flight at once (a slice's buckets, a mail's blobs ...).
 _CONCURRENCY = 32
+# What the driver raises when a statement fails: its own errors (NoHostAvailable is not one of them), a
+# server's error it passes on as received (ServerError, Overloaded, SyntaxException ...), a connection's.
+_FAILURES = (
+    DriverException,
+    NoHostAvailable,
+    protocol.ErrorMessage,
+    ConnectionException,
+    NoConnectionsAvailable,
+    OSError,
+)
+# The statement as written is refused: a programming error or a schema changed under the process.
+_REFUSALS = (RequestValidationException, protocol.RequestValidationException)
+# The verb of a statement and the table it names, for an error's message.
+_STATEMENT = re.compile(r"^\s*(\w+)\b.*?\b(?:FROM|INTO|UPDATE)\s+(\w+(?:\.\w+)?)", re.IGNORECASE | re.DOTALL)
 
 
 class CassandraStore:
@@ -107,14 +136,17 @@ class CassandraStore:
     def _connect(self, create: bool, replication: dict, password: str | None) -> Session:
         try:
             session = self.cluster.connect()
-        except (NoHostAvailable, DriverException, OSError) as error:
+        except _FAILURES as error:
             reason = _reason(error)
             if password:
                 reason = reason.replace(password, "***")
             raise StoreUnavailable(f"cannot connect to Cassandra at {self.where}: {reason}") from None
         self.created = create and self.keyspace not in self.cluster.metadata.keyspaces
         if create:
-            create_schema(session, self.keyspace, replication)
+            try:
+                create_schema(session, self.keyspace, replication)
+            except _FAILURES as error:
+                raise self.failure(error, f"creating the schema of keyspace {self.keyspace!r}") from error
         else:
             metadata = self.cluster.metadata.keyspaces.get(self.keyspace)
             if metadata is None:
@@ -149,10 +181,20 @@ class CassandraStore:
         return prepared
 
     def execute(self, cql: str, parameters: Sequence = ()):
-        return self.session.execute(self.statement(cql), parameters)
+        """The statement's result set (rows, `.one()`)."""
+        try:
+            rows = self.session.execute(self.statement(cql), parameters)
+        except _FAILURES as error:
+            raise self.failure(error, _doing(cql)) from error
+        return _Pages(self, cql, rows) if rows.has_more_pages else rows
 
-    def execute_async(self, cql: str, parameters: Sequence = ()) -> ResponseFuture:
-        return self.session.execute_async(self.statement(cql), parameters)
+    def execute_async(self, cql: str, parameters: Sequence = ()) -> Pending:
+        """The statement started; its `.result()` waits for the result set."""
+        try:
+            future = self.session.execute_async(self.statement(cql), parameters)
+        except _FAILURES as error:
+            raise self.failure(error, _doing(cql)) from error
+        return Pending(self, cql, future)
 
     def execute_all(self, cql: str, parameter_sets: Iterable[Sequence]) -> list:
         """Run one statement once per parameter set, concurrently; the result sets in order. Raises the
@@ -162,15 +204,30 @@ class CassandraStore:
             return []
         if len(parameter_sets) == 1:
             return [self.execute(cql, parameter_sets[0])]
-        results = execute_concurrent_with_args(
-            self.session,
-            self.statement(cql),
-            parameter_sets,
-            concurrency=_CONCURRENCY,
-            raise_on_first_error=True,
-            results_generator=False,
-        )
-        return [result for _, result in results]
+        try:
+            results = execute_concurrent_with_args(
+                self.session,
+                self.statement(cql),
+                parameter_sets,
+                concurrency=_CONCURRENCY,
+                raise_on_first_error=True,
+                results_generator=False,
+            )
+        except _FAILURES as error:
+            raise self.failure(error, _doing(cql)) from error
+        return [_Pages(self, cql, rows) if rows.has_more_pages else rows for _, rows in results]
+
+    def batch(self, cql: str, parameter_sets: Sequence[Sequence]) -> None:
+        """Run one statement once per parameter set in one unlogged batch: for rows of one partition,
+        which the server then applies as a single mutation, whole. At least one parameter set."""
+        statement = self.statement(cql)
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for parameters in parameter_sets:
+            batch.add(statement, parameters)
+        try:
+            self.session.execute(batch)
+        except _FAILURES as error:
+            raise self.failure(error, _doing(cql)) from error
 
     def applied(self, cql: str, parameters: Sequence = ()):
         """Run a lightweight transaction; its row (`.applied`, and the current values when not applied)."""
@@ -178,6 +235,74 @@ class CassandraStore:
 
     def close(self) -> None:
         self.cluster.shutdown()
+
+    def failure(self, error: BaseException, doing: str) -> MailqError:
+        """The mailq error for the driver's `error` while `doing` something: one line, the hosts and the
+        reason in it, never the password."""
+        reason = _reason(error)
+        provider = self.cluster.auth_provider
+        password = getattr(provider, "password", None)
+        if password:
+            reason = reason.replace(password, "***")
+        if isinstance(error, _REFUSALS):
+            return StoreUnusable(
+                f"Cassandra at {self.where} refused {doing} in keyspace {self.keyspace!r}: {reason} "
+                "(a schema made by another version of mailq, or changed since this process started?)"
+            )
+        return StoreUnavailable(f"Cassandra at {self.where} failed {doing}: {reason}")
+
+
+class Pending:
+    """A statement started by `execute_async`: `.result()` waits for its result set, a failure raised as
+    the store's. `future` is the driver's, for what it tells of the request (its message, its host)."""
+
+    __slots__ = ("_store", "_cql", "future")
+
+    def __init__(self, store: CassandraStore, cql: str, future: ResponseFuture) -> None:
+        self._store, self._cql, self.future = store, cql, future
+
+    def result(self):
+        try:
+            rows = self.future.result()
+        except _FAILURES as error:
+            raise self._store.failure(error, _doing(self._cql)) from error
+        return _Pages(self._store, self._cql, rows) if rows.has_more_pages else rows
+
+
+class _Pages:
+    """A result set of more than one page, whose next pages the driver fetches while it is iterated: a
+    failure then (a lost connection, a timeout) is raised as the store's too. A result of one page, the
+    usual one, is returned as it is: it can no longer fail."""
+
+    __slots__ = ("_store", "_cql", "_rows")
+
+    def __init__(self, store: CassandraStore, cql: str, rows) -> None:
+        self._store, self._cql, self._rows = store, cql, rows
+
+    def __iter__(self) -> Iterator:
+        rows = iter(self._rows)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except _FAILURES as error:
+                raise self._store.failure(error, f"{_doing(self._cql)} (reading its next page)") from error
+            yield row
+
+    def one(self):
+        return self._rows.one()
+
+    def all(self) -> list:
+        return list(self)
+
+
+def _doing(cql: str) -> str:
+    """What a statement does, as an error says it: "SELECT on queues"."""
+    match = _STATEMENT.match(cql)
+    if match is None:
+        return f"the statement {' '.join(cql.split())[:60]!r}"
+    return f"{match.group(1).upper()} on {match.group(2).rpartition('.')[2]}"
 
 
 def _reason(error: BaseException) -> str:
@@ -190,5 +315,5 @@ def _reason(error: BaseException) -> str:
                 reasons.append(f"{host}: authentication failed (check the username and password)")
             else:
                 reasons.append(f"{host}: {type(cause).__name__}: {cause}")
-        return "; ".join(reasons)
-    return f"{type(error).__name__}: {error}"
+        return " ".join("; ".join(reasons).split())
+    return " ".join(f"{type(error).__name__}: {error}".split())
