@@ -192,8 +192,14 @@ class CassandraCluster(Server):
                 dead = [role for role, proc in running.procs.items() if not proc.alive()]
                 if len(dead) < len(running.procs):
                     for role in dead:
-                        self._start(int(role.removeprefix("node")), running)
+                        self._start(int(role.removeprefix("node")), self.recorded() or running)
                     return self.recorded() or running, f"restarted {', '.join(dead)}"
+            if running is None or not self.serving(running):
+                self._refuse_busy_ports()
+        return super().ensure()
+
+    def _refuse_busy_ports(self) -> None:
+        # Server.ensure checks 127.0.0.1 alone: each node has its own address.
         for address in ADDRESSES:
             for role, port in self.ports().items():
                 if port_answers(port, address):
@@ -202,7 +208,6 @@ class CassandraCluster(Server):
                         f"is not this harness's {self.name}: stop it or choose another port with "
                         f"{self.port_settings[role][0]}=PORT"
                     )
-        return super().ensure()
 
     def shut_down(self, procs: dict[str, Proc]) -> None:
         # SIGTERM to every node at once, so they stop together rather than one after the other.
