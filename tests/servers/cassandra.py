@@ -71,7 +71,7 @@ disk_access_mode: standard
 read_request_timeout: 15000ms
 range_request_timeout: 30000ms
 write_request_timeout: 15000ms
-counter_write_request_timeout: 15000ms
+counter_write_request_timeout: {counter_write_timeout}
 cas_contention_timeout: 5000ms
 truncate_request_timeout: 60000ms
 request_timeout: 30000ms
@@ -153,11 +153,24 @@ UNSAFE_OPTIONS = ["-Dcassandra.unsafesystem=true", "-Dcassandra.skip_sync=true"]
 
 
 def write_node_config(
-    conf: Path, *, address: str, token: int, seeds: str, cluster_name: str, extra: str = ""
+    conf: Path,
+    *,
+    address: str,
+    token: int,
+    seeds: str,
+    cluster_name: str,
+    counter_write_timeout: str = "15000ms",
+    extra: str = "",
 ) -> None:
     """A node's cassandra.yaml and logback.xml in `conf`."""
     conf.mkdir(parents=True, exist_ok=True)
-    yaml = CASSANDRA_YAML.format(cluster_name=cluster_name, token=token, seeds=seeds, address=address)
+    yaml = CASSANDRA_YAML.format(
+        cluster_name=cluster_name,
+        token=token,
+        seeds=seeds,
+        address=address,
+        counter_write_timeout=counter_write_timeout,
+    )
     (conf / "cassandra.yaml").write_text(yaml + extra)
     (conf / "logback.xml").write_text(LOGBACK_XML)
 

@@ -261,24 +261,26 @@ class CassandraStore:
 
 
 class CounterLeaderRetryPolicy(RetryPolicy):
-    """The driver's default, and one more try on the next host for a counter update that timed out with
-    no response from the replica its coordinator chose to lead it.
+    """The driver's default, and up to three more tries on the next hosts for a counter update that timed
+    out with no response from the replica its coordinator chose to lead it.
 
     Cassandra applies a counter update on one replica, the leader, which the coordinator picks at random
-    among the replicas it believes alive, then copies it to the others. For the few seconds between a
-    node's crash and the others' failure detectors convicting it, a coordinator may pick the dead node:
-    the update waits the counter write timeout and fails with no response (measured on the harness's
-    cluster: 10 of some 600 counter updates around a SIGKILL). The dead node never received it, so the
-    update was not applied, and failing it would fail an enqueue that could succeed, or a done() whose
-    deletion mark is written already, leaving the deleted counter one short for good (the mark makes the
-    redelivered mail's done() count nothing). So it is sent once more, through another coordinator, which
-    picks a leader again. The one case it counts twice: a leader that applied the update and died before
-    it answered, within the milliseconds between the two."""
+    among the replicas its failure detector believes alive, then copies it to the others. For the 16-18 s
+    a failure detector took to convict a SIGKILLed node of the harness's cluster, a coordinator may pick
+    the dead node: the update waits the counter write timeout (5 s by default) and fails with no response
+    (10 of some 600 counter updates around one kill). The dead node never received it, so it was not
+    applied, and failing it would fail an enqueue that could succeed, or a done() whose deletion mark is
+    written already, leaving the deleted counter one short for good (the mark makes the redelivered
+    mail's done() count nothing). So it is sent again, through another coordinator, which picks a leader
+    again, while the request's own timeout allows. It counts twice only when a leader applied the update
+    and then failed to answer within the timeout (died in between, or was that slow)."""
+
+    tries = 4
 
     def on_write_timeout(
         self, query, consistency, write_type, required_responses, received_responses, retry_num
     ):
-        if write_type == WriteType.COUNTER and received_responses == 0 and retry_num == 0:
+        if write_type == WriteType.COUNTER and received_responses == 0 and retry_num < self.tries - 1:
             return self.RETRY_NEXT_HOST, None
         return super().on_write_timeout(
             query, consistency, write_type, required_responses, received_responses, retry_num
