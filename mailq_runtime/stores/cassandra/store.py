@@ -261,8 +261,8 @@ class CassandraStore:
 
 
 class CounterLeaderRetryPolicy(RetryPolicy):
-    """The driver's default, and up to three more tries on the next hosts for a counter update that timed
-    out with no response from the replica its coordinator chose to lead it.
+    """The driver's default, and up to three more tries for a counter update that timed out with no
+    response from the replica its coordinator chose to lead it.
 
     Cassandra applies a counter update on one replica, the leader, which the coordinator picks at random
     among the replicas its failure detector believes alive, then copies it to the others. For the 16-18 s
@@ -271,9 +271,9 @@ class CounterLeaderRetryPolicy(RetryPolicy):
     (10 of some 600 counter updates around one kill). The dead node never received it, so it was not
     applied, and failing it would fail an enqueue that could succeed, or a done() whose deletion mark is
     written already, leaving the deleted counter one short for good (the mark makes the redelivered
-    mail's done() count nothing). So it is sent again, through another coordinator, which picks a leader
-    again, while the request's own timeout allows. It counts twice only when a leader applied the update
-    and then failed to answer within the timeout (died in between, or was that slow)."""
+    mail's done() count nothing). So it is sent again, and the coordinator picks a leader again, while the
+    request's own timeout allows. It counts twice only when a leader applied the update and then failed
+    to answer within the timeout (died in between, or was that slow)."""
 
     tries = 4
 
@@ -281,7 +281,9 @@ class CounterLeaderRetryPolicy(RetryPolicy):
         self, query, consistency, write_type, required_responses, received_responses, retry_num
     ):
         if write_type == WriteType.COUNTER and received_responses == 0 and retry_num < self.tries - 1:
-            return self.RETRY_NEXT_HOST, None
+            # The same coordinator: it picks the leader again, and with two of three nodes alive the
+            # next host may be the last one left in the query plan.
+            return self.RETRY, consistency
         return super().on_write_timeout(
             query, consistency, write_type, required_responses, received_responses, retry_num
         )
