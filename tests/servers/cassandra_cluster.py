@@ -150,9 +150,10 @@ class CassandraCluster(Server):
     def _wait_listening(self, node: int, proc: Proc) -> None:
         address, port = ADDRESSES[node - 1], self.ports()["native"]
         log = self.system_log(node)
+        # The line comes just before the socket is bound: under load a connect right after it was refused.
         wait_for(
             f"cassandra-cluster node {node}",
-            lambda: log_contains(log, listening_line(address, port)),
+            lambda: log_contains(log, listening_line(address, port)) and port_answers(port, address),
             alive=proc.alive,
             logs=[log, log.with_name("stdout.log")],
         )
