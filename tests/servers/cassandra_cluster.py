@@ -129,6 +129,7 @@ class CassandraCluster(Server):
             seeds=SEEDS,
             cluster_name=CLUSTER_NAME,
             counter_write_timeout=COUNTER_WRITE_TIMEOUT,
+            unsafe=False,
             extra=EXTRA_YAML,
         )
         ports = self.ports()
