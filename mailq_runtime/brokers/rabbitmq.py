@@ -201,7 +201,7 @@ class RabbitMQBroker:
                 raise BrokerUnavailable(
                     f"RabbitMQ at {self.target} confirmed no publish of mail {enqueue_id} within "
                     f"{self.publish_timeout:g} s ({link.error or 'no answer'})"
-                )
+                ) from link.failure
             if waiter.outcome is ROUTE_LOST:
                 self._declared.discard(queue)  # deleted behind our back: declared again, sent again
                 continue
@@ -557,7 +557,7 @@ class RabbitMQBroker:
         while True:
             self._usable()
             try:
-                connection = pika.BlockingConnection(self._parameters)
+                connection = _blocking_connection(self._parameters)
                 try:
                     return action(connection.channel())
                 finally:
@@ -569,11 +569,13 @@ class RabbitMQBroker:
                 pika.exceptions.ChannelClosedByBroker,
             ) as error:
                 refused = describe(error)
-                raise BrokerRefused(f"RabbitMQ at {self.target} refused to {what}: {refused}") from None
+                raise BrokerRefused(f"RabbitMQ at {self.target} refused to {what}: {refused}") from error
             except pika.exceptions.AMQPError as error:
-                last = describe(error)  # unreachable, or restarting: try again
+                last = error  # unreachable, or restarting: try again
             if time.monotonic() + delay > deadline:
-                raise BrokerUnavailable(f"RabbitMQ at {self.target}: could not {what} ({last})")
+                raise BrokerUnavailable(
+                    f"RabbitMQ at {self.target}: could not {what} ({describe(last)})"
+                ) from last
             time.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX)
 
@@ -601,3 +603,13 @@ class RabbitMQBroker:
         for consumer in self._consumers.values():
             with consumer.cond:
                 consumer.cond.notify_all()
+
+
+def _blocking_connection(parameters: pika.ConnectionParameters) -> pika.BlockingConnection:
+    """A connection of pika's, failing as pika's connection errors do. pika 1.3 raises ValueError ("Expected
+    connected socket") when the server resets the connection right after accepting it, as a server going
+    down or a cut link does; it is as unreachable as a refused one."""
+    try:
+        return pika.BlockingConnection(parameters)
+    except ValueError as error:
+        raise pika.exceptions.AMQPConnectionError(error) from error

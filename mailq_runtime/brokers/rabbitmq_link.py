@@ -245,9 +245,11 @@ class Link(threading.Thread):
         self.failures = 0
         self.reconnect_timer: Any = None
         self.idle_timer: Any = None
-        # Read by callers: why the last connection failed, and whether RabbitMQ refused the login or the
-        # virtual host (waiting for it is of no use then).
+        # Read by callers: why the last connection failed (and pika's error, which callers' errors are
+        # chained to), and whether RabbitMQ refused the login or the virtual host (waiting for it is of no
+        # use then).
         self.error: str | None = None
+        self.failure: BaseException | None = None
         self.refused: str | None = None
 
     # Callers' side.
@@ -304,7 +306,7 @@ class Link(threading.Thread):
         if self.failures:
             log.warning("RabbitMQ at %s: connected again", self.target)
         self.failures = 0
-        self.error = self.refused = None
+        self.error = self.refused = self.failure = None
         if self.idle_timer is None:
             self.idle_timer = self.ioloop.call_later(IDLE / 2, self._check_idle)
         connection.channel(on_open_callback=self._on_publish_channel)
@@ -317,7 +319,7 @@ class Link(threading.Thread):
         if self.closing:
             self._stop_loop()
             return
-        self.error = describe(error)
+        self.error, self.failure = describe(error), error
         if self.failures == 0:
             log.warning("RabbitMQ at %s: cannot connect (%s), retrying", self.target, self.error)
         if isinstance(
@@ -343,7 +345,7 @@ class Link(threading.Thread):
         if self.closing:
             self._stop_loop()
             return
-        self.error = describe(reason)
+        self.error, self.failure = describe(reason), reason
         log.warning("RabbitMQ at %s: connection lost (%s), reconnecting", self.target, self.error)
         self._retry_later()
 
