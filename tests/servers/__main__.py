@@ -53,10 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.servers if name not in SERVERS]
     if unknown:
         parser.error(f"unknown server {unknown[0]!r} (choose from {', '.join(SERVERS)})")
-    names = list(dict.fromkeys(args.servers))
-    if not names:
-        # `up` alone starts the servers the whole suite shares; down, status and env take every server.
-        names = [name for name in SERVERS if args.command != "up" or name not in ON_DEMAND]
+    names = selected(args.command, args.servers)
     try:
         if args.command == "env":
             return env(names, named=bool(args.servers))
@@ -64,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     except ServerError as error:
         print(f"servers: error: {error}", file=sys.stderr)
         return 1
+
+
+def selected(command: str, named: list[str]) -> list[str]:
+    """The servers a command acts on: those named, once each; else `up` starts the servers the whole
+    suite shares (not ON_DEMAND's), and down, status and env take every server."""
+    if named:
+        return list(dict.fromkeys(named))
+    return [name for name in SERVERS if command != "up" or name not in ON_DEMAND]
 
 
 def up(names: list[str]) -> int:
