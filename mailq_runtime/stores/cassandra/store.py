@@ -184,8 +184,8 @@ class CassandraStore:
 
     def execute(self, cql: str, parameters: Sequence = ()):
         """The statement's result set (rows, `.one()`). Run once more after a failure `_worth_a_retry`."""
-        statement = self.statement(cql)
         try:
+            statement = self.statement(cql)
             try:
                 rows = self.session.execute(statement, parameters)
             except _FAILURES as error:
