@@ -18,11 +18,11 @@ this module (nine of the first test, five of the second):
   fails, no mail is lost, and the calls caught in the window wait up to ~20 s.
 - With the commit log synced every 10 s (Cassandra's default), `size()` then came out -1 on the drained
   queue, in both runs that got that far: one (slice, bucket) partition's `enqueued` counter 259 for its
-  260 rows, its `deleted` counter 260 for its 260 marks, and no call had failed. A restarted node
-  replays its commit log only up to its last sync, so the killed node lost the last increment of the
-  counter shard it led, which no other replica can restore. The harness's durable nodes sync before
-  they acknowledge (`commitlog_sync: batch`, tests/servers/cassandra.py); since then the counts equal
-  a browse (2 runs of 2).
+  260 rows, its `deleted` counter 260 for its 260 marks, and no call had failed. Likely cause: a
+  restarted node replays its commit log only up to its last sync, so the killed node lost the last
+  increment of the counter shard it led, which no other replica can restore. The durable nodes sync
+  before they acknowledge (`commitlog_sync: batch`, tests/servers/cassandra.py); since then the counts
+  equal a browse (2 runs of 2).
 - Two nodes killed: the calls in flight fail after the request timeouts (the first error 10-12 s after
   the kill), then every call that needs Cassandra fails at once: 6-57 enqueues, 1-23 dequeues and 0-1
   done() per run, each a one-line StoreUnavailable chained to the driver's error; no refused mail is
