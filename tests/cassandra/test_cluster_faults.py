@@ -4,10 +4,10 @@ what the queue holds afterwards. The broker is the embedded one in the test's di
 is on the harness's S3 endpoint, so only Cassandra fails.
 
 Measured on the 2-core machine at a load average of 13-16 (other work beside), in the runs that made
-this module (nine of the first test, five of the second):
+this module (eleven of the first test, six of the second):
 
 - The driver notices a SIGKILLed node within 0.33 s (its connections reset) and sees it up again
-  0-1.2 s after the node logs that it listens; restarting the node on its data takes 24-38 s. The
+  0-1.2 s after the node logs that it listens; restarting the node on its data takes 20-38 s. The
   other nodes' failure detectors take 16-18 s to convict it.
 - One node killed. Before the store retried anything, a run failed about 10 calls, all in the first
   seconds: counter updates whose coordinator picked the dead, not yet convicted node to lead them
@@ -15,14 +15,15 @@ this module (nine of the first test, five of the second):
   operation result is unknown - proposal accepted by 1 but not a quorum"), and, once the node was
   back, counter updates it refused to lead before it saw the others up (WriteFailure; its log:
   UnavailableException at LOCAL_QUORUM). With the store's retries (stores/cassandra/store.py) no call
-  fails, no mail is lost, and the calls caught in the window wait up to ~20 s.
+  fails (once a counter update the restarted node refused twice in a row, before the store tried up
+  to four times), no mail is lost, and the calls caught in the window wait up to ~20 s.
 - With the commit log synced every 10 s (Cassandra's default), `size()` then came out -1 on the drained
   queue, in both runs that got that far: one (slice, bucket) partition's `enqueued` counter 259 for its
   260 rows, its `deleted` counter 260 for its 260 marks, and no call had failed. Likely cause: a
   restarted node replays its commit log only up to its last sync, so the killed node lost the last
   increment of the counter shard it led, which no other replica can restore. The durable nodes sync
   before they acknowledge (`commitlog_sync: batch`, tests/servers/cassandra.py); since then the counts
-  equal a browse (2 runs of 2).
+  equal a browse (3 runs of 3).
 - Two nodes killed: the calls in flight fail after the request timeouts (the first error 10-12 s after
   the kill), then every call that needs Cassandra fails at once: 6-57 enqueues, 1-23 dequeues and 0-1
   done() per run, each a one-line StoreUnavailable chained to the driver's error; no refused mail is

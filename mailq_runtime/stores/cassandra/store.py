@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from cassandra import (
@@ -183,15 +184,17 @@ class CassandraStore:
         return prepared
 
     def execute(self, cql: str, parameters: Sequence = ()):
-        """The statement's result set (rows, `.one()`). Run once more after a failure `_worth_a_retry`."""
+        """The statement's result set (rows, `.one()`). Run again after a failure `_worth_a_retry`."""
         try:
             statement = self.statement(cql)
-            try:
-                rows = self.session.execute(statement, parameters)
-            except _FAILURES as error:
-                if not _worth_a_retry(error):
-                    raise
-                rows = self.session.execute(statement, parameters)
+            for tries_left in range(_RETRIES, -1, -1):
+                try:
+                    rows = self.session.execute(statement, parameters)
+                    break
+                except _FAILURES as error:
+                    if not tries_left or not _worth_a_retry(error):
+                        raise
+                    time.sleep(_RETRY_PAUSE)
         except _FAILURES as error:
             raise self.failure(error, _doing(cql)) from error
         return _Pages(self, cql, rows) if rows.has_more_pages else rows
@@ -336,11 +339,14 @@ class _Pages:
 
 # Cassandra's CAS_WRITE_UNKNOWN: a Paxos round's proposal was accepted by some replicas, not a quorum.
 _CAS_WRITE_UNKNOWN = 0x1700
+# How many more times, and how long apart, a statement `_worth_a_retry` is sent: a restarted node refused
+# to lead two counter updates in a row, for the second or so before its failure detector saw the others.
+_RETRIES, _RETRY_PAUSE = 3, 0.5
 
 
 def _worth_a_retry(error: BaseException) -> bool:
-    """Two failures of a node's crash or restart that a second try, through another coordinator, cures
-    without writing anything twice (the driver retries neither):
+    """Two failures of a node's crash or restart that another try cures without writing anything twice
+    (the driver retries neither):
 
     - a counter update whose leader replica (see CounterLeaderRetryPolicy) failed it: a node just
       restarted, whose failure detector does not see the others up yet, refuses to lead an update at
