@@ -4,10 +4,10 @@ what the queue holds afterwards. The broker is the embedded one in the test's di
 is on the harness's S3 endpoint, so only Cassandra fails.
 
 Measured on the 2-core machine at a load average of 13-16 (other work beside), in the runs that made
-this module (eleven of the first test, six of the second):
+this module (twelve of the first test, seven of the second):
 
 - The driver notices a SIGKILLed node within 0.33 s (its connections reset) and sees it up again
-  0-1.2 s after the node logs that it listens; restarting the node on its data takes 20-38 s. The
+  0-1.2 s after the node logs that it listens; restarting the node on its data takes 17-38 s. The
   other nodes' failure detectors take 16-18 s to convict it.
 - One node killed. Before the store retried anything, a run failed about 10 calls, all in the first
   seconds: counter updates whose coordinator picked the dead, not yet convicted node to lead them
@@ -23,11 +23,11 @@ this module (eleven of the first test, six of the second):
   restarted node replays its commit log only up to its last sync, so the killed node lost the last
   increment of the counter shard it led, which no other replica can restore. The durable nodes sync
   before they acknowledge (`commitlog_sync: batch`, tests/servers/cassandra.py); since then the counts
-  equal a browse (3 runs of 3).
+  equal a browse (4 runs of 4).
 - Two nodes killed: the calls in flight fail after the request timeouts (the first error 10-12 s after
   the kill), then every call that needs Cassandra fails at once: 6-57 enqueues, 1-23 dequeues and 0-1
   done() per run, each a one-line StoreUnavailable chained to the driver's error; no refused mail is
-  ever delivered, and enqueues are accepted again 0.6-1.5 s after one node is back, through the same
+  ever delivered, and enqueues are accepted again 0.4-1.5 s after one node is back, through the same
   runtime, every accepted mail delivered.
 """
 

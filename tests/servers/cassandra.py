@@ -151,7 +151,7 @@ UNSAFE_OPTIONS = ["-Dcassandra.unsafesystem=true", "-Dcassandra.skip_sync=true"]
 
 # Durable: a write is acknowledged once its commit log section is synced. Cassandra's default, periodic
 # (a sync every 10 s), was not enough even for a process's crash: with it, the cluster's fault test found
-# a counter one short after a SIGKILL and a restart (twice in two runs; with batch, never in three). Likely
+# a counter one short after a SIGKILL and a restart (twice in two runs; with batch, never in four). Likely
 # cause: a restarted node replays its commit log only up to its last sync marker, and the increments of
 # the counter shard the killed node led live on it alone. Unsafe: periodic, and skip_sync makes even that
 # a no-op.
