@@ -10,28 +10,37 @@ from __future__ import annotations
 
 from .base import ServerError, cache_root
 from .cassandra import Cassandra, CassandraServer
+from .cassandra_cluster import CassandraCluster, CassandraClusterServer
 from .rabbitmq import RabbitMQ, RabbitMQServer
 from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
 from .s3 import S3Endpoint, S3Server
 from .spark import SparkCluster, SparkStandalone
 
 #: In the order `up` starts them (and `down` stops them in reverse).
-SERVERS = {"cassandra": Cassandra, "s3": S3Endpoint, "rabbitmq": RabbitMQ, "spark": SparkStandalone}
-#: Started only when named (`up rabbitmq-cluster`) or by the fixtures of the tests that need them.
-ON_DEMAND = {"rabbitmq-cluster": RabbitMQCluster}
-KNOWN = {**SERVERS, **ON_DEMAND}
+SERVERS = {
+    "cassandra": Cassandra,
+    "s3": S3Endpoint,
+    "rabbitmq": RabbitMQ,
+    "spark": SparkStandalone,
+    "cassandra-cluster": CassandraCluster,
+    "rabbitmq-cluster": RabbitMQCluster,
+}
 FACTS = {
     "cassandra": CassandraServer,
     "s3": S3Server,
     "rabbitmq": RabbitMQServer,
     "spark": SparkCluster,
+    "cassandra-cluster": CassandraClusterServer,
     "rabbitmq-cluster": RabbitMQClusterServer,
 }
+#: Started only when named (`up cassandra-cluster`) or by the fixtures of the tests that need them: the
+#: rest of the suite does not run beside their nodes.
+ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster"}
 
 __all__ = [
-    "KNOWN",
     "ON_DEMAND",
     "SERVERS",
+    "CassandraClusterServer",
     "CassandraServer",
     "RabbitMQClusterServer",
     "RabbitMQServer",
@@ -47,16 +56,16 @@ __all__ = [
 
 def ensure(name: str):
     """The facts of the running server `name`, which is installed and started first when needed."""
-    running, _ = KNOWN[name]().ensure()
+    running, _ = SERVERS[name]().ensure()
     return FACTS[name](**running.facts)
 
 
 def running(name: str):
     """The facts of the server `name` if this harness runs it, else None."""
-    found = KNOWN[name]().running()
+    found = SERVERS[name]().running()
     return None if found is None else FACTS[name](**found.facts)
 
 
 def stop(name: str) -> bool:
     """Stop the server `name` gracefully; False when it was not running."""
-    return KNOWN[name]().stop()
+    return SERVERS[name]().stop()

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import FACTS, KNOWN, SERVERS, ServerError, cache_root
+from . import FACTS, ON_DEMAND, SERVERS, ServerError, cache_root
 from .base import Proc
 
 
@@ -26,12 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         ("env", "print shell `export` lines pointing at the running servers"),
     ):
         sub = commands.add_parser(command, help=help_text)
+        default = "all but " + ", ".join(sorted(ON_DEMAND)) if command == "up" else "all"
         sub.add_argument(
-            "servers",
-            nargs="*",
-            metavar="server",
-            help=f"{' | '.join(KNOWN)} (default: {', '.join(SERVERS)}; "
-            "status and down also the on-demand ones)",
+            "servers", nargs="*", metavar="server", help=f"{' | '.join(SERVERS)} (default: {default})"
         )
     fresh = commands.add_parser(
         "deployment",
@@ -53,13 +50,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"servers: error: {error}", file=sys.stderr)
             return 1
         return 0
-    unknown = [name for name in args.servers if name not in KNOWN]
+    unknown = [name for name in args.servers if name not in SERVERS]
     if unknown:
-        parser.error(f"unknown server {unknown[0]!r} (choose from {', '.join(KNOWN)})")
-    # A plain `up` (what the suite's runner calls) starts the shared servers only; the on-demand ones
-    # are started by the tests that need them.
-    default = SERVERS if args.command in ("up", "env") else KNOWN
-    names = list(dict.fromkeys(args.servers)) or list(default)
+        parser.error(f"unknown server {unknown[0]!r} (choose from {', '.join(SERVERS)})")
+    names = selected(args.command, args.servers)
     try:
         if args.command == "env":
             return env(names, named=bool(args.servers))
@@ -69,17 +63,25 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def selected(command: str, named: list[str]) -> list[str]:
+    """The servers a command acts on: those named, once each; else `up` starts the servers the whole
+    suite shares (not ON_DEMAND's), and down, status and env take every server."""
+    if named:
+        return list(dict.fromkeys(named))
+    return [name for name in SERVERS if command != "up" or name not in ON_DEMAND]
+
+
 def up(names: list[str]) -> int:
     failed = []
     for name in names:
         started = time.monotonic()
         try:
-            running, did = KNOWN[name]().ensure()
+            running, did = SERVERS[name]().ensure()
         except ServerError as error:
             print(f"servers: error: {error}", file=sys.stderr)
             failed.append(name)
             continue
-        main_proc = running.procs[KNOWN[name].main_process]
+        main_proc = running.procs[SERVERS[name].main_process]
         ports = ", ".join(f"{role} {port}" for role, port in running.ports.items())
         print(f"{name}: {did} ({time.monotonic() - started:.1f} s), pid {main_proc.pid}, {ports}", flush=True)
     if failed:
@@ -91,14 +93,14 @@ def up(names: list[str]) -> int:
 def down(names: list[str]) -> int:
     for name in reversed(names):
         started = time.monotonic()
-        stopped = KNOWN[name]().stop()
+        stopped = SERVERS[name]().stop()
         print(f"{name}: {'stopped' if stopped else 'was not running'} ({time.monotonic() - started:.1f} s)")
     return 0
 
 
 def status(names: list[str]) -> int:
     for name in names:
-        server = KNOWN[name]()
+        server = SERVERS[name]()
         recorded = server.recorded()
         if recorded is None:
             print(f"{name}: stopped")
@@ -117,7 +119,7 @@ def status(names: list[str]) -> int:
 def env(names: list[str], named: bool) -> int:
     missing = []
     for name in names:
-        found = KNOWN[name]().running()
+        found = SERVERS[name]().running()
         if found is None:
             missing.append(name)
             print(f"# {name}: not running")

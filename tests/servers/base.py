@@ -21,6 +21,8 @@ from typing import Any
 
 HOST = "127.0.0.1"
 LOG_TAIL_LINES = 30
+#: Set to 1 by the test suite (.ci/run, tests/servers/fixtures.py) alone: servers that skip syncs.
+UNSAFE_VARIABLE = "MAILQ_SERVERS_UNSAFE"
 
 
 class ServerError(Exception):
@@ -38,6 +40,18 @@ def port_setting(variable: str, default: int) -> int:
     if not value.isdigit() or not 0 < int(value) < 65536:
         raise ServerError(f"{variable}={value!r} is not a TCP port")
     return int(value)
+
+
+def unsafe_mode() -> bool:
+    """True when the servers are asked for the suite's fast, unsafe mode (see UNSAFE_VARIABLE): a server
+    that supports it then skips the syncs that make acknowledged writes survive a crash. Without it, the
+    default, the servers are durable, as the ones a user's data lives on must be."""
+    value = os.environ.get(UNSAFE_VARIABLE, "")
+    if value not in ("", "0", "1"):
+        raise ServerError(
+            f"{UNSAFE_VARIABLE}={value!r}: 1 for the suite's unsafe mode, 0 or unset for durable"
+        )
+    return value == "1"
 
 
 def say(message: str) -> None:

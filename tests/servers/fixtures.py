@@ -3,7 +3,12 @@
 Each server fixture is session-scoped: it makes sure the server runs, through the same code as
 `python -m tests.servers up` (reusing a running one), and yields how to reach it. A server that cannot
 start fails the tests that need it, with the reason; none is ever skipped. `keyspace_name` and
-`bucket_name` give each test session its own keyspace and bucket on the shared servers."""
+`bucket_name` give each test session its own keyspace and bucket on the shared servers.
+
+The suite asks for the servers' fast, unsafe mode (MAILQ_SERVERS_UNSAFE=1, unless the environment says
+otherwise): a single Cassandra node that skips syncs, fine for tests that never crash it. The
+`cassandra_cluster` fixture is module-scoped instead: the three nodes run only beside the tests that
+need them, and durable, as their fault tests kill nodes."""
 
 from __future__ import annotations
 
@@ -19,10 +24,14 @@ import pytest
 from tests.runtime.backends import CassandraS3
 
 from . import SERVERS, ServerError, ensure
+from .base import UNSAFE_VARIABLE
 from .cassandra import CassandraServer
+from .cassandra_cluster import CassandraCluster, CassandraClusterServer
 from .rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from .s3 import S3Server
 from .spark import SparkCluster
+
+os.environ.setdefault(UNSAFE_VARIABLE, "1")
 
 
 def fresh_keyspace_name() -> str:
@@ -56,6 +65,21 @@ def _server(name: str):
     except ServerError as error:
         reason = str(error)
     pytest.fail(f"{name} could not start: {reason}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def cassandra_cluster() -> Iterator[CassandraClusterServer]:
+    """The three-node cluster, started for this module's tests (with every node up: one a test left
+    down is restarted) and stopped after them, unless it was running before they began."""
+    cluster = CassandraCluster()
+    try:
+        with _untimed():
+            running, did = cluster.ensure()
+    except ServerError as error:
+        pytest.fail(f"cassandra-cluster could not start: {error}", pytrace=False)
+    yield CassandraClusterServer(**running.facts)
+    if did.startswith(("started", "installed")):
+        cluster.stop()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

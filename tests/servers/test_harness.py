@@ -15,6 +15,7 @@ import pytest
 from mailq_runtime.settings import Settings
 
 from . import deployment
+from .__main__ import selected
 from .base import Proc, ServerError
 from .cassandra import CassandraServer
 from .rabbitmq import RabbitMQ, RabbitMQServer
@@ -104,3 +105,11 @@ def test_a_deployment_is_made_then_removed_whole_with_its_directory(
     cluster.shutdown()
     assert settings.s3.bucket not in {bucket["Name"] for bucket in s3.list_buckets()["Buckets"]}
     assert settings.amqp.vhost not in RabbitMQ().ctl("list_vhosts", "name").split()
+
+
+def test_up_alone_leaves_the_clusters_out_and_down_alone_stops_them():
+    assert "cassandra-cluster" not in selected("up", []) and "rabbitmq-cluster" not in selected("up", [])
+    assert "cassandra" in selected("up", [])
+    assert selected("up", ["cassandra-cluster"]) == ["cassandra-cluster"]
+    assert "cassandra-cluster" in selected("down", []) and "cassandra-cluster" in selected("status", [])
+    assert "rabbitmq-cluster" in selected("down", []) and "rabbitmq-cluster" in selected("status", [])

@@ -7,16 +7,23 @@ from urllib.parse import urlencode
 
 if TYPE_CHECKING:
     from .cassandra import CassandraServer
+    from .cassandra_cluster import CassandraClusterServer
     from .s3 import S3Server
 
 
 def distributed_url(
-    cassandra: CassandraServer, s3: S3Server, keyspace: str, bucket: str, broker: str, **options: object
+    cassandra: CassandraServer | CassandraClusterServer,
+    s3: S3Server,
+    keyspace: str,
+    bucket: str,
+    broker: str,
+    **options: object,
 ) -> str:
-    """Keyspace `keyspace` on the harness's Cassandra, bucket `bucket` on its S3 endpoint, and `broker`
-    (`embedded:<dir>` or `amqp://...`); `options` are the URL's other options."""
+    """Keyspace `keyspace` on the harness's Cassandra (its single node, or every node of its cluster:
+    `replication=3` in `options` replicates the keyspace on each), bucket `bucket` on its S3 endpoint, and
+    `broker` (`embedded:<dir>` or `amqp://...`); `options` are the URL's other options."""
     query = urlencode(
         {"s3": bucket, "s3_endpoint": s3.endpoint_url, "s3_region": s3.region, "broker": broker, **options},
         safe=":/",
     )
-    return f"cassandra://{cassandra.host}:{cassandra.port}/{keyspace}?{query}"
+    return f"cassandra://{cassandra.contact_points}/{keyspace}?{query}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from cassandra import (
@@ -26,6 +27,7 @@ from cassandra import (
     DriverException,
     RequestValidationException,
     UnresolvableContactPoints,
+    WriteFailure,
     protocol,
 )
 from cassandra.auth import PlainTextAuthProvider
@@ -39,7 +41,13 @@ from cassandra.cluster import (
 )
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.connection import ConnectionException
-from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
+from cassandra.policies import (
+    DCAwareRoundRobinPolicy,
+    ExponentialReconnectionPolicy,
+    RetryPolicy,
+    TokenAwarePolicy,
+    WriteType,
+)
 from cassandra.pool import NoConnectionsAvailable
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
@@ -114,6 +122,7 @@ class CassandraStore:
             consistency_level=level,
             serial_consistency_level=serial,
             request_timeout=request_timeout,
+            retry_policy=CounterLeaderRetryPolicy(),
         )
         try:
             self.cluster = Cluster(
@@ -186,9 +195,17 @@ class CassandraStore:
         return prepared
 
     def execute(self, cql: str, parameters: Sequence = ()):
-        """The statement's result set (rows, `.one()`)."""
+        """The statement's result set (rows, `.one()`). Run again after a failure `_worth_a_retry`."""
         try:
-            rows = self.session.execute(self.statement(cql), parameters)
+            statement = self.statement(cql)
+            for tries_left in range(_RETRIES, -1, -1):
+                try:
+                    rows = self.session.execute(statement, parameters)
+                    break
+                except _FAILURES as error:
+                    if not tries_left or not _worth_a_retry(error):
+                        raise
+                    time.sleep(_RETRY_PAUSE)
         except _FAILURES as error:
             raise self.failure(error, _doing(cql)) from error
         return _Pages(self, cql, rows) if rows.has_more_pages else rows
@@ -258,6 +275,35 @@ class CassandraStore:
         return StoreUnavailable(f"Cassandra at {self.where} failed {doing}: {reason}")
 
 
+class CounterLeaderRetryPolicy(RetryPolicy):
+    """The driver's default, and up to three more tries for a counter update that timed out with no
+    response from the replica its coordinator chose to lead it.
+
+    Cassandra applies a counter update on one replica, the leader, which the coordinator picks at random
+    among the replicas its failure detector believes alive, then copies it to the others. For the 16-18 s
+    a failure detector took to convict a SIGKILLed node of the harness's cluster, a coordinator may pick
+    the dead node: the update waits the counter write timeout (5 s by default) and fails with no response
+    (10 of some 600 counter updates around one kill). The dead node never received it, so it was not
+    applied, and failing it would fail an enqueue that could succeed, or a done() whose deletion mark is
+    written already, leaving the deleted counter one short for good (the mark makes the redelivered
+    mail's done() count nothing). So it is sent again, and the coordinator picks a leader again, while the
+    request's own timeout allows. It counts twice only when a leader applied the update and then failed
+    to answer within the timeout (died in between, or was that slow)."""
+
+    tries = 4
+
+    def on_write_timeout(
+        self, query, consistency, write_type, required_responses, received_responses, retry_num
+    ):
+        if write_type == WriteType.COUNTER and received_responses == 0 and retry_num < self.tries - 1:
+            # The same coordinator: it picks the leader again, and with two of three nodes alive the
+            # next host may be the last one left in the query plan.
+            return self.RETRY, consistency
+        return super().on_write_timeout(
+            query, consistency, write_type, required_responses, received_responses, retry_num
+        )
+
+
 class Pending:
     """A statement started by `execute_async`: `.result()` waits for its result set, a failure raised as
     the store's. `future` is the driver's, for what it tells of the request (its message, its host)."""
@@ -301,6 +347,31 @@ class _Pages:
 
     def all(self) -> list:
         return list(self)
+
+
+# Cassandra's CAS_WRITE_UNKNOWN: a Paxos round's proposal was accepted by some replicas, not a quorum.
+_CAS_WRITE_UNKNOWN = 0x1700
+# How many more times, and how long apart, a statement `_worth_a_retry` is sent: a restarted node refused
+# to lead two counter updates in a row, for the second or so before its failure detector saw the others.
+_RETRIES, _RETRY_PAUSE = 3, 0.5
+
+
+def _worth_a_retry(error: BaseException) -> bool:
+    """Two failures of a node's crash or restart that another try cures without writing anything twice
+    (the driver retries neither):
+
+    - a counter update whose leader replica (see CounterLeaderRetryPolicy) failed it: a node just
+      restarted, whose failure detector does not see the others up yet, refuses to lead an update at
+      LOCAL_QUORUM before applying it (UnavailableException in its log), while the others already send
+      it updates to lead.
+    - a lightweight transaction whose result is unknown because the coordinator lost replicas in the
+      middle of its Paxos round. The next round first completes or supersedes the proposal left behind,
+      then answers: a row not applied may then be this call's own first write, which each caller reads
+      as written by another (the existing row's values, or "marked already"): the same as the failed
+      call's retry by its caller would see."""
+    if isinstance(error, WriteFailure):
+        return error.write_type == WriteType.COUNTER and error.received_responses == 0
+    return isinstance(error, protocol.ErrorMessage) and error.code == _CAS_WRITE_UNKNOWN
 
 
 def _doing(cql: str) -> str:
