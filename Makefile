@@ -32,24 +32,24 @@ demo: setup $(DAGSTER_DIR)/dagster.yaml
 # keeps its own for `make ui-distributed`; the pipeline's outputs go under that directory, which the
 # cluster's workers share with the driver on this machine.
 DISTRIBUTED_DIR := $(abspath .mailq-demo-distributed)
-SERVERS_ENV = eval "$$($(BIN)/python -m tests.servers env)"
+SERVERS_ENV = eval "$$($(BIN)/python -m mailq_servers env)"
 
 demo-distributed: export DAGSTER_HOME := $(DAGSTER_DIR)
 demo-distributed: export MAILQ_PIPELINE_DIR := $(DISTRIBUTED_DIR)/pipeline
 demo-distributed: setup $(DAGSTER_DIR)/dagster.yaml
-	$(BIN)/python -m tests.servers up
-	$(BIN)/python -m tests.servers deployment $(DISTRIBUTED_DIR)
+	$(BIN)/python -m mailq_servers up
+	$(BIN)/python -m mailq_servers deployment $(DISTRIBUTED_DIR)
 	$(SERVERS_ENV) && $(BIN)/mailq --url "$$(cat $(DISTRIBUTED_DIR)/url)" demo $(DEMO_OPTIONS)
 
 test: setup
 	$(BIN)/pytest
 
-# The real servers of the distributed tests (tests/servers), installed into ~/.cache/mailq-servers.
+# The real servers of the distributed deployment (mailq_servers), installed into ~/.cache/mailq-servers.
 servers: setup
-	$(BIN)/python -m tests.servers up
+	$(BIN)/python -m mailq_servers up
 
 servers-down: setup
-	$(BIN)/python -m tests.servers down
+	$(BIN)/python -m mailq_servers down
 
 lint: setup
 	$(BIN)/ruff check .
@@ -64,11 +64,11 @@ ui-distributed: export DAGSTER_HOME := $(DAGSTER_DIR)
 ui-distributed: export MAILQ_PIPELINE_DIR := $(DISTRIBUTED_DIR)/pipeline
 ui-distributed: setup $(DAGSTER_DIR)/dagster.yaml
 	@test -f $(DISTRIBUTED_DIR)/url || { echo "no distributed demo: run 'make demo-distributed' first" >&2; exit 1; }
-	$(BIN)/python -m tests.servers up
+	$(BIN)/python -m mailq_servers up
 	$(SERVERS_ENV) && MAILQ_URL="$$(cat $(DISTRIBUTED_DIR)/url)" $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1
 
 # The distributed demo's keyspace, bucket and vhost are removed from the servers when they run (`-`: the
 # rest is cleaned either way).
 clean:
-	-[ ! -f $(DISTRIBUTED_DIR)/url ] || $(BIN)/python -m tests.servers deployment --remove $(DISTRIBUTED_DIR)
+	-[ ! -f $(DISTRIBUTED_DIR)/url ] || $(BIN)/python -m mailq_servers deployment --remove $(DISTRIBUTED_DIR)
 	rm -rf $(VENV) .mailq .mailq-demo .dagster $(DISTRIBUTED_DIR)

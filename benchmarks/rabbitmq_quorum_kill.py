@@ -29,9 +29,9 @@ from pathlib import Path
 import pika
 import pika.exceptions
 
-from tests.servers.base import ServerError
-from tests.servers.rabbitmq import RabbitMQ, RabbitMQServer
-from tests.servers.rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer, node_name
+from mailq_servers.base import ServerError
+from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer
+from mailq_servers.rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer, node_name
 
 
 def connection(server: RabbitMQClusterServer, index: int, vhost: str) -> pika.BlockingConnection:

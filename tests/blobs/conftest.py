@@ -15,7 +15,7 @@ from mailq_runtime.blobs.sqlite_store import SqliteBlobStore
 from mailq_runtime.blobs.store import BlobStore, FileBlobStore
 from mailq_runtime.model import BlobId
 from mailq_runtime.stores.embedded import EmbeddedStore
-from tests.servers.s3 import S3Server
+from mailq_servers.s3 import S3Server
 
 
 def blob_id(content: bytes, generation: int = 1) -> BlobId:

@@ -13,8 +13,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from mailq_runtime.blobs.s3_store import MULTIPART_THRESHOLD, S3BlobStore
 from mailq_runtime.errors import BlobStoreUnavailable
+from mailq_servers.s3 import S3Server
 from tests.forwarder import Forwarder
-from tests.servers.s3 import S3Server
 
 from .conftest import blob_id, use_credentials
 

@@ -1,4 +1,4 @@
-"""Fixtures of the Cassandra store's tests: a keyspace a session on the harness's node (tests/servers),
+"""Fixtures of the Cassandra store's tests: a keyspace a session on the harness's node (mailq_servers),
 emptied before each test, and the embedded store's tables beside it, so that a test runs the same calls
 on both and compares what they answer."""
 
@@ -26,7 +26,7 @@ from mailq_runtime.stores.embedded_dead_letters import EmbeddedDeadLetters
 from mailq_runtime.stores.embedded_delayed_mails import EmbeddedDelayedMails
 from mailq_runtime.stores.embedded_mailboxes import EmbeddedMailboxTables
 from mailq_runtime.stores.embedded_queue_view import EmbeddedQueueView
-from tests.servers.cassandra import CassandraServer
+from mailq_servers.cassandra import CassandraServer
 
 CLOCK_SKEW_GRACE = 60_000_000
 T = TypeVar("T")

@@ -25,7 +25,7 @@ this module (twelve of the first test, seven of the second):
   260 rows, its `deleted` counter 260 for its 260 marks, and no call had failed. Likely cause: a
   restarted node replays its commit log only up to its last sync, so the killed node lost the last
   increment of the counter shard it led, which no other replica can restore. The durable nodes sync
-  before they acknowledge (`commitlog_sync: batch`, tests/servers/cassandra.py); since then the counts
+  before they acknowledge (`commitlog_sync: batch`, mailq_servers/cassandra.py); since then the counts
   equal a browse (4 runs of 4).
 - Two nodes killed: the calls in flight fail after the request timeouts (the first error 10-12 s after
   the kill), then every call that needs Cassandra fails at once: 6-57 enqueues, 1-23 dequeues and 0-1
@@ -50,11 +50,11 @@ from cassandra import ReadTimeout
 from mailq_runtime import Runtime
 from mailq_runtime.errors import MailqError, StoreUnavailable
 from mailq_runtime.queue import MailQueue
+from mailq_servers.cassandra_cluster import ADDRESSES, CassandraCluster, CassandraClusterServer
+from mailq_servers.s3 import S3Server, remove_bucket
+from mailq_servers.urls import distributed_url
 from tests.runtime.helpers import make_mail
-from tests.servers.cassandra_cluster import ADDRESSES, CassandraCluster, CassandraClusterServer
-from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name, remove_bucket
-from tests.servers.s3 import S3Server
-from tests.servers.urls import distributed_url
+from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name
 
 # A mail whose done() failed comes back after the lease: short, so that it comes back within the test,
 # but longer than a counter update that waits its 15 s timeout and is sent again (store.py).

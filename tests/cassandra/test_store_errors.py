@@ -13,8 +13,8 @@ from cassandra.cluster import NoHostAvailable
 
 from mailq_runtime.errors import StoreUnavailable, StoreUnusable
 from mailq_runtime.stores.cassandra import CassandraDeadLetters, CassandraStore
+from mailq_servers.cassandra import CassandraServer
 from tests.forwarder import Forwarder
-from tests.servers.cassandra import CassandraServer
 from tests.servers.fixtures import fresh_keyspace_name
 
 from .conftest import open_cassandra

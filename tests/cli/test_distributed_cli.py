@@ -10,8 +10,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name, remove_bucket
-from tests.servers.urls import distributed_url
+from mailq_servers.s3 import remove_bucket
+from mailq_servers.urls import distributed_url
+from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name
 
 from .test_store_errors import MESSAGE, RECIPIENT, SENDER, assert_one_line, mailq
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from mailq_runtime.faults import AFTER_PROJECTION, InjectedFault
+from mailq_servers.spark import SparkCluster
 from tests.runtime.backends import Backend
 from tests.runtime.helpers import FakeClock, make_mail
-from tests.servers.spark import SparkCluster
 
 DEPLOYMENTS = ("cassandra",)
 # A cluster's run starts executors on both workers: about a minute and a half on a quiet two-core machine.

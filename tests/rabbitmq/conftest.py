@@ -14,10 +14,10 @@ from urllib.parse import quote, urlencode
 import pytest
 
 from mailq_runtime.brokers.rabbitmq import QUEUE_TYPES, RabbitMQBroker
-from tests.servers.base import ServerError
+from mailq_servers.base import ServerError
+from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
+from mailq_servers.rabbitmq_cluster import RabbitMQCluster
 from tests.servers.fixtures import fresh_keyspace
-from tests.servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
-from tests.servers.rabbitmq_cluster import RabbitMQCluster
 
 Brokers = Callable[..., RabbitMQBroker]
 

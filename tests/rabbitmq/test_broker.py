@@ -20,7 +20,7 @@ from mailq_runtime.brokers.base import BrokerDeadLetter
 from mailq_runtime.brokers.rabbitmq import RabbitMQBroker, rabbitmq_queues
 from mailq_runtime.clock import MICROS_PER_SECOND, system_clock
 from mailq_runtime.errors import BrokerRefused, BrokerUnavailable
-from tests.servers.rabbitmq import RabbitMQServer
+from mailq_servers.rabbitmq import RabbitMQServer
 
 from .conftest import Brokers
 

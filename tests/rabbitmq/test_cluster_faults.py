@@ -20,8 +20,8 @@ from mailq_runtime import LeaseExpired, Runtime
 from mailq_runtime.brokers.rabbitmq import band_queue, rabbitmq_queues
 from mailq_runtime.model import NORMAL_PRIORITY
 from mailq_runtime.queue import MailQueue
+from mailq_servers.rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
 from tests.runtime.helpers import make_mail
-from tests.servers.rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
 
 from .conftest import Deployment
 

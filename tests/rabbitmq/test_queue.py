@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from mailq_runtime import Runtime
 from mailq_runtime.clock import to_datetime
+from mailq_servers.rabbitmq import RabbitMQServer
 from tests.runtime.helpers import FakeClock, make_mail
-from tests.servers.rabbitmq import RabbitMQServer
 
 from .conftest import Deployment
 

@@ -19,8 +19,8 @@ import pytest
 
 from mailq_runtime import Runtime
 from mailq_runtime.errors import BrokerUnavailable
+from mailq_servers.rabbitmq import RabbitMQ
 from tests.runtime.helpers import make_mail
-from tests.servers.rabbitmq import RabbitMQ
 
 from .conftest import Deployment, broker_factory, private_server
 

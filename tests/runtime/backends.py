@@ -10,7 +10,7 @@ themselves do not change.
 
 - `EmbeddedBackend`: the embedded default, one SQLite file in a data directory.
 - `CassandraBackend`: Cassandra for the metadata, S3 for the content, on the harness's servers
-  (tests/servers), with the embedded broker in a directory of the test's own.
+  (mailq_servers), with the embedded broker in a directory of the test's own.
 - `RabbitMQBackend`: the same with RabbitMQ as the broker, in a virtual host of the test's own.
 """
 
@@ -35,16 +35,16 @@ from mailq_runtime import Runtime
 from mailq_runtime.brokers.rabbitmq import rabbitmq_queues
 from mailq_runtime.clock import Clock, system_clock
 from mailq_runtime.stores.cassandra.schema import TABLES as CASSANDRA_TABLES
-from tests.servers.urls import distributed_url
+from mailq_servers.urls import distributed_url
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
     from cassandra.cluster import Session
     from cassandra.query import PreparedStatement
 
-    from tests.servers.cassandra import CassandraServer
-    from tests.servers.rabbitmq import RabbitMQServer, Vhosts
-    from tests.servers.s3 import S3Server
+    from mailq_servers.cassandra import CassandraServer
+    from mailq_servers.rabbitmq import RabbitMQServer, Vhosts
+    from mailq_servers.s3 import S3Server
 
 AGENT = Path(__file__).with_name("agent.py")
 # The logical tables every deployment has: probes and hooks name these.

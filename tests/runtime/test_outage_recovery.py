@@ -24,11 +24,12 @@ from mailq_runtime import Runtime
 from mailq_runtime.errors import BACKEND_FAILURES
 from mailq_runtime.queue import MailQueue
 from mailq_runtime.worker import run_worker
+from mailq_servers import CassandraServer, RabbitMQServer, S3Server
+from mailq_servers.rabbitmq import Vhosts
+from mailq_servers.s3 import remove_bucket
+from mailq_servers.urls import distributed_url
 from tests.forwarder import Forwarder
-from tests.servers import CassandraServer, RabbitMQServer, S3Server
-from tests.servers.fixtures import fresh_keyspace, remove_bucket
-from tests.servers.rabbitmq import Vhosts
-from tests.servers.urls import distributed_url
+from tests.servers.fixtures import fresh_keyspace
 
 from .helpers import make_mail
 

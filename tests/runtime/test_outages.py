@@ -28,8 +28,8 @@ from mailq_runtime.errors import (
 )
 from mailq_runtime.mailbox import Mailboxes
 from mailq_runtime.queue import MailQueue, MailQueueItem
+from mailq_servers.urls import distributed_url
 from tests.forwarder import Forwarder
-from tests.servers.urls import distributed_url
 
 from .backends import RabbitMQBackend
 from .conftest import QUEUE

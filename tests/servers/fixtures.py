@@ -1,7 +1,7 @@
 """pytest fixtures for tests against the real servers, registered for the whole suite by tests/conftest.py.
 
 Each server fixture is session-scoped: it makes sure the server runs, through the same code as
-`python -m tests.servers up` (reusing a running one), and yields how to reach it. A server that cannot
+`python -m mailq_servers up` (reusing a running one), and yields how to reach it. A server that cannot
 start fails the tests that need it, with the reason; none is ever skipped. `keyspace_name` and
 `bucket_name` give each test session its own keyspace and bucket on the shared servers.
 
@@ -21,15 +21,14 @@ from contextlib import contextmanager
 
 import pytest
 
+from mailq_servers import SERVERS, ServerError, ensure
+from mailq_servers.base import UNSAFE_VARIABLE
+from mailq_servers.cassandra import CassandraServer
+from mailq_servers.cassandra_cluster import CassandraCluster, CassandraClusterServer
+from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
+from mailq_servers.s3 import S3Server, remove_bucket
+from mailq_servers.spark import SparkCluster
 from tests.runtime.backends import CassandraS3
-
-from . import SERVERS, ServerError, ensure
-from .base import UNSAFE_VARIABLE
-from .cassandra import CassandraServer
-from .cassandra_cluster import CassandraCluster, CassandraClusterServer
-from .rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
-from .s3 import S3Server
-from .spark import SparkCluster
 
 os.environ.setdefault(UNSAFE_VARIABLE, "1")
 
@@ -130,20 +129,6 @@ def keyspace_name(cassandra_server: CassandraServer) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def s3_server() -> S3Server:
     return _server("s3")
-
-
-def remove_bucket(client, name: str) -> None:
-    """Empty and remove bucket `name`, if it exists."""
-    try:
-        for upload in client.list_multipart_uploads(Bucket=name).get("Uploads", []):
-            client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
-            keys = [{"Key": entry["Key"]} for entry in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
-        client.delete_bucket(Bucket=name)
-    except client.exceptions.NoSuchBucket:
-        pass  # never created
 
 
 @pytest.fixture(scope="session")

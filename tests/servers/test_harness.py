@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 
 from mailq_runtime.settings import Settings
-
-from . import deployment
-from .__main__ import selected
-from .base import Proc, ServerError
-from .cassandra import CassandraServer
-from .rabbitmq import RabbitMQ, RabbitMQServer
-from .s3 import S3Endpoint, S3Server
+from mailq_servers import deployment
+from mailq_servers.__main__ import selected
+from mailq_servers.base import Proc, ServerError
+from mailq_servers.cassandra import CassandraServer
+from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer
+from mailq_servers.s3 import S3Endpoint, S3Server
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +62,7 @@ def test_env_prints_lines_a_shell_can_source(s3_server: S3Server):
         [
             "/bin/sh",
             "-c",
-            f'eval "$("{sys.executable}" -m tests.servers env s3)" && echo "$AWS_ENDPOINT_URL_S3"',
+            f'eval "$("{sys.executable}" -m mailq_servers env s3)" && echo "$AWS_ENDPOINT_URL_S3"',
         ],
         cwd=REPO,
         capture_output=True,
@@ -92,7 +91,7 @@ def test_a_deployment_is_made_then_removed_whole_with_its_directory(
     s3.put_object(Bucket=settings.s3.bucket, Key="content", Body=b"x")
 
     subprocess.run(
-        [sys.executable, "-m", "tests.servers", "deployment", "--remove", str(directory)],
+        [sys.executable, "-m", "mailq_servers", "deployment", "--remove", str(directory)],
         cwd=REPO,
         check=True,
     )

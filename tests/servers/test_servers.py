@@ -15,11 +15,12 @@ import pytest
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import SimpleStatement
 
-from .cassandra import CassandraServer
-from .fixtures import fresh_bucket_name, fresh_keyspace_name, remove_bucket
-from .rabbitmq import RabbitMQServer
-from .s3 import S3Server
-from .spark import SparkCluster
+from mailq_servers.cassandra import CassandraServer
+from mailq_servers.rabbitmq import RabbitMQServer
+from mailq_servers.s3 import S3Server, remove_bucket
+from mailq_servers.spark import SparkCluster
+
+from .fixtures import fresh_bucket_name, fresh_keyspace_name
 
 MIN_TOKEN, MAX_TOKEN = -(2**63), 2**63 - 1
 

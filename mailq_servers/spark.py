@@ -57,7 +57,7 @@ class SparkStandalone(Server):
     def install(self) -> None:
         raise ServerError(
             f"pyspark is not installed for {sys.executable}: run the harness with the project's venv "
-            "(`make setup`, then `.venv/bin/python -m tests.servers up`)"
+            "(`make setup`, then `.venv/bin/python -m mailq_servers up`)"
         )
 
     def launch(self) -> dict[str, Proc]:

@@ -4,7 +4,7 @@ under the cache's cassandra-cluster/run/nodeN, seed 127.0.0.1, one token a node 
 ring, SimpleSnitch (one datacenter).
 
 The cluster is durable (no skipped syncs, whatever MAILQ_SERVERS_UNSAFE says): its point is surviving a
-node's SIGKILL. `python -m tests.servers up` leaves it out; `up cassandra-cluster` starts it, and the
+node's SIGKILL. `python -m mailq_servers up` leaves it out; `up cassandra-cluster` starts it, and the
 `cassandra_cluster` fixture starts it for the tests that need it and stops it after them. `kill(node)`,
 `stop_node(node)`, `start_node(node)` and `node_up(node)` act on one node (1, 2 or 3), for fault tests.
 
@@ -229,7 +229,7 @@ class CassandraCluster(Server):
     def _proc(self, node: int) -> Proc:
         running = self.recorded()
         if running is None:
-            raise ServerError(f"{self.name} is not running: `python -m tests.servers up {self.name}`")
+            raise ServerError(f"{self.name} is not running: `python -m mailq_servers up {self.name}`")
         return running.procs[self.role(node)]
 
     def kill(self, node: int) -> None:
@@ -254,7 +254,7 @@ class CassandraCluster(Server):
         with self.lock():
             running = self.recorded()
             if running is None:
-                raise ServerError(f"{self.name} is not running: `python -m tests.servers up {self.name}`")
+                raise ServerError(f"{self.name} is not running: `python -m mailq_servers up {self.name}`")
             if running.procs[self.role(node)].alive():
                 raise ServerError(f"{self.name} node {node} is running already")
             self._start(node, running)

@@ -432,7 +432,7 @@ class Server(ABC):
         if wanted != running.ports:
             raise ServerError(
                 f"{self.name} is running on ports {running.ports}, not the ports asked for {wanted}: "
-                f"stop it first (`python -m tests.servers down {self.name}`)"
+                f"stop it first (`python -m mailq_servers down {self.name}`)"
             )
 
     def _write_state(self, running: Running) -> None:

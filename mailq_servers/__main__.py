@@ -1,5 +1,5 @@
-"""`python -m tests.servers up|down|status|env [server ...]`: the servers of the distributed tests;
-`python -m tests.servers deployment DIR`: a fresh deployment on them, its URL in DIR/url (deployment.py)."""
+"""`python -m mailq_servers up|down|status|env [server ...]`: the servers of the distributed tests;
+`python -m mailq_servers deployment DIR`: a fresh deployment on them, its URL in DIR/url (deployment.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .base import Proc
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.servers",
+        prog="python -m mailq_servers",
         description=f"Install, start and stop the servers of the distributed tests (cache: {cache_root()}).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     fresh.add_argument("--remove", action="store_true", help="only remove it, and DIR, making none")
     args = parser.parse_args(argv)
     if args.command == "deployment":
-        from . import deployment  # imports mailq and pytest, which the other commands do without
+        from . import deployment  # imports mailq_runtime, which the other commands do without
 
         try:
             if args.remove:

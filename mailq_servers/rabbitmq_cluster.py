@@ -3,7 +3,7 @@ of a node's loss: three nodes of Debian's `rabbitmq-server` with their own names
 ports, base directories and one shared Erlang cookie, registered with an epmd of the cluster's own (never
 the single node's), joined with `rabbitmqctl join_cluster`, on loopback only.
 
-Started on demand only (`python -m tests.servers up rabbitmq-cluster`, or the module-scoped fixture of the
+Started on demand only (`python -m mailq_servers up rabbitmq-cluster`, or the module-scoped fixture of the
 tests that need it), never by a plain `up`: it costs three Erlang VMs. The harness can SIGKILL a node and
 start it again on its data (`kill_node`, `start_node`), or the whole cluster (`kill_all`, `start_all`), and
 tell which node leads a quorum queue (`leaders`)."""

@@ -160,3 +160,17 @@ class S3Endpoint(Server):
         with os.fdopen(fd, "w") as out:
             json.dump(keys, out)
         return keys
+
+
+def remove_bucket(client: BaseClient, name: str) -> None:
+    """Empty and remove bucket `name`, if it exists."""
+    try:
+        for upload in client.list_multipart_uploads(Bucket=name).get("Uploads", []):
+            client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            keys = [{"Key": entry["Key"]} for entry in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+        client.delete_bucket(Bucket=name)
+    except client.exceptions.NoSuchBucket:
+        pass  # never created

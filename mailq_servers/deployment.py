@@ -4,7 +4,7 @@
 `fresh(directory)` removes the deployment whose URL `directory/url` holds (the previous run's), empties
 the directory, makes the vhost (the keyspace and the bucket are made by the runtime's creating open) and
 writes the new URL there; `discard(directory)` only removes (`make clean`). The servers must be running
-(`python -m tests.servers up`)."""
+(`python -m mailq_servers up`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 from mailq_runtime.settings import Settings
 
 from . import ServerError, running
-from .fixtures import remove_bucket
 from .rabbitmq import RabbitMQ, _binary
+from .s3 import remove_bucket
 from .urls import distributed_url
 
 URL_FILE = "url"
@@ -26,7 +26,7 @@ _CREATOR = "mailq-deployment"
 def _required(name: str):
     facts = running(name)
     if facts is None:
-        raise ServerError(f"{name} is not running: run `python -m tests.servers up` first")
+        raise ServerError(f"{name} is not running: run `python -m mailq_servers up` first")
     return facts
 
 
