@@ -16,8 +16,8 @@ The content comes before a message's first source-of-truth entry and goes after 
 (saved through the deduplicating store, owner = the message id) and its `messages` row are written
 first, and released last. A message in a mailbox thus always has its content; a crash in between leaves
 content of a message id that no mailbox holds, which the orphan sweep releases (a message id owns its
-references while the source of truth places it). `group_writes` may group the writes of one step (the
-embedded store's transaction): faster, and never needed for correctness.
+references while the source of truth places it). The deployment's unit of work may group the writes of one
+step (the embedded store's transaction): faster, and never needed for correctness.
 
 UIDs come from an atomic increment of `mailboxes.next_uid` (one `UPDATE ... RETURNING` on the embedded
 store, a lightweight transaction on Cassandra), so they are distinct and strictly increase per mailbox
@@ -32,11 +32,10 @@ from __future__ import annotations
 import builtins
 import re
 from collections.abc import Iterable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from .blobs.dedup import DeduplicatingBlobStore, GroupWrites
+from .blobs.dedup import DeduplicatingBlobStore
 from .clock import Clock
 from .errors import InvalidInput, UnknownMailbox, shown
 from .faults import (
@@ -59,6 +58,7 @@ from .faults import (
 )
 from .model import MAX_COUNT, MailAddress, MailboxId, MessageId, check_message
 from .queue import split_message
+from .unit_of_work import UNGROUPED, UnitOfWork
 
 INBOX = "INBOX"
 DELIMITER = "."
@@ -226,14 +226,14 @@ class Mailboxes:
         clock: Clock,
         max_message_size: int,
         faults: FaultInjector | None = None,
-        group_writes: GroupWrites = nullcontext,
+        work: UnitOfWork = UNGROUPED,
     ) -> None:
         self.tables = tables
         self.blobs = blobs
         self.clock = clock
         self.max_message_size = max_message_size
         self.faults = faults or FaultInjector()
-        self.group_writes = group_writes
+        self.work = work
 
     # mailboxes
     def create(self, user: str, name: str) -> MailboxId:
@@ -312,7 +312,7 @@ class Mailboxes:
         message = check_message(message, self.max_message_size)
         message_id = MessageId.generate(self.clock()) if message_id is None else MessageId(message_id)
         header, body = split_message(message)
-        with self.group_writes():
+        with self.work.writes():
             for placed_in, placed in self.tables.placements(message_id):
                 if placed_in == mailbox_id:
                     return Appended(message_id, placed)
@@ -375,7 +375,7 @@ class Mailboxes:
         uid = _uid(uid)
         if source_id == target_id:
             raise InvalidInput(f"cannot move a message of mailbox {source_id} to itself")
-        with self.group_writes():
+        with self.work.writes():
             message_id, stored = self._entry(source_id, uid)
             new_uid = self._placement(message_id, target_id)  # an earlier move that died half-way
             if new_uid is None:
@@ -383,12 +383,12 @@ class Mailboxes:
             self.faults.reached(MOVE_AFTER_TARGET)
             self.tables.remove_from_source_of_truth(source_id, uid)
         self.faults.reached(MOVE_AFTER_SOURCE_OF_TRUTH)
-        with self.group_writes():
+        with self.work.writes():
             self.tables.unproject(source_id, uid)
             self.tables.project(message_id, target_id)
         self.faults.reached(MOVE_AFTER_PROJECTION)
         unseen = _unseen(_loaded(stored))
-        with self.group_writes():
+        with self.work.writes():
             self.tables.add_to_counters(source_id, -1, -unseen)
             self.tables.add_to_counters(target_id, 1, unseen)
         return new_uid
@@ -408,7 +408,7 @@ class Mailboxes:
         which the orphan sweep releases."""
         removed: builtins.list[tuple[int, str, frozenset[str]]] = []
         chosen = sorted(set(uids))
-        with self.group_writes():
+        with self.work.writes():
             if strict:
                 for uid in chosen:
                     self._entry(mailbox_id, uid)
@@ -419,7 +419,7 @@ class Mailboxes:
         if not removed:
             return 0
         self.faults.reached(EXPUNGE_AFTER_SOURCE_OF_TRUTH)
-        with self.group_writes():
+        with self.work.writes():
             for uid, _, _ in removed:
                 self.tables.unproject(mailbox_id, uid)
         self.faults.reached(EXPUNGE_AFTER_PROJECTION)
@@ -446,7 +446,7 @@ class Mailboxes:
         newest_eligible = self.blobs.generations.current() - 2
         if not held or any(b.generation > newest_eligible for b in held) or self.tables.placements(owner):
             return 0
-        with self.group_writes():
+        with self.work.writes():
             self.tables.delete_message(owner)
             self.faults.reached(ORPHAN_AFTER_MESSAGE_ROW)
             return self.blobs.release(owner, held)
@@ -456,7 +456,7 @@ class Mailboxes:
 
         Crash-safe order: 1. the `messages` row; 2. the references (deletions appended). A crash after 1
         leaves references whose owner exists nowhere, which the orphan sweep releases."""
-        with self.group_writes():
+        with self.work.writes():
             if self.tables.placements(message_id):
                 return 0
             self.tables.delete_message(message_id)
