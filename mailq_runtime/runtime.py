@@ -29,7 +29,8 @@ from .clock import Clock, system_clock
 from .config import ConfigurationEvents, ConfigurationStore
 from .errors import InvalidInput, UnknownQueue
 from .faults import FaultInjector
-from .mailbox import Mailboxes, MailboxTables
+from .mailbox import MailboxTables
+from .mailboxes import Mailboxes
 from .model import QueueName
 from .queue import MailQueue, QueueBackends, QueueContext
 from .queue_view import QueueView

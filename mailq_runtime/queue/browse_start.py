@@ -7,16 +7,14 @@ import random
 
 from ..faults import CLEAN_AFTER_BROWSE_START
 from .clean_up import ContentCleanUp
-from .context import QueueContext, slice_of
+from .context import QueueContext, QueuePart, slice_of
 
 log = logging.getLogger(__name__)
 
 
-class BrowseStart:
+class BrowseStart(QueuePart):
     def __init__(self, context: QueueContext, clean_up: ContentCleanUp) -> None:
-        self.context = context
-        self.name = context.name
-        self.view = context.backends.view
+        super().__init__(context)
         self.clean_up = clean_up
         self.random = random.Random()
 
@@ -76,6 +74,6 @@ class BrowseStart:
                 break
         if new_start > current:
             self.view.advance_browse_start(self.name, new_start)
-        self.context.backends.faults.reached(CLEAN_AFTER_BROWSE_START)
+        self.faults.reached(CLEAN_AFTER_BROWSE_START)
         self.clean_up.clean_content()
         return self.browse_start()

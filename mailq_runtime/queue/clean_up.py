@@ -4,17 +4,13 @@ deleted."""
 from __future__ import annotations
 
 from ..faults import CLEAN_AFTER_DELETE, CLEAN_AFTER_RELEASE
-from .context import QueueContext
+from .context import QueueContext, QueuePart
 
 
-class ContentCleanUp:
+class ContentCleanUp(QueuePart):
     def __init__(self, context: QueueContext) -> None:
-        self.context = context
-        self.name = context.name
-        self.view = context.backends.view
-        self.blobs = context.backends.blobs
+        super().__init__(context)
         self.dead_letters = context.backends.dead_letters
-        self.faults = context.backends.faults
 
     def clean_content(self) -> int:
         """Record 32: release and delete what lies between content_start and browse_start, then move

@@ -63,5 +63,21 @@ class QueueContext:
         return start
 
 
+class QueuePart:
+    """A collaborator of one queue: its context, and the backends it works with at hand."""
+
+    def __init__(self, context: QueueContext) -> None:
+        backends = context.backends
+        self.context = context
+        self.name = context.name
+        self.clock = context.clock
+        self.view = backends.view
+        self.broker = backends.broker
+        self.blobs = backends.blobs
+        self.delayed = backends.delayed
+        self.work = backends.work
+        self.faults = backends.faults
+
+
 def slice_of(moment: int, window: int) -> int:
     return moment - moment % window

@@ -21,7 +21,7 @@ from ..faults import (
 from ..model import EnqueueId, Mail, parse_duration
 from ..queue_view import EnqueuedMail
 from ..stores.dead_letters import DeadLetter
-from .context import Delay, QueueContext
+from .context import Delay, QueueContext, QueuePart
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +55,10 @@ def _readable(payload: str) -> EnqueuedMail | None:
         return None
 
 
-class DeadLetterOffice:
+class DeadLetterOffice(QueuePart):
     def __init__(self, context: QueueContext, enqueue: Callable[..., EnqueueId]) -> None:
-        self.context = context
-        self.name = context.name
-        self.view = context.backends.view
-        self.broker = context.backends.broker
-        self.blobs = context.backends.blobs
+        super().__init__(context)
         self.records = context.backends.dead_letters
-        self.work = context.backends.work
-        self.faults = context.backends.faults
         self.enqueue = enqueue
 
     def dead_letters(self) -> list[DeadLetterItem]:
@@ -144,7 +138,7 @@ class DeadLetterOffice:
         if enqueue_id is not None:
             letters = [self._letter(enqueue_id)]
         else:
-            cutoff = self.context.clock() - parse_duration(older_than, "older_than")
+            cutoff = self.clock() - parse_duration(older_than, "older_than")
             self._drain_quietly()
             letters = [letter for letter in self.records.list(self.name) if letter.died_at < cutoff]
         for letter in letters:

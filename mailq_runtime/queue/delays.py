@@ -13,7 +13,7 @@ from ..clock import LATEST
 from ..errors import BrokerRefused, BrokerUnavailable
 from ..faults import FLUSH_AFTER_DELAYED_ROWS, PUBLISH_DUE_AFTER_PUBLISH
 from ..stores.delayed_mails import DelayedMail
-from .context import QueueContext
+from .context import QueueContext, QueuePart
 from .mail_view import live_rows
 
 log = logging.getLogger(__name__)
@@ -56,23 +56,18 @@ class DueSchedule:
             self.look_at = time.monotonic() + PUBLISH_INTERVAL
 
 
-class DelayedMailPublisher:
+class DelayedMailPublisher(QueuePart):
     def __init__(
         self, context: QueueContext, schedule: DueSchedule, drain_dead_letters: Callable[[], int]
     ) -> None:
-        self.context = context
-        self.name = context.name
-        self.broker = context.backends.broker
-        self.delayed = context.backends.delayed
-        self.work = context.backends.work
-        self.faults = context.backends.faults
+        super().__init__(context)
         self.schedule = schedule
         self.drain_dead_letters = drain_dead_letters
         # One publisher at a time in this process (it takes the store after this lock, never before).
         self._publishing = threading.Lock()
 
     def publishing_due(self) -> bool:
-        return time.monotonic() >= self.schedule.look_at or self.context.clock() >= self.schedule.next_due
+        return time.monotonic() >= self.schedule.look_at or self.clock() >= self.schedule.next_due
 
     def publish_if_due(self) -> None:
         with self._publishing:
@@ -99,7 +94,7 @@ class DelayedMailPublisher:
             return self._publish_due()
 
     def _publish_due(self) -> int:
-        now = self.context.clock()
+        now = self.clock()
         handed = 0
         while True:
             with self.work.writes():
@@ -125,13 +120,12 @@ class DelayedMailPublisher:
         (a duplicate, absorbed as there); after 1, browse shows the former next deliveries, which
         flushing again corrects."""
         with self._publishing:
-            now = self.context.clock()
+            now = self.clock()
             waiting = self.delayed.all(self.name)
             for first in range(0, len(waiting), _PUBLISH_BATCH):
                 with self.work.writes():
                     for mail in waiting[first : first + _PUBLISH_BATCH]:
                         self._hand_over(mail)
         self.faults.reached(FLUSH_AFTER_DELAYED_ROWS)
-        view = self.context.backends.view
-        view.reschedule([row for row in live_rows(self.context) if row.next_delivery > now], now)
+        self.view.reschedule([row for row in live_rows(self.context) if row.next_delivery > now], now)
         return len(waiting)

@@ -13,7 +13,7 @@ from ..clock import MICROS_PER_SECOND
 from ..errors import BlobNotFound, InvalidInput, LeaseExpired, shown
 from ..model import Mail, delivery_time, parse_duration
 from ..queue_view import EnqueuedMail
-from .context import Delay, QueueContext, slice_of
+from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DelayedMailPublisher
 from .settlement import Settlement
 
@@ -58,7 +58,7 @@ class MailQueueItem:
         """Not delivered this time: deliver it again, after `delay` if given. With the lease lost it
         changes nothing and raises LeaseExpired."""
         # A malformed delay leaves the item unsettled.
-        deliver_at = delivery_time(self._settlement.context.clock(), delay)
+        deliver_at = delivery_time(self._settlement.clock(), delay)
         self._settle()
         self._settlement.retry(self._delivery, self._row, deliver_at, self.attempts)
 
@@ -104,7 +104,7 @@ class MailQueueItem:
             self.retry()
 
 
-class Dequeuer:
+class Dequeuer(QueuePart):
     def __init__(
         self,
         context: QueueContext,
@@ -112,11 +112,7 @@ class Dequeuer:
         settlement: Settlement,
         recount: Callable[[], int],
     ) -> None:
-        self.context = context
-        self.name = context.name
-        self.view = context.backends.view
-        self.broker = context.backends.broker
-        self.work = context.backends.work
+        super().__init__(context)
         self.publisher = publisher
         self.settlement = settlement
         self.recount = recount
@@ -134,7 +130,7 @@ class Dequeuer:
         while True:
             if self.publisher.publishing_due():
                 self.publisher.publish_if_due()
-            until_due = (schedule.next_due - self.context.clock()) / MICROS_PER_SECOND
+            until_due = (schedule.next_due - self.clock()) / MICROS_PER_SECOND
             wait = max(0.0, min(schedule.look_at - time.monotonic(), until_due))
             if deadline is not None:
                 wait = min(wait, max(0.0, deadline - time.monotonic()))
@@ -180,9 +176,7 @@ class Dequeuer:
             if not windows:
                 return None
             self._widest_window = max(windows)
-        return slice_of(
-            self.context.clock(), max(self._widest_window, self.context.configuration.slice_window)
-        )
+        return slice_of(self.clock(), max(self._widest_window, self.context.configuration.slice_window))
 
     def _recount_if_idle(self) -> None:
         """Recount when nothing was delivered to this consumer, yet the counters count mails that are not
@@ -198,7 +192,7 @@ class Dequeuer:
             sizes = self.view.slice_sizes(self.name, browse_start)
             counted = sum(live for _, live in sizes)
             if (
-                counted > self.context.backends.delayed.summary(self.name, self.context.clock()).waiting
+                counted > self.delayed.summary(self.name, self.clock()).waiting
                 or min((live for _, live in sizes), default=0) < 0
             ):
                 self.recount()

@@ -12,7 +12,7 @@ from ..faults import ENQUEUE_AFTER_REFERENCES, ENQUEUE_AFTER_VIEW_ROW
 from ..model import EnqueueId, Mail, check_message, check_priority, delivery_time
 from ..queue_view import EnqueuedMail
 from ..stores.delayed_mails import DelayedMail
-from .context import Delay, QueueContext, slice_of
+from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DueSchedule
 
 log = logging.getLogger(__name__)
@@ -39,18 +39,11 @@ def check_enqueue(mail: Mail, delay: Delay, priority: int | None, max_message_si
     return check_priority(priority)
 
 
-class Enqueuer:
+class Enqueuer(QueuePart):
     def __init__(
         self, context: QueueContext, schedule: DueSchedule, browse_start_limit: Callable[[], int]
     ) -> None:
-        self.context = context
-        self.name = context.name
-        self.view = context.backends.view
-        self.broker = context.backends.broker
-        self.blobs = context.backends.blobs
-        self.delayed = context.backends.delayed
-        self.work = context.backends.work
-        self.faults = context.backends.faults
+        super().__init__(context)
         self.schedule = schedule
         self.browse_start_limit = browse_start_limit
         self._exists = False  # created by an enqueue of this process: no need to create it again

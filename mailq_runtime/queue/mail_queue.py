@@ -8,7 +8,7 @@ from datetime import datetime
 from ..model import EnqueueId, Mail
 from .browse_start import BrowseStart
 from .clean_up import ContentCleanUp
-from .context import Delay, QueueContext
+from .context import Delay, QueueContext, QueuePart
 from .dead_letters import DeadLetterItem, DeadLetterOffice
 from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
@@ -18,17 +18,9 @@ from .overview import QueueOverview, overview
 from .settlement import Settlement
 
 
-class MailQueue:
+class MailQueue(QueuePart):
     def __init__(self, context: QueueContext) -> None:
-        self.context = context
-        backends = context.backends
-        self.name = context.name
-        self.clock = context.clock
-        self.view = backends.view
-        self.broker = backends.broker
-        self.blobs = backends.blobs
-        self.delayed = backends.delayed
-        self.faults = backends.faults
+        super().__init__(context)
         self.clean_up = ContentCleanUp(context)
         self.browse_starts = BrowseStart(context, self.clean_up)
         schedule = DueSchedule()

@@ -14,7 +14,7 @@ from ..faults import REMOVE_AFTER_MARK, REMOVE_AFTER_RELEASE
 from ..model import NULL_SENDER_SPELLINGS, EnqueueId, Mail, MailAddress, address_key, parse_duration
 from ..queue_view import EnqueuedMail
 from ..stores.delayed_mails import DelayedMail
-from .context import Delay, QueueContext
+from .context import Delay, QueueContext, QueuePart
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +45,14 @@ def live_rows(context: QueueContext) -> Iterator[EnqueuedMail]:
         yield from view.live_mails(context.name, slice_start)
 
 
-class MailQueueView:
+class MailQueueView(QueuePart):
     def __init__(
         self,
         context: QueueContext,
         send: Callable[[EnqueuedMail, int, int], None],
         maybe_update_browse_start: Callable[[], None],
     ) -> None:
-        self.context = context
-        self.name = context.name
-        self.view = context.backends.view
+        super().__init__(context)
         self.send = send
         self.maybe_update_browse_start = maybe_update_browse_start
 
@@ -133,19 +131,18 @@ class MailQueueView:
         delayed row, if it waits for one. A crash after 1 leaves the references, which record 32's
         clean-up releases with the slice; after 2, a delayed row that is published when due and acked as
         not live. A mail marked is out of browse and size, so running the removal again finds the rest."""
-        backends = self.context.backends
         deleted = 0
-        now = self.context.clock()
+        now = self.clock()
         for row in list(live_rows(self.context)):
             if not matches(row):
                 continue
-            with backends.work.writes():
+            with self.work.writes():
                 if self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket):
-                    backends.faults.reached(REMOVE_AFTER_MARK)
-                    backends.blobs.release(row.enqueue_id)
-                    backends.faults.reached(REMOVE_AFTER_RELEASE)
+                    self.faults.reached(REMOVE_AFTER_MARK)
+                    self.blobs.release(row.enqueue_id)
+                    self.faults.reached(REMOVE_AFTER_RELEASE)
                     if row.next_delivery > now:
-                        backends.delayed.remove(
+                        self.delayed.remove(
                             DelayedMail(self.name, row.enqueue_id, row.next_delivery, row.priority, "")
                         )
                     deleted += 1
@@ -158,12 +155,11 @@ class MailQueueView:
         the delayed mails do (a broker outage, a crash in the middle of an enqueue); a mail whose next
         delivery is still to come is delayed again instead. Each mail is one write, so a crash leaves
         the rest to the next run."""
-        now = self.context.clock()
+        now = self.clock()
         cutoff = now - parse_duration(older_than, "older_than")
         candidates = [row for row in live_rows(self.context) if row.enqueued_time < cutoff]
-        backends = self.context.backends
-        held = backends.broker.published(self.name, [row.enqueue_id for row in candidates])
-        held |= {mail.enqueue_id for mail in backends.delayed.all(self.name)}
+        held = self.broker.published(self.name, [row.enqueue_id for row in candidates])
+        held |= {mail.enqueue_id for mail in self.delayed.all(self.name)}
         republished = 0
         for row in candidates:
             if row.enqueue_id not in held:

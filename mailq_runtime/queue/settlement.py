@@ -19,7 +19,7 @@ from ..faults import (
 )
 from ..queue_view import EnqueuedMail
 from ..stores.delayed_mails import DelayedMail
-from .context import QueueContext
+from .context import QueueContext, QueuePart
 from .dead_letters import DeadLetterOffice
 from .delays import DueSchedule
 
@@ -33,7 +33,7 @@ def lost(row: EnqueuedMail, action: str) -> LeaseExpired:
     )
 
 
-class Settlement:
+class Settlement(QueuePart):
     def __init__(
         self,
         context: QueueContext,
@@ -41,14 +41,7 @@ class Settlement:
         letters: DeadLetterOffice,
         maybe_update_browse_start: Callable[[], None],
     ) -> None:
-        self.context = context
-        self.name = context.name
-        self.view = context.backends.view
-        self.broker = context.backends.broker
-        self.blobs = context.backends.blobs
-        self.delayed = context.backends.delayed
-        self.work = context.backends.work
-        self.faults = context.backends.faults
+        super().__init__(context)
         self.schedule = schedule
         self.letters = letters
         self.maybe_update_browse_start = maybe_update_browse_start
@@ -69,7 +62,7 @@ class Settlement:
             raise
 
     def extend(self, delivery: Delivery, length: int) -> bool:
-        return self.broker.extend(delivery, min(self.context.clock() + length, LATEST))
+        return self.broker.extend(delivery, min(self.clock() + length, LATEST))
 
     def done(self, delivery: Delivery, row: EnqueuedMail) -> None:
         """Crash-safe order: 1. mark the mail deleted, then count it; 2. release its references (those
@@ -109,7 +102,7 @@ class Settlement:
         A lease lost meanwhile (the ack fails) takes the delayed row back: the mail is another consumer's;
         so does a connection to the broker lost meanwhile, as the broker delivers the mail again at once.
         A backend failing before the ack gives the delivery back (`giving_back`)."""
-        if deliver_at <= self.context.clock():
+        if deliver_at <= self.clock():
             try:
                 requeued = self.broker.requeue(delivery)
             except BrokerUnavailable as error:
@@ -176,7 +169,7 @@ class Settlement:
     def bury(self, delivery: Delivery, row: EnqueuedMail | None, reason: str) -> None:
         """Dead-letter a delivery this consumer holds (`row` None: its payload is unreadable), in the
         crash-safe order of `reject`'s steps 2 to 4."""
-        self.letters.entomb(delivery.enqueue_id, delivery.payload, row, reason, self.context.clock())
+        self.letters.entomb(delivery.enqueue_id, delivery.payload, row, reason, self.clock())
         # An ack that finds the lease lost is no failure: the letter is written, and the consumer that
         # took the mail acks it as not live.
         self.ack_settled(delivery)
