@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from .errors import InvalidInput, shown
+from .errors import InvalidInput, UnknownMailbox, shown
 from .model import MAX_COUNT, MailAddress, MailboxId, MessageId
 
 INBOX = "INBOX"
@@ -169,3 +169,19 @@ class MailboxTables(Protocol):
 
 def mailbox_of(row: tuple[str, str, str]) -> Mailbox:
     return Mailbox(MailboxId(row[0]), MailAddress(row[1]), MailboxName(row[2]))
+
+
+def existing(tables: MailboxTables, mailbox: MailboxRef) -> MailboxId:
+    """The id of a mailbox the tables hold; UnknownMailbox if they do not."""
+    mailbox_id = mailbox.id if isinstance(mailbox, Mailbox) else MailboxId(mailbox)
+    if tables.mailbox(mailbox_id) is None:
+        raise UnknownMailbox(f"unknown mailbox {mailbox_id}")
+    return mailbox_id
+
+
+def entry_at(tables: MailboxTables, mailbox_id: MailboxId, uid: int) -> tuple[str, str]:
+    """The source of truth's (message id, flags) at `uid`; UnknownMailbox if there is none."""
+    found = tables.entry(mailbox_id, uid)
+    if found is None:
+        raise UnknownMailbox(f"no message with uid {uid} in mailbox {mailbox_id}")
+    return found
