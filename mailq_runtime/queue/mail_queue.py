@@ -21,6 +21,9 @@ from .settlement import Settlement
 class MailQueue(QueuePart):
     def __init__(self, context: QueueContext) -> None:
         super().__init__(context)
+        self.configuration = context.configuration
+        self.configurations = context.configurations
+        self.dead_letter_records = context.backends.dead_letters
         self.clean_up = ContentCleanUp(context)
         self.browse_starts = BrowseStart(context, self.clean_up)
         schedule = DueSchedule()

@@ -50,7 +50,10 @@ class RabbitMQBroker:
             expected = ", ".join(QUEUE_TYPES)
             raise InvalidInput(f"invalid queue type {shown(queue_type)}: expected one of {expected}")
         self.queue_type = queue_type
+        self.clock = clock
         self.visibility_timeout = visibility_timeout
+        self.prefetch = prefetch
+        self.delivery_limit = delivery_limit
         self.publish_timeout = publish_timeout
         hosts = [(host, port), *more_hosts]
         nodes = ",".join(f"{one}:{its_port}" for one, its_port in hosts)
