@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mailq_runtime.errors import InvalidInput, MailqError, UnknownMailbox
-from mailq_runtime.mailbox import Mailboxes
+from mailq_runtime.mailboxes import Mailboxes
 from mailq_runtime.pacing import RateLimit
 from resources import MailqRuntime
 

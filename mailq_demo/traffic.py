@@ -25,7 +25,7 @@ from typing import Any
 from mailq_runtime.clock import MICROS_PER_SECOND, system_clock, to_datetime
 from mailq_runtime.config import QueueViewConfiguration
 from mailq_runtime.errors import InvalidInput, StoreUnusable, shown
-from mailq_runtime.mailbox import Mailboxes
+from mailq_runtime.mailboxes import Mailboxes
 from mailq_runtime.model import Mail
 from mailq_runtime.queue import MailQueue
 from mailq_runtime.runtime import Runtime

@@ -16,7 +16,8 @@ from .errors import (
     UnknownQueue,
 )
 from .faults import FaultInjector, InjectedFault
-from .mailbox import Counters, Mailbox, Mailboxes, MailboxName, MessageEntry
+from .mailbox import Counters, Mailbox, MailboxName, MessageEntry
+from .mailboxes import Mailboxes
 from .model import BlobId, EnqueueId, Mail, MailAddress, MailboxId, MessageId, PerRecipientHeader, QueueName
 from .runtime import Runtime
 from .worker import WorkerStats, run_worker

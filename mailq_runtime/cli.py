@@ -37,8 +37,7 @@ from .model import (
     parse_count,
     parse_duration,
 )
-from .overview import QueueOverview
-from .queue import BrowseItem, DeadLetterItem, MailQueue, check_enqueue
+from .queue import BrowseItem, DeadLetterItem, MailQueue, QueueOverview, check_enqueue
 from .runtime import Runtime
 from .settings import DEFAULT_URL, URL_VARIABLE, Settings, redact
 from .worker import run_worker

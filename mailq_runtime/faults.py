@@ -18,7 +18,7 @@ import threading
 
 from .errors import InvalidInput, shown
 
-# The mail queue's write paths (queue.py).
+# The mail queue's write paths (queue/).
 ENQUEUE_AFTER_REFERENCES = "enqueue.after_references"  # content and references saved; no view row yet
 ENQUEUE_AFTER_VIEW_ROW = "enqueue.after_view_row"  # view row written; not published nor delayed yet
 DONE_AFTER_DELETION_MARK = "done.after_deletion_mark"  # marked deleted; not counted as deleted yet
@@ -74,7 +74,7 @@ BLOB_POINTS = (
     ROTATE_AFTER_REFERENCE_GENERATION,
 )
 
-# Record 23's mailboxes (mailbox.py), each operation in its order: source of truth, projection, counters.
+# Record 23's mailboxes (mailboxes.py), each operation in its order: source of truth, projection, counters.
 APPEND_AFTER_UID = "mailbox.append.after_uid"
 APPEND_AFTER_CONTENT = "mailbox.append.after_content"
 APPEND_AFTER_MESSAGE_ROW = "mailbox.append.after_message_row"

@@ -7,19 +7,15 @@ and the configuration event (the URL's values registered over the stored ones). 
 does not exist is NoStore naming the place looked at, so a mistyped URL never starts an empty store, and
 the configuration is read as stored (the defaults while none is).
 
-`group_writes` is an optimisation, never a correctness need: the core is correct when every backend call
-commits on its own, and may wrap the writes of one operation in `group_writes()` so that a deployment
-able to do so commits them at once. The embedded deployment's is its store's transaction (which also
-holds the store's turn, see stores/embedded.py); any other's is `contextlib.nullcontext`. So is `one_turn`,
-held over a whole queue operation, its reads and its own work included: the embedded store's turn, so that
-the threads of a process take turns rather than hand the GIL and the connection back and forth between
-their statements; nothing on any other deployment.
+Each deployment supplies its unit of work (unit_of_work.py), which may group the writes of one operation
+and hold the store over a whole queue operation, for speed only: the embedded store's transaction and
+turn; nothing on any other deployment. The runtime hands it once to the core, inside the collaborators
+it builds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -33,9 +29,10 @@ from .clock import Clock, system_clock
 from .config import ConfigurationEvents, ConfigurationStore
 from .errors import InvalidInput, UnknownQueue
 from .faults import FaultInjector
-from .mailbox import Mailboxes, MailboxTables
+from .mailbox import MailboxTables
+from .mailboxes import Mailboxes
 from .model import QueueName
-from .queue import MailQueue
+from .queue import MailQueue, QueueBackends, QueueContext
 from .queue_view import QueueView
 from .settings import CASSANDRA, Settings
 from .stores.dead_letters import DeadLetters
@@ -46,11 +43,10 @@ from .stores.embedded_dead_letters import EmbeddedDeadLetters
 from .stores.embedded_delayed_mails import EmbeddedDelayedMails
 from .stores.embedded_mailboxes import EmbeddedMailboxTables
 from .stores.embedded_queue_view import EmbeddedQueueView
+from .unit_of_work import UNGROUPED, GroupedWork, UnitOfWork
 
 if TYPE_CHECKING:  # the driver is imported only by a process on the distributed deployment
     from .stores.cassandra import CassandraStore
-
-GroupWrites = Callable[[], AbstractContextManager]
 
 
 @dataclass(frozen=True)
@@ -65,8 +61,7 @@ class Deployment:
     mailbox_tables: MailboxTables
     dead_letters: DeadLetters
     delayed_mails: DelayedMails
-    group_writes: GroupWrites
-    one_turn: GroupWrites
+    work: UnitOfWork
     created: bool  # whether this open made the store
     # The embedded deployment's store (its file, its transactions), for what is about that store only.
     store: EmbeddedStore | None
@@ -93,8 +88,7 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         mailbox_tables=EmbeddedMailboxTables(store),
         dead_letters=EmbeddedDeadLetters(store),
         delayed_mails=EmbeddedDelayedMails(store),
-        group_writes=store.transaction,
-        one_turn=store.turn,
+        work=GroupedWork(store.transaction, store.turn),
         created=store.created,
         store=store,
         close=store.close,
@@ -200,9 +194,8 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         mailbox_tables=CassandraMailboxTables(metadata),
         dead_letters=CassandraDeadLetters(metadata),
         delayed_mails=CassandraDelayedMails(metadata, settings.clock_skew_grace),
-        group_writes=nullcontext,
         # The broker's store is not held over operations that spend their time waiting on Cassandra and S3.
-        one_turn=nullcontext,
+        work=UNGROUPED,
         created=metadata.created,
         store=None,
         close=close,
@@ -226,23 +219,24 @@ class Runtime:
         deployment = self.deployment
         # One injector for the whole runtime (off unless a test arms it: see faults.py).
         self.faults = FaultInjector()
-        # `group_writes` is an optimisation, never a correctness need: the core orders the writes of every
+        # Grouping writes is an optimisation, never a correctness need: the core orders the writes of every
         # path so that each may commit alone (as on Cassandra). The embedded store may group one step's
         # writes into one SQLite transaction, which costs one commit instead of several; tests turn it
         # off to see every write commit alone, and the threads of one process interleave their operations.
-        group = deployment.group_writes if group_writes else nullcontext
+        work = deployment.work if group_writes else UNGROUPED
         self.store = deployment.store
-        self.group_writes = group
-        self.one_turn = deployment.one_turn if group_writes else nullcontext
         self.view = deployment.view
         self.broker = deployment.broker
         self.blob_tables = deployment.blob_tables
         self.content = deployment.content
         self.dead_letters = deployment.dead_letters
         self.delayed_mails = deployment.delayed_mails
-        self.blobs = DeduplicatingBlobStore(self.blob_tables, self.content, clock, self.faults, group)
+        self.blobs = DeduplicatingBlobStore(self.blob_tables, self.content, clock, self.faults, work)
         self.mailboxes = Mailboxes(
-            deployment.mailbox_tables, self.blobs, clock, settings.max_message_size, self.faults, group
+            deployment.mailbox_tables, self.blobs, clock, settings.max_message_size, self.faults, work
+        )
+        self.queue_backends = QueueBackends(
+            self.view, self.broker, self.blobs, self.dead_letters, self.delayed_mails, work, self.faults
         )
         self.configuration = ConfigurationStore(deployment.configuration_events, clock)
         if create:
@@ -285,20 +279,15 @@ class Runtime:
         queue = self._queues.get(name)
         if queue is None:
             queue = MailQueue(
-                name,
-                self.view,
-                self.broker,
-                self.blobs,
-                self.dead_letters,
-                self.delayed_mails,
-                self.view_configuration,
-                self.configuration,
-                self.clock,
-                self.settings.max_message_size,
-                self.settings.clock_skew_grace,
-                group_writes=self.group_writes,
-                one_turn=self.one_turn,
-                faults=self.faults,
+                QueueContext(
+                    name,
+                    self.queue_backends,
+                    self.view_configuration,
+                    self.configuration,
+                    self.clock,
+                    self.settings.max_message_size,
+                    self.settings.clock_skew_grace,
+                )
             )
             self._queues[name] = queue
         return queue

@@ -9,7 +9,7 @@ LOCAL_QUORUM; `replication`, default 1, used when `mailq schema create` makes th
 an S3 bucket (`s3_endpoint`, `s3_region`, `s3_prefix` optional) and its broker is `embedded:<dir>` or
 `amqp://[user@]host[:port][,host[:port]...]/<vhost>[?queues=classic|quorum]`: the nodes of one RabbitMQ
 cluster (the broker connects to any that answers), and its queues' type, classic (the default) or quorum
-(replicated; see brokers/rabbitmq.py). Both take the queue options of `_QUEUE_OPTIONS`.
+(replicated; see brokers/rabbitmq/). Both take the queue options of `_QUEUE_OPTIONS`.
 
 A mailq URL never carries a password: Cassandra's and RabbitMQ's come from MAILQ_CASSANDRA_PASSWORD and
 MAILQ_AMQP_PASSWORD, S3's credentials from the standard AWS chain, each read by the process that connects
@@ -20,8 +20,6 @@ holds one, the broker's included, is refused, and every message that shows a URL
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,19 @@ from .clock import MICROS_PER_SECOND
 from .config import QueueViewConfiguration
 from .errors import InvalidInput, shown
 from .model import parse_count, parse_duration
+from .url_parts import (
+    BUCKET,
+    KEYSPACE,
+    PREFIX,
+    REGION,
+    USER,
+    VHOST,
+    choice,
+    host_port,
+    matching,
+    split_authority,
+    userinfo_of,
+)
 
 DEFAULT_URL = "embedded://.mailq"
 URL_VARIABLE = "MAILQ_URL"
@@ -72,38 +83,6 @@ BROKER_QUEUE_TYPES = ("classic", "quorum")
 _URL_OPTIONS = ("broker", "s3_endpoint")
 _KNOWN_OPTIONS = frozenset([*(name for names in OPTIONS.values() for name in names), *BROKER_OPTIONS])
 
-_AUTHORITY_END = re.compile(r"[/?#]")
-_HOST = re.compile(
-    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
-)
-_IPV6 = re.compile(r"\[[0-9A-Fa-f:.]+\]")
-_PORT = re.compile(r"[0-9]{1,5}")
-_USER = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=%-]{1,128}")
-# Unquoted CQL identifiers are folded to lower case: only lower-case names mean what they say.
-_KEYSPACE = re.compile(r"[a-z][a-z0-9_]{0,47}")
-_BUCKET = re.compile(r"(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_REGION = re.compile(r"[a-z0-9-]{1,64}")
-# S3's characters safe in any key; no leading '/' and no '//', so keys need no folder semantics.
-_PREFIX = re.compile(r"(?!/)(?!.*//)[A-Za-z0-9!_.*'()/-]{1,200}")
-_VHOST = re.compile(r"[!-~]{1,255}")
-
-
-def _authority(url: str) -> tuple[str, str, str]:
-    """`url` as (what precedes its authority, the authority, what follows), never failing: `redact` must
-    work on the URLs that the parser refuses too."""
-    scheme, separator, rest = url.partition("://")
-    if not separator:
-        return "", "", url
-    end = _AUTHORITY_END.search(rest)
-    cut = end.start() if end else len(rest)
-    return scheme + separator, rest[:cut], rest[cut:]
-
-
-def _userinfo(authority: str) -> str | None:
-    """The userinfo of an authority (`user:password@host`), or None when it has none."""
-    userinfo, at, _ = authority.rpartition("@")
-    return userinfo if at else None
-
 
 def _option_shown(option: str) -> str:
     name, equals, value = option.partition("=")
@@ -119,8 +98,8 @@ def _option_shown(option: str) -> str:
 def redact(url: str) -> str:
     """`url` as a message may show it: a password in its userinfo or in the URL of an option (the
     broker's), and the value of any option mailq does not know (it may be a key), replaced by ***."""
-    head, authority, tail = _authority(url)
-    userinfo = _userinfo(authority)
+    head, authority, tail = split_authority(url)
+    userinfo = userinfo_of(authority)
     if userinfo is not None and ":" in userinfo:
         authority = userinfo.partition(":")[0] + ":***@" + authority.rpartition("@")[2]
     path, question, rest = tail.partition("?")
@@ -270,7 +249,7 @@ def _broker_text(amqp: AmqpSettings | None, data_dir: Path | None) -> str:
 
 
 def _refuse_password(url: str, whole: str, what: str = "the mailq URL") -> None:
-    userinfo = _userinfo(_authority(url)[1])
+    userinfo = userinfo_of(split_authority(url)[1])
     if userinfo is not None and ":" in userinfo:
         raise InvalidInput(
             f"{what} {shown(redact(whole))} carries a password: a mailq URL never does, "
@@ -280,7 +259,7 @@ def _refuse_password(url: str, whole: str, what: str = "the mailq URL") -> None:
 
 def _parse(url: str) -> Settings:
     _refuse_password(url, url)
-    head, authority, tail = _authority(url)
+    head, authority, tail = split_authority(url)
     scheme = head.removesuffix("://")
     if not head or scheme not in OPTIONS:
         raise InvalidInput(
@@ -292,7 +271,7 @@ def _parse(url: str) -> Settings:
     path, _, query = tail.partition("?")
     options = _options(query, scheme, url)
     if scheme == EMBEDDED:
-        if _userinfo(authority) is not None:
+        if userinfo_of(authority) is not None:
             raise InvalidInput(
                 f"the embedded URL {shown(redact(url))} takes no user name: expected 'embedded://<data dir>'"
             )
@@ -335,7 +314,7 @@ def _queue_values(options: dict[str, str]) -> dict[str, Any]:
     if "max_message_size" in options:
         values["max_message_size"] = parse_count(options["max_message_size"], "max_message_size")
     if "durability" in options:
-        values["durability"] = _choice(options["durability"], "durability", DURABILITIES)
+        values["durability"] = choice(options["durability"], "durability", DURABILITIES)
     changes: dict[str, int] = {}
     if "slice_window" in options:
         changes["slice_window"] = parse_duration(options["slice_window"], "slice_window")
@@ -348,47 +327,12 @@ def _queue_values(options: dict[str, str]) -> dict[str, Any]:
     return values
 
 
-def _choice(value: str, name: str, choices: tuple[str, ...], fold: Callable[[str], str] = str) -> str:
-    if fold(value) not in choices:
-        raise InvalidInput(f"invalid {name} {shown(value)}: expected one of {', '.join(choices)}")
-    return fold(value)
-
-
-def _matching(pattern: re.Pattern[str], value: str, name: str, expected: str) -> str:
-    if not pattern.fullmatch(value):
-        raise InvalidInput(f"invalid {name} {shown(value)}: expected {expected}")
-    return value
-
-
-def parse_port(text: str, name: str) -> int:
-    """A TCP port, 1..65535, from its decimal text: the one parser of ports."""
-    if not _PORT.fullmatch(text) or not 1 <= int(text) <= 65535:
-        raise InvalidInput(f"invalid {name} {shown(text)}: expected a port number from 1 to 65535")
-    return int(text)
-
-
-def _host_port(text: str, name: str, default_port: int) -> tuple[str, int]:
-    """`host`, `host:port`, `[v6]` or `[v6]:port`."""
-    if text.startswith("["):
-        host, _, port = text.partition("]")
-        host += "]"
-        if port and not port.startswith(":"):
-            raise InvalidInput(f"invalid {name} {shown(text)}: expected [address]:port")
-        port = port[1:]
-        _matching(_IPV6, host, name, "an IPv6 address in brackets")
-        host = host[1:-1]
-    else:
-        host, _, port = text.partition(":")
-        _matching(_HOST, host, name, "a host name or address, with an optional :port")
-    return host, parse_port(port, f"{name} port") if port else default_port
-
-
 def _user(authority: str, url: str) -> tuple[str | None, str]:
-    userinfo = _userinfo(authority)
+    userinfo = userinfo_of(authority)
     hosts = authority.rpartition("@")[2]
     if userinfo is None:
         return None, hosts
-    if not _USER.fullmatch(userinfo):
+    if not USER.fullmatch(userinfo):
         raise InvalidInput(f"invalid user name {shown(userinfo)} in {shown(redact(url))}")
     return unquote(userinfo), hosts
 
@@ -399,13 +343,13 @@ def _cassandra(url: str, authority: str, path: str, options: dict[str, str]) -> 
         raise InvalidInput(
             f"the cassandra URL {shown(redact(url))} names no host: expected cassandra://host/<keyspace>"
         )
-    contact_points = tuple(_host_port(host, "Cassandra host", CASSANDRA_PORT) for host in hosts.split(","))
+    contact_points = tuple(host_port(host, "Cassandra host", CASSANDRA_PORT) for host in hosts.split(","))
     if path in ("", "/"):
         raise InvalidInput(
             f"the cassandra URL {shown(redact(url))} names no keyspace: expected cassandra://host/<keyspace>"
         )
-    keyspace = _matching(
-        _KEYSPACE,
+    keyspace = matching(
+        KEYSPACE,
         path.removeprefix("/"),
         "keyspace",
         "cassandra://host/<keyspace>, a keyspace of lower-case letters, digits and _ (at most 48, "
@@ -421,7 +365,7 @@ def _cassandra(url: str, authority: str, path: str, options: dict[str, str]) -> 
         contact_points=contact_points,
         keyspace=keyspace,
         user=user,
-        consistency=_choice(
+        consistency=choice(
             options.get("consistency", DEFAULT_CONSISTENCY), "consistency", CONSISTENCY_LEVELS, str.upper
         ),
         replication=parse_count(options.get("replication", "1"), "replication"),
@@ -442,23 +386,21 @@ def _s3(options: dict[str, str]) -> S3Settings:
     endpoint = options.get("s3_endpoint")
     if endpoint is not None:
         _refuse_password(endpoint, endpoint, "the s3_endpoint")
-        head, authority, tail = _authority(endpoint)
+        head, authority, tail = split_authority(endpoint)
         if head not in ("http://", "https://") or not authority or tail not in ("", "/") or "@" in authority:
             raise InvalidInput(
                 f"invalid s3_endpoint {shown(redact(endpoint))}: expected http[s]://host[:port], "
                 "with no credentials (they come from the AWS chain)"
             )
-        _host_port(authority, "s3_endpoint host", 443 if head == "https://" else 80)
+        host_port(authority, "s3_endpoint host", 443 if head == "https://" else 80)
     return S3Settings(
-        bucket=_matching(
-            _BUCKET, options["s3"], "s3 bucket", "an S3 bucket name (3-63 of a-z, 0-9, '.', '-')"
-        ),
+        bucket=matching(BUCKET, options["s3"], "s3 bucket", "an S3 bucket name (3-63 of a-z, 0-9, '.', '-')"),
         endpoint=endpoint,
-        region=_matching(_REGION, options["s3_region"], "s3_region", "a region such as us-east-1")
+        region=matching(REGION, options["s3_region"], "s3_region", "a region such as us-east-1")
         if "s3_region" in options
         else None,
-        prefix=_matching(
-            _PREFIX, options["s3_prefix"], "s3_prefix", "a key prefix without '//' or a leading '/'"
+        prefix=matching(
+            PREFIX, options["s3_prefix"], "s3_prefix", "a key prefix without '//' or a leading '/'"
         )
         if "s3_prefix" in options
         else "",
@@ -474,16 +416,16 @@ def _broker(value: str, url: str) -> tuple[AmqpSettings | None, Path | None]:
     if not value.startswith("amqp://"):
         raise InvalidInput(f"invalid broker {shown(redact(value))}: expected embedded:<dir> or {expected}")
     _refuse_password(value, url, "the broker URL in")
-    _, authority, tail = _authority(value)
+    _, authority, tail = split_authority(value)
     user, hosts = _user(authority, value)
     path, question, query = tail.partition("?")
     if "#" in tail or not hosts:
         raise InvalidInput(f"invalid broker {shown(redact(value))}: expected {expected}")
-    (host, port), *more_hosts = (_host_port(one, "broker host", AMQP_PORT) for one in hosts.split(","))
+    (host, port), *more_hosts = (host_port(one, "broker host", AMQP_PORT) for one in hosts.split(","))
     vhost = unquote(path.removeprefix("/")) or "/"
-    _matching(_VHOST, vhost, "broker vhost", "printable ASCII")
+    matching(VHOST, vhost, "broker vhost", "printable ASCII")
     options = _broker_options(query, value) if question else {}
-    queues = _choice(options.get("queues", "classic"), "broker queues", BROKER_QUEUE_TYPES, str.lower)
+    queues = choice(options.get("queues", "classic"), "broker queues", BROKER_QUEUE_TYPES, str.lower)
     amqp = AmqpSettings(host, port, vhost, user, more_hosts=tuple(more_hosts), queues=queues)
     return amqp, None
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from .clock import MICROS_PER_SECOND
 from .errors import BACKEND_FAILURES, BrokerRefused, InvalidInput, LeaseExpired, shown
-from .mailbox import INBOX, Mailboxes
+from .mailbox import INBOX
+from .mailboxes import Mailboxes
 from .model import Mail, MailAddress, MessageId, check_message, parse_count, parse_duration
 from .queue import MailQueueItem
 

@@ -9,8 +9,8 @@ far apart, operations short.)
 
 No write path assumes a transaction across the tables or between the tables and the content: each
 table call commits on its own, in the order its docstring gives, and is idempotent or harmless when
-repeated. `group_writes` may group one operation's writes (the embedded store's transaction), which is
-faster and never needed for correctness.
+repeated. The deployment's unit of work may group one operation's writes (the embedded store's transaction),
+which is faster and never needed for correctness.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,13 +33,13 @@ from ..faults import (
     FaultInjector,
 )
 from ..model import BlobId
+from ..unit_of_work import UNGROUPED, UnitOfWork
 from .store import BlobStore
 
 REFERENCE_GENERATION = "reference_generation"
 GC_ITERATION = "gc_iteration"
 _OWNER = re.compile(r"[!-~]{1,200}")
 
-GroupWrites = Callable[[], AbstractContextManager]
 # Seconds a done()'s release may name the GC iteration it read last (`Generations.recent_gc_iteration`).
 GC_ITERATION_REUSE = 1.0
 
@@ -139,12 +138,12 @@ class Generations:
         tables: BlobTables,
         clock: Clock,
         faults: FaultInjector | None = None,
-        group_writes: GroupWrites = nullcontext,
+        work: UnitOfWork = UNGROUPED,
     ) -> None:
         self.tables = tables
         self.clock = clock
         self.faults = faults or FaultInjector()
-        self.group_writes = group_writes
+        self.work = work
         self._recent: tuple[int, float] | None = None  # (GC iteration, time.monotonic() it was read)
 
     def current(self) -> int:
@@ -182,7 +181,7 @@ class Generations:
         that one rather than starting another, as it does for a rotation another process has under way.
         """
         try:
-            with self.group_writes():
+            with self.work.writes():
                 now = self.clock()
                 generation = self.for_saving()
                 iteration = self.tables.current(GC_ITERATION) or 0
@@ -230,14 +229,14 @@ class DeduplicatingBlobStore:
         content: BlobStore,
         clock: Clock,
         faults: FaultInjector | None = None,
-        group_writes: GroupWrites = nullcontext,
+        work: UnitOfWork = UNGROUPED,
     ) -> None:
         self.tables = tables
         self.content = content
         self.clock = clock
         self.faults = faults or FaultInjector()
-        self.group_writes = group_writes
-        self.generations = Generations(tables, clock, self.faults, group_writes)
+        self.work = work
+        self.generations = Generations(tables, clock, self.faults, work)
 
     def save(self, owner: str, data: bytes) -> BlobId:
         """Store `data` for `owner`; returns its blob id (see `save_all`)."""
@@ -261,7 +260,7 @@ class DeduplicatingBlobStore:
         if not contents:
             return []
         digests = [hashlib.sha256(data).hexdigest() for data in contents]
-        with self.group_writes():
+        with self.work.writes():
             generation = self.generations.for_saving()
             blob_ids = [BlobId.of_checked(generation, digest) for digest in digests]
             distinct = dict(zip(blob_ids, contents, strict=True))  # the same content twice is one blob
@@ -296,7 +295,7 @@ class DeduplicatingBlobStore:
         """
         validate_owner(owner)
         chosen = None if blob_ids is None else {BlobId.parse(b) for b in blob_ids}
-        with self.group_writes():
+        with self.work.writes():
             held = self.tables.references_of(owner)
             if chosen is not None:
                 foreign = chosen - set(held)
@@ -318,7 +317,7 @@ class DeduplicatingBlobStore:
         appended again (harmless, as for `release` run again after a crash) and nothing is removed."""
         validate_owner(owner)
         held = list(dict.fromkeys(BlobId.parse(blob_id) for blob_id in blob_ids))
-        with self.group_writes():
+        with self.work.writes():
             self.tables.add_deletions(owner, held, self.generations.recent_gc_iteration(), self.clock())
             self.faults.reached(RELEASE_AFTER_DELETIONS)
             self.tables.remove_references(owner, held)
@@ -341,7 +340,7 @@ class DeduplicatingBlobStore:
                 f"refusing to collect {len(young)} blob(s) of generations not yet eligible "
                 f"(current generation {current}), e.g. {young[0]}"
             )
-        with self.group_writes():
+        with self.work.writes():
             sizes = self.tables.sizes(chosen)
             self.content.delete_many(chosen)  # in batches: DeleteObjects of a thousand keys on S3
             self.faults.reached(COLLECT_AFTER_CONTENT)
@@ -363,7 +362,7 @@ class DeduplicatingBlobStore:
         """
         chosen = sorted({(BlobId.parse(blob_id), int(deleted_at)) for blob_id, deleted_at in rows})
         if chosen:
-            with self.group_writes():
+            with self.work.writes():
                 self.tables.retire_deletions(chosen)
         return len(chosen)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from mailq_runtime.blobs.dedup import DeduplicatingBlobStore
 from mailq_runtime.blobs.store import FileBlobStore
-from mailq_runtime.mailbox import Counters, Mailboxes
+from mailq_runtime.mailbox import Counters
+from mailq_runtime.mailboxes import Mailboxes
 
 from .conftest import Tables, same_on_both
 

@@ -18,7 +18,8 @@ from assets import mailboxes as mailbox_assets
 from assets.spark.table_source import read_table
 from mailq_runtime import Runtime
 from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH, InjectedFault
-from mailq_runtime.mailbox import Counters, Mailboxes
+from mailq_runtime.mailbox import Counters
+from mailq_runtime.mailboxes import Mailboxes
 from mailq_runtime.model import MailboxId
 from tests.runtime.backends import Backend
 

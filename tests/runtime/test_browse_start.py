@@ -253,7 +253,7 @@ def test_size_matches_browse_after_random_operations(backend, clock, seed):
     queue = backend.open(
         clock, slice_window="1s", clock_skew_grace="0s", update_browse_start_pace=7, bucket_count=3
     ).queue(QUEUE)
-    queue._random.seed(seed)  # the pace's draws too, so that a failing seed replays exactly
+    queue.browse_starts.random.seed(seed)  # the pace's draws too, so that a failing seed replays exactly
     chance = random.Random(seed)
     live: dict[str, dict] = {}  # enqueue id -> what the model knows of the mail
     sequence = 0

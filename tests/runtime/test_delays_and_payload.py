@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import nullcontext
 from datetime import UTC, datetime
 
 import pytest
@@ -78,8 +77,8 @@ def test_a_retry_after_a_delay_keeps_counting_the_attempts(clocked, clock):
 
 
 def test_republish_delays_again_a_mail_whose_delayed_row_was_never_written(backend, clock):
-    runtime = backend.open(clock, slice_window="1s", clock_skew_grace="0s")
-    runtime.group_writes = nullcontext  # each write commits on its own, as without transactions
+    # Each write commits on its own, as without transactions.
+    runtime = backend.open(clock, group_writes=False, slice_window="1s", clock_skew_grace="0s")
     queue = runtime.queue(QUEUE)
     queue.faults.arm(ENQUEUE_AFTER_VIEW_ROW)
     with pytest.raises(InjectedFault):

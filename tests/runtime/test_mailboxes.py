@@ -20,7 +20,7 @@ from mailq_runtime import (
     UnknownMailbox,
 )
 from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH
-from mailq_runtime.mailbox import Mailboxes
+from mailq_runtime.mailboxes import Mailboxes
 
 from .backends import Backend
 from .mailbox_checks import (

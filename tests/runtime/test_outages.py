@@ -26,7 +26,7 @@ from mailq_runtime.errors import (
     BrokerUnavailable,
     StoreUnavailable,
 )
-from mailq_runtime.mailbox import Mailboxes
+from mailq_runtime.mailboxes import Mailboxes
 from mailq_runtime.queue import MailQueue, MailQueueItem
 from mailq_servers.urls import distributed_url
 from tests.forwarder import Forwarder

@@ -11,7 +11,6 @@ the orphan sweep's, tested with the blobs.)
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import pytest
@@ -108,11 +107,12 @@ class Crash:
 
 @pytest.fixture(params=["grouped", "ungrouped"])
 def crash(request, backend, clock) -> Crash:
-    runtime = backend.open(clock, slice_window="1s", clock_skew_grace="0s", update_browse_start_pace=10**9)
-    # Grouped only where the deployment can group writes; elsewhere both params commit every write alone.
+    # Grouped only where the deployment can group writes; elsewhere both params commit every write alone
+    # (as a store without transactions).
     grouped = request.param == "grouped" and backend.groups_writes
-    if not grouped:
-        runtime.group_writes = nullcontext  # as a store without transactions
+    runtime = backend.open(
+        clock, group_writes=grouped, slice_window="1s", clock_skew_grace="0s", update_browse_start_pace=10**9
+    )
     return Crash(runtime.queue(QUEUE), clock, grouped)
 
 

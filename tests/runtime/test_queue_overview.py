@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from mailq_runtime.clock import to_datetime
-from mailq_runtime.overview import QueueOverview
+from mailq_runtime.queue import QueueOverview
 
 from .conftest import QUEUE, WITH_EMBEDDED_BROKER
 from .helpers import make_mail

@@ -27,15 +27,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-from .brokers.base import BrokerCounts
-from .clock import to_datetime
-from .errors import BrokerUnavailable
-from .model import creation_time
-
-if TYPE_CHECKING:
-    from .queue import MailQueue
+from ..brokers.base import BrokerCounts
+from ..clock import to_datetime
+from ..errors import BrokerUnavailable
+from ..model import creation_time
+from .context import QueueContext
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +57,18 @@ class QueueOverview:
     unknown: tuple[str, ...] = ()  # the figures this deployment cannot tell now
 
 
-def overview(queue: MailQueue) -> QueueOverview:
-    name = queue.name
-    now = queue.clock()
-    # A slice counted below zero (a double count not yet recounted: queue.py's `recount`) holds none.
-    sizes = [(start, max(live, 0)) for start, live in queue.view.slice_sizes(name, queue.browse_start())]
+def overview(context: QueueContext) -> QueueOverview:
+    name = context.name
+    now = context.clock()
+    backends = context.backends
+    browse_start = context.created(backends.view.browse_start(name))
+    # A slice counted below zero (a double count not yet recounted: mail_view.py's `recount`) holds none.
+    sizes = [(start, max(live, 0)) for start, live in backends.view.slice_sizes(name, browse_start)]
     size = sum(live for _, live in sizes)
-    delayed = queue.delayed.summary(name, now)
-    letters = queue.dead_letter_records.summary(name)
+    delayed = backends.delayed.summary(name, now)
+    letters = backends.dead_letters.summary(name)
     try:
-        broker: BrokerCounts | None = queue.broker.counts(name)
+        broker: BrokerCounts | None = backends.broker.counts(name)
     except BrokerUnavailable as error:
         log.warning("queue %s: the broker's counts are unknown: %s", name, error)
         broker = None
@@ -101,12 +100,12 @@ def overview(queue: MailQueue) -> QueueOverview:
             **common,
             ready=ready,
             in_flight=in_flight,
-            oldest_ready=_time(_oldest_deliverable(queue, sizes, now, broker.leased)) if ready else None,
+            oldest_ready=_time(_oldest_deliverable(context, sizes, now, broker.leased)) if ready else None,
             oldest_in_flight=_time(min(leased_times, default=None)),
         )
     ready = (broker.ready or 0) + delayed.fallen_due
     in_flight = max(deliverable - ready, 0)
-    oldest = _time(_oldest_deliverable(queue, sizes, now, frozenset())) if deliverable else None
+    oldest = _time(_oldest_deliverable(context, sizes, now, frozenset())) if deliverable else None
     unknown = ("oldest_ready", "oldest_in_flight") if ready and in_flight else ()
     return QueueOverview(
         **common,
@@ -119,14 +118,14 @@ def overview(queue: MailQueue) -> QueueOverview:
 
 
 def _oldest_deliverable(
-    queue: MailQueue, sizes: list[tuple[int, int]], now: int, skip: frozenset[str]
+    context: QueueContext, sizes: list[tuple[int, int]], now: int, skip: frozenset[str]
 ) -> int | None:
     """The enqueue time of the first live mail from browse_start on that is deliverable now (its next
     delivery come) and not in `skip`."""
     for slice_start, live in sizes:
         if live <= 0:
             continue
-        for row in queue.view.live_mails(queue.name, slice_start):
+        for row in context.backends.view.live_mails(context.name, slice_start):
             if row.next_delivery <= now and row.enqueue_id not in skip:
                 return row.enqueued_time
     return None

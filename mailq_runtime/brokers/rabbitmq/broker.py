@@ -1,0 +1,186 @@
+"""The RabbitMQ broker, the Broker of the distributed deployment: its parts composed (see the package)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import pika
+
+from ...clock import MICROS_PER_SECOND, Clock, system_clock
+from ...errors import BrokerUnavailable, InvalidInput, shown
+from ..base import BrokerCounts, BrokerDeadLetter, Delivery
+from .dead_letters import DeadLetterDrain
+from .leases import Leases
+from .names import CLASSIC, QUEUE_TYPES, QUORUM, band_queue, queue_name
+from .publish_channel import ROUTE_LOST
+from .publishes import Publish
+from .receiver import Receiver
+from .session import BrokerOptions, Session
+from .short_connections import ShortConnections
+from .waits import COUNT_WAIT
+
+
+class RabbitMQBroker:
+    """The Broker of the distributed deployment (see the package's text). The password comes from the
+    caller, which reads it from the environment; no error or log line shows it."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 5672,
+        vhost: str = "/",
+        user: str = "guest",
+        password: str = "guest",
+        *,
+        more_hosts: Sequence[tuple[str, int]] = (),
+        queue_type: str = CLASSIC,
+        clock: Clock = system_clock,
+        visibility_timeout: int = 300 * MICROS_PER_SECOND,
+        prefetch: int = 50,
+        delivery_limit: int = 20,
+        publish_timeout: float = 30.0,
+        heartbeat: int = 30,
+    ) -> None:
+        for name, value in (("prefetch", prefetch), ("delivery_limit", delivery_limit)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+                raise InvalidInput(f"invalid {name} {shown(value)}: expected an integer 1..65535")
+        if queue_type not in QUEUE_TYPES:
+            expected = ", ".join(QUEUE_TYPES)
+            raise InvalidInput(f"invalid queue type {shown(queue_type)}: expected one of {expected}")
+        self.queue_type = queue_type
+        self.clock = clock
+        self.visibility_timeout = visibility_timeout
+        self.prefetch = prefetch
+        self.delivery_limit = delivery_limit
+        self.publish_timeout = publish_timeout
+        hosts = [(host, port), *more_hosts]
+        nodes = ",".join(f"{one}:{its_port}" for one, its_port in hosts)
+        self.target = f"{nodes} (vhost {vhost!r}, user {user!r})"
+        # Any node of a cluster serves: the I/O thread tries the next one each time it connects, and a
+        # short connection tries them in turn.
+        parameters = [
+            pika.ConnectionParameters(
+                host=one,
+                port=its_port,
+                virtual_host=vhost,
+                credentials=pika.PlainCredentials(user, password),
+                heartbeat=heartbeat,
+                connection_attempts=1,
+                socket_timeout=10,
+                stack_timeout=15,
+            )
+            for one, its_port in hosts
+        ]
+        options = BrokerOptions(queue_type, clock, visibility_timeout, prefetch, delivery_limit)
+        self._session = Session(parameters, self.target, options)
+        self._declarations = ShortConnections(self._session)
+        self._receiver = Receiver(self._session, self._declarations)
+        self._leases = Leases(self._session)
+        self._dead_letters = DeadLetterDrain(self._session, self._receiver)
+
+    def __repr__(self) -> str:
+        return f"RabbitMQBroker({self.target})"
+
+    # Publishing.
+
+    def publish(self, queue: str, enqueue_id: str, payload: str, priority: int) -> None:
+        """Returns once RabbitMQ confirmed the message. Across a lost connection it is sent again until
+        confirmed; BrokerUnavailable after `publish_timeout` seconds without a confirmation (the message
+        may still arrive later: a caller that publishes it again may deliver it twice)."""
+        deadline = time.monotonic() + self.publish_timeout
+        properties = pika.BasicProperties(
+            message_id=enqueue_id,
+            delivery_mode=pika.DeliveryMode.Persistent,
+            content_type="application/json",
+            priority=priority,
+        )
+        body = payload.encode()
+        while True:
+            link = self._session.started()
+            if link.down:
+                raise BrokerUnavailable(
+                    f"RabbitMQ at {self.target} is unreachable ({link.error})"
+                ) from link.failure
+            self._declarations.declare(queue, deadline)
+            publish = Publish(self._route(queue, priority), enqueue_id, body, properties)
+            waiter = publish.waiter
+            assert waiter is not None
+            link.submit(partial(link.publishing.send, publish))
+            if not waiter.wait(deadline - time.monotonic()):
+                link.submit(partial(link.publishing.abandon, publish))
+                if self.queue_type == QUORUM:
+                    link.submit(link.publishing.reconnect)
+                raise BrokerUnavailable(
+                    f"RabbitMQ at {self.target} confirmed no publish of mail {enqueue_id} within "
+                    f"{self.publish_timeout:g} s ({link.error or 'no answer'})"
+                ) from link.failure
+            if waiter.outcome is ROUTE_LOST:
+                self._declarations.forget(queue)  # deleted behind our back: declared again, sent again
+                continue
+            if isinstance(waiter.outcome, BaseException):
+                raise waiter.outcome
+            self._receiver.stir(queue_name(queue))
+            return
+
+    def _route(self, queue: str, priority: int) -> str:
+        """The RabbitMQ queue a message of mail queue `queue` and `priority` goes to."""
+        return band_queue(queue, priority) if self.queue_type == QUORUM else queue_name(queue)
+
+    def published(self, queue: str, enqueue_ids: list[str]) -> set[str]:
+        """Which of these mails RabbitMQ holds: those this broker's consumer holds, and those ready in the
+        queue, which AMQP shows only by taking them, so each is taken and published again as it was (its
+        count kept, its priority too), then acked. Messages other processes hold unacknowledged are not
+        seen: republish sends those again, and the view's deletion marks absorb the duplicate."""
+        wanted = set(enqueue_ids)
+        if not wanted:
+            return set()
+        deadline = time.monotonic() + self.publish_timeout
+        held = {enqueue_id for enqueue_id, _ in self._receiver.held(queue)}
+        self._session.started()
+        self._declarations.declare(queue, deadline)
+        seen = self._declarations.blocking(
+            partial(self._declarations.browse, queue), deadline, f"browse the messages of {queue}"
+        )
+        # Again afterwards: a message pushed to this consumer meanwhile was neither ready nor held before.
+        held |= {enqueue_id for enqueue_id, _ in self._receiver.held(queue)}
+        return (held | seen) & wanted
+
+    def counts(self, queue: str) -> BrokerCounts:
+        """The messages ready in the queue and in its dead-letter queue, from passive declares, which
+        create nothing. AMQP does not tell how many a queue's consumers hold unacknowledged, nor which."""
+        deadline = time.monotonic() + COUNT_WAIT
+        ready, dead = self._declarations.blocking(
+            partial(self._declarations.ready_counts, queue), deadline, f"count the messages of {queue}"
+        )
+        return BrokerCounts(ready=ready, leased=None, dead_letters=dead)
+
+    # Consuming.
+
+    def receive(self, queue: str, timeout: float | None) -> Delivery | None:
+        return self._receiver.receive(queue, timeout)
+
+    def held(self, queue: str) -> list[tuple[str, int | None]]:
+        return self._receiver.held(queue)
+
+    def ack(self, delivery: Delivery) -> bool:
+        return self._leases.ack(delivery)
+
+    def requeue(self, delivery: Delivery) -> bool:
+        return self._leases.requeue(delivery)
+
+    def release(self, delivery: Delivery) -> bool:
+        return self._leases.release(delivery)
+
+    def extend(self, delivery: Delivery, until: int) -> bool:
+        return self._leases.extend(delivery, until)
+
+    def drain_dead_letters(self, queue: str, keep: Callable[[list[BrokerDeadLetter]], None]) -> int:
+        return self._dead_letters.drain(queue, keep)
+
+    def close(self) -> None:
+        """Stop the I/O thread. Messages received and not settled go back to RabbitMQ; publishes still
+        waiting for their confirmation fail."""
+        self._session.close()
+        self._receiver.wake_all()

@@ -1,0 +1,83 @@
+"""What the queue's collaborators share: the deployment's backends, and one queue's name, clock and
+configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from ..blobs.dedup import DeduplicatingBlobStore
+from ..brokers.base import Broker
+from ..clock import Clock
+from ..config import ConfigurationStore, QueueViewConfiguration
+from ..errors import UnknownQueue
+from ..faults import FaultInjector
+from ..model import Mail, QueueName
+from ..queue_view import EnqueuedMail, QueueView
+from ..stores.dead_letters import DeadLetters
+from ..stores.delayed_mails import DelayedMails
+from ..unit_of_work import UnitOfWork
+
+Delay = timedelta | int | float | str | None
+
+
+@dataclass(frozen=True)
+class QueueBackends:
+    """The backends every queue of a runtime writes to, with the deployment's grouping of writes and the
+    runtime's fault injector."""
+
+    view: QueueView
+    broker: Broker
+    blobs: DeduplicatingBlobStore
+    dead_letters: DeadLetters
+    delayed: DelayedMails
+    work: UnitOfWork
+    faults: FaultInjector
+
+
+@dataclass(frozen=True)
+class QueueContext:
+    """One queue: its name and backends, the clock, and the configuration this process writes with (read
+    once at open, as James does); readers of the view ask `configurations` for what other processes may be
+    writing with."""
+
+    name: QueueName
+    backends: QueueBackends
+    configuration: QueueViewConfiguration
+    configurations: ConfigurationStore
+    clock: Clock
+    max_message_size: int
+    clock_skew_grace: int
+
+    def load(self, row: EnqueuedMail) -> Mail:
+        blobs = self.backends.blobs
+        return row.to_mail(blobs.read(row.header_blob_id) + blobs.read(row.body_blob_id))
+
+    def created(self, start: int | None) -> int:
+        """A start (browse_start, content_start) read from the view, which has none before the queue
+        exists."""
+        if start is None:
+            raise UnknownQueue(
+                f"queue {self.name!r} does not exist yet: a queue is created by its first enqueue"
+            )
+        return start
+
+
+class QueuePart:
+    """A collaborator of one queue: its context, and the backends it works with at hand."""
+
+    def __init__(self, context: QueueContext) -> None:
+        backends = context.backends
+        self.context = context
+        self.name = context.name
+        self.clock = context.clock
+        self.view = backends.view
+        self.broker = backends.broker
+        self.blobs = backends.blobs
+        self.delayed = backends.delayed
+        self.work = backends.work
+        self.faults = backends.faults
+
+
+def slice_of(moment: int, window: int) -> int:
+    return moment - moment % window
