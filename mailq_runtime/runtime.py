@@ -40,12 +40,15 @@ from .queue_view import QueueView
 from .settings import CASSANDRA, Settings
 from .stores.dead_letters import DeadLetters
 from .stores.delayed_mails import DelayedMails
-from .stores.embedded import EmbeddedStore
-from .stores.embedded_blobs import EmbeddedBlobTables
-from .stores.embedded_dead_letters import EmbeddedDeadLetters
-from .stores.embedded_delayed_mails import EmbeddedDelayedMails
-from .stores.embedded_mailboxes import EmbeddedMailboxTables
-from .stores.embedded_queue_view import EmbeddedQueueView
+from .stores.embedded import (
+    EmbeddedBlobTables,
+    EmbeddedConfigurationEvents,
+    EmbeddedDeadLetters,
+    EmbeddedDelayedMails,
+    EmbeddedMailboxTables,
+    EmbeddedQueueView,
+    EmbeddedStore,
+)
 
 if TYPE_CHECKING:  # the driver is imported only by a process on the distributed deployment
     from .stores.cassandra import CassandraStore
@@ -83,10 +86,9 @@ def build(settings: Settings, clock: Clock = system_clock, *, create: bool = Fal
 
 def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
     store = EmbeddedStore(settings.data_dir, settings.durability, create)
-    view = EmbeddedQueueView(store)
     return Deployment(
-        view=view,
-        configuration_events=view,
+        view=EmbeddedQueueView(store),
+        configuration_events=EmbeddedConfigurationEvents(store),
         broker=EmbeddedBroker(store, clock, settings.visibility_timeout),
         blob_tables=EmbeddedBlobTables(store),
         content=SqliteBlobStore(store),
@@ -156,6 +158,7 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
     from .blobs.s3_store import S3BlobStore
     from .stores.cassandra import (
         CassandraBlobTables,
+        CassandraConfigurationEvents,
         CassandraDeadLetters,
         CassandraDelayedMails,
         CassandraMailboxTables,
@@ -185,15 +188,14 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         for close in reversed(opened):
             close()
         raise
-    view = CassandraQueueView(metadata)
 
     def close() -> None:
         for close_one in reversed(opened):
             close_one()
 
     return Deployment(
-        view=view,
-        configuration_events=view,
+        view=CassandraQueueView(metadata),
+        configuration_events=CassandraConfigurationEvents(metadata),
         broker=broker,
         blob_tables=CassandraBlobTables(metadata),
         content=content,

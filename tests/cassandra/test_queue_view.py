@@ -123,7 +123,7 @@ def test_queue_view_answers_as_the_embedded_one(both):
 
 def test_configuration_events_append_only_at_the_position_read(both):
     def scenario(t: Tables) -> list:
-        v = t.view
+        v = t.configuration
         return [
             v.events("view"),
             v.append_event("view", '{"n": 1}', T0, 0),

@@ -15,6 +15,7 @@ else is plain writes, ordered so that a crash leaves only what a later step heal
 """
 
 from .blobs import CassandraBlobTables
+from .configuration import CassandraConfigurationEvents
 from .dead_letters import CassandraDeadLetters
 from .delayed_mails import CassandraDelayedMails
 from .mailboxes import CassandraMailboxTables
@@ -23,6 +24,7 @@ from .store import CassandraStore
 
 __all__ = [
     "CassandraBlobTables",
+    "CassandraConfigurationEvents",
     "CassandraDeadLetters",
     "CassandraDelayedMails",
     "CassandraMailboxTables",

@@ -49,7 +49,6 @@ import time
 from collections.abc import Callable, Iterable
 
 from ...queue_view import EnqueuedMail
-from .configuration import ConfigurationEventsDAO
 from .store import CassandraStore
 
 _FIELDS = (
@@ -263,7 +262,6 @@ class CassandraQueueView:
         self.slice_counters = SliceCountersDAO(store)
         self.browse_starts = SliceStartDAO(store, "browse_start", self.queues)
         self.content_starts = SliceStartDAO(store, "content_start", self.queues)
-        self.configuration_events = ConfigurationEventsDAO(store)
 
     # queues
     def create_queue(self, queue: str, slice_start: int, now: int) -> None:
@@ -412,10 +410,3 @@ class CassandraQueueView:
 
     def advance_content_start(self, queue: str, new_start: int) -> None:
         self.content_starts.set(queue, new_start)
-
-    # configuration events
-    def events(self, aggregate: str) -> list[str]:
-        return self.configuration_events.events(aggregate)
-
-    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool:
-        return self.configuration_events.append(aggregate, event, now, position)

@@ -7,7 +7,7 @@ Each method is one SQLite transaction of its own (joining the caller's group of 
 
 from __future__ import annotations
 
-from .embedded import EmbeddedStore
+from .store import EmbeddedStore
 
 
 class EmbeddedMailboxTables:

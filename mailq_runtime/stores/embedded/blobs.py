@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..model import BlobId
-from .embedded import EmbeddedStore
+from ...model import BlobId
+from .store import EmbeddedStore
 
 
 class EmbeddedBlobTables:

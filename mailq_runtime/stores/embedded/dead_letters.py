@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import builtins
 
-from .dead_letters import DeadLetter, DeadLetterSummary
-from .embedded import EmbeddedStore
+from ..dead_letters import DeadLetter, DeadLetterSummary
+from .store import EmbeddedStore
 
 _FIELDS = "queue, enqueue_id, reason, died_at, payload"
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from .delayed_mails import DelayedMail, DelayedSummary
-from .embedded import EmbeddedStore
+from ..delayed_mails import DelayedMail, DelayedSummary
+from .store import EmbeddedStore
 
 _FIELDS = "queue, enqueue_id, due, priority, payload"
 
