@@ -76,9 +76,8 @@ from .model import (
     parse_duration,
 )
 from .overview import QueueOverview, overview
-from .queue_view import EnqueuedMail, QueueView
-from .stores.dead_letters import DeadLetter, DeadLetters
-from .stores.delayed_mails import DelayedMail, DelayedMails
+from .stores.protocols import DeadLetters, DelayedMails, QueueView
+from .stores.records import DeadLetter, DelayedMail, EnqueuedMail
 
 Delay = timedelta | int | float | str | None
 GroupWrites = Callable[[], AbstractContextManager]

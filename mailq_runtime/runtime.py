@@ -24,22 +24,19 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from .blobs.dedup import BlobTables, DeduplicatingBlobStore, Generations
+from .blobs.dedup import DeduplicatingBlobStore, Generations
 from .blobs.sqlite_store import SqliteBlobStore
 from .blobs.store import BlobStore
 from .brokers.base import Broker
 from .brokers.embedded import EmbeddedBroker
 from .clock import Clock, system_clock
-from .config import ConfigurationEvents, ConfigurationStore
+from .config import ConfigurationStore
 from .errors import InvalidInput, UnknownQueue
 from .faults import FaultInjector
-from .mailbox import Mailboxes, MailboxTables
+from .mailbox import Mailboxes
 from .model import QueueName
 from .queue import MailQueue
-from .queue_view import QueueView
 from .settings import CASSANDRA, Settings
-from .stores.dead_letters import DeadLetters
-from .stores.delayed_mails import DelayedMails
 from .stores.embedded import (
     EmbeddedBlobTables,
     EmbeddedConfigurationEvents,
@@ -48,6 +45,14 @@ from .stores.embedded import (
     EmbeddedMailboxTables,
     EmbeddedQueueView,
     EmbeddedStore,
+)
+from .stores.protocols import (
+    BlobTables,
+    ConfigurationEvents,
+    DeadLetters,
+    DelayedMails,
+    MailboxTables,
+    QueueView,
 )
 
 if TYPE_CHECKING:  # the driver is imported only by a process on the distributed deployment

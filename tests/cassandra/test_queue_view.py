@@ -4,7 +4,7 @@ and buckets, deletions, browse_start and content_start, the clean-up and the con
 from __future__ import annotations
 
 from mailq_runtime.model import EnqueueId
-from mailq_runtime.queue_view import EnqueuedMail
+from mailq_runtime.stores.records import EnqueuedMail
 
 from .conftest import Tables, cassandra_tables, same_on_both
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from ...queue_view import EnqueuedMail
+from ..records import EnqueuedMail
 from .store import CassandraStore
 
 _FIELDS = (

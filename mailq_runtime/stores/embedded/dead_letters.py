@@ -1,11 +1,11 @@
-"""Dead letters on the embedded store (the `DeadLetters` interface of stores/dead_letters.py), in the
+"""Dead letters on the embedded store (the `DeadLetters` protocol of stores/protocols.py), in the
 `dead_letters` table."""
 
 from __future__ import annotations
 
 import builtins
 
-from ..dead_letters import DeadLetter, DeadLetterSummary
+from ..records import DeadLetter, DeadLetterSummary
 from .store import EmbeddedStore
 
 _FIELDS = "queue, enqueue_id, reason, died_at, payload"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ...queue_view import EnqueuedMail
+from ..records import EnqueuedMail
 from .store import EmbeddedStore
 
 _COLUMNS = (
