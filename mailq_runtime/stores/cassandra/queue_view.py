@@ -48,7 +48,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from ..records import EnqueuedMail
+from ..records import EnqueuedMail, SliceSize
 from .store import CassandraStore
 
 _FIELDS = (
@@ -373,11 +373,11 @@ class CassandraQueueView:
             (row.enqueued or 0) - (row.deleted or 0) for row in self.slice_counters.rows_from(queue, start)
         )
 
-    def slice_sizes(self, queue: str, start: int) -> list[tuple[int, int]]:
+    def slice_sizes(self, queue: str, start: int) -> list[SliceSize]:
         sizes: dict[int, int] = {}
         for row in self.slice_counters.rows_from(queue, start):
             sizes[row.slice_start] = sizes.get(row.slice_start, 0) + (row.enqueued or 0) - (row.deleted or 0)
-        return sorted(sizes.items())
+        return [SliceSize(*item) for item in sorted(sizes.items())]
 
     # browse_start / content_start
     def browse_start(self, queue: str) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ..records import EnqueuedMail
+from ..records import EnqueuedMail, SliceSize
 from .store import EmbeddedStore
 
 _COLUMNS = (
@@ -162,12 +162,13 @@ class EmbeddedQueueView:
         )
         return row[0]
 
-    def slice_sizes(self, queue: str, start: int) -> list[tuple[int, int]]:
-        return self.store.read(
+    def slice_sizes(self, queue: str, start: int) -> list[SliceSize]:
+        rows = self.store.read(
             "SELECT slice_start, enqueued - deleted FROM slice_counters "
             "WHERE queue = ? AND slice_start >= ? ORDER BY slice_start",
             (queue, start),
         )
+        return [SliceSize(*row) for row in rows]
 
     # browse_start / content_start
     def browse_start(self, queue: str) -> int | None:
