@@ -145,12 +145,12 @@ class EnqueuedMail:
         )
 
     @classmethod
-    def from_payload(cls, payload: str) -> tuple[EnqueuedMail, int]:
+    def from_payload(cls, payload: str) -> BrokerMessage:
         """The mail of a broker message and the deliveries attempted before it was published. Raises
         ValueError (or TypeError) for a message that is not one."""
         record = _decoded(payload)
         if isinstance(record, list):  # the positional row of the versions before the named record
-            return cls(*record), 0
+            return BrokerMessage(cls(*record), 0)
         if not isinstance(record, dict) or not isinstance(record.get("v"), int) or record["v"] < 1:
             raise ValueError("not a mail record: no version")
         try:
@@ -171,7 +171,7 @@ class EnqueuedMail:
             )
         except KeyError as missing:
             raise ValueError(f"mail record without {missing}") from None
-        return mail, record.get("attempts", 0)
+        return BrokerMessage(mail, record.get("attempts", 0))
 
     def to_mail(self, message: bytes) -> Mail:
         metadata = _decoded(self.metadata)
@@ -187,6 +187,11 @@ class EnqueuedMail:
     @property
     def recipient_list(self) -> list[str]:
         return json.loads(self.recipients)
+
+
+class BrokerMessage(NamedTuple):
+    mail: EnqueuedMail
+    attempts: int  # deliveries attempted before the message was published
 
 
 class SliceSize(NamedTuple):

@@ -199,10 +199,10 @@ class CassandraBlobTables:
             max(span.newest for span in counted),
         )
 
-    def _deletion_partitions(self) -> list[tuple[int, int]]:
-        """(generation, shard) of every partition: a few per generation, read from the partition keys."""
-        rows = self.store.execute("SELECT DISTINCT generation, shard FROM blob_deletions")
-        return [(row.generation, row.shard) for row in rows]
+    def _deletion_partitions(self) -> list:
+        """The (generation, shard) rows of every partition: a few per generation, read from the partition
+        keys."""
+        return list(self.store.execute("SELECT DISTINCT generation, shard FROM blob_deletions"))
 
     def _deletion_span(self, generation: int, shard: int, after: int | None) -> DeletionSpan:
         """The deletions in one partition after `after` (all of them when None)."""

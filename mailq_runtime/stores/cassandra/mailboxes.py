@@ -44,6 +44,8 @@ The source of truth is read by mailbox through its storage-attached indexes (see
 from __future__ import annotations
 
 import random
+from operator import attrgetter
+from typing import NamedTuple
 
 from cassandra import WriteTimeout
 
@@ -57,8 +59,19 @@ _UID_TIMEOUTS = 3
 _SEEN = "\\Seen"
 
 
-def _by_name(mailbox: MailboxRow) -> tuple[str, str]:
-    return mailbox.user, mailbox.name
+class UidTaken(NamedTuple):
+    applied: bool
+    found: int | None  # next_uid found when not applied; None when the mailbox is gone
+
+
+class NameClaim(NamedTuple):
+    applied: bool
+    holder: str  # the mailbox the name is claimed for
+
+
+class UidFlags(NamedTuple):
+    uid: int
+    flags: str
 
 
 class MailboxesDAO:
@@ -86,14 +99,13 @@ class MailboxesDAO:
         )
         return {row.mailbox_id for rows in results for row in rows}
 
-    def take_uid(self, mailbox_id: str, expected: int) -> tuple[bool, int | None]:
-        """Set next_uid to expected + 1 if it holds `expected`: (applied, the value found otherwise, None
-        when the mailbox is gone)."""
+    def take_uid(self, mailbox_id: str, expected: int) -> UidTaken:
+        """Set next_uid to expected + 1 if it holds `expected`."""
         row = self.store.applied(
             "UPDATE mailboxes SET next_uid = ? WHERE mailbox_id = ? IF next_uid = ?",
             (expected + 1, mailbox_id, expected),
         )
-        return row.applied, getattr(row, "next_uid", None)
+        return UidTaken(row.applied, getattr(row, "next_uid", None))
 
     def delete(self, mailbox_id: str) -> None:
         self.store.applied("DELETE FROM mailboxes WHERE mailbox_id = ? IF EXISTS", (mailbox_id,))
@@ -124,13 +136,13 @@ class MailboxPathsDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
 
-    def claim(self, user: str, name: str, mailbox_id: str) -> tuple[bool, str]:
-        """Claim the name for the mailbox: (applied, the mailbox that holds it)."""
+    def claim(self, user: str, name: str, mailbox_id: str) -> NameClaim:
+        """Claim the name for the mailbox; whether it was, and the mailbox that holds it."""
         row = self.store.applied(
             "INSERT INTO mailbox_paths (user, name, mailbox_id) VALUES (?, ?, ?) IF NOT EXISTS",
             (user, name, mailbox_id),
         )
-        return row.applied, mailbox_id if row.applied else row.mailbox_id
+        return NameClaim(row.applied, mailbox_id if row.applied else row.mailbox_id)
 
     def take_over(self, user: str, name: str, mailbox_id: str, holder: str) -> bool:
         return self.store.applied(
@@ -158,7 +170,9 @@ class MailboxPathsDAO:
             rows = self.store.execute(
                 "SELECT user, name, mailbox_id FROM mailbox_paths WHERE user = ?", (user,)
             )
-        return sorted((MailboxRow(row.mailbox_id, row.user, row.name) for row in rows), key=_by_name)
+        return sorted(
+            (MailboxRow(row.mailbox_id, row.user, row.name) for row in rows), key=attrgetter("user", "name")
+        )
 
 
 class ImapUidDAO:
@@ -186,10 +200,10 @@ class ImapUidDAO:
         ).one()
         return None if row is None else UidEntry(row.message_id, row.flags)
 
-    def of_mailbox(self, mailbox_id: str) -> list[tuple[int, str]]:
-        """(uid, flags) of the mailbox's entries, in no particular order."""
+    def of_mailbox(self, mailbox_id: str) -> list[UidFlags]:
+        """The mailbox's entries, in no particular order."""
         rows = self.store.execute("SELECT uid, flags FROM imap_uid_table WHERE mailbox_id = ?", (mailbox_id,))
-        return [(row.uid, row.flags) for row in rows if row.uid is not None]
+        return [UidFlags(row.uid, row.flags) for row in rows if row.uid is not None]
 
     def add(self, message_id: str, mailbox_id: str, uid: int, flags: str) -> None:
         self.store.execute(
