@@ -36,7 +36,7 @@ from mailq_runtime.errors import InvalidInput, NoStore
 from mailq_runtime.model import parse_duration
 from mailq_runtime.runtime import Runtime
 from mailq_runtime.settings import CASSANDRA, EMBEDDED, Settings, redact
-from mailq_runtime.stores.embedded_files import DATABASE_FILE
+from mailq_runtime.stores.embedded import DATABASE_FILE
 
 from . import jobs
 from .commands import describe_run, run_pipeline

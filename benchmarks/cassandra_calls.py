@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable
 
 from mailq_runtime.model import BlobId, EnqueueId
-from mailq_runtime.queue_view import EnqueuedMail
 from mailq_runtime.stores.cassandra import (
     CassandraBlobTables,
     CassandraMailboxTables,
     CassandraQueueView,
     CassandraStore,
 )
+from mailq_runtime.stores.records import EnqueuedMail
 
 NOW = time.time_ns() // 1000
 SLICE = NOW - NOW % (3600 * 1_000_000)

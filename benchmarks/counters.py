@@ -160,7 +160,7 @@ def generate(path: Path, messages: int, mailboxes: int) -> Dataset:
             n=used * per_mailbox,
         )
         start = time.perf_counter()
-        db.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
+        db.executescript(files("mailq_runtime.stores.embedded").joinpath("schema.sql").read_text())
         seconds["imap_uid_mailbox index"] = time.perf_counter() - start
         print(f"  {'imap_uid_mailbox':<18} index built in {seconds['imap_uid_mailbox index']:6.1f} s")
 

@@ -179,7 +179,7 @@ def bulk_connection(path: Path) -> Iterator[sqlite3.Connection]:
     (nothing to roll back into: a failed generation is thrown away), no syncs, a 4 GiB page cache so the
     indexes being built stay in memory. The database is left in WAL mode, as the runtime keeps it."""
     with closing(sqlite3.connect(path / DATABASE_FILE, isolation_level=None)) as connection:
-        connection.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
+        connection.executescript(files("mailq_runtime.stores.embedded").joinpath("schema.sql").read_text())
         connection.execute("PRAGMA journal_mode=OFF")
         connection.execute("PRAGMA synchronous=OFF")
         connection.execute("PRAGMA cache_size=-4000000")

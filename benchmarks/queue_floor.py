@@ -194,8 +194,8 @@ class SQLiteFloorBroker:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
         self.db.execute("PRAGMA cache_size=-65536")
-        self.db.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
-        # The threads take turns on one connection, as the runtime's do (stores/embedded.py).
+        self.db.executescript(files("mailq_runtime.stores.embedded").joinpath("schema.sql").read_text())
+        # The threads take turns on one connection, as the runtime's do (stores/embedded/store.py).
         self.turn = threading.RLock()
 
     def _sqlite(self, sql: str, parameters: tuple) -> tuple | None:

@@ -66,15 +66,13 @@ from process_cpu import CpuMeter
 from rabbitmq_broker import CONSUMERS, PUBLISHERS, WINDOW, ratios
 
 from mailq_runtime import Mail, Runtime
-from mailq_runtime.blobs.dedup import BlobTables
 from mailq_runtime.blobs.store import BlobStore
 from mailq_runtime.brokers.base import Broker
 from mailq_runtime.clock import MICROS_PER_SECOND
 from mailq_runtime.queue import slice_of
-from mailq_runtime.queue_view import QueueView
 from mailq_runtime.settings import CASSANDRA, EMBEDDED, Settings, redact
-from mailq_runtime.stores.delayed_mails import DelayedMails
 from mailq_runtime.stores.embedded import SYNCHRONOUS
+from mailq_runtime.stores.protocols import BlobTables, DelayedMails, QueueView
 
 if TYPE_CHECKING:
     from queue_floor import Floor, FloorMail

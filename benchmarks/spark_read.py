@@ -41,7 +41,7 @@ def generate(data_dir: Path, rows: int) -> None:
     """`rows` blob references, generated inside SQLite: a Python loop would take longer than the reads."""
     with closing(sqlite3.connect(data_dir / DATABASE_FILE)) as connection:
         connection.execute("PRAGMA journal_mode=WAL")
-        connection.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
+        connection.executescript(files("mailq_runtime.stores.embedded").joinpath("schema.sql").read_text())
         with connection:
             connection.execute(
                 """

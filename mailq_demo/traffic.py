@@ -30,7 +30,7 @@ from mailq_runtime.model import Mail
 from mailq_runtime.queue import MailQueue
 from mailq_runtime.runtime import Runtime
 from mailq_runtime.settings import Settings
-from mailq_runtime.stores.embedded_files import DATABASE_FILE, check_data_dir
+from mailq_runtime.stores.embedded.files import DATABASE_FILE, check_data_dir
 from mailq_runtime.worker import WorkerStats, handle, normalise_domains
 
 QUEUE = "outbound"

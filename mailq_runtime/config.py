@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Protocol
 
 from .clock import MICROS_PER_SECOND, Clock
 from .errors import ConfigurationRejected, InvalidInput, shown
 from .model import MAX_DURATION, MAX_DURATION_YEARS, parse_count
+from .stores.protocols import ConfigurationEvents
 
 AGGREGATE = "mail_queue_view_configuration"
 
@@ -53,15 +53,6 @@ class QueueViewConfiguration:
                 f"bucketCount may only grow ({self.bucket_count} -> {new.bucket_count} refused): "
                 "fewer buckets would lose the mails of the dropped ones"
             )
-
-
-class ConfigurationEvents(Protocol):
-    def events(self, aggregate: str) -> list[str]: ...
-    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool:
-        """Append `event` as the aggregate's event number `position` (counted from 0), only if it holds
-        exactly `position` events: a compare-and-set in one step (the embedded store's transaction, a
-        lightweight transaction on Cassandra). False, and nothing appended, if another event got there."""
-        ...
 
 
 class ConfigurationStore:

@@ -20,29 +20,36 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from .blobs.dedup import BlobTables, DeduplicatingBlobStore, Generations
+from .blobs.dedup import DeduplicatingBlobStore, Generations
 from .blobs.sqlite_store import SqliteBlobStore
 from .blobs.store import BlobStore
 from .brokers.base import Broker
 from .brokers.embedded import EmbeddedBroker
 from .clock import Clock, system_clock
-from .config import ConfigurationEvents, ConfigurationStore
+from .config import ConfigurationStore
 from .errors import InvalidInput, UnknownQueue
 from .faults import FaultInjector
-from .mailbox import MailboxTables
 from .mailboxes import Mailboxes
 from .model import QueueName
 from .queue import MailQueue, QueueBackends, QueueContext
-from .queue_view import QueueView
 from .settings import CASSANDRA, Settings
-from .stores.dead_letters import DeadLetters
-from .stores.delayed_mails import DelayedMails
-from .stores.embedded import EmbeddedStore
-from .stores.embedded_blobs import EmbeddedBlobTables
-from .stores.embedded_dead_letters import EmbeddedDeadLetters
-from .stores.embedded_delayed_mails import EmbeddedDelayedMails
-from .stores.embedded_mailboxes import EmbeddedMailboxTables
-from .stores.embedded_queue_view import EmbeddedQueueView
+from .stores.embedded import (
+    EmbeddedBlobTables,
+    EmbeddedConfigurationEvents,
+    EmbeddedDeadLetters,
+    EmbeddedDelayedMails,
+    EmbeddedMailboxTables,
+    EmbeddedQueueView,
+    EmbeddedStore,
+)
+from .stores.protocols import (
+    BlobTables,
+    ConfigurationEvents,
+    DeadLetters,
+    DelayedMails,
+    MailboxTables,
+    QueueView,
+)
 from .unit_of_work import UNGROUPED, GroupedWork, UnitOfWork
 
 if TYPE_CHECKING:  # the driver is imported only by a process on the distributed deployment
@@ -78,10 +85,9 @@ def build(settings: Settings, clock: Clock = system_clock, *, create: bool = Fal
 
 def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
     store = EmbeddedStore(settings.data_dir, settings.durability, create)
-    view = EmbeddedQueueView(store)
     return Deployment(
-        view=view,
-        configuration_events=view,
+        view=EmbeddedQueueView(store),
+        configuration_events=EmbeddedConfigurationEvents(store),
         broker=EmbeddedBroker(store, clock, settings.visibility_timeout),
         blob_tables=EmbeddedBlobTables(store),
         content=SqliteBlobStore(store),
@@ -150,6 +156,7 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
     from .blobs.s3_store import S3BlobStore
     from .stores.cassandra import (
         CassandraBlobTables,
+        CassandraConfigurationEvents,
         CassandraDeadLetters,
         CassandraDelayedMails,
         CassandraMailboxTables,
@@ -179,15 +186,14 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         for close in reversed(opened):
             close()
         raise
-    view = CassandraQueueView(metadata)
 
     def close() -> None:
         for close_one in reversed(opened):
             close_one()
 
     return Deployment(
-        view=view,
-        configuration_events=view,
+        view=CassandraQueueView(metadata),
+        configuration_events=CassandraConfigurationEvents(metadata),
         broker=broker,
         blob_tables=CassandraBlobTables(metadata),
         content=content,

@@ -64,7 +64,7 @@ CONSISTENCY_LEVELS = (
     "EACH_QUORUM",
     "LOCAL_ONE",
 )
-DURABILITIES = ("process", "power", "fsync")  # see stores/embedded.py
+DURABILITIES = ("process", "power", "fsync")  # see stores/embedded/store.py
 
 _CONFIGURATION_OPTIONS = ("slice_window", "bucket_count", "update_browse_start_pace")
 _QUEUE_OPTIONS = (

@@ -28,7 +28,7 @@ from .columns import ARROW_TYPES, arrow_schema, chosen
 
 
 def _schema_tables() -> frozenset[str]:
-    sql = files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text()
+    sql = files("mailq_runtime.stores.embedded").joinpath("schema.sql").read_text()
     return frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", sql, flags=re.IGNORECASE))
 
 

@@ -20,7 +20,6 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from ..clock import Clock
 from ..errors import InvalidInput, shown
@@ -33,6 +32,7 @@ from ..faults import (
     FaultInjector,
 )
 from ..model import BlobId
+from ..stores.protocols import BlobTables
 from ..unit_of_work import UNGROUPED, UnitOfWork
 from .store import BlobStore
 
@@ -42,58 +42,6 @@ _OWNER = re.compile(r"[!-~]{1,200}")
 
 # Seconds a done()'s release may name the GC iteration it read last (`Generations.recent_gc_iteration`).
 GC_ITERATION_REUSE = 1.0
-
-
-class BlobTables(Protocol):
-    """Record 39's tables. Every method commits on its own; none needs a transaction around it."""
-
-    def current(self, kind: str) -> int | None: ...
-    def emit(self, kind: str, number: int, now: int) -> bool:
-        """Append event `number` of `kind`; False if it was emitted already (by a racing rotation)."""
-        ...
-
-    def history(self, kind: str) -> list[tuple[int, int]]: ...
-    def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]:
-        """The size of each blob that has a row in `blobs`."""
-        ...
-
-    def add_blobs(self, blobs: Sequence[tuple[BlobId, int]], now: int) -> None:
-        """Rows in `blobs` for (blob id, size), those present already kept as they are."""
-        ...
-
-    def add_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
-        """The owner's references to the blobs; those present already are kept."""
-        ...
-
-    def references_of(self, owner: str) -> list[BlobId]: ...
-    def referenced(self, blob_ids: Sequence[BlobId]) -> set[BlobId]:
-        """Those of the blobs that at least one reference names (looked up by blob id)."""
-        ...
-
-    def add_deletions(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
-        """Append one deletion a blob id, naming the owner that released it (repeated ones too: the GC
-        counts blob ids, not deletions)."""
-        ...
-
-    def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None: ...
-    def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple: ...
-    def forget(self, blob_ids: Iterable[BlobId]) -> None:
-        """Drop the blobs' rows from `blobs` and `blob_deletions`."""
-        ...
-
-    def retire_deletions(self, rows: Sequence[tuple[BlobId, int]]) -> None:
-        """Drop exactly the deletion rows (blob id, deleted_at), in the blob id's generation; the blob's
-        other deletion rows stay."""
-        ...
-
-    def references_to(self, blob_id: BlobId) -> list[tuple[str, int]]:
-        """(owner, generation) of every reference to the blob, by owner (looked up by blob id)."""
-        ...
-
-    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int, str | None]]:
-        """(deleted_at, gc_iteration, owner) of every deletion row of the blob, oldest first; the owner
-        is None in rows written before deletions named theirs."""
-        ...
 
 
 @dataclass(frozen=True)

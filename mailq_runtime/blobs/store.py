@@ -10,7 +10,7 @@ from typing import Protocol
 
 from ..errors import BlobNotFound, InvalidInput
 from ..model import BlobId
-from ..stores.embedded_files import PRIVATE_DIR
+from ..stores.embedded.files import PRIVATE_DIR
 
 
 class BlobStore(Protocol):

@@ -1,7 +1,7 @@
 """The broker interface: durable per-queue messages that are deliverable now, with priorities and leases.
 
 A broker carries only what may be delivered at once. Delays and dead letters are records of the metadata
-store (stores/delayed_mails.py, stores/dead_letters.py), so every broker offers delays of any length, a
+store (`DelayedMails`, `DeadLetters` in stores/protocols.py), so every broker offers delays of any length, a
 flush, and dead letters an operator can browse and requeue, whatever it can do itself.
 """
 

@@ -13,9 +13,8 @@ from ..config import ConfigurationStore, QueueViewConfiguration
 from ..errors import UnknownQueue
 from ..faults import FaultInjector
 from ..model import Mail, QueueName
-from ..queue_view import EnqueuedMail, QueueView
-from ..stores.dead_letters import DeadLetters
-from ..stores.delayed_mails import DelayedMails
+from ..stores.protocols import DeadLetters, DelayedMails, QueueView
+from ..stores.records import EnqueuedMail
 from ..unit_of_work import UnitOfWork
 
 Delay = timedelta | int | float | str | None

@@ -19,8 +19,7 @@ from ..faults import (
     REQUEUE_AFTER_REMOVE,
 )
 from ..model import EnqueueId, Mail, parse_duration
-from ..queue_view import EnqueuedMail
-from ..stores.dead_letters import DeadLetter
+from ..stores.records import DeadLetter, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from ..clock import LATEST
 from ..errors import BrokerRefused, BrokerUnavailable
 from ..faults import FLUSH_AFTER_DELAYED_ROWS, PUBLISH_DUE_AFTER_PUBLISH
-from ..stores.delayed_mails import DelayedMail
+from ..stores.records import DelayedMail
 from .context import QueueContext, QueuePart
 from .mail_view import live_rows
 

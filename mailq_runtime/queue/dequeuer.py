@@ -12,7 +12,7 @@ from ..brokers.base import Delivery
 from ..clock import MICROS_PER_SECOND
 from ..errors import BlobNotFound, InvalidInput, LeaseExpired, shown
 from ..model import Mail, delivery_time, parse_duration
-from ..queue_view import EnqueuedMail
+from ..stores.records import EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DelayedMailPublisher
 from .settlement import Settlement

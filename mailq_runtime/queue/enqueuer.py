@@ -10,8 +10,7 @@ from collections.abc import Callable
 from ..errors import BrokerRefused, BrokerUnavailable, InvalidInput
 from ..faults import ENQUEUE_AFTER_REFERENCES, ENQUEUE_AFTER_VIEW_ROW
 from ..model import EnqueueId, Mail, check_message, check_priority, delivery_time
-from ..queue_view import EnqueuedMail
-from ..stores.delayed_mails import DelayedMail
+from ..stores.records import DelayedMail, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DueSchedule
 

@@ -12,8 +12,7 @@ from ..clock import to_datetime
 from ..errors import InvalidInput
 from ..faults import REMOVE_AFTER_MARK, REMOVE_AFTER_RELEASE
 from ..model import NULL_SENDER_SPELLINGS, EnqueueId, Mail, MailAddress, address_key, parse_duration
-from ..queue_view import EnqueuedMail
-from ..stores.delayed_mails import DelayedMail
+from ..stores.records import DelayedMail, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart
 
 log = logging.getLogger(__name__)

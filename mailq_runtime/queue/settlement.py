@@ -17,8 +17,7 @@ from ..faults import (
     RETRY_AFTER_ACK,
     RETRY_AFTER_DELAYED_ROW,
 )
-from ..queue_view import EnqueuedMail
-from ..stores.delayed_mails import DelayedMail
+from ..stores.records import DelayedMail, EnqueuedMail
 from .context import QueueContext, QueuePart
 from .dead_letters import DeadLetterOffice
 from .delays import DueSchedule

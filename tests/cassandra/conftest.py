@@ -13,6 +13,7 @@ import pytest
 
 from mailq_runtime.stores.cassandra import (
     CassandraBlobTables,
+    CassandraConfigurationEvents,
     CassandraDeadLetters,
     CassandraDelayedMails,
     CassandraMailboxTables,
@@ -20,12 +21,15 @@ from mailq_runtime.stores.cassandra import (
     CassandraStore,
 )
 from mailq_runtime.stores.cassandra.schema import TABLES
-from mailq_runtime.stores.embedded import EmbeddedStore
-from mailq_runtime.stores.embedded_blobs import EmbeddedBlobTables
-from mailq_runtime.stores.embedded_dead_letters import EmbeddedDeadLetters
-from mailq_runtime.stores.embedded_delayed_mails import EmbeddedDelayedMails
-from mailq_runtime.stores.embedded_mailboxes import EmbeddedMailboxTables
-from mailq_runtime.stores.embedded_queue_view import EmbeddedQueueView
+from mailq_runtime.stores.embedded import (
+    EmbeddedBlobTables,
+    EmbeddedConfigurationEvents,
+    EmbeddedDeadLetters,
+    EmbeddedDelayedMails,
+    EmbeddedMailboxTables,
+    EmbeddedQueueView,
+    EmbeddedStore,
+)
 from mailq_servers.cassandra import CassandraServer
 
 CLOCK_SKEW_GRACE = 60_000_000
@@ -38,6 +42,7 @@ class Tables:
 
     name: str
     view: EmbeddedQueueView | CassandraQueueView
+    configuration: EmbeddedConfigurationEvents | CassandraConfigurationEvents
     blobs: EmbeddedBlobTables | CassandraBlobTables
     mailboxes: EmbeddedMailboxTables | CassandraMailboxTables
     dead_letters: EmbeddedDeadLetters | CassandraDeadLetters
@@ -48,6 +53,7 @@ def embedded_tables(store: EmbeddedStore) -> Tables:
     return Tables(
         "embedded",
         EmbeddedQueueView(store),
+        EmbeddedConfigurationEvents(store),
         EmbeddedBlobTables(store),
         EmbeddedMailboxTables(store),
         EmbeddedDeadLetters(store),
@@ -59,6 +65,7 @@ def cassandra_tables(store: CassandraStore) -> Tables:
     return Tables(
         "cassandra",
         CassandraQueueView(store),
+        CassandraConfigurationEvents(store),
         CassandraBlobTables(store),
         CassandraMailboxTables(store),
         CassandraDeadLetters(store),

@@ -4,8 +4,7 @@ and a flush included."""
 from __future__ import annotations
 
 from mailq_runtime.clock import LATEST
-from mailq_runtime.stores.dead_letters import DeadLetter
-from mailq_runtime.stores.delayed_mails import DelayedMail
+from mailq_runtime.stores.records import DeadLetter, DelayedMail
 
 from .conftest import Tables, same_on_both
 

@@ -4,7 +4,7 @@ and buckets, deletions, browse_start and content_start, the clean-up and the con
 from __future__ import annotations
 
 from mailq_runtime.model import EnqueueId
-from mailq_runtime.queue_view import EnqueuedMail
+from mailq_runtime.stores.records import EnqueuedMail
 
 from .conftest import Tables, cassandra_tables, same_on_both
 
@@ -123,7 +123,7 @@ def test_queue_view_answers_as_the_embedded_one(both):
 
 def test_configuration_events_append_only_at_the_position_read(both):
     def scenario(t: Tables) -> list:
-        v = t.view
+        v = t.configuration
         return [
             v.events("view"),
             v.append_event("view", '{"n": 1}', T0, 0),

@@ -97,17 +97,17 @@ def test_two_processes_appending_conflicting_configuration_one_wins(connect):
     ]
     for round_ in range(3):
         aggregate = f"{AGGREGATE}-{round_}"
-        assert a.view.append_event(aggregate, json.dumps(asdict(hour)), T0, 0)
+        assert a.configuration.append_event(aggregate, json.dumps(asdict(hour)), T0, 0)
         for change in changes:
             hour.validate_change(change)
         appended = race(
             [a, b],
-            lambda tables, index, aggregate=aggregate: tables.view.append_event(
+            lambda tables, index, aggregate=aggregate: tables.configuration.append_event(
                 aggregate, json.dumps(asdict(changes[index])), T0 + 1, 1
             ),
         )
         assert sorted(appended) == [False, True]
-        history = [QueueViewConfiguration(**json.loads(event)) for event in b.view.events(aggregate)]
+        history = [QueueViewConfiguration(**json.loads(event)) for event in b.configuration.events(aggregate)]
         assert history == [hour, changes[appended.index(True)]]
         with pytest.raises(ConfigurationRejected):
             history[-1].validate_change(changes[appended.index(False)])

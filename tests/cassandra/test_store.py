@@ -18,7 +18,7 @@ from mailq_runtime.stores.cassandra import (
 )
 from mailq_runtime.stores.cassandra.blobs import shard_of
 from mailq_runtime.stores.cassandra.schema import DELETION_SHARDS, TABLES
-from mailq_runtime.stores.delayed_mails import DelayedMail
+from mailq_runtime.stores.records import DelayedMail
 from tests.servers.fixtures import fresh_keyspace_name
 
 from .conftest import CLOCK_SKEW_GRACE, open_cassandra

@@ -665,7 +665,7 @@ def test_schema_create_makes_the_store_then_is_idempotent(mailq_json, mailq, url
 
 def test_a_store_lacking_tables_of_this_version_is_refused_until_schema_create(mailq, eml, url, tmp_path):
     enqueue(mailq, eml)
-    schema = files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text()
+    schema = files("mailq_runtime.stores.embedded").joinpath("schema.sql").read_text()
     newest = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", schema)[-1]
     with closing(sqlite3.connect(tmp_path / "data" / "mailq.db")) as db:
         db.execute(f"DROP TABLE {newest}")  # as a store of an older version lacks it

@@ -82,7 +82,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
     """An embedded store with the runtime's schema and no rows."""
     connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
     connection.execute("PRAGMA journal_mode=WAL")
-    connection.executescript(files("mailq_runtime.stores").joinpath("embedded_schema.sql").read_text())
+    connection.executescript(files("mailq_runtime.stores.embedded").joinpath("schema.sql").read_text())
     yield Store(tmp_path, connection)
     connection.close()
 

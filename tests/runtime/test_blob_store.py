@@ -15,7 +15,7 @@ import pytest
 from mailq_runtime import BlobId, BlobNotFound
 from mailq_runtime.blobs.sqlite_store import SqliteBlobStore
 from mailq_runtime.blobs.store import FileBlobStore
-from mailq_runtime.stores.embedded import EmbeddedStore, _Transaction
+from mailq_runtime.stores.embedded.store import EmbeddedStore, _Transaction
 
 
 def blob_id(content: bytes, generation: int = 1) -> BlobId:

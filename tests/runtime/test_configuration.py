@@ -249,7 +249,7 @@ def test_a_change_racing_another_is_checked_again_against_the_winner(backend, ou
     other = backend.open().configuration
     racing = ConfigurationStore(
         _Interleaved(
-            runtime.view,
+            runtime.configuration.events,
             lambda: other.register(replace(current, slice_window=parse_duration(theirs))),
         ),
         runtime.clock,

@@ -13,7 +13,7 @@ from mailq_runtime.clock import from_datetime
 from mailq_runtime.faults import ENQUEUE_AFTER_VIEW_ROW, InjectedFault
 from mailq_runtime.model import BlobId, EnqueueId, MailAddress, PerRecipientHeader
 from mailq_runtime.queue import PUBLISH_INTERVAL
-from mailq_runtime.queue_view import EnqueuedMail
+from mailq_runtime.stores.records import EnqueuedMail
 
 from .conftest import QUEUE
 from .helpers import make_mail

@@ -1,5 +1,6 @@
-"""The Cassandra metadata store (cassandra-driver): one module per record's tables, each a few small DAOs
-(one a table, as James's) behind a class with the methods of the embedded store's counterpart.
+"""The Cassandra metadata store (cassandra-driver): one module per record's tables, as stores/embedded/ and
+under the same names, each a class that implements a protocol of stores/protocols.py. Where a step joins
+tables (the queue view, the mailboxes) it reads and writes them through small DAOs, one a table as James's.
 
 - store: `CassandraStore`, the session and its prepared statements, consistency and credentials
 - schema: keyspace and tables, created idempotently
@@ -15,6 +16,7 @@ else is plain writes, ordered so that a crash leaves only what a later step heal
 """
 
 from .blobs import CassandraBlobTables
+from .configuration import CassandraConfigurationEvents
 from .dead_letters import CassandraDeadLetters
 from .delayed_mails import CassandraDelayedMails
 from .mailboxes import CassandraMailboxTables
@@ -23,6 +25,7 @@ from .store import CassandraStore
 
 __all__ = [
     "CassandraBlobTables",
+    "CassandraConfigurationEvents",
     "CassandraDeadLetters",
     "CassandraDelayedMails",
     "CassandraMailboxTables",

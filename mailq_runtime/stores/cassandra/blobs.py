@@ -1,5 +1,6 @@
-"""Record 39's tables on Cassandra: generations, blobs, blob_references and blob_deletions, one small DAO a
-table behind `CassandraBlobTables`, which has the methods of the embedded store's blob tables.
+"""Record 39's tables on Cassandra: generations, blobs, blob_references and blob_deletions, in
+`CassandraBlobTables`, which has the methods of the embedded store's blob tables (stores/embedded/blobs.py),
+grouped by table.
 
 Each method is one step that commits on its own: `blobs/dedup.py` orders them (content, then `blobs` rows,
 then references on a save; deletions, then the removal of references on a release; content, then rows
@@ -33,6 +34,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 
 from ...model import BlobId
+from ..records import BlobDeletion, BlobReference, DeletionRow, DeletionSpan, GenerationStart, SizedBlob
 from .schema import DELETION_SHARDS
 from .store import CassandraStore
 
@@ -60,53 +62,60 @@ def _write_all(store: CassandraStore, cql: str, parameter_sets: list[tuple]) -> 
     store.batch(cql, parameter_sets)
 
 
-class GenerationsDAO:
+class CassandraBlobTables:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
 
+    # generations: an append-only event log of reference generations and GC iterations
     def current(self, kind: str) -> int | None:
         row = self.store.execute("SELECT number FROM generations WHERE kind = ? LIMIT 1", (kind,)).one()
         return None if row is None else row.number
 
     def emit(self, kind: str, number: int, now: int) -> bool:
+        """Emit `number`; False if it was emitted already (another process's rotation got there first)."""
         return self.store.applied(
             "INSERT INTO generations (kind, number, started_at) VALUES (?, ?, ?) IF NOT EXISTS",
             (kind, number, now),
         ).applied
 
-    def history(self, kind: str) -> list[tuple[int, int]]:
+    def history(self, kind: str) -> list[GenerationStart]:
         rows = self.store.execute(
             "SELECT number, started_at FROM generations WHERE kind = ? ORDER BY number ASC", (kind,)
         )
-        return [(row.number, row.started_at) for row in rows]
+        return [GenerationStart(row.number, row.started_at) for row in rows]
 
-
-class BlobsDAO:
-    def __init__(self, store: CassandraStore) -> None:
-        self.store = store
-
-    def sizes(self, blob_ids: list[str]) -> dict[str, int]:
+    # blobs
+    def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]:
+        """The size of each blob that has a row in `blobs`."""
+        by_name = {str(blob_id): blob_id for blob_id in blob_ids}
         results = self.store.execute_all(
-            "SELECT blob_id, size FROM blobs WHERE blob_id IN ?", [(chunk,) for chunk in _chunks(blob_ids)]
+            "SELECT blob_id, size FROM blobs WHERE blob_id IN ?",
+            [(chunk,) for chunk in _chunks(list(by_name))],
         )
-        return {row.blob_id: row.size for rows in results for row in rows}
+        return {by_name[row.blob_id]: row.size for rows in results for row in rows}
 
-    def add(self, blobs: Sequence[tuple[BlobId, int]], now: int) -> None:
+    def add_blobs(self, blobs: Sequence[SizedBlob], now: int) -> None:
+        """Rows in `blobs` (see the module's docstring for a row present already)."""
         _write_all(
             self.store,
             "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
             [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs],
         )
 
-    def delete(self, blob_ids: list[str]) -> None:
-        self.store.execute_all("DELETE FROM blobs WHERE blob_id = ?", [(blob_id,) for blob_id in blob_ids])
+    def forget(self, blob_ids: Iterable[BlobId]) -> None:
+        """Drop collected blobs from `blob_deletions` and `blobs` (their content is already gone)."""
+        blob_ids = list(blob_ids)
+        self.store.execute_all(
+            "DELETE FROM blob_deletions WHERE generation = ? AND shard = ? AND blob_id = ?",
+            [(blob_id.generation, shard_of(blob_id), str(blob_id)) for blob_id in blob_ids],
+        )
+        self.store.execute_all(
+            "DELETE FROM blobs WHERE blob_id = ?", [(str(blob_id),) for blob_id in blob_ids]
+        )
 
-
-class BlobReferencesDAO:
-    def __init__(self, store: CassandraStore) -> None:
-        self.store = store
-
-    def add(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+    # blob_references
+    def add_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+        """The owner's references to the blobs; those present already are kept (rewritten as they were)."""
         if not blob_ids:
             return  # Cassandra refuses an empty batch
         # One partition: the batch is a single mutation, applied whole.
@@ -115,37 +124,34 @@ class BlobReferencesDAO:
             [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids],
         )
 
-    def of(self, owner: str) -> list[str]:
-        """The owner's references, by blob id."""
+    def references_of(self, owner: str) -> list[BlobId]:
         rows = self.store.execute("SELECT blob_id FROM blob_references WHERE owner = ?", (owner,))
-        return [row.blob_id for row in rows]
+        return [BlobId.parse(row.blob_id) for row in rows]
 
-    def referenced(self, blob_ids: list[str]) -> set[str]:
+    def referenced(self, blob_ids: Sequence[BlobId]) -> set[BlobId]:
         """Those of the blob ids with a reference, one indexed query a blob id, run concurrently."""
+        by_name = {str(blob_id): blob_id for blob_id in blob_ids}
         results = self.store.execute_all(
-            "SELECT blob_id FROM blob_references WHERE blob_id = ? LIMIT 1", [(b,) for b in blob_ids]
+            "SELECT blob_id FROM blob_references WHERE blob_id = ? LIMIT 1", [(name,) for name in by_name]
         )
-        return {row.blob_id for rows in results for row in rows}
+        return {by_name[row.blob_id] for rows in results for row in rows}
 
-    def to(self, blob_id: str) -> list[tuple[str, int]]:
-        """(owner, generation) of the blob's references, through the blob id's index."""
+    def references_to(self, blob_id: BlobId) -> list[BlobReference]:
+        """The blob's references, by owner, through the blob id's index."""
         rows = self.store.execute(
-            "SELECT owner, generation FROM blob_references WHERE blob_id = ?", (blob_id,)
+            "SELECT owner, generation FROM blob_references WHERE blob_id = ?", (str(blob_id),)
         )
-        return sorted((row.owner, row.generation) for row in rows)
+        return sorted(BlobReference(row.owner, row.generation) for row in rows)
 
-    def remove(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+    def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
         self.store.execute(
             "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
             (owner, [str(blob_id) for blob_id in blob_ids]),
         )
 
-
-class BlobDeletionsDAO:
-    def __init__(self, store: CassandraStore) -> None:
-        self.store = store
-
-    def add(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
+    # blob_deletions
+    def add_deletions(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
+        """Append one deletion a blob id, in its generation's partitions."""
         _write_all(
             self.store,
             "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration, owner) "
@@ -156,14 +162,8 @@ class BlobDeletionsDAO:
             ],
         )
 
-    def delete(self, blob_ids: list[BlobId]) -> None:
-        self.store.execute_all(
-            "DELETE FROM blob_deletions WHERE generation = ? AND shard = ? AND blob_id = ?",
-            [(blob_id.generation, shard_of(blob_id), str(blob_id)) for blob_id in blob_ids],
-        )
-
-    def retire(self, rows: Sequence[tuple[BlobId, int]]) -> None:
-        """Delete rows by their full primary key: a blob's other deletions stay."""
+    def retire_deletions(self, rows: Sequence[DeletionRow]) -> None:
+        """Drop exactly these deletion rows, by their full primary key: a blob's other deletions stay."""
         self.store.execute_all(
             "DELETE FROM blob_deletions "
             "WHERE generation = ? AND shard = ? AND blob_id = ? AND deleted_at = ?",
@@ -173,24 +173,39 @@ class BlobDeletionsDAO:
             ],
         )
 
-    def of(self, blob_id: BlobId) -> list[tuple[int, int, str | None]]:
-        """(deleted_at, gc_iteration, owner) of the blob's deletions: one clustering range of one
-        partition."""
+    def deletions_of(self, blob_id: BlobId) -> list[BlobDeletion]:
+        """The blob's deletions: one clustering range of one partition."""
         rows = self.store.execute(
             "SELECT deleted_at, gc_iteration, owner FROM blob_deletions "
             "WHERE generation = ? AND shard = ? AND blob_id = ?",
             (blob_id.generation, shard_of(blob_id), str(blob_id)),
         )
-        return [(row.deleted_at, row.gc_iteration, row.owner) for row in rows]
+        return [BlobDeletion(row.deleted_at, row.gc_iteration, row.owner) for row in rows]
 
-    def partitions(self) -> list[tuple[int, int]]:
-        """(generation, shard) of every partition: a few per generation, read from the partition keys."""
-        rows = self.store.execute("SELECT DISTINCT generation, shard FROM blob_deletions")
-        return [(row.generation, row.shard) for row in rows]
+    def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> DeletionSpan:
+        """The deletions of generations up to `max_generation` that were appended after `since`, or all
+        of a generation above `newly_eligible_above`: summed over the partitions of those generations."""
+        spans = [
+            self._deletion_span(generation, shard, None if generation > newly_eligible_above else since)
+            for generation, shard in self._deletion_partitions()
+            if generation <= max_generation
+        ]
+        counted = [span for span in spans if span.count]
+        if not counted:
+            return DeletionSpan(0, None, None)
+        return DeletionSpan(
+            sum(span.count for span in counted),
+            min(span.oldest for span in counted),
+            max(span.newest for span in counted),
+        )
 
-    def summary(self, generation: int, shard: int, after: int | None) -> tuple[int, int | None, int | None]:
-        """Count, oldest and newest deletion time in one partition, of the deletions after `after`
-        (all of them when None)."""
+    def _deletion_partitions(self) -> list:
+        """The (generation, shard) rows of every partition: a few per generation, read from the partition
+        keys."""
+        return list(self.store.execute("SELECT DISTINCT generation, shard FROM blob_deletions"))
+
+    def _deletion_span(self, generation: int, shard: int, after: int | None) -> DeletionSpan:
+        """The deletions in one partition after `after` (all of them when None)."""
         if after is None:
             row = self.store.execute(
                 "SELECT COUNT(*), MIN(deleted_at), MAX(deleted_at) FROM blob_deletions "
@@ -204,84 +219,4 @@ class BlobDeletionsDAO:
                 "WHERE generation = ? AND shard = ? AND deleted_at > ? ALLOW FILTERING",
                 (generation, shard, after),
             ).one()
-        return row[0], row[1], row[2]
-
-
-class CassandraBlobTables:
-    def __init__(self, store: CassandraStore) -> None:
-        self.generations = GenerationsDAO(store)
-        self.blobs = BlobsDAO(store)
-        self.references = BlobReferencesDAO(store)
-        self.deletions = BlobDeletionsDAO(store)
-
-    # generations: an append-only event log of reference generations and GC iterations
-    def current(self, kind: str) -> int | None:
-        return self.generations.current(kind)
-
-    def emit(self, kind: str, number: int, now: int) -> bool:
-        """Emit `number`; False if it was emitted already (another process's rotation got there first)."""
-        return self.generations.emit(kind, number, now)
-
-    def history(self, kind: str) -> list[tuple[int, int]]:
-        return self.generations.history(kind)
-
-    # blobs and references
-    def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]:
-        """The size of each blob that has a row in `blobs`."""
-        by_name = {str(blob_id): blob_id for blob_id in blob_ids}
-        return {by_name[name]: size for name, size in self.blobs.sizes(list(by_name)).items()}
-
-    def add_blobs(self, blobs: Sequence[tuple[BlobId, int]], now: int) -> None:
-        """Rows in `blobs` for (blob id, size) (see the module's docstring for a row present already)."""
-        self.blobs.add(blobs, now)
-
-    def add_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
-        """The owner's references to the blobs; those present already are kept (rewritten as they were)."""
-        self.references.add(owner, blob_ids)
-
-    def references_of(self, owner: str) -> list[BlobId]:
-        return [BlobId.parse(blob_id) for blob_id in self.references.of(owner)]
-
-    def referenced(self, blob_ids: Sequence[BlobId]) -> set[BlobId]:
-        by_name = {str(blob_id): blob_id for blob_id in blob_ids}
-        return {by_name[name] for name in self.references.referenced(list(by_name))}
-
-    def add_deletions(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
-        """Append one deletion a blob id, in its generation's partitions."""
-        self.deletions.add(owner, blob_ids, gc_iteration, now)
-
-    def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
-        self.references.remove(owner, blob_ids)
-
-    def forget(self, blob_ids: Iterable[BlobId]) -> None:
-        """Drop collected blobs from `blobs` and `blob_deletions` (their content is already gone)."""
-        blob_ids = list(blob_ids)
-        self.deletions.delete(blob_ids)
-        self.blobs.delete([str(blob_id) for blob_id in blob_ids])
-
-    def retire_deletions(self, rows: Sequence[tuple[BlobId, int]]) -> None:
-        """Drop exactly the deletion rows (blob id, deleted_at) of blobs found still referenced."""
-        self.deletions.retire(rows)
-
-    def references_to(self, blob_id: BlobId) -> list[tuple[str, int]]:
-        return self.references.to(str(blob_id))
-
-    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int, str | None]]:
-        return self.deletions.of(blob_id)
-
-    def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:
-        """(count, oldest, newest) of the deletions of generations up to `max_generation` that were
-        appended after `since`, or all of a generation above `newly_eligible_above`."""
-        summaries = [
-            self.deletions.summary(generation, shard, None if generation > newly_eligible_above else since)
-            for generation, shard in self.deletions.partitions()
-            if generation <= max_generation
-        ]
-        counted = [summary for summary in summaries if summary[0]]
-        if not counted:
-            return 0, None, None
-        return (
-            sum(count for count, _, _ in counted),
-            min(oldest for _, oldest, _ in counted),
-            max(newest for _, _, newest in counted),
-        )
+        return DeletionSpan(row[0], row[1], row[2])

@@ -1,4 +1,4 @@
-"""Dead letters on Cassandra (the `DeadLetters` interface of stores/dead_letters.py): one partition a queue,
+"""Dead letters on Cassandra (the `DeadLetters` protocol of stores/protocols.py): one partition a queue,
 its letters by enqueue id. Adding a letter again overwrites it, as the interface wants; no transaction
 is needed, since a letter is only ever written whole.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import builtins
 
-from ..dead_letters import DeadLetter, DeadLetterSummary
+from ..records import DeadLetter, DeadLetterReason, DeadLetterSummary
 from .store import CassandraStore
 
 _FIELDS = "queue, enqueue_id, reason, died_at, payload"
@@ -43,6 +43,6 @@ class CassandraDeadLetters:
         ).one()
         return DeadLetterSummary(count, oldest if count else None)
 
-    def reasons(self, queue: str) -> builtins.list[tuple[str, int]]:
+    def reasons(self, queue: str) -> builtins.list[DeadLetterReason]:
         rows = self.store.execute("SELECT reason, died_at FROM dead_letters WHERE queue = ?", (queue,))
-        return [(row.reason, row.died_at) for row in rows]
+        return [DeadLetterReason(row.reason, row.died_at) for row in rows]

@@ -1,4 +1,4 @@
-"""Delayed mails on Cassandra (the `DelayedMails` interface of stores/delayed_mails.py), keyed by due time.
+"""Delayed mails on Cassandra (the `DelayedMails` protocol of stores/protocols.py), keyed by due time.
 
 A queue's delayed mails are spread over one partition per hour of their due time (`delayed_mails`,
 clustered by due time then enqueue id), and `delayed_buckets` lists the hours that may hold some. A
@@ -14,7 +14,7 @@ makes too. An add lists its hour before writing the mail, so a listed hour is ne
 
 from __future__ import annotations
 
-from ..delayed_mails import DelayedMail, DelayedSummary
+from ..records import DelayedMail, DelayedSummary
 from .store import CassandraStore
 
 BUCKET = 3600 * 1_000_000  # microseconds: an hour of due times a partition
@@ -80,7 +80,8 @@ class CassandraDelayedMails:
         )
         buckets = self._buckets(queue, None)
         fallen = self.store.execute_all(
-            f"{aggregate} AND due <= ?", [(queue, b, now) for b in buckets if b <= now]
+            "SELECT COUNT(*) FROM delayed_mails WHERE queue = ? AND due_bucket = ? AND due <= ?",
+            [(queue, b, now) for b in buckets if b <= now],
         )
         waiting = self.store.execute_all(
             f"{aggregate} AND due > ?", [(queue, b, now) for b in buckets if b + BUCKET > now]
@@ -92,7 +93,6 @@ class CassandraDelayedMails:
             min((row[1] for row in waiting_rows), default=None),
             min((row[2] for row in waiting_rows), default=None),
             sum(row[0] for row in fallen_rows),
-            min((row[1] for row in fallen_rows), default=None),
         )
 
     def _buckets(self, queue: str, last: int | None) -> list[int]:

@@ -1,9 +1,10 @@
 """Record 23's tables on Cassandra: mailboxes and mailbox_paths, messages, imap_uid_table (the source of
 truth), message_id_table (the projection by mailbox and uid) and mailbox_counters (Cassandra counters, as
-James's), one small DAO a table behind `CassandraMailboxTables`, which has the methods of the embedded
-store's mailbox tables. Each method is one step that commits on its own: `mailbox.py` orders them (record
-23's source of truth, projection, counters; a message's content first and released last), so that none
-needs another's transaction.
+James's), in `CassandraMailboxTables`, which has the methods of the embedded store's mailbox tables: the
+tables its steps join are read and written through one small DAO a table, the messages table directly.
+Each method is one step that commits on its own: `mailbox.py` orders them (record 23's source of truth,
+projection, counters; a message's content first and released last), so that none needs another's
+transaction.
 
 Lightweight transactions, and why:
 - `mailboxes.next_uid`: allocate_uid reads it and sets it one higher IF it still holds what was read,
@@ -43,16 +44,34 @@ The source of truth is read by mailbox through its storage-attached indexes (see
 from __future__ import annotations
 
 import random
+from operator import attrgetter
+from typing import NamedTuple
 
 from cassandra import WriteTimeout
 
 from ...errors import StoreUnavailable
+from ..records import CounterValues, MailboxRow, MessageRow, Placement, ProjectionRow, UidEntry
 from .store import CassandraStore
 
 _MIN_TOKEN, _MAX_TOKEN = -(2**63), 2**63 - 1
 # Paxos rounds that time out (the result unknown) before allocate_uid gives up; a lost race is not one.
 _UID_TIMEOUTS = 3
 _SEEN = "\\Seen"
+
+
+class UidTaken(NamedTuple):
+    applied: bool
+    found: int | None  # next_uid found when not applied; None when the mailbox is gone
+
+
+class NameClaim(NamedTuple):
+    applied: bool
+    holder: str  # the mailbox the name is claimed for
+
+
+class UidFlags(NamedTuple):
+    uid: int
+    flags: str
 
 
 class MailboxesDAO:
@@ -80,14 +99,13 @@ class MailboxesDAO:
         )
         return {row.mailbox_id for rows in results for row in rows}
 
-    def take_uid(self, mailbox_id: str, expected: int) -> tuple[bool, int | None]:
-        """Set next_uid to expected + 1 if it holds `expected`: (applied, the value found otherwise, None
-        when the mailbox is gone)."""
+    def take_uid(self, mailbox_id: str, expected: int) -> UidTaken:
+        """Set next_uid to expected + 1 if it holds `expected`."""
         row = self.store.applied(
             "UPDATE mailboxes SET next_uid = ? WHERE mailbox_id = ? IF next_uid = ?",
             (expected + 1, mailbox_id, expected),
         )
-        return row.applied, getattr(row, "next_uid", None)
+        return UidTaken(row.applied, getattr(row, "next_uid", None))
 
     def delete(self, mailbox_id: str) -> None:
         self.store.applied("DELETE FROM mailboxes WHERE mailbox_id = ? IF EXISTS", (mailbox_id,))
@@ -118,13 +136,13 @@ class MailboxPathsDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
 
-    def claim(self, user: str, name: str, mailbox_id: str) -> tuple[bool, str]:
-        """Claim the name for the mailbox: (applied, the mailbox that holds it)."""
+    def claim(self, user: str, name: str, mailbox_id: str) -> NameClaim:
+        """Claim the name for the mailbox; whether it was, and the mailbox that holds it."""
         row = self.store.applied(
             "INSERT INTO mailbox_paths (user, name, mailbox_id) VALUES (?, ?, ?) IF NOT EXISTS",
             (user, name, mailbox_id),
         )
-        return row.applied, mailbox_id if row.applied else row.mailbox_id
+        return NameClaim(row.applied, mailbox_id if row.applied else row.mailbox_id)
 
     def take_over(self, user: str, name: str, mailbox_id: str, holder: str) -> bool:
         return self.store.applied(
@@ -144,36 +162,17 @@ class MailboxPathsDAO:
         ).one()
         return None if row is None else row.mailbox_id
 
-    def of(self, user: str | None) -> list[tuple[str, str, str]]:
-        """(mailbox id, user, name) of the user's names, or of everyone's, by user and name."""
+    def of(self, user: str | None) -> list[MailboxRow]:
+        """The user's names, or everyone's, by user and name."""
         if user is None:
             rows = self.store.execute("SELECT user, name, mailbox_id FROM mailbox_paths")
         else:
             rows = self.store.execute(
                 "SELECT user, name, mailbox_id FROM mailbox_paths WHERE user = ?", (user,)
             )
-        return sorted((row.mailbox_id, row.user, row.name) for row in rows)
-
-
-class MessagesDAO:
-    def __init__(self, store: CassandraStore) -> None:
-        self.store = store
-
-    def save(self, message_id: str, header_blob_id: str, body_blob_id: str, size: int, now: int) -> None:
-        self.store.execute(
-            "INSERT INTO messages (message_id, header_blob_id, body_blob_id, size, internal_date) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (message_id, header_blob_id, body_blob_id, size, now),
+        return sorted(
+            (MailboxRow(row.mailbox_id, row.user, row.name) for row in rows), key=attrgetter("user", "name")
         )
-
-    def get(self, message_id: str) -> tuple[str, str] | None:
-        row = self.store.execute(
-            "SELECT header_blob_id, body_blob_id FROM messages WHERE message_id = ?", (message_id,)
-        ).one()
-        return None if row is None else (row.header_blob_id, row.body_blob_id)
-
-    def delete(self, message_id: str) -> None:
-        self.store.execute("DELETE FROM messages WHERE message_id = ?", (message_id,))
 
 
 class ImapUidDAO:
@@ -182,11 +181,11 @@ class ImapUidDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
 
-    def of_message(self, message_id: str) -> list[tuple[str, int]]:
+    def of_message(self, message_id: str) -> list[Placement]:
         rows = self.store.execute(
             "SELECT mailbox_id, uid FROM imap_uid_table WHERE message_id = ?", (message_id,)
         )
-        return [(row.mailbox_id, row.uid) for row in rows if row.uid is not None]
+        return [Placement(row.mailbox_id, row.uid) for row in rows if row.uid is not None]
 
     def get(self, message_id: str, mailbox_id: str):
         row = self.store.execute(
@@ -195,16 +194,16 @@ class ImapUidDAO:
         ).one()
         return None if row is None or row.uid is None else row
 
-    def at(self, mailbox_id: str, uid: int) -> tuple[str, str] | None:
+    def at(self, mailbox_id: str, uid: int) -> UidEntry | None:
         row = self.store.execute(
             "SELECT message_id, flags FROM imap_uid_table WHERE mailbox_id = ? AND uid = ?", (mailbox_id, uid)
         ).one()
-        return None if row is None else (row.message_id, row.flags)
+        return None if row is None else UidEntry(row.message_id, row.flags)
 
-    def of_mailbox(self, mailbox_id: str) -> list[tuple[int, str]]:
-        """(uid, flags) of the mailbox's entries, in no particular order."""
+    def of_mailbox(self, mailbox_id: str) -> list[UidFlags]:
+        """The mailbox's entries, in no particular order."""
         rows = self.store.execute("SELECT uid, flags FROM imap_uid_table WHERE mailbox_id = ?", (mailbox_id,))
-        return [(row.uid, row.flags) for row in rows if row.uid is not None]
+        return [UidFlags(row.uid, row.flags) for row in rows if row.uid is not None]
 
     def add(self, message_id: str, mailbox_id: str, uid: int, flags: str) -> None:
         self.store.execute(
@@ -244,11 +243,11 @@ class MessageIdDAO:
     def remove_mailbox(self, mailbox_id: str) -> None:
         self.store.execute("DELETE FROM message_id_table WHERE mailbox_id = ?", (mailbox_id,))
 
-    def of_mailbox(self, mailbox_id: str) -> list[tuple[int, str, str]]:
+    def of_mailbox(self, mailbox_id: str) -> list[ProjectionRow]:
         rows = self.store.execute(
             "SELECT uid, message_id, flags FROM message_id_table WHERE mailbox_id = ?", (mailbox_id,)
         )
-        return [(row.uid, row.message_id, row.flags) for row in rows]
+        return [ProjectionRow(row.uid, row.message_id, row.flags) for row in rows]
 
     def uids_of(self, mailbox_id: str, message_id: str) -> list[int]:
         # Filtering inside one partition: it reads that mailbox's projection only.
@@ -280,9 +279,9 @@ class MailboxCountersDAO:
 
 class CassandraMailboxTables:
     def __init__(self, store: CassandraStore) -> None:
+        self.store = store
         self.mailbox_rows = MailboxesDAO(store)
         self.paths = MailboxPathsDAO(store)
-        self.messages = MessagesDAO(store)
         self.source = ImapUidDAO(store)
         self.projections = MessageIdDAO(store)
         self.mailbox_counters = MailboxCountersDAO(store)
@@ -303,23 +302,20 @@ class CassandraMailboxTables:
         self.mailbox_counters.delete(mailbox_id)
         return False
 
-    def find_mailbox(self, user: str, name: str) -> tuple[str, str, str] | None:
+    def find_mailbox(self, user: str, name: str) -> MailboxRow | None:
         mailbox_id = self.paths.get(user, name)
         if mailbox_id is None or self.mailbox_rows.get(mailbox_id) is None:
             return None
-        return mailbox_id, user, name
+        return MailboxRow(mailbox_id, user, name)
 
-    def mailbox(self, mailbox_id: str) -> tuple[str, str, str] | None:
+    def mailbox(self, mailbox_id: str) -> MailboxRow | None:
         row = self.mailbox_rows.get(mailbox_id)
-        return None if row is None else (mailbox_id, row.user, row.name)
+        return None if row is None else MailboxRow(mailbox_id, row.user, row.name)
 
-    def mailboxes(self, user: str | None) -> list[tuple[str, str, str]]:
+    def mailboxes(self, user: str | None) -> list[MailboxRow]:
         named = self.paths.of(user)
-        existing = self.mailbox_rows.existing([mailbox_id for mailbox_id, _, _ in named])
-        return sorted(
-            (mailbox for mailbox in named if mailbox[0] in existing),
-            key=lambda mailbox: (mailbox[1], mailbox[2]),
-        )
+        existing = self.mailbox_rows.existing([mailbox.mailbox_id for mailbox in named])
+        return [mailbox for mailbox in named if mailbox.mailbox_id in existing]
 
     def allocate_uid(self, mailbox_id: str) -> int | None:
         """The mailbox's next uid, taken atomically; None if the mailbox does not exist (any more)."""
@@ -361,21 +357,27 @@ class CassandraMailboxTables:
     def save_message(
         self, message_id: str, header_blob_id: str, body_blob_id: str, size: int, now: int
     ) -> None:
-        self.messages.save(message_id, header_blob_id, body_blob_id, size, now)
+        self.store.execute(
+            "INSERT INTO messages (message_id, header_blob_id, body_blob_id, size, internal_date) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (message_id, header_blob_id, body_blob_id, size, now),
+        )
 
-    def message(self, message_id: str) -> tuple[str, str] | None:
-        return self.messages.get(message_id)
+    def message(self, message_id: str) -> MessageRow | None:
+        row = self.store.execute(
+            "SELECT header_blob_id, body_blob_id FROM messages WHERE message_id = ?", (message_id,)
+        ).one()
+        return None if row is None else MessageRow(row.header_blob_id, row.body_blob_id)
 
     def delete_message(self, message_id: str) -> None:
-        self.messages.delete(message_id)
+        self.store.execute("DELETE FROM messages WHERE message_id = ?", (message_id,))
 
     # imap_uid_table: the source of truth
-    def placements(self, message_id: str) -> list[tuple[str, int]]:
-        """(mailbox id, uid) of every mailbox holding the message."""
+    def placements(self, message_id: str) -> list[Placement]:
+        """Every mailbox holding the message, with its uid there."""
         return self.source.of_message(message_id)
 
-    def entry(self, mailbox_id: str, uid: int) -> tuple[str, str] | None:
-        """(message id, flags) at this uid of the mailbox."""
+    def entry(self, mailbox_id: str, uid: int) -> UidEntry | None:
         return self.source.at(mailbox_id, uid)
 
     def uids(self, mailbox_id: str) -> list[int]:
@@ -393,11 +395,11 @@ class CassandraMailboxTables:
         longer `expected` (or the entry is gone)."""
         return self.source.set_flags(message_id, mailbox_id, flags, expected)
 
-    def remove_from_source_of_truth(self, mailbox_id: str, uid: int) -> tuple[str, str] | None:
-        """Remove the entry at this uid; its (message id, flags), or None if there was none."""
+    def remove_from_source_of_truth(self, mailbox_id: str, uid: int) -> UidEntry | None:
+        """Remove the entry at this uid; the entry, or None if there was none."""
         entry = self.source.at(mailbox_id, uid)
         if entry is not None:
-            self.source.remove(entry[0], mailbox_id)
+            self.source.remove(entry.message_id, mailbox_id)
         return entry
 
     # message_id_table: the projection by mailbox and uid
@@ -411,22 +413,22 @@ class CassandraMailboxTables:
     def unproject(self, mailbox_id: str, uid: int) -> None:
         self.projections.remove(mailbox_id, [uid])
 
-    def projection(self, mailbox_id: str) -> list[tuple[int, str, str]]:
-        """(uid, message id, flags) of the mailbox's messages, by uid."""
+    def projection(self, mailbox_id: str) -> list[ProjectionRow]:
+        """The mailbox's rows, by uid."""
         return self.projections.of_mailbox(mailbox_id)
 
     # mailbox_counters
     def add_to_counters(self, mailbox_id: str, count: int, unseen: int) -> None:
         self.mailbox_counters.add(mailbox_id, count, unseen)
 
-    def counters(self, mailbox_id: str) -> tuple[int, int] | None:
-        """(count, unseen) of an existing mailbox; None if the mailbox or its counters row is missing."""
+    def counters(self, mailbox_id: str) -> CounterValues | None:
+        """The counters of an existing mailbox; None if the mailbox or its counters row is missing."""
         counters = self.mailbox_counters.get_async(mailbox_id)
         mailbox = self.mailbox_rows.get_async(mailbox_id)
         row = counters.result().one()
         if mailbox.result().one() is None or row is None:
             return None
-        return row.count or 0, row.unseen or 0
+        return CounterValues(row.count or 0, row.unseen or 0)
 
     # repairs of the counter recomputation (record 23)
     def heal_projection(self, mailbox_id: str, message_id: str) -> None:
@@ -444,7 +446,7 @@ class CassandraMailboxTables:
             self.projections.put(mailbox_id, source.uid, message_id, source.flags)
 
     def reset_counters(
-        self, mailbox_id: str, count: int, unseen: int, observed: tuple[int, int] | None
+        self, mailbox_id: str, count: int, unseen: int, observed: CounterValues | None
     ) -> bool:
         """Set the counters if they still hold `observed` (None: no counters row yet), by adding the
         difference; False if they moved meanwhile or the mailbox is gone."""
@@ -457,7 +459,7 @@ class CassandraMailboxTables:
     def sample_mailboxes(self, size: int) -> list[str]:
         return self.mailbox_rows.sample(size)
 
-    def recount(self, mailbox_id: str) -> tuple[int, int]:
-        """(count, unseen) from the source of truth."""
+    def recount(self, mailbox_id: str) -> CounterValues:
+        """The counters as the source of truth has them."""
         entries = self.source.of_mailbox(mailbox_id)
-        return len(entries), sum(1 for _, flags in entries if _SEEN not in flags.split())
+        return CounterValues(len(entries), sum(1 for _, flags in entries if _SEEN not in flags.split()))

@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
-from ...queue_view import EnqueuedMail
-from .configuration import ConfigurationEventsDAO
+from ..records import EnqueuedMail, SliceSize
 from .store import CassandraStore
 
 _FIELDS = (
@@ -61,6 +61,18 @@ _IN_CHUNK = 100
 # Seconds between a recount's two looks at a slice: longer than any gap between an operation's two
 # writes (the next statement of the same call), so that one in flight at the first look has landed.
 RECOUNT_SETTLE = 1.0
+
+
+class SliceBucket(NamedTuple):
+    """A partition of enqueued_mails, and a row of the slice counters."""
+
+    slice_start: int
+    bucket: int
+
+
+class SliceCounts(NamedTuple):
+    enqueued: int
+    deleted: int
 
 
 def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
@@ -101,7 +113,7 @@ class EnqueuedMailsDAO:
             mail.row(),
         )
 
-    def read(self, queue: str, slices: list[tuple[int, int]]) -> list[EnqueuedMail]:
+    def read(self, queue: str, slices: list[SliceBucket]) -> list[EnqueuedMail]:
         """The mails of these (slice, bucket) partitions, partition by partition in enqueue id order."""
         results = self.store.execute_all(
             f"SELECT {_FIELDS} FROM enqueued_mails WHERE queue = ? AND slice_start = ? AND bucket = ?",
@@ -129,7 +141,7 @@ class EnqueuedMailsDAO:
             [(next_delivery, m.queue, m.slice_start, m.bucket, m.enqueue_id) for m in mails],
         )
 
-    def delete(self, queue: str, slices: list[tuple[int, int]]) -> None:
+    def delete(self, queue: str, slices: list[SliceBucket]) -> None:
         self.store.execute_all(
             "DELETE FROM enqueued_mails WHERE queue = ? AND slice_start = ? AND bucket = ?",
             [(queue, slice_start, bucket) for slice_start, bucket in slices],
@@ -196,13 +208,13 @@ class SliceCountersDAO:
             (enqueued, deleted, queue, slice_start, bucket),
         )
 
-    def of_slice(self, queue: str, slice_start: int) -> dict[int, tuple[int, int]]:
-        """(enqueued, deleted) by bucket of one slice."""
+    def of_slice(self, queue: str, slice_start: int) -> dict[int, SliceCounts]:
+        """The counts of one slice, by bucket."""
         rows = self.store.execute(
             "SELECT bucket, enqueued, deleted FROM slice_counters WHERE queue = ? AND slice_start = ?",
             (queue, slice_start),
         )
-        return {row.bucket: (row.enqueued or 0, row.deleted or 0) for row in rows}
+        return {row.bucket: SliceCounts(row.enqueued or 0, row.deleted or 0) for row in rows}
 
     def rows_from(self, queue: str, start: int) -> list:
         return list(
@@ -213,14 +225,14 @@ class SliceCountersDAO:
             )
         )
 
-    def buckets(self, queue: str, start: int, end: int) -> list[tuple[int, int]]:
-        """The (slice, bucket) pairs counted in the slices [start, end)."""
+    def buckets(self, queue: str, start: int, end: int) -> list[SliceBucket]:
+        """The buckets counted in the slices [start, end)."""
         rows = self.store.execute(
             "SELECT slice_start, bucket FROM slice_counters "
             "WHERE queue = ? AND slice_start >= ? AND slice_start < ?",
             (queue, start, end),
         )
-        return [(row.slice_start, row.bucket) for row in rows]
+        return [SliceBucket(row.slice_start, row.bucket) for row in rows]
 
     def delete(self, queue: str, start: int, end: int) -> None:
         self.store.execute(
@@ -263,7 +275,6 @@ class CassandraQueueView:
         self.slice_counters = SliceCountersDAO(store)
         self.browse_starts = SliceStartDAO(store, "browse_start", self.queues)
         self.content_starts = SliceStartDAO(store, "content_start", self.queues)
-        self.configuration_events = ConfigurationEventsDAO(store)
 
     # queues
     def create_queue(self, queue: str, slice_start: int, now: int) -> None:
@@ -320,11 +331,11 @@ class CassandraQueueView:
                 corrected += abs(enqueued) + abs(deleted)
         return corrected
 
-    def _errors(self, queue: str, slice_start: int) -> dict[int, tuple[int, int]]:
-        """(enqueued, deleted) counted minus found, by bucket. `deleted` is read before the marks and
+    def _errors(self, queue: str, slice_start: int) -> dict[int, SliceCounts]:
+        """The counts counted minus found, by bucket. `deleted` is read before the marks and
         `enqueued` after the rows, so an operation in flight errs on one side only."""
         before = self.slice_counters.of_slice(queue, slice_start)
-        mails = self.enqueued_mails.read(queue, [(slice_start, bucket) for bucket in before])
+        mails = self.enqueued_mails.read(queue, [SliceBucket(slice_start, bucket) for bucket in before])
         marked = self.deleted_mails.marked(queue, [mail.enqueue_id for mail in mails])
         after = self.slice_counters.of_slice(queue, slice_start)
         rows = dict.fromkeys(before, 0)
@@ -333,7 +344,10 @@ class CassandraQueueView:
             rows[mail.bucket] += 1
             marks[mail.bucket] += mail.enqueue_id in marked
         return {
-            bucket: (after.get(bucket, before[bucket])[0] - rows[bucket], before[bucket][1] - marks[bucket])
+            bucket: SliceCounts(
+                after.get(bucket, before[bucket]).enqueued - rows[bucket],
+                before[bucket].deleted - marks[bucket],
+            )
             for bucket in before
         }
 
@@ -375,11 +389,11 @@ class CassandraQueueView:
             (row.enqueued or 0) - (row.deleted or 0) for row in self.slice_counters.rows_from(queue, start)
         )
 
-    def slice_sizes(self, queue: str, start: int) -> list[tuple[int, int]]:
+    def slice_sizes(self, queue: str, start: int) -> list[SliceSize]:
         sizes: dict[int, int] = {}
         for row in self.slice_counters.rows_from(queue, start):
             sizes[row.slice_start] = sizes.get(row.slice_start, 0) + (row.enqueued or 0) - (row.deleted or 0)
-        return sorted(sizes.items())
+        return [SliceSize(*item) for item in sorted(sizes.items())]
 
     # browse_start / content_start
     def browse_start(self, queue: str) -> int:
@@ -412,10 +426,3 @@ class CassandraQueueView:
 
     def advance_content_start(self, queue: str, new_start: int) -> None:
         self.content_starts.set(queue, new_start)
-
-    # configuration events
-    def events(self, aggregate: str) -> list[str]:
-        return self.configuration_events.events(aggregate)
-
-    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool:
-        return self.configuration_events.append(aggregate, event, now, position)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..model import BlobId
-from .embedded import EmbeddedStore
+from ...model import BlobId
+from ..records import BlobDeletion, BlobReference, DeletionRow, DeletionSpan, GenerationStart, SizedBlob
+from .store import EmbeddedStore
 
 
 class EmbeddedBlobTables:
@@ -29,13 +30,14 @@ class EmbeddedBlobTables:
                 ).rowcount
             )
 
-    def history(self, kind: str) -> list[tuple[int, int]]:
-        return self.store.read(
+    def history(self, kind: str) -> list[GenerationStart]:
+        rows = self.store.read(
             "SELECT number, started_at FROM generations WHERE kind = ? ORDER BY number", (kind,)
         )
+        return [GenerationStart(*row) for row in rows]
 
     # blobs and references
-    def add_blobs(self, blobs: Sequence[tuple[BlobId, int]], now: int) -> None:
+    def add_blobs(self, blobs: Sequence[SizedBlob], now: int) -> None:
         with self.store.transaction() as db:
             db.executemany(
                 "INSERT OR IGNORE INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
@@ -92,31 +94,35 @@ class EmbeddedBlobTables:
             db.executemany("DELETE FROM blob_deletions WHERE blob_id = ?", [(str(b),) for b in blob_ids])
             db.executemany("DELETE FROM blobs WHERE blob_id = ?", [(str(b),) for b in blob_ids])
 
-    def retire_deletions(self, rows: Sequence[tuple[BlobId, int]]) -> None:
-        """Drop exactly the deletion rows (blob id, deleted_at); found by the blob id's index."""
+    def retire_deletions(self, rows: Sequence[DeletionRow]) -> None:
+        """Drop exactly these deletion rows; found by the blob id's index."""
         with self.store.transaction() as db:
             db.executemany(
                 "DELETE FROM blob_deletions WHERE blob_id = ? AND generation = ? AND deleted_at = ?",
                 [(str(blob_id), blob_id.generation, deleted_at) for blob_id, deleted_at in rows],
             )
 
-    def references_to(self, blob_id: BlobId) -> list[tuple[str, int]]:
-        return self.store.read(
+    def references_to(self, blob_id: BlobId) -> list[BlobReference]:
+        rows = self.store.read(
             "SELECT owner, generation FROM blob_references WHERE blob_id = ? ORDER BY owner", (str(blob_id),)
         )
+        return [BlobReference(*row) for row in rows]
 
-    def deletions_of(self, blob_id: BlobId) -> list[tuple[int, int, str | None]]:
-        return self.store.read(
+    def deletions_of(self, blob_id: BlobId) -> list[BlobDeletion]:
+        rows = self.store.read(
             "SELECT deleted_at, gc_iteration, owner FROM blob_deletions WHERE blob_id = ? "
             "ORDER BY deleted_at",
             (str(blob_id),),
         )
+        return [BlobDeletion(*row) for row in rows]
 
-    def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> tuple:
-        return self.store.read_one(
-            "SELECT COUNT(*), MIN(deleted_at), MAX(deleted_at) FROM blob_deletions "
-            "WHERE generation <= ? AND (deleted_at > ? OR generation > ?)",
-            (max_generation, since, newly_eligible_above),
+    def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> DeletionSpan:
+        return DeletionSpan(
+            *self.store.read_one(
+                "SELECT COUNT(*), MIN(deleted_at), MAX(deleted_at) FROM blob_deletions "
+                "WHERE generation <= ? AND (deleted_at > ? OR generation > ?)",
+                (max_generation, since, newly_eligible_above),
+            )
         )
 
     def sizes(self, blob_ids: Iterable[BlobId]) -> dict[BlobId, int]:

@@ -1,13 +1,13 @@
-"""Records 31 and 32 on the embedded store: enqueued_mails, deleted_mails, browse_start, content_start,
-the per-slice counters and the configuration event log. Each method is one transaction; the queue may
+"""Records 31 and 32 on the embedded store: enqueued_mails, deleted_mails, browse_start, content_start and
+the per-slice counters. Each method is one transaction; the queue may
 group one operation's calls into one (`group_writes`), which nests them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ..queue_view import EnqueuedMail
-from .embedded import EmbeddedStore
+from ..records import EnqueuedMail, SliceSize
+from .store import EmbeddedStore
 
 _COLUMNS = (
     "queue, slice_start, bucket, enqueue_id, enqueued_time, next_delivery, priority, name, sender, "
@@ -18,10 +18,6 @@ _COLUMNS = (
 class EmbeddedQueueView:
     def __init__(self, store: EmbeddedStore) -> None:
         self.store = store
-
-    def transaction(self):
-        """For `config.ConfigurationEvents`, whose register still checks and appends in one transaction."""
-        return self.store.transaction()
 
     # queues
     def queue_names(self) -> list[str]:
@@ -166,12 +162,13 @@ class EmbeddedQueueView:
         )
         return row[0]
 
-    def slice_sizes(self, queue: str, start: int) -> list[tuple[int, int]]:
-        return self.store.read(
+    def slice_sizes(self, queue: str, start: int) -> list[SliceSize]:
+        rows = self.store.read(
             "SELECT slice_start, enqueued - deleted FROM slice_counters "
             "WHERE queue = ? AND slice_start >= ? ORDER BY slice_start",
             (queue, start),
         )
+        return [SliceSize(*row) for row in rows]
 
     # browse_start / content_start
     def browse_start(self, queue: str) -> int | None:
@@ -227,25 +224,3 @@ class EmbeddedQueueView:
                 "UPDATE content_start SET content_start = ? WHERE queue = ? AND content_start < ?",
                 (new_start, queue, new_start),
             )
-
-    # configuration events
-    def events(self, aggregate: str) -> list[str]:
-        rows = self.store.read(
-            "SELECT event FROM configuration_events WHERE aggregate = ? ORDER BY seq", (aggregate,)
-        )
-        return [e for (e,) in rows]
-
-    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool:
-        """Append the event as the aggregate's event number `position` (the number of events the caller
-        read), only if it holds exactly that many; False, and nothing written, if another was appended."""
-        with self.store.transaction() as db:
-            (held,) = db.execute(
-                "SELECT COUNT(*) FROM configuration_events WHERE aggregate = ?", (aggregate,)
-            ).fetchone()
-            if held != position:
-                return False
-            db.execute(
-                "INSERT INTO configuration_events (aggregate, event, at) VALUES (?, ?, ?)",
-                (aggregate, event, now),
-            )
-            return True

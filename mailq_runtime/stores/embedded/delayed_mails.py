@@ -1,10 +1,10 @@
-"""Delayed mails on the embedded store (the `DelayedMails` interface of stores/delayed_mails.py), in the
+"""Delayed mails on the embedded store (the `DelayedMails` protocol of stores/protocols.py), in the
 `delayed_mails` table, whose key (queue, due, enqueue id) is the order they come due in."""
 
 from __future__ import annotations
 
-from .delayed_mails import DelayedMail, DelayedSummary
-from .embedded import EmbeddedStore
+from ..records import DelayedMail, DelayedSummary
+from .store import EmbeddedStore
 
 _FIELDS = "queue, enqueue_id, due, priority, payload"
 
@@ -49,5 +49,5 @@ class EmbeddedDelayedMails:
             (now, queue, now),
         ):
             counts[waiting] = (count, oldest, first_due)
-        (waiting, oldest_waiting, next_due), (fallen, oldest_fallen, _) = counts[1], counts[0]
-        return DelayedSummary(waiting, oldest_waiting, next_due, fallen, oldest_fallen)
+        (waiting, oldest_waiting, next_due), (fallen, _, _) = counts[1], counts[0]
+        return DelayedSummary(waiting, oldest_waiting, next_due, fallen)

@@ -7,7 +7,8 @@ Each method is one SQLite transaction of its own (joining the caller's group of 
 
 from __future__ import annotations
 
-from .embedded import EmbeddedStore
+from ..records import CounterValues, MailboxRow, MessageRow, Placement, ProjectionRow, UidEntry
+from .store import EmbeddedStore
 
 
 class EmbeddedMailboxTables:
@@ -28,22 +29,26 @@ class EmbeddedMailboxTables:
                 )
         return bool(created)
 
-    def find_mailbox(self, user: str, name: str) -> tuple[str, str, str] | None:
-        return self.store.read_one(
+    def find_mailbox(self, user: str, name: str) -> MailboxRow | None:
+        row = self.store.read_one(
             "SELECT mailbox_id, user, name FROM mailboxes WHERE user = ? AND name = ?", (user, name)
         )
+        return None if row is None else MailboxRow(*row)
 
-    def mailbox(self, mailbox_id: str) -> tuple[str, str, str] | None:
-        return self.store.read_one(
+    def mailbox(self, mailbox_id: str) -> MailboxRow | None:
+        row = self.store.read_one(
             "SELECT mailbox_id, user, name FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,)
         )
+        return None if row is None else MailboxRow(*row)
 
-    def mailboxes(self, user: str | None) -> list[tuple[str, str, str]]:
+    def mailboxes(self, user: str | None) -> list[MailboxRow]:
         if user is None:
-            return self.store.read("SELECT mailbox_id, user, name FROM mailboxes ORDER BY user, name")
-        return self.store.read(
-            "SELECT mailbox_id, user, name FROM mailboxes WHERE user = ? ORDER BY name", (user,)
-        )
+            rows = self.store.read("SELECT mailbox_id, user, name FROM mailboxes ORDER BY user, name")
+        else:
+            rows = self.store.read(
+                "SELECT mailbox_id, user, name FROM mailboxes WHERE user = ? ORDER BY name", (user,)
+            )
+        return [MailboxRow(*row) for row in rows]
 
     def allocate_uid(self, mailbox_id: str) -> int | None:
         """The mailbox's next uid, taken atomically; None if the mailbox does not exist (any more)."""
@@ -77,27 +82,29 @@ class EmbeddedMailboxTables:
                 (message_id, header_blob_id, body_blob_id, size, now),
             )
 
-    def message(self, message_id: str) -> tuple[str, str] | None:
-        return self.store.read_one(
+    def message(self, message_id: str) -> MessageRow | None:
+        row = self.store.read_one(
             "SELECT header_blob_id, body_blob_id FROM messages WHERE message_id = ?", (message_id,)
         )
+        return None if row is None else MessageRow(*row)
 
     def delete_message(self, message_id: str) -> None:
         with self.store.transaction() as db:
             db.execute("DELETE FROM messages WHERE message_id = ?", (message_id,))
 
     # imap_uid_table: the source of truth
-    def placements(self, message_id: str) -> list[tuple[str, int]]:
-        """(mailbox id, uid) of every mailbox holding the message."""
-        return self.store.read(
+    def placements(self, message_id: str) -> list[Placement]:
+        """Every mailbox holding the message, with its uid there."""
+        rows = self.store.read(
             "SELECT mailbox_id, uid FROM imap_uid_table WHERE message_id = ?", (message_id,)
         )
+        return [Placement(*row) for row in rows]
 
-    def entry(self, mailbox_id: str, uid: int) -> tuple[str, str] | None:
-        """(message id, flags) at this uid of the mailbox."""
-        return self.store.read_one(
+    def entry(self, mailbox_id: str, uid: int) -> UidEntry | None:
+        row = self.store.read_one(
             "SELECT message_id, flags FROM imap_uid_table WHERE mailbox_id = ? AND uid = ?", (mailbox_id, uid)
         )
+        return None if row is None else UidEntry(*row)
 
     def uids(self, mailbox_id: str) -> list[int]:
         return [
@@ -129,13 +136,14 @@ class EmbeddedMailboxTables:
                 ).rowcount
             )
 
-    def remove_from_source_of_truth(self, mailbox_id: str, uid: int) -> tuple[str, str] | None:
-        """Remove the entry at this uid; its (message id, flags), or None if there was none."""
+    def remove_from_source_of_truth(self, mailbox_id: str, uid: int) -> UidEntry | None:
+        """Remove the entry at this uid; the entry, or None if there was none."""
         with self.store.transaction() as db:
-            return db.execute(
+            row = db.execute(
                 "DELETE FROM imap_uid_table WHERE mailbox_id = ? AND uid = ? RETURNING message_id, flags",
                 (mailbox_id, uid),
             ).fetchone()
+        return None if row is None else UidEntry(*row)
 
     # message_id_table: the projection by mailbox and uid
     def project(self, message_id: str, mailbox_id: str) -> None:
@@ -154,12 +162,13 @@ class EmbeddedMailboxTables:
         with self.store.transaction() as db:
             db.execute("DELETE FROM message_id_table WHERE mailbox_id = ? AND uid = ?", (mailbox_id, uid))
 
-    def projection(self, mailbox_id: str) -> list[tuple[int, str, str]]:
-        """(uid, message id, flags) of the mailbox's messages, by uid."""
-        return self.store.read(
+    def projection(self, mailbox_id: str) -> list[ProjectionRow]:
+        """The mailbox's rows, by uid."""
+        rows = self.store.read(
             "SELECT uid, message_id, flags FROM message_id_table WHERE mailbox_id = ? ORDER BY uid",
             (mailbox_id,),
         )
+        return [ProjectionRow(*row) for row in rows]
 
     # mailbox_counters
     def add_to_counters(self, mailbox_id: str, count: int, unseen: int) -> None:
@@ -170,10 +179,11 @@ class EmbeddedMailboxTables:
                 (count, unseen, mailbox_id),
             )
 
-    def counters(self, mailbox_id: str) -> tuple[int, int] | None:
-        return self.store.read_one(
+    def counters(self, mailbox_id: str) -> CounterValues | None:
+        row = self.store.read_one(
             "SELECT count, unseen FROM mailbox_counters WHERE mailbox_id = ?", (mailbox_id,)
         )
+        return None if row is None else CounterValues(*row)
 
     # repairs of the counter recomputation (record 23)
     def heal_projection(self, mailbox_id: str, message_id: str) -> None:
@@ -188,7 +198,7 @@ class EmbeddedMailboxTables:
             self.project(message_id, mailbox_id)
 
     def reset_counters(
-        self, mailbox_id: str, count: int, unseen: int, observed: tuple[int, int] | None
+        self, mailbox_id: str, count: int, unseen: int, observed: CounterValues | None
     ) -> bool:
         """Compare-and-set: only if the counters still hold `observed` (None: no counters row yet)."""
         with self.store.transaction() as db:
@@ -212,10 +222,12 @@ class EmbeddedMailboxTables:
             for (m,) in self.store.read("SELECT mailbox_id FROM mailboxes ORDER BY random() LIMIT ?", (size,))
         ]
 
-    def recount(self, mailbox_id: str) -> tuple[int, int]:
-        """(count, unseen) from the source of truth."""
-        return self.store.read_one(
-            "SELECT COUNT(*), COALESCE(SUM(instr(' ' || flags || ' ', ' \\Seen ') = 0), 0) "
-            "FROM imap_uid_table WHERE mailbox_id = ?",
-            (mailbox_id,),
+    def recount(self, mailbox_id: str) -> CounterValues:
+        """The counters as the source of truth has them."""
+        return CounterValues(
+            *self.store.read_one(
+                "SELECT COUNT(*), COALESCE(SUM(instr(' ' || flags || ' ', ' \\Seen ') = 0), 0) "
+                "FROM imap_uid_table WHERE mailbox_id = ?",
+                (mailbox_id,),
+            )
         )

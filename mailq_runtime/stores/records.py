@@ -1,24 +1,26 @@
-"""A mail as the queue stores it: the row of `enqueued_mails`, which is also the message the broker carries
-(James's MailReferenceDTO), so a dequeue needs only the broker message and the blobs.
+"""The named records the store protocols (stores/protocols.py) pass, one store's answer read the same as the
+other's: a row of a table, or a few figures a store counts.
 
-The broker message is a named, versioned record: a JSON object with `"v": 1` and the row's fields by name
-(`recipients` and `metadata` as the JSON texts the row holds, which spares a decode and an encode on the
-hot path), plus `attempts`. A reader ignores the fields it does not know and fills defaults for the
-optional ones it misses, so a field added later never makes a message in flight unreadable; the
-positional JSON array of earlier versions is still read, so the mails in flight across an upgrade are
-delivered.
+The row of `enqueued_mails`, `EnqueuedMail`, is also the message the broker carries (James's
+MailReferenceDTO), so a dequeue needs only the broker message and the blobs. That message is a named,
+versioned record: a JSON object with `"v": 1` and the row's fields by name (`recipients` and `metadata` as
+the JSON texts the row holds, which spares a decode and an encode on the hot path), plus `attempts`. A
+reader ignores the fields it does not know and fills defaults for the optional ones it misses, so a field
+added later never makes a message in flight unreadable; the positional JSON array of earlier versions is
+still read, so the mails in flight across an upgrade are delivered.
+
+The records of few fields are NamedTuples, so a caller that unpacks one reads it as the tuple it was.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
-from typing import Protocol
+from typing import NamedTuple
 
-from .clock import from_datetime, to_datetime
-from .model import NORMAL_PRIORITY, BlobId, EnqueueId, Mail, PerRecipientHeader
+from ..clock import from_datetime, to_datetime
+from ..model import NORMAL_PRIORITY, BlobId, EnqueueId, Mail, PerRecipientHeader
 
 PAYLOAD_VERSION = 1
 # Mail fields kept in the metadata column as they are; a record that lacks one gets Mail's default.
@@ -143,12 +145,12 @@ class EnqueuedMail:
         )
 
     @classmethod
-    def from_payload(cls, payload: str) -> tuple[EnqueuedMail, int]:
+    def from_payload(cls, payload: str) -> BrokerMessage:
         """The mail of a broker message and the deliveries attempted before it was published. Raises
         ValueError (or TypeError) for a message that is not one."""
         record = _decoded(payload)
         if isinstance(record, list):  # the positional row of the versions before the named record
-            return cls(*record), 0
+            return BrokerMessage(cls(*record), 0)
         if not isinstance(record, dict) or not isinstance(record.get("v"), int) or record["v"] < 1:
             raise ValueError("not a mail record: no version")
         try:
@@ -169,7 +171,7 @@ class EnqueuedMail:
             )
         except KeyError as missing:
             raise ValueError(f"mail record without {missing}") from None
-        return mail, record.get("attempts", 0)
+        return BrokerMessage(mail, record.get("attempts", 0))
 
     def to_mail(self, message: bytes) -> Mail:
         metadata = _decoded(self.metadata)
@@ -187,38 +189,122 @@ class EnqueuedMail:
         return json.loads(self.recipients)
 
 
-class QueueView(Protocol):
-    """The tables of records 31 and 32, one implementation per store. Each method commits on its own and
-    may be called again after a crash: writes are idempotent or say whether they took effect."""
+class BrokerMessage(NamedTuple):
+    mail: EnqueuedMail
+    attempts: int  # deliveries attempted before the message was published
 
-    def queue_names(self) -> list[str]: ...
-    def create_queue(self, queue: str, browse_start: int, now: int) -> None: ...
-    def queue_exists(self, queue: str) -> bool: ...
-    # The first insert into a queue creates it, browse_start and content_start at the mail's slice.
-    def insert(self, mail: EnqueuedMail) -> None: ...
-    def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int, bucket: int) -> bool: ...
-    # A delivered mail's mark and count, `after_mark` run between them; a store may mark it without a
-    # transaction and leave a double count or a missed one to `recount`.
-    def mark_done(
-        self, queue: str, enqueue_id: str, slice_start: int, bucket: int, after_mark: Callable[[], None]
-    ) -> None: ...
-    # Correct the slice's counters from its rows and marks; the sum of the corrections' sizes.
-    def recount(self, queue: str, slice_start: int) -> int: ...
-    # `current_slice`: a slice start browse_start cannot be past; a mail from there on is live unless
-    # marked, which spares a store the read of browse_start.
-    def is_live(self, mail: EnqueuedMail, current_slice: int | None = None) -> bool: ...
-    def slices_from(self, queue: str, start: int) -> list[int]: ...
-    def live_mails(self, queue: str, slice_start: int) -> list[EnqueuedMail]: ...
-    def reschedule(self, mails: list[EnqueuedMail], next_delivery: int) -> None: ...
-    def size(self, queue: str, start: int) -> int: ...
-    # (slice start, live mails by its counters) of each slice from `start` on, in order.
-    def slice_sizes(self, queue: str, start: int) -> list[tuple[int, int]]: ...
-    # None until the queue's first enqueue creates it.
-    def browse_start(self, queue: str) -> int | None: ...
-    def content_start(self, queue: str) -> int | None: ...
-    def advance_browse_start(self, queue: str, new_start: int) -> bool: ...
-    def mails_before(self, queue: str, start: int, end: int) -> list[str]: ...
-    def delete_slices(self, queue: str, start: int, end: int) -> int: ...
-    def advance_content_start(self, queue: str, new_start: int) -> None: ...
-    def events(self, aggregate: str) -> list[str]: ...
-    def append_event(self, aggregate: str, event: str, now: int, position: int) -> bool: ...
+
+class SliceSize(NamedTuple):
+    slice_start: int
+    size: int  # live mails by the slice's counters
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    queue: str
+    enqueue_id: str
+    reason: str
+    died_at: int
+    payload: str
+
+
+@dataclass(frozen=True)
+class DeadLetterSummary:
+    count: int
+    oldest_died_at: int | None  # None when there is none
+
+
+class DeadLetterReason(NamedTuple):
+    reason: str
+    died_at: int
+
+
+@dataclass(frozen=True)
+class DelayedMail:
+    queue: str
+    enqueue_id: str
+    due: int
+    priority: int
+    payload: str
+
+
+@dataclass(frozen=True)
+class DelayedSummary:
+    waiting: int  # due after `now`
+    oldest_waiting: str | None  # the smallest enqueue id among them
+    next_due: int | None
+    fallen_due: int  # due at `now` or earlier, not handed to the broker yet
+
+
+class GenerationStart(NamedTuple):
+    """A reference generation or GC iteration, as its event in `generations`."""
+
+    number: int
+    started_at: int
+
+
+class SizedBlob(NamedTuple):
+    blob_id: BlobId
+    size: int
+
+
+class BlobReference(NamedTuple):
+    owner: str
+    generation: int
+
+
+class BlobDeletion(NamedTuple):
+    deleted_at: int
+    gc_iteration: int
+    owner: str | None  # None in rows written before deletions named their owner
+
+
+class DeletionRow(NamedTuple):
+    """One row of `blob_deletions`, by its key."""
+
+    blob_id: BlobId
+    deleted_at: int
+
+
+class DeletionSpan(NamedTuple):
+    count: int
+    oldest: int | None  # deleted_at; None when count is 0
+    newest: int | None
+
+
+class MailboxRow(NamedTuple):
+    mailbox_id: str
+    user: str
+    name: str
+
+
+class MessageRow(NamedTuple):
+    header_blob_id: str
+    body_blob_id: str
+
+
+class Placement(NamedTuple):
+    """Where the source of truth puts a message: its mailbox and its uid there."""
+
+    mailbox_id: str
+    uid: int
+
+
+class UidEntry(NamedTuple):
+    """What the source of truth holds at a mailbox's uid."""
+
+    message_id: str
+    flags: str  # space-separated, sorted
+
+
+class ProjectionRow(NamedTuple):
+    """A row of `message_id_table`."""
+
+    uid: int
+    message_id: str
+    flags: str
+
+
+class CounterValues(NamedTuple):
+    count: int
+    unseen: int

@@ -1,12 +1,12 @@
-"""Dead letters on the embedded store (the `DeadLetters` interface of stores/dead_letters.py), in the
+"""Dead letters on the embedded store (the `DeadLetters` protocol of stores/protocols.py), in the
 `dead_letters` table."""
 
 from __future__ import annotations
 
 import builtins
 
-from .dead_letters import DeadLetter, DeadLetterSummary
-from .embedded import EmbeddedStore
+from ..records import DeadLetter, DeadLetterReason, DeadLetterSummary
+from .store import EmbeddedStore
 
 _FIELDS = "queue, enqueue_id, reason, died_at, payload"
 
@@ -48,5 +48,6 @@ class EmbeddedDeadLetters:
         )
         return DeadLetterSummary(count, oldest)
 
-    def reasons(self, queue: str) -> builtins.list[tuple[str, int]]:
-        return self.store.read("SELECT reason, died_at FROM dead_letters WHERE queue = ?", (queue,))
+    def reasons(self, queue: str) -> builtins.list[DeadLetterReason]:
+        rows = self.store.read("SELECT reason, died_at FROM dead_letters WHERE queue = ?", (queue,))
+        return [DeadLetterReason(*row) for row in rows]

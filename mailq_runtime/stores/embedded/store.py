@@ -22,15 +22,13 @@ from importlib.resources import files
 from pathlib import Path
 from typing import NoReturn
 
-from ..errors import StoreUnusable
-from .embedded_files import DATABASE_FILE, make_private, prepare, store_failure
-
-__all__ = ["DATABASE_FILE", "EmbeddedStore"]
+from ...errors import StoreUnusable
+from .files import make_private, prepare, store_failure
 
 _BUSY_TIMEOUT_MS = 60_000
 # Tables every mailq store has had from the start: a database without them is something else's.
 _MAILQ_TABLES = {"enqueued_mails", "blob_references"}
-_SCHEMA = files(__package__).joinpath("embedded_schema.sql")
+_SCHEMA = files(__package__).joinpath("schema.sql")
 # Columns added to a table after it first shipped, with their type: CREATE TABLE IF NOT EXISTS keeps an
 # older store's table as it is, so a creating open adds them.
 _ADDED_COLUMNS = {("blob_deletions", "owner"): "TEXT"}

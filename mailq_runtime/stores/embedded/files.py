@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import NoStore, StoreUnusable
+from ...errors import NoStore, StoreUnusable
 
 DATABASE_FILE = "mailq.db"
 PRIVATE_DIR = 0o700
