@@ -1,6 +1,6 @@
-"""What the Spark maintenance benchmarks (gc.py, counters.py and their distributed_ versions) share: a fresh
-embedded data dir next to the repository, bulk generation inside SQLite, a fresh Cassandra + S3 deployment
-and its concurrent loader, Spark sessions at a given master (local or the harness's cluster), and timing.
+"""What the Spark maintenance benchmarks (gc.py, counters.py, gc_churn.py) share: a fresh embedded data dir
+next to the repository, bulk generation inside SQLite, a concurrent loader of Cassandra tables, Spark
+sessions at a given master (local or the harness's cluster), and timing.
 
 Not a benchmark itself; imported by the scripts of this directory (run as `.venv/bin/python benchmarks/X.py`,
 which puts this directory on sys.path).
@@ -35,8 +35,6 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 from pyspark.sql import SparkSession  # noqa: E402
 
 from assets.spark.bloom import filter_bits  # noqa: E402
-from mailq_runtime.runtime import Runtime, open_cassandra  # noqa: E402
-from mailq_runtime.settings import Settings  # noqa: E402
 from mailq_runtime.stores.cassandra import CassandraStore  # noqa: E402
 from mailq_runtime.stores.embedded import DATABASE_FILE  # noqa: E402
 from resources.spark import spark_config  # noqa: E402
@@ -64,50 +62,6 @@ def data_dir(label: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class Deployment:
-    url: str
-    store: CassandraStore  # a session on its keyspace, for loading and for the peers' reads
-
-
-@contextmanager
-def fresh_deployment(label: str) -> Iterator[Deployment]:
-    """A new keyspace and bucket on the harness's Cassandra and S3 (named after `label` and the time; the
-    servers from `eval "$(.venv/bin/python -m tests.servers env)"`), made by the runtime's creating open,
-    with the embedded broker in a scratch directory; at the end, whatever happens, the keyspace is dropped,
-    the bucket emptied and deleted and the scratch directory removed."""
-    from queue_floor import drop_deployment, s3_client
-
-    host, port = os.environ.get("MAILQ_CASSANDRA_HOST"), os.environ.get("MAILQ_CASSANDRA_PORT")
-    endpoint = os.environ.get("MAILQ_S3_ENDPOINT")
-    if not (host and port and endpoint):
-        raise SystemExit('benchmark: no servers named: eval "$(.venv/bin/python -m tests.servers env)" first')
-    name = f"bench{label}{time.time_ns() // 1000 % 10**12}"
-    scratch = Path(tempfile.mkdtemp(prefix=f".bench-{label}-", dir=REPOSITORY))
-    url = (
-        f"cassandra://{host}:{port}/{name}?s3={name}&s3_endpoint={endpoint}&s3_region=us-east-1"
-        f"&broker=embedded:{scratch}"
-    )
-    settings = Settings.from_url(url)
-    try:
-        Runtime.open(url, create=True).close()
-        store = open_cassandra(settings)
-        try:
-            yield Deployment(url, store)
-        finally:
-            store.close()
-    finally:
-        from queue_floor import cassandra_cluster
-
-        cluster = cassandra_cluster(settings)
-        try:
-            assert settings.s3 is not None
-            drop_deployment(cluster.connect(), s3_client(settings), name, settings.s3.bucket)
-        finally:
-            cluster.shutdown()
-            shutil.rmtree(scratch, ignore_errors=True)
 
 
 # Requests in flight while loading, and rows a request: unlogged batches of rows of any partitions, which a

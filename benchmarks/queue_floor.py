@@ -45,7 +45,7 @@ queue_throughput.py runs it in the same phases with the same threads, taking tur
   dequeue + done  broker.receive          the next message
                   view.is_live            SELECT the deletion mark (James's deletedMailsV2)
                   content.get x2          GetObject, checksum checked
-                  view.mark_deleted       INSERT INTO deleted_mails, a plain insert (no transaction)
+                  view.mark_done          INSERT INTO deleted_mails, a plain insert (no transaction)
                   broker.ack              basic_ack (or the SQLite delete)
 
 Its mails are made by the floor's `new_mail`, so the rows, contents and payloads weigh as mailq's do.

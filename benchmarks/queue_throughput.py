@@ -113,7 +113,7 @@ FLOOR_PHASES = {
 }
 # Seconds of the idle turn that starts each round with a CPU meter: the background's rate.
 IDLE_TURN = 1.0
-# The sides of a phase with a floor: mailq, the floor of its calls, the James-like floor (james_floor.py).
+# The sides of a phase with a floor: mailq, the floor of its calls, the James-like floor (JamesFloor).
 SIDES = ("mailq", "floor", "james")
 # The cost per mail against the James-like floor (issue 22), in the phases of `--threads` callers:
 # CPU per mail at most this many times the floor's, the rate at least this fraction of its.
