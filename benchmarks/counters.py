@@ -26,7 +26,7 @@ default, masters local[1],local[2], quiet wait 120 s). With --url, the deploymen
 exist yet: the run makes it and removes it at the end (deployments.py). On the test servers (100K messages
 in 1K mailboxes by default, masters local[1],local[2],cluster[1],cluster[2], quiet wait 60 s):
 
-    eval "$(.venv/bin/python -m tests.servers env)"; run=bench$(date +%s)
+    eval "$(.venv/bin/python -m mailq_servers env)"; run=bench$(date +%s)
     s3="s3=$run&s3_endpoint=$MAILQ_S3_ENDPOINT&s3_region=us-east-1"
     url="cassandra://$MAILQ_CASSANDRA_HOST:$MAILQ_CASSANDRA_PORT/$run?$s3&broker=embedded:/tmp/$run"
     .venv/bin/python benchmarks/counters.py --url "$url"
@@ -67,7 +67,19 @@ from dataclasses import dataclass, field
 from cassandra.concurrent import execute_concurrent_with_args
 from counters_data import Dataset, generate
 from deployments import Deployment, fresh_deployment
-from harness import Runs, describe, master_cores, median, ratio, rounded, spark_session, timed
+from harness import (
+    Runs,
+    arguments,
+    describe,
+    master_cores,
+    median,
+    print_projection,
+    projection,
+    ratio,
+    rounded,
+    spark_session,
+    timed,
+)
 from pyspark.sql import SparkSession
 
 from assets.mailboxes import SEEN, counter_drift, projection_inconsistencies
@@ -77,11 +89,12 @@ from mailq_runtime.stores.embedded import DATABASE_FILE
 MAILBOX_CONCURRENCY = 2
 MESSAGE_CONCURRENCY = 8
 PROJECTED_MESSAGES = 100_000_000
-PROJECTED_CORES = (8, 32, 128)
-# messages, mailboxes, masters, quiet wait: by deployment.
+# (embedded, distributed)
 DEFAULTS = {
-    False: (10_000_000, 100_000, "local[1],local[2]", 120.0),
-    True: (100_000, 1_000, "local[1],local[2],cluster[1],cluster[2]", 60.0),
+    "messages": (10_000_000, 100_000),
+    "mailboxes": (100_000, 1_000),
+    "masters": ("local[1],local[2]", "local[1],local[2],cluster[1],cluster[2]"),
+    "quiet_wait": (120.0, 60.0),
 }
 
 
@@ -311,20 +324,12 @@ def scaling(data: Dataset, per_master: dict[str, dict]) -> dict:
         rows["message_id_table"] + 2 * rows["imap_uid_table"] + rows["mailbox_counters"] + rows["mailboxes"]
     )
     rates = {master: read / m["spark_s"] / m["cores"] for master, m in per_master.items()}
-    basis = max(per_master, key=lambda m: (m.startswith("cluster"), per_master[m]["cores"]))
     # At scale: the projection and the source of truth of every message, the source of truth again for
     # the counts; a mailbox's two small rows are neglected (1k messages a mailbox and more).
-    projected = 3 * PROJECTED_MESSAGES
     return {
         "rows_read": read,
         "rows_per_s_per_core": rates,
-        "projection": {
-            "basis": basis,
-            "rows": projected,
-            "rows_per_s_per_core": rates[basis],
-            "core_seconds": projected / rates[basis],
-            "hours_on_cores": {str(n): projected / rates[basis] / n / 3600 for n in PROJECTED_CORES},
-        },
+        "projection": projection(per_master, rates, 3 * PROJECTED_MESSAGES),
     }
 
 
@@ -409,13 +414,7 @@ def report(figures: dict) -> None:
             f"counter_drift {s['drift']:.1f}), "
             f"{figures['scaling']['rows_per_s_per_core'][master]:,.0f} rows/s/core"
         )
-    projection = figures["scaling"]["projection"]
-    print(
-        f"projection ({projection['basis']}): {projection['rows']:,} rows at "
-        f"{projection['rows_per_s_per_core']:,.0f} rows/s/core = {projection['core_seconds']:,.0f} "
-        "core-seconds: "
-        + ", ".join(f"{h:.2f} h on {n} cores" for n, h in projection["hours_on_cores"].items())
-    )
+    print_projection(figures["scaling"]["projection"])
     print(f"verification: {figures['verification']}")
     for name, value in figures["ratios"].items():
         print(f"{name}: {value:.2f}")
@@ -424,13 +423,10 @@ def report(figures: dict) -> None:
     print(json.dumps(rounded(figures)))
 
 
-def arguments() -> argparse.Namespace:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a deployment that does not exist yet (default: a fresh embedded one)")
     parser.add_argument("--messages", type=int)
     parser.add_argument("--mailboxes", type=int)
-    parser.add_argument("--runs", type=int, default=3, help="timed runs of each method (median)")
-    parser.add_argument("--masters")
     parser.add_argument("--loop-mailboxes", type=int, default=0, help="embedded: run the loop on this many")
     parser.add_argument(
         "--loop-budget", type=float, default=900.0, help="embedded: seconds the loop may take"
@@ -438,29 +434,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument(
         "--sequential-mailboxes", type=int, default=50, help="Cassandra: mailboxes of the one-at-a-time loop"
     )
-    parser.add_argument("--driver-memory", default="4g")
-    parser.add_argument(
-        "--quiet-wait",
-        type=float,
-        help="seconds a timed run may wait for the rest of the machine to go quiet (0: never wait)",
-    )
-    args = parser.parse_args()
-    distributed = args.url is not None and args.url.startswith("cassandra://")
-    defaults = dict(
-        zip(("messages", "mailboxes", "masters", "quiet_wait"), DEFAULTS[distributed], strict=True)
-    )
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    args.masters = [master.strip() for master in args.masters.split(",") if master.strip()]
-    for master in args.masters:
-        master_cores(master)
-    args.verify = "local[2]" if "local[2]" in args.masters else args.masters[-1]
-    return args
-
-
-def main() -> None:
-    args = arguments()
+    args = arguments(parser, DEFAULTS)
     started = time.perf_counter()
     with fresh_deployment("counters", args.url) as deployment:
         data = generate(deployment, args.messages, args.mailboxes)

@@ -8,6 +8,7 @@ which puts this directory on sys.path).
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
@@ -183,7 +184,7 @@ def spark_session(master: str, driver_memory: str) -> SparkSession:
         if not url:
             raise SystemExit(
                 f"benchmark: {master} needs $MAILQ_SPARK_MASTER: "
-                'eval "$(.venv/bin/python -m tests.servers env)" first'
+                'eval "$(.venv/bin/python -m mailq_servers env)" first'
             )
         builder = (
             builder.master(url)
@@ -203,6 +204,62 @@ def spark_session(master: str, driver_memory: str) -> SparkSession:
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+# The projections at scale: on this many cores.
+PROJECTED_CORES = (8, 32, 128)
+
+
+def arguments(
+    parser: argparse.ArgumentParser, defaults: dict[str, tuple[object, object]]
+) -> argparse.Namespace:
+    """Parse the options of a Spark maintenance benchmark: `parser`'s own and those they all take (--url,
+    --runs, --masters, --driver-memory, --quiet-wait). An option left out takes its `defaults` value
+    (embedded, distributed) for the deployment of --url; `masters` becomes the checked list, and `verify`
+    the master whose results are checked (local[2] when measured, else the last)."""
+    parser.add_argument("--url", help="a deployment that does not exist yet (default: a fresh embedded one)")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs of each method per master (median)")
+    parser.add_argument(
+        "--masters", help="local[N] or cluster[N] (the harness's Spark cluster), comma-separated"
+    )
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        help="seconds a timed run may wait for the rest of the machine to go quiet (0: never wait)",
+    )
+    args = parser.parse_args()
+    distributed = args.url is not None and args.url.startswith("cassandra://")
+    for name, values in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, values[distributed])
+    args.masters = [master.strip() for master in args.masters.split(",") if master.strip()]
+    for master in args.masters:
+        master_cores(master)
+    args.verify = "local[2]" if "local[2]" in args.masters else args.masters[-1]
+    return args
+
+
+def projection(per_master: dict[str, dict], rates: dict[str, float], rows: int) -> dict:
+    """`rows` read at scale from the rate per core of the cluster's widest measure (else the widest local
+    one: executors apart from the driver, as on a real cluster), assuming linear scaling."""
+    basis = max(per_master, key=lambda m: (m.startswith("cluster"), per_master[m]["cores"]))
+    rate = rates[basis]
+    return {
+        "basis": basis,
+        "rows": rows,
+        "rows_per_s_per_core": rate,
+        "core_seconds": rows / rate,
+        "hours_on_cores": {str(n): rows / rate / n / 3600 for n in PROJECTED_CORES},
+    }
+
+
+def print_projection(figures: dict) -> None:
+    print(
+        f"projection ({figures['basis']}): {figures['rows']:,} rows at "
+        f"{figures['rows_per_s_per_core']:,.0f} rows/s/core = {figures['core_seconds']:,.0f} core-seconds: "
+        + ", ".join(f"{h:.2f} h on {n} cores" for n, h in figures["hours_on_cores"].items())
+    )
 
 
 def timed(action: Callable[[], T]) -> tuple[float, T]:

@@ -11,7 +11,7 @@ broker's directory removed; with broker=amqp://, the run's mail queues are named
 their RabbitMQ queues, refused if they exist already, are deleted), so it never touches anything it did
 not make. On the test servers:
 
-    eval "$(.venv/bin/python -m tests.servers env)"; run=bench$(date +%s)
+    eval "$(.venv/bin/python -m mailq_servers env)"; run=bench$(date +%s)
     s3="s3=$run&s3_endpoint=$MAILQ_S3_ENDPOINT&s3_region=us-east-1"
     url="cassandra://$MAILQ_CASSANDRA_HOST:$MAILQ_CASSANDRA_PORT/$run?$s3&broker=embedded:/tmp/$run"
     .venv/bin/python benchmarks/queue_throughput.py --url "$url"   # or broker=amqp://127.0.0.1:16572/
