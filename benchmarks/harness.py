@@ -288,11 +288,6 @@ def rounded(value: object) -> object:
     return value
 
 
-def load_average() -> float:
-    """The 1-minute load average: on a shared 2-core machine, what else ran during a measure."""
-    return os.getloadavg()[0]
-
-
 _TICK = os.sysconf("SC_CLK_TCK")
 
 

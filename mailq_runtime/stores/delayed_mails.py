@@ -36,7 +36,6 @@ class DelayedSummary:
     oldest_waiting: str | None  # the smallest enqueue id among them
     next_due: int | None
     fallen_due: int  # due at `now` or earlier, not handed to the broker yet
-    oldest_fallen_due: str | None
 
 
 class DelayedMails(Protocol):

@@ -49,5 +49,5 @@ class EmbeddedDelayedMails:
             (now, queue, now),
         ):
             counts[waiting] = (count, oldest, first_due)
-        (waiting, oldest_waiting, next_due), (fallen, oldest_fallen, _) = counts[1], counts[0]
-        return DelayedSummary(waiting, oldest_waiting, next_due, fallen, oldest_fallen)
+        (waiting, oldest_waiting, next_due), (fallen, _, _) = counts[1], counts[0]
+        return DelayedSummary(waiting, oldest_waiting, next_due, fallen)

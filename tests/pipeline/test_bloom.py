@@ -12,7 +12,6 @@ from pyspark.sql import functions as F
 from assets.spark.bloom import (
     FILTER_COLUMN,
     MIN_FILTER_ITEMS,
-    absent_from_filter,
     bloom_filter,
     exact_absent,
     filter_bits,
@@ -21,6 +20,13 @@ from assets.spark.bloom import (
 
 REFERENCED = 200_000
 FPP = 0.01
+
+
+def absent_from_filter(references: DataFrame, candidates: DataFrame, salt: str) -> DataFrame:
+    """The candidates whose key is not in a Bloom filter of the references' keys, chained as the GC's
+    assets chain them (the filter built, then probed)."""
+    bloom = bloom_filter(references, "blob_id", REFERENCED, FPP, salt)
+    return not_in_filter(bloom, candidates, "blob_id", salt)
 
 
 def blob_ids(spark: SparkSession, first: int, stop: int) -> DataFrame:
@@ -53,7 +59,7 @@ def test_exact_absent_is_the_unreferenced_candidates(references: DataFrame, cand
 def test_no_referenced_key_is_ever_absent_and_few_garbage_keys_are_kept(
     references: DataFrame, candidates: DataFrame
 ) -> None:
-    absent = absent_from_filter(references, candidates, "blob_id", REFERENCED, FPP, salt="run-1:")
+    absent = absent_from_filter(references, candidates, salt="run-1:")
     absent_ids = ids(absent)
     garbage = set(range(REFERENCED, REFERENCED + 50_000))
 
@@ -69,7 +75,7 @@ def test_another_salt_keeps_back_other_garbage(references: DataFrame, candidates
     garbage = set(range(REFERENCED, REFERENCED + 50_000))
 
     def kept_back(salt: str) -> set[int]:
-        return garbage - ids(absent_from_filter(references, candidates, "blob_id", REFERENCED, FPP, salt))
+        return garbage - ids(absent_from_filter(references, candidates, salt))
 
     first, again, other = kept_back("run-1:"), kept_back("run-1:"), kept_back("run-2:")
     assert first == again and first

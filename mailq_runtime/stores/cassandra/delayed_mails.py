@@ -92,7 +92,6 @@ class CassandraDelayedMails:
             min((row[1] for row in waiting_rows), default=None),
             min((row[2] for row in waiting_rows), default=None),
             sum(row[0] for row in fallen_rows),
-            min((row[1] for row in fallen_rows), default=None),
         )
 
     def _buckets(self, queue: str, last: int | None) -> list[int]:
