@@ -61,7 +61,6 @@ Prints human lines, then one JSON object as the last line.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 import uuid
@@ -75,10 +74,10 @@ from harness import (
     describe,
     master_cores,
     median,
+    print_outcome,
     print_projection,
     projection,
     ratio,
-    rounded,
     spark_session,
     timed,
 )
@@ -382,12 +381,7 @@ def report(figures: dict) -> None:
         )
         print(f"{master}: {bloom}; {antijoin}{counted}")
     print_projection(figures["scaling"]["projection"])
-    print(f"verification: {figures['verification']}")
-    for name, value in figures["ratios"].items():
-        print(f"{name}: {value:.2f}")
-    for name, met in figures["targets"].items():
-        print(f"target {name}: {'met' if met else 'MISSED'}")
-    print(json.dumps(rounded(figures)))
+    print_outcome(figures)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ which puts this directory on sys.path).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -252,6 +253,17 @@ def projection(per_master: dict[str, dict], rates: dict[str, float], rows: int) 
         "core_seconds": rows / rate,
         "hours_on_cores": {str(n): rows / rate / n / 3600 for n in PROJECTED_CORES},
     }
+
+
+def print_outcome(figures: dict) -> None:
+    """The end of a maintenance benchmark's report: the checks, the ratios, the targets, then all the
+    figures as one JSON object, the last line."""
+    print(f"verification: {figures['verification']}")
+    for name, value in figures["ratios"].items():
+        print(f"{name}: {value:.2f}")
+    for name, met in figures["targets"].items():
+        print(f"target {name}: {'met' if met else 'MISSED'}")
+    print(json.dumps(rounded(figures)))
 
 
 def print_projection(figures: dict) -> None:

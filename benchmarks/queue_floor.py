@@ -73,6 +73,7 @@ from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 from deployments import new_servers
 
+from mailq_runtime.queue_view import EnqueuedMail
 from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import SYNCHRONOUS
 
@@ -107,21 +108,6 @@ _CLAIM = (
 )
 _ACK = "DELETE FROM broker_messages WHERE id = ? AND lease = ?"
 _VISIBILITY_TIMEOUT = 300 * 1_000_000
-_FIELDS = (
-    "queue",
-    "slice_start",
-    "bucket",
-    "enqueue_id",
-    "enqueued_time",
-    "next_delivery",
-    "priority",
-    "name",
-    "sender",
-    "recipients",
-    "header_blob_id",
-    "body_blob_id",
-    "metadata",
-)
 _TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
 _HISTORY = {
     "queue": "INSERT INTO queues (queue, created_at, first_slice_start) VALUES (?, ?, ?)",
@@ -289,8 +275,7 @@ class Floor:
             json.dumps(metadata),
         )
         # The size and shape of mailq's payload, so that the broker's writes weigh the same.
-        record = {"v": 1, **dict(zip(_FIELDS, row, strict=True)), "attempts": 0}
-        payload = json.dumps(record, separators=(",", ":"))
+        payload = EnqueuedMail.from_row(row).to_payload()
         mail = FloorMail(enqueue_id, blob_ids, contents, row, payload)
         self.mails[enqueue_id] = mail
         return mail
