@@ -22,11 +22,12 @@ REFERENCED = 200_000
 FPP = 0.01
 
 
-def absent_from_filter(references: DataFrame, candidates: DataFrame, salt: str) -> DataFrame:
+def absent_from_filter(
+    references: DataFrame, candidates: DataFrame, key: str, expected_count: int, fpp: float, salt: str
+) -> DataFrame:
     """The candidates whose key is not in a Bloom filter of the references' keys, chained as the GC's
     assets chain them (the filter built, then probed)."""
-    bloom = bloom_filter(references, "blob_id", REFERENCED, FPP, salt)
-    return not_in_filter(bloom, candidates, "blob_id", salt)
+    return not_in_filter(bloom_filter(references, key, expected_count, fpp, salt), candidates, key, salt)
 
 
 def blob_ids(spark: SparkSession, first: int, stop: int) -> DataFrame:
@@ -59,7 +60,7 @@ def test_exact_absent_is_the_unreferenced_candidates(references: DataFrame, cand
 def test_no_referenced_key_is_ever_absent_and_few_garbage_keys_are_kept(
     references: DataFrame, candidates: DataFrame
 ) -> None:
-    absent = absent_from_filter(references, candidates, salt="run-1:")
+    absent = absent_from_filter(references, candidates, "blob_id", REFERENCED, FPP, salt="run-1:")
     absent_ids = ids(absent)
     garbage = set(range(REFERENCED, REFERENCED + 50_000))
 
@@ -75,7 +76,7 @@ def test_another_salt_keeps_back_other_garbage(references: DataFrame, candidates
     garbage = set(range(REFERENCED, REFERENCED + 50_000))
 
     def kept_back(salt: str) -> set[int]:
-        return garbage - ids(absent_from_filter(references, candidates, salt))
+        return garbage - ids(absent_from_filter(references, candidates, "blob_id", REFERENCED, FPP, salt))
 
     first, again, other = kept_back("run-1:"), kept_back("run-1:"), kept_back("run-2:")
     assert first == again and first
@@ -142,7 +143,7 @@ def test_invalid_sizes_are_clear_errors(
 
 def test_invalid_keys_and_salts_are_clear_errors(references: DataFrame, candidates: DataFrame) -> None:
     with pytest.raises(ValueError, match="the candidates have no column 'blob'"):
-        absent_from_filter(references, candidates, "blob", 10, FPP, "s")
+        not_in_filter(bloom_filter(references, "blob_id", 10, FPP, "s"), candidates, "blob", "s")
     with pytest.raises(ValueError, match="must be a string, not bigint"):
         exact_absent(candidates, candidates, "id")
     with pytest.raises(ValueError, match="salt must be a non-empty string"):
