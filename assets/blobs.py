@@ -435,7 +435,7 @@ def collected_blobs(
 def _collect_outcomes(
     collected: DataFrame, marked: Marked, deletion_sets: DataFrame, filters: DataFrame
 ) -> DataFrame:
-    """Per blob examined: outcome, detail, bytes (gc_records.RUN_SCHEMA's blob columns)."""
+    """Per blob examined: outcome, detail, bytes (the blob columns of a GC run's record)."""
     done = collected.join(marked.candidates, ["blob_id", "generation"], "left").select(
         "blob_id",
         "generation",

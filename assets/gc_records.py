@@ -14,7 +14,6 @@ the records; this module reads them with pyarrow, without a Spark session.
 from __future__ import annotations
 
 import re
-from datetime import datetime
 
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
@@ -40,10 +39,6 @@ PLAN_SCHEMA = (
     "deletion_times array<long>, owners array<string>, found_by string, salt string, "
     "false_positive_probability double, planned_at long"
 )
-RUN_SCHEMA = (
-    "record_id string, run_id string, plan_id string, blob_id string, generation long, outcome string, "
-    "detail string, bytes long, at long"
-)
 
 
 def new_id(run_id: str, started: int) -> str:
@@ -59,10 +54,6 @@ def check_plan_id(text: str) -> str:
             "`mailq gc --dry-run` prints it"
         )
     return text
-
-
-def id_time(record_id: str) -> datetime:
-    return datetime.strptime(record_id.split("-")[0] + "+0000", "%Y%m%dT%H%M%SZ%z")
 
 
 def path(base: str, kind: str, record_id: str) -> str:

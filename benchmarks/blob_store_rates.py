@@ -3,7 +3,7 @@ several, and DeleteObjects batches of 1000 keys; beside them, the bare boto3 cal
 (put_object, get_object, delete_object), issued with the same client settings and no mailq code, as the
 floor on this machine. `delete` is HEAD + DELETE (the store says whether the blob existed).
 
-    eval "$(.venv/bin/python -m tests.servers env s3)"      # after `python -m tests.servers up s3`
+    eval "$(.venv/bin/python -m mailq_servers env s3)"      # after `python -m mailq_servers up s3`
     .venv/bin/python benchmarks/blob_store_rates.py [--blobs 2000] [--size 10240] [--threads 8] [--batches 5]
 
 The endpoint is $MAILQ_S3_ENDPOINT (None: AWS), the credentials the AWS chain's. A fresh bucket is created

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/cassandra_calls.py [--calls N] [--host H] [--port P] [--datacenter D]
 
 Host, port and datacenter default to $MAILQ_CASSANDRA_HOST/_PORT/_DATACENTER, which
-`python -m tests.servers env cassandra` prints for the harness's node. Works in a fresh keyspace, dropped
+`python -m mailq_servers env cassandra` prints for the harness's node. Works in a fresh keyspace, dropped
 at the end. Measures the queue view's insert, is_live and mark_deleted, the blob tables' writes of a
 save of two new blobs (add_blobs, add_references) and of its release (add_deletions, remove_references),
 and the mailbox tables' allocate_uid and set_source_flags (a compare-and-set that applies), beside

@@ -1,6 +1,6 @@
-"""What the Spark maintenance benchmarks (gc.py, counters.py and their distributed_ versions) share: a fresh
-embedded data dir next to the repository, bulk generation inside SQLite, a fresh Cassandra + S3 deployment
-and its concurrent loader, Spark sessions at a given master (local or the harness's cluster), and timing.
+"""What the Spark maintenance benchmarks (gc.py, counters.py, gc_churn.py) share: a fresh embedded data dir
+next to the repository, bulk generation inside SQLite, a concurrent loader of Cassandra tables, Spark
+sessions at a given master (local or the harness's cluster), and timing.
 
 Not a benchmark itself; imported by the scripts of this directory (run as `.venv/bin/python benchmarks/X.py`,
 which puts this directory on sys.path).
@@ -8,6 +8,8 @@ which puts this directory on sys.path).
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import os
 import re
@@ -35,8 +37,6 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 from pyspark.sql import SparkSession  # noqa: E402
 
 from assets.spark.bloom import filter_bits  # noqa: E402
-from mailq_runtime.runtime import Runtime, open_cassandra  # noqa: E402
-from mailq_runtime.settings import Settings  # noqa: E402
 from mailq_runtime.stores.cassandra import CassandraStore  # noqa: E402
 from mailq_runtime.stores.embedded import DATABASE_FILE  # noqa: E402
 from resources.spark import spark_config  # noqa: E402
@@ -64,50 +64,6 @@ def data_dir(label: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class Deployment:
-    url: str
-    store: CassandraStore  # a session on its keyspace, for loading and for the peers' reads
-
-
-@contextmanager
-def fresh_deployment(label: str) -> Iterator[Deployment]:
-    """A new keyspace and bucket on the harness's Cassandra and S3 (named after `label` and the time; the
-    servers from `eval "$(.venv/bin/python -m tests.servers env)"`), made by the runtime's creating open,
-    with the embedded broker in a scratch directory; at the end, whatever happens, the keyspace is dropped,
-    the bucket emptied and deleted and the scratch directory removed."""
-    from queue_floor import drop_deployment, s3_client
-
-    host, port = os.environ.get("MAILQ_CASSANDRA_HOST"), os.environ.get("MAILQ_CASSANDRA_PORT")
-    endpoint = os.environ.get("MAILQ_S3_ENDPOINT")
-    if not (host and port and endpoint):
-        raise SystemExit('benchmark: no servers named: eval "$(.venv/bin/python -m tests.servers env)" first')
-    name = f"bench{label}{time.time_ns() // 1000 % 10**12}"
-    scratch = Path(tempfile.mkdtemp(prefix=f".bench-{label}-", dir=REPOSITORY))
-    url = (
-        f"cassandra://{host}:{port}/{name}?s3={name}&s3_endpoint={endpoint}&s3_region=us-east-1"
-        f"&broker=embedded:{scratch}"
-    )
-    settings = Settings.from_url(url)
-    try:
-        Runtime.open(url, create=True).close()
-        store = open_cassandra(settings)
-        try:
-            yield Deployment(url, store)
-        finally:
-            store.close()
-    finally:
-        from queue_floor import cassandra_cluster
-
-        cluster = cassandra_cluster(settings)
-        try:
-            assert settings.s3 is not None
-            drop_deployment(cluster.connect(), s3_client(settings), name, settings.s3.bucket)
-        finally:
-            cluster.shutdown()
-            shutil.rmtree(scratch, ignore_errors=True)
 
 
 # Requests in flight while loading, and rows a request: unlogged batches of rows of any partitions, which a
@@ -229,7 +185,7 @@ def spark_session(master: str, driver_memory: str) -> SparkSession:
         if not url:
             raise SystemExit(
                 f"benchmark: {master} needs $MAILQ_SPARK_MASTER: "
-                'eval "$(.venv/bin/python -m tests.servers env)" first'
+                'eval "$(.venv/bin/python -m mailq_servers env)" first'
             )
         builder = (
             builder.master(url)
@@ -249,6 +205,73 @@ def spark_session(master: str, driver_memory: str) -> SparkSession:
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+# The projections at scale: on this many cores.
+PROJECTED_CORES = (8, 32, 128)
+
+
+def arguments(
+    parser: argparse.ArgumentParser, defaults: dict[str, tuple[object, object]]
+) -> argparse.Namespace:
+    """Parse the options of a Spark maintenance benchmark: `parser`'s own and those they all take (--url,
+    --runs, --masters, --driver-memory, --quiet-wait). An option left out takes its `defaults` value
+    (embedded, distributed) for the deployment of --url; `masters` becomes the checked list, and `verify`
+    the master whose results are checked (local[2] when measured, else the last)."""
+    parser.add_argument("--url", help="a deployment that does not exist yet (default: a fresh embedded one)")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs of each method per master (median)")
+    parser.add_argument(
+        "--masters", help="local[N] or cluster[N] (the harness's Spark cluster), comma-separated"
+    )
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        help="seconds a timed run may wait for the rest of the machine to go quiet (0: never wait)",
+    )
+    args = parser.parse_args()
+    distributed = args.url is not None and args.url.startswith("cassandra://")
+    for name, values in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, values[distributed])
+    args.masters = [master.strip() for master in args.masters.split(",") if master.strip()]
+    for master in args.masters:
+        master_cores(master)
+    args.verify = "local[2]" if "local[2]" in args.masters else args.masters[-1]
+    return args
+
+
+def projection(per_master: dict[str, dict], rates: dict[str, float], rows: int) -> dict:
+    """`rows` read at scale from the rate per core of the cluster's widest measure (else the widest local
+    one: executors apart from the driver, as on a real cluster), assuming linear scaling."""
+    basis = max(per_master, key=lambda m: (m.startswith("cluster"), per_master[m]["cores"]))
+    rate = rates[basis]
+    return {
+        "basis": basis,
+        "rows": rows,
+        "rows_per_s_per_core": rate,
+        "core_seconds": rows / rate,
+        "hours_on_cores": {str(n): rows / rate / n / 3600 for n in PROJECTED_CORES},
+    }
+
+
+def print_outcome(figures: dict) -> None:
+    """The end of a maintenance benchmark's report: the checks, the ratios, the targets, then all the
+    figures as one JSON object, the last line."""
+    print(f"verification: {figures['verification']}")
+    for name, value in figures["ratios"].items():
+        print(f"{name}: {value:.2f}")
+    for name, met in figures["targets"].items():
+        print(f"target {name}: {'met' if met else 'MISSED'}")
+    print(json.dumps(rounded(figures)))
+
+
+def print_projection(figures: dict) -> None:
+    print(
+        f"projection ({figures['basis']}): {figures['rows']:,} rows at "
+        f"{figures['rows_per_s_per_core']:,.0f} rows/s/core = {figures['core_seconds']:,.0f} core-seconds: "
+        + ", ".join(f"{h:.2f} h on {n} cores" for n, h in figures["hours_on_cores"].items())
+    )
 
 
 def timed(action: Callable[[], T]) -> tuple[float, T]:
@@ -275,11 +298,6 @@ def rounded(value: object) -> object:
     if isinstance(value, list | tuple):
         return [rounded(item) for item in value]
     return value
-
-
-def load_average() -> float:
-    """The 1-minute load average: on a shared 2-core machine, what else ran during a measure."""
-    return os.getloadavg()[0]
 
 
 _TICK = os.sysconf("SC_CLK_TCK")

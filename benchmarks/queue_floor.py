@@ -34,6 +34,21 @@ file of their own. What the floor
 leaves out is mailq's own work: the message split and hashed, the payload encoded and decoded, the Mail
 built, the ids generated; and, amortised over many mails, the queue's creation, the look for due delayed
 mails once a second and the browse_start update on one dequeue in 1000.
+
+Beside it, the James-like floor (JamesFloor): the statements James's RabbitMQ mail queue makes per mail,
+issued with the same clients, without mailq's exact size nor record 39's references and deletions;
+queue_throughput.py runs it in the same phases with the same threads, taking turns with the others:
+
+  enqueue         content.put x2          the header and the body, PutObject with a CRC32 checksum
+                  view.insert             INSERT INTO enqueued_mails (James's enqueuedMailsV4 row)
+                  broker.publish          a publish waiting for its confirmation (or the SQLite write)
+  dequeue + done  broker.receive          the next message
+                  view.is_live            SELECT the deletion mark (James's deletedMailsV2)
+                  content.get x2          GetObject, checksum checked
+                  view.mark_done          INSERT INTO deleted_mails, a plain insert (no transaction)
+                  broker.ack              basic_ack (or the SQLite delete)
+
+Its mails are made by the floor's `new_mail`, so the rows, contents and payloads weigh as mailq's do.
 """
 
 from __future__ import annotations
@@ -52,18 +67,15 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, Protocol
 
-import boto3
-from botocore.config import Config
 from call_timings import Timings
-from cassandra import ConsistencyLevel
-from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
+from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from deployments import new_servers
 
 from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import SYNCHRONOUS
+from mailq_runtime.stores.records import EnqueuedMail
 
 _STATEMENTS = {
     "generation": "SELECT number FROM generations WHERE kind = ? LIMIT 1",
@@ -96,21 +108,6 @@ _CLAIM = (
 )
 _ACK = "DELETE FROM broker_messages WHERE id = ? AND lease = ?"
 _VISIBILITY_TIMEOUT = 300 * 1_000_000
-_FIELDS = (
-    "queue",
-    "slice_start",
-    "bucket",
-    "enqueue_id",
-    "enqueued_time",
-    "next_delivery",
-    "priority",
-    "name",
-    "sender",
-    "recipients",
-    "header_blob_id",
-    "body_blob_id",
-    "metadata",
-)
 _TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
 _HISTORY = {
     "queue": "INSERT INTO queues (queue, created_at, first_slice_start) VALUES (?, ?, ?)",
@@ -120,6 +117,14 @@ _HISTORY = {
     "mark": "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)",
     "counters": "UPDATE slice_counters SET enqueued = enqueued + ?, deleted = deleted + ? "
     "WHERE queue = ? AND slice_start = ? AND bucket = ?",
+}
+
+_JAMES_STATEMENTS = {
+    "insert": "INSERT INTO enqueued_mails (queue, slice_start, bucket, enqueue_id, enqueued_time, "
+    "next_delivery, priority, name, sender, recipients, header_blob_id, body_blob_id, metadata) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "is_marked": "SELECT enqueue_id FROM deleted_mails WHERE queue = ? AND enqueue_id = ?",
+    "mark": "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)",
 }
 
 
@@ -132,43 +137,6 @@ class FloorMail:
     contents: tuple[bytes, bytes]
     row: tuple
     payload: str
-
-
-def cassandra_cluster(settings: Settings) -> Cluster:
-    """A cluster of the URL's Cassandra with the execution profile the runtime's store uses."""
-    cassandra = settings.cassandra
-    assert cassandra is not None
-    level = ConsistencyLevel.name_to_value[cassandra.consistency.upper()]
-    local = cassandra.consistency.upper().startswith("LOCAL_")
-    serial = ConsistencyLevel.LOCAL_SERIAL if local else ConsistencyLevel.SERIAL
-    profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
-        consistency_level=level,
-        serial_consistency_level=serial,
-        request_timeout=60.0,
-    )
-    password = cassandra.password()
-    return Cluster(
-        [host for host, _ in cassandra.contact_points],
-        port=cassandra.contact_points[0][1],
-        auth_provider=None if cassandra.user is None else PlainTextAuthProvider(cassandra.user, password),
-        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-    )
-
-
-def s3_client(settings: Settings):
-    """A boto3 client of the URL's S3 with the runtime's settings (blobs/s3_store.py): path-style
-    addressing on a private endpoint, checksums on every put and get, standard retries."""
-    s3 = settings.s3
-    assert s3 is not None
-    config = Config(
-        retries={"mode": "standard", "total_max_attempts": 5},
-        max_pool_connections=32,
-        request_checksum_calculation="when_supported",
-        response_checksum_validation="when_supported",
-        s3={"addressing_style": "path"} if s3.endpoint else None,
-    )
-    return boto3.client("s3", endpoint_url=s3.endpoint, region_name=s3.region, config=config)
 
 
 class FloorBroker(Protocol):
@@ -307,8 +275,7 @@ class Floor:
             json.dumps(metadata),
         )
         # The size and shape of mailq's payload, so that the broker's writes weigh the same.
-        record = {"v": 1, **dict(zip(_FIELDS, row, strict=True)), "attempts": 0}
-        payload = json.dumps(record, separators=(",", ":"))
+        payload = EnqueuedMail.from_row(row).to_payload()
         mail = FloorMail(enqueue_id, blob_ids, contents, row, payload)
         self.mails[enqueue_id] = mail
         return mail
@@ -351,6 +318,26 @@ class Floor:
                 self.session, statement, parameters, concurrency=64, raise_on_first_error=True
             )
 
+    def put_contents(self, mail: FloorMail) -> None:
+        """The header and the body, one PutObject after the other, with a CRC32 checksum."""
+        for blob_id, data in zip(mail.blob_ids, mail.contents, strict=True):
+            self._timed(
+                "content.put",
+                lambda blob_id=blob_id, data=data: self.s3.put_object(
+                    Bucket=self.bucket, Key=self.prefix + blob_id, Body=data, ChecksumAlgorithm="CRC32"
+                ),
+            )
+
+    def get_contents(self, mail: FloorMail) -> None:
+        """The header and the body, one GetObject after the other, the checksum checked."""
+        for blob_id in mail.blob_ids:
+            self._timed(
+                "content.get",
+                lambda blob_id=blob_id: self.s3.get_object(
+                    Bucket=self.bucket, Key=self.prefix + blob_id, ChecksumMode="ENABLED"
+                )["Body"].read(),
+            )
+
     def enqueue(self, mail: FloorMail) -> None:
         statements, session, now = self.statements, self.session, mail.row[4]
         self._timed(
@@ -360,13 +347,7 @@ class Floor:
         self._timed(
             "blob_tables.sizes", lambda: list(session.execute(statements["sizes"], (list(mail.blob_ids),)))
         )
-        for blob_id, data in zip(mail.blob_ids, mail.contents, strict=True):
-            self._timed(
-                "content.put",
-                lambda blob_id=blob_id, data=data: self.s3.put_object(
-                    Bucket=self.bucket, Key=self.prefix + blob_id, Body=data, ChecksumAlgorithm="CRC32"
-                ),
-            )
+        self.put_contents(mail)
         self._timed(
             "blob_tables.add_blobs",
             lambda: self._batch(
@@ -408,13 +389,7 @@ class Floor:
 
         if not self._timed("view.is_live", is_live):
             raise AssertionError(f"the floor's mail {mail.enqueue_id} is not live")
-        for blob_id in mail.blob_ids:
-            self._timed(
-                "content.get",
-                lambda blob_id=blob_id: self.s3.get_object(
-                    Bucket=self.bucket, Key=self.prefix + blob_id, ChecksumMode="ENABLED"
-                )["Body"].read(),
-            )
+        self.get_contents(mail)
 
         def mark_done() -> None:
             session.execute(statements["mark"], (queue, mail.enqueue_id))
@@ -442,6 +417,45 @@ class Floor:
         self._timed("broker.ack", lambda: self.broker.ack(handle))
 
 
+class JamesFloor:
+    """James's per-mail statements on the floor's session, bucket and broker. `prepare()` once the runtime
+    has created the keyspace."""
+
+    def __init__(self, floor: Floor) -> None:
+        self.floor = floor
+        self.statements: dict = {}
+
+    def prepare(self) -> None:
+        self.statements = self.floor._prepared(_JAMES_STATEMENTS)
+
+    def _timed(self, kind: str, call: Callable[[], object]) -> object:
+        return self.floor._timed(kind, call)
+
+    def enqueue(self, mail: FloorMail) -> None:
+        floor = self.floor
+        floor.put_contents(mail)
+        self._timed("view.insert", lambda: floor.session.execute(self.statements["insert"], mail.row))
+        self._timed(
+            "broker.publish", lambda: floor.broker.publish(mail.row[0], mail.enqueue_id, mail.payload, 5)
+        )
+
+    def dequeue_done(self, queue: str) -> None:
+        floor, session = self.floor, self.floor.session
+        enqueue_id, handle = self._timed("broker.receive", lambda: floor.broker.receive(queue))
+        mail = floor.mails[enqueue_id]
+        marked = self._timed(
+            "view.is_live",
+            lambda: session.execute(self.statements["is_marked"], (queue, mail.enqueue_id)).one(),
+        )
+        if marked is not None:
+            raise AssertionError(f"the James-like floor's mail {mail.enqueue_id} is marked deleted")
+        floor.get_contents(mail)
+        self._timed(
+            "view.mark_done", lambda: session.execute(self.statements["mark"], (queue, mail.enqueue_id))
+        )
+        self._timed("broker.ack", lambda: floor.broker.ack(handle))
+
+
 @contextmanager
 def distributed(
     settings: Settings, scratch: Path, threads: int, mail_queues: Iterable[str]
@@ -451,54 +465,18 @@ def distributed(
     objects of the `mail_queues` the run will use; at the end the keyspace is dropped, the bucket emptied
     and deleted, and on RabbitMQ those objects and the floor's queues deleted. The embedded broker's
     floor is a file in `scratch`."""
-    assert settings.cassandra is not None and settings.s3 is not None
-    keyspace, bucket = settings.cassandra.keyspace, settings.s3.bucket
-    cluster = cassandra_cluster(settings)
-    try:
-        session = cluster.connect()
-        s3 = s3_client(settings)
-        if keyspace in cluster.metadata.keyspaces or _bucket_exists(s3, bucket):
-            raise SystemExit(
-                f"benchmark: keyspace {keyspace} or bucket {bucket} exists: give names that do not, as the "
-                "run drops them at the end"
-            )
-        floor = None
-        try:
-            broker: FloorBroker
-            if settings.amqp is None:
-                broker = SQLiteFloorBroker(scratch, settings.durability)
-            else:
-                from rabbitmq_floor import RabbitMQFloorBroker, mail_queue_objects
+    assert settings.cassandra is not None
+    with new_servers(settings) as (session, s3):
+        broker: FloorBroker
+        if settings.amqp is None:
+            broker = SQLiteFloorBroker(scratch, settings.durability)
+        else:
+            from rabbitmq_floor import RabbitMQFloorBroker, mail_queue_objects
 
-                broker = RabbitMQFloorBroker(
-                    settings.amqp, keyspace, threads, mail_queue_objects(mail_queues)
-                )
-            floor = Floor(settings, session, s3, broker)
+            objects = mail_queue_objects(mail_queues)
+            broker = RabbitMQFloorBroker(settings.amqp, settings.cassandra.keyspace, threads, objects)
+        floor = Floor(settings, session, s3, broker)
+        try:
             yield floor
         finally:
-            if floor is not None:
-                floor.close()
-            drop_deployment(session, s3, keyspace, bucket)
-    finally:
-        cluster.shutdown()
-
-
-def drop_deployment(session: Session, s3, keyspace: str, bucket: str) -> None:
-    """Drop the keyspace; empty and delete the bucket."""
-    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=180)
-    if _bucket_exists(s3, bucket):
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            keys = [{"Key": item["Key"]} for item in page.get("Contents", ())]
-            if keys:
-                s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
-        s3.delete_bucket(Bucket=bucket)
-
-
-def _bucket_exists(s3, bucket: str) -> bool:
-    try:
-        s3.head_bucket(Bucket=bucket)
-    except s3.exceptions.ClientError as error:
-        if str(error.response.get("Error", {}).get("Code")) in ("404", "NoSuchBucket", "NotFound"):
-            return False
-        raise
-    return True
+            floor.close()

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from queue_throughput import enqueue_phase, run_threads, warm_up
+from queue_phases import enqueue_phase, run_threads, warm_up
 
 from mailq_runtime import Runtime
 from mailq_runtime.settings import Settings

@@ -11,7 +11,7 @@ broker's directory removed; with broker=amqp://, the run's mail queues are named
 their RabbitMQ queues, refused if they exist already, are deleted), so it never touches anything it did
 not make. On the test servers:
 
-    eval "$(.venv/bin/python -m tests.servers env)"; run=bench$(date +%s)
+    eval "$(.venv/bin/python -m mailq_servers env)"; run=bench$(date +%s)
     s3="s3=$run&s3_endpoint=$MAILQ_S3_ENDPOINT&s3_region=us-east-1"
     url="cassandra://$MAILQ_CASSANDRA_HOST:$MAILQ_CASSANDRA_PORT/$run?$s3&broker=embedded:/tmp/$run"
     .venv/bin/python benchmarks/queue_throughput.py --url "$url"   # or broker=amqp://127.0.0.1:16572/
@@ -42,17 +42,14 @@ Prints one line per measure, then one JSON object as the last line.
 from __future__ import annotations
 
 import argparse
-import base64
 import cProfile
 import json
-import os
 import pstats
 import shutil
 import sqlite3
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
@@ -63,9 +60,19 @@ from urllib.parse import urlsplit
 
 from call_timings import DEQUEUE_DONE, ENQUEUE, Timings, grouped
 from process_cpu import CpuMeter
+from queue_phases import (
+    WARM_UP_MAILS,
+    bench_mail,
+    dequeue_phase,
+    enqueue_phase,
+    message,
+    run_threads,
+    warm_up,
+)
+from queue_processes import measure, queue_names
 from rabbitmq_broker import CONSUMERS, PUBLISHERS, WINDOW, ratios
 
-from mailq_runtime import Mail, Runtime
+from mailq_runtime import Runtime
 from mailq_runtime.blobs.store import BlobStore
 from mailq_runtime.brokers.base import Broker
 from mailq_runtime.clock import MICROS_PER_SECOND
@@ -81,7 +88,6 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 HISTORY_DAYS = 30
 SIZE_CALLS = 200
 RAW_TRANSACTIONS = 20_000
-WARM_UP_MAILS = 4
 # With a floor, each phase alternates it with mailq in this many rounds.
 ROUNDS = 10
 # mails, history, live: bounded on a distributed deployment, where each call is a network round trip.
@@ -105,7 +111,7 @@ FLOOR_PHASES = {
 }
 # Seconds of the idle turn that starts each round with a CPU meter: the background's rate.
 IDLE_TURN = 1.0
-# The sides of a phase with a floor: mailq, the floor of its calls, the James-like floor (james_floor.py).
+# The sides of a phase with a floor: mailq, the floor of its calls, the James-like floor (JamesFloor).
 SIDES = ("mailq", "floor", "james")
 # The cost per mail against the James-like floor (issue 22), in the phases of `--threads` callers:
 # CPU per mail at most this many times the floor's, the rate at least this fraction of its.
@@ -125,22 +131,6 @@ def ms(seconds: list[float], fraction: float) -> float:
     """The `fraction` percentile of `seconds`, in milliseconds."""
     ordered = sorted(seconds)
     return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1e3, 3)
-
-
-def message(size: int) -> bytes:
-    """An RFC 5322 message of about `size` bytes whose body is random (base64 of random bytes)."""
-    headers = (
-        f"From: bench@example.com\r\nTo: sink@example.org\r\nSubject: benchmark\r\n"
-        f"Message-ID: <{os.urandom(8).hex()}@example.com>\r\nMIME-Version: 1.0\r\n"
-        "Content-Type: application/octet-stream\r\nContent-Transfer-Encoding: base64\r\n\r\n"
-    ).encode()
-    body_size = max(size - len(headers), 4)
-    # base64 lines hold 57 input bytes in 77 output bytes (76 characters and a newline).
-    return headers + base64.encodebytes(os.urandom(body_size * 57 // 77))
-
-
-def bench_mail(size: int) -> Mail:
-    return Mail(recipients=("sink@example.org",), sender="bench@example.com", message=message(size))
 
 
 def profiled(enabled: bool, phase: Callable[[], tuple[list[float], float]]) -> tuple[list[float], float]:
@@ -186,53 +176,6 @@ def timed_calls(runtime: Runtime, timings: Timings) -> Iterator[None]:
             delattr(backend, name)
 
 
-def run_threads(threads: int, mails: int, operation: Callable[[int], None]) -> tuple[list[float], float]:
-    """Run `operation(i)` for i in range(mails) on `threads` threads; per-call latencies and wall time."""
-    latencies: list[list[float]] = [[] for _ in range(threads)]
-    errors: list[BaseException] = []
-
-    def work(lane: int) -> None:
-        try:
-            for i in range(lane, mails, threads):
-                started = time.perf_counter()
-                operation(i)
-                latencies[lane].append(time.perf_counter() - started)
-        except BaseException as error:
-            errors.append(error)
-
-    workers = [threading.Thread(target=work, args=(lane,)) for lane in range(threads)]
-    started = time.perf_counter()
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    wall = time.perf_counter() - started
-    if errors:
-        raise errors[0]
-    return [latency for lane in latencies for latency in lane], wall
-
-
-def enqueue_phase(
-    runtime: Runtime, name: str, mails: int, size: int, threads: int
-) -> tuple[list[float], float]:
-    queue = runtime.queue(name)
-    # Built before the clock starts: the generator is not what is measured.
-    prepared = [bench_mail(size) for _ in range(mails)]
-    return run_threads(threads, mails, lambda i: queue.enqueue(prepared[i]))
-
-
-def dequeue_phase(runtime: Runtime, name: str, mails: int, threads: int) -> tuple[list[float], float]:
-    queue = runtime.queue(name)
-
-    def take(_: int) -> None:
-        item = queue.dequeue(timeout=5)
-        if item is None:
-            raise AssertionError("the queue ran dry before every enqueued mail was dequeued")
-        item.done()
-
-    return run_threads(threads, mails, take)
-
-
 def check_emptied(runtime: Runtime, name: str) -> None:
     queue = runtime.queue(name)
     if queue.size() != 0:
@@ -253,18 +196,6 @@ def floor_dequeue_phase(
     dequeue_done: Callable[[str], None], queue: str, mails: int, threads: int
 ) -> tuple[list[float], float]:
     return run_threads(threads, mails, lambda _: dequeue_done(queue))
-
-
-def warm_up(runtime: Runtime, name: str, size: int) -> None:
-    """Connections opened, statements prepared, the queue's consumer started and the first generation
-    made: a few mails through queue `name`."""
-    queue = runtime.queue(name)
-    for _ in range(WARM_UP_MAILS):
-        queue.enqueue(bench_mail(size))
-    for _ in range(WARM_UP_MAILS):
-        item = queue.dequeue(timeout=5)
-        assert item is not None
-        item.done()
 
 
 def history_slices(runtime: Runtime, history: int) -> tuple[int, int, int, int]:
@@ -404,7 +335,7 @@ class Phases:
         self.floor = floor
         self.james = None
         if floor is not None:
-            from james_floor import JamesFloor
+            from queue_floor import JamesFloor
 
             self.james = JamesFloor(floor)
         self.size = size
@@ -644,7 +575,6 @@ def backend_names(settings: Settings) -> dict[str, str]:
 
 def mail_queue_names(prefix: str, threads: int) -> list[str]:
     """Every mail queue the run uses."""
-    from queue_processes import queue_names
 
     bases = ("warm-up", "throughput-1", f"throughput-{threads}", "history", "leg")
     return [f"{prefix}{base}" for base in bases] + queue_names(prefix)
@@ -704,8 +634,6 @@ def main() -> None:
                     history_seconds = time.perf_counter() - started
                     sizes, answer, browse_seconds = size_phase(runtime, f"{prefix}history", live, args.size)
                 if not args.cost_only:
-                    from queue_processes import measure
-
                     processes = measure(settings, prefix, process_mails, args.size, args.threads)
             raw_rate = None
             if floor is None and not args.cost_only:

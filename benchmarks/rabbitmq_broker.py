@@ -5,7 +5,7 @@ acks (raw: basic_consume + basic_ack; mailq: `receive` + `ack` from one thread a
 threads), with the same message size and prefetch, on classic priority queues declared alike (each run
 its own, deleted at the end).
 
-    eval "$(.venv/bin/python -m tests.servers env rabbitmq)"   # after `python -m tests.servers up rabbitmq`
+    eval "$(.venv/bin/python -m mailq_servers env rabbitmq)"   # after `python -m mailq_servers up rabbitmq`
     .venv/bin/python benchmarks/rabbitmq_broker.py [--messages 5000] [--size 10240] [--rounds 3]
 
 The node is $MAILQ_AMQP_URL's host, port, vhost and user; the password MAILQ_AMQP_PASSWORD's, else the

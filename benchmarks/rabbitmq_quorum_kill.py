@@ -1,7 +1,7 @@
 """Do quorum queues on RabbitMQ 3.10 keep their confirmed messages when the node leading them is SIGKILLed
 shortly after they were declared? The question the broker's module text answered "no" for a single node.
 
-On the harness's three-node cluster (`python -m tests.servers up rabbitmq-cluster`), in a virtual host of
+On the harness's three-node cluster (`python -m mailq_servers up rabbitmq-cluster`), in a virtual host of
 its own: declare `--queues` quorum queues through node 1 (so node 1 leads them), publish `--messages`
 confirmed messages to each through node 2, SIGKILL node 1 `--delay` seconds after the last confirmation,
 once every queue has a new leader count what each queue delivers through a survivor (given back unacked),
@@ -224,7 +224,7 @@ def main() -> None:
     cluster = RabbitMQCluster()
     running = cluster.running()
     if running is None:
-        raise SystemExit("rabbitmq-cluster is not running: python -m tests.servers up rabbitmq-cluster")
+        raise SystemExit("rabbitmq-cluster is not running: python -m mailq_servers up rabbitmq-cluster")
     server = RabbitMQClusterServer(**running.facts)
     for delay in args.delays:
         for run in range(args.runs):

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sqlite3
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -20,19 +18,15 @@ from contextlib import closing
 from importlib.resources import files
 from pathlib import Path
 
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# The interpreter of every Python worker, data source planning included, comes from this variable when the
-# session starts (the spark.pyspark.python setting is not consulted): it must be the one with pyarrow.
-os.environ["PYSPARK_PYTHON"] = sys.executable
+from harness import spark_session
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
 
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-from pyspark.sql.datasource import DataSourceReader, InputPartition  # noqa: E402
-from pyspark.sql.types import StructType  # noqa: E402
-
-from assets.spark.sqlite_tables import RowidRange, SqliteRowidRanges  # noqa: E402
-from assets.spark.table_source import MailqDataSource, MailqReader, read_table  # noqa: E402
-from mailq_runtime.stores.embedded import DATABASE_FILE  # noqa: E402
+from assets.spark.sqlite_tables import RowidRange, SqliteRowidRanges
+from assets.spark.table_source import MailqDataSource, MailqReader, read_table
+from mailq_runtime.stores.embedded import DATABASE_FILE
 
 TARGET_ROWS_PER_S = 1_000_000
 
@@ -103,16 +97,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per measure, the best is kept")
     args = parser.parse_args()
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("mailq-spark-read-benchmark")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_session("local[2]", "2g")
     spark.dataSource.register(TupleDataSource)
     with tempfile.TemporaryDirectory(prefix="mailq-bench-") as tmp:
         data_dir = Path(tmp)

@@ -1,9 +1,10 @@
 """The Bloom-filter building block of the blob GC (record 39), computed by Spark, never by a Python loop.
 
-`absent_from_filter` keeps the candidate rows whose key is not in a Bloom filter of the references
-(`bloom_filter` then `not_in_filter`, for a filter kept between the two). The filter is built by Spark's
-`BloomFilterAggregate` (partial filters on the executors, merged in one task), handed to the probing
-tasks as the value of a scalar subquery, and tested by `BloomFilterMightContain` on the executors.
+`bloom_filter` builds a Bloom filter of the references' keys, and `not_in_filter` keeps the candidate
+rows whose key is not in it (the filter is kept between the two, as the GC's assets hand it over). The
+filter is built by Spark's `BloomFilterAggregate` (partial filters on the executors, merged in one task),
+handed to the probing tasks as the value of a scalar subquery, and tested by `BloomFilterMightContain` on
+the executors.
 Both expressions ship with Spark but PySpark 4.3 exposes neither: `register_bloom_functions` puts them
 into the session's function registry as `bloom_filter_agg` and `might_contain`. (The other route,
 `df._jdf.stat().bloomFilter(...)`, builds the same filter into the driver's JVM, from where it can only
@@ -119,19 +120,6 @@ def not_in_filter(bloom: DataFrame, candidates: DataFrame, key: str, salt: str) 
     might_contain = F.call_function("might_contain", single.scalar(), _salted_hash(key, salt))
     # The filter of no reference is NULL, and so is might_contain: such a key is absent.
     return candidates.where(F.col(key).isNotNull() & ~F.coalesce(might_contain, F.lit(False)))
-
-
-def absent_from_filter(
-    references: DataFrame, candidates: DataFrame, key: str, expected_count: int, fpp: float, salt: str
-) -> DataFrame:
-    """The candidate rows whose key is not in the Bloom filter of the references' keys.
-
-    Never a referenced key (no false negatives); about `fpp` of the unreferenced keys are kept back as
-    well when `expected_count` is at least the number of distinct references. Candidates with a NULL key
-    are left out. Lazy: every action on the result builds the filter again, so cache it to use it twice.
-    """
-    _check_key(candidates, key, "candidates")
-    return not_in_filter(bloom_filter(references, key, expected_count, fpp, salt), candidates, key, salt)
 
 
 def exact_absent(references: DataFrame, candidates: DataFrame, key: str) -> DataFrame:

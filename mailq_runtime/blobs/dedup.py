@@ -146,9 +146,6 @@ class Generations:
     def reference_generations(self) -> list[Generation]:
         return [Generation(n, at) for n, at in self.tables.history(REFERENCE_GENERATION)]
 
-    def gc_iterations(self) -> list[Generation]:
-        return [Generation(n, at) for n, at in self.tables.history(GC_ITERATION)]
-
     def eligible(self) -> list[int]:
         """Generations the GC may collect: at least two behind the current one (record 39's n-2)."""
         return list(range(1, self.current() - 1))

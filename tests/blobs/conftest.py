@@ -12,7 +12,7 @@ import pytest
 
 from mailq_runtime.blobs.s3_store import S3BlobStore
 from mailq_runtime.blobs.sqlite_store import SqliteBlobStore
-from mailq_runtime.blobs.store import BlobStore, FileBlobStore
+from mailq_runtime.blobs.store import BlobStore
 from mailq_runtime.model import BlobId
 from mailq_runtime.stores.embedded import EmbeddedStore
 from mailq_servers.s3 import S3Server
@@ -52,15 +52,11 @@ def files_under(root: Path) -> list[str]:
     return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
 
 
-@pytest.fixture(params=["file", "sqlite", "s3"])
+@pytest.fixture(params=["sqlite", "s3"])
 def store(request, tmp_path, monkeypatch) -> Iterator[BlobStore]:
     """The store under test, with the probe `.everything_stored()`: all its storage holds, blobs or not
     (the files under its directory; every key of the bucket), to show that an operation changed nothing."""
-    if request.param == "file":
-        blobs = FileBlobStore(tmp_path / "blobs")
-        blobs.everything_stored = lambda: files_under(tmp_path)
-        yield blobs
-    elif request.param == "sqlite":
+    if request.param == "sqlite":
         embedded = EmbeddedStore(tmp_path / "db")
         blobs = SqliteBlobStore(embedded)
         blobs.everything_stored = lambda: [

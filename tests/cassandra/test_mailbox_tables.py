@@ -4,9 +4,10 @@ names, uids, the source of truth, the projection, the counters and their repairs
 from __future__ import annotations
 
 from mailq_runtime.blobs.dedup import DeduplicatingBlobStore
-from mailq_runtime.blobs.store import FileBlobStore
+from mailq_runtime.blobs.sqlite_store import SqliteBlobStore
 from mailq_runtime.mailbox import Counters
 from mailq_runtime.mailboxes import Mailboxes
+from mailq_runtime.stores.embedded import EmbeddedStore
 
 from .conftest import Tables, same_on_both
 
@@ -168,10 +169,12 @@ def test_source_of_truth_projection_and_counters_as_the_embedded_ones(both):
 def test_the_mailbox_core_over_either_store_answers_alike(both, tmp_path):
     """`Mailboxes` and the deduplicating blob store over each store's tables, every write committing
     alone: append, flags, move, expunge and the orphan release see the same on both."""
+    contents: list[EmbeddedStore] = []  # each scenario's content, in a SQLite file of its own
 
     def scenario(t: Tables) -> dict:
         clock = iter(range(T0, T0 + 10_000_000, 1_000)).__next__
-        content = FileBlobStore(tmp_path / t.name)
+        contents.append(EmbeddedStore(tmp_path / t.name))
+        content = SqliteBlobStore(contents[-1])
         blobs = DeduplicatingBlobStore(t.blobs, content, clock)
         mailboxes = Mailboxes(t.mailboxes, blobs, clock, 1_000_000)
         inbox = mailboxes.create("alice@example.com", "INBOX")
@@ -195,7 +198,11 @@ def test_the_mailbox_core_over_either_store_answers_alike(both, tmp_path):
         seen["backlog"] = blobs.deletion_backlog().count
         return seen
 
-    seen = same_on_both(both, scenario)
+    try:
+        seen = same_on_both(both, scenario)
+    finally:
+        for embedded in contents:
+            embedded.close()
     assert seen["appended"] == [1, 2, 1]
     assert seen["flags"] == [["\\Flagged", "\\Seen"], ["\\Flagged"]]
     assert seen["moved"] == 1

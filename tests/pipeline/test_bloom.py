@@ -12,7 +12,6 @@ from pyspark.sql import functions as F
 from assets.spark.bloom import (
     FILTER_COLUMN,
     MIN_FILTER_ITEMS,
-    absent_from_filter,
     bloom_filter,
     exact_absent,
     filter_bits,
@@ -21,6 +20,14 @@ from assets.spark.bloom import (
 
 REFERENCED = 200_000
 FPP = 0.01
+
+
+def absent_from_filter(
+    references: DataFrame, candidates: DataFrame, key: str, expected_count: int, fpp: float, salt: str
+) -> DataFrame:
+    """The candidates whose key is not in a Bloom filter of the references' keys, chained as the GC's
+    assets chain them (the filter built, then probed)."""
+    return not_in_filter(bloom_filter(references, key, expected_count, fpp, salt), candidates, key, salt)
 
 
 def blob_ids(spark: SparkSession, first: int, stop: int) -> DataFrame:
@@ -136,7 +143,7 @@ def test_invalid_sizes_are_clear_errors(
 
 def test_invalid_keys_and_salts_are_clear_errors(references: DataFrame, candidates: DataFrame) -> None:
     with pytest.raises(ValueError, match="the candidates have no column 'blob'"):
-        absent_from_filter(references, candidates, "blob", 10, FPP, "s")
+        not_in_filter(bloom_filter(references, "blob_id", 10, FPP, "s"), candidates, "blob", "s")
     with pytest.raises(ValueError, match="must be a string, not bigint"):
         exact_absent(candidates, candidates, "id")
     with pytest.raises(ValueError, match="salt must be a non-empty string"):

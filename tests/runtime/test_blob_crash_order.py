@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from mailq_runtime import InjectedFault, Runtime, faults
+from mailq_runtime.blobs.dedup import GC_ITERATION
 from mailq_runtime.model import BlobId
 
 from .backends import Backend
@@ -129,7 +130,7 @@ def _rotate_done(scene: Scene) -> None:
     generations = scene.runtime.generations
     assert (generations.current(), generations.current_gc_iteration()) == (2, 2)
     assert [g.number for g in generations.reference_generations()] == [1, 2]
-    assert [g.number for g in generations.gc_iterations()] == [1, 2]
+    assert [n for n, _ in generations.tables.history(GC_ITERATION)] == [1, 2]
 
 
 PATHS: dict[str, tuple[Callable[[Scene], None], Callable[[Scene], object], Callable[[Scene], None]]] = {

@@ -1,10 +1,9 @@
-"""What the file system and SQLite blob stores add to the contract of every store (tests/blobs): a put
-that dies half-way leaves nothing torn behind, and a file blob stays under its root."""
+"""What the SQLite blob store adds to the contract of every store (tests/blobs): a put that dies half-way
+leaves nothing torn behind."""
 
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,7 +13,6 @@ import pytest
 
 from mailq_runtime import BlobId, BlobNotFound
 from mailq_runtime.blobs.sqlite_store import SqliteBlobStore
-from mailq_runtime.blobs.store import FileBlobStore
 from mailq_runtime.stores.embedded.store import EmbeddedStore, _Transaction
 
 
@@ -26,27 +24,9 @@ class Crash(Exception):
     """The process dying half-way through a put."""
 
 
-@pytest.fixture(params=["file", "sqlite"])
-def store(request, tmp_path, monkeypatch) -> Iterator:
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> Iterator:
     """The store under test, with `.crash_next_put()`: a context in which a put dies after writing."""
-    if request.param == "file":
-        blobs = FileBlobStore(tmp_path / "blobs")
-        replace = os.replace
-
-        def crash_after_writing(source, target):
-            raise Crash(f"died before renaming {source} to {target}")
-
-        @contextmanager
-        def crash_next_put():
-            monkeypatch.setattr(os, "replace", crash_after_writing)
-            try:
-                yield
-            finally:
-                monkeypatch.setattr(os, "replace", replace)
-
-        blobs.crash_next_put = crash_next_put
-        yield blobs
-        return
     embedded = EmbeddedStore(tmp_path / "db")
     blobs = SqliteBlobStore(embedded)
     exit_transaction = _Transaction.__exit__
@@ -115,13 +95,3 @@ def test_a_reader_never_sees_a_torn_write(store):
         stop.set()
         writer.join(30)
     assert not errors
-
-
-def test_file_blobs_stay_under_the_root(tmp_path):
-    root = tmp_path / "blobs"
-    store = FileBlobStore(root)
-    content = b"placed"
-    store.put(blob_id(content), content)
-    (path,) = [p for p in root.rglob("*") if p.is_file()]
-    assert path.resolve().is_relative_to(root.resolve())
-    assert path.name == blob_id(content).hash

@@ -19,8 +19,6 @@ from pathlib import Path
 import pytest
 
 from mailq_runtime import Runtime, StoreUnusable
-from mailq_runtime.blobs.store import FileBlobStore
-from mailq_runtime.model import BlobId
 
 from .backends import EmbeddedBackend
 from .helpers import make_mail
@@ -185,17 +183,6 @@ def test_an_older_store_readable_by_others_is_made_private_at_open(tmp_path, uma
         with Runtime.open(f"embedded://{data}", create=False) as again:
             assert again.queue("spool").size() == 1
             assert set(modes(data).values()) == {"0700", "0600"} and modes(data)["."] == "0700"
-
-
-def test_the_file_blob_store_is_private_to_its_owner(tmp_path, umask_022):
-    blobs = FileBlobStore(tmp_path / "blobs")
-    blobs.put(BlobId(1, "ab" * 32), b"content")
-    assert modes(tmp_path / "blobs") == {
-        ".": "0700",
-        "g1": "0700",
-        "g1/ab": "0700",
-        f"g1/ab/{'ab' * 32}": "0600",
-    }
 
 
 _CREATE_AT_ONCE = """
