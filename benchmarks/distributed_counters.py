@@ -81,6 +81,7 @@ from harness import (
 )
 
 from assets.mailboxes import SEEN, counter_drift, projection_inconsistencies
+from mailq_runtime.settings import Settings
 
 MAILBOX_CONCURRENCY = 2
 MESSAGE_CONCURRENCY = 8
@@ -297,11 +298,13 @@ def measure_master(master: str, deployment: Deployment, args: argparse.Namespace
         if args.verify == master:
             result["drift_rows"] = {
                 row["mailbox_id"]: (row["count"], row["unseen"])
-                for row in counter_drift(spark, deployment.url).toLocalIterator()
+                for row in counter_drift(spark, Settings.from_url(deployment.url)).toLocalIterator()
             }
             result["inconsistency_rows"] = {
                 (row["mailbox_id"], row["message_id"], row["kind"])
-                for row in projection_inconsistencies(spark, deployment.url).toLocalIterator()
+                for row in projection_inconsistencies(
+                    spark, Settings.from_url(deployment.url)
+                ).toLocalIterator()
             }
         return result
     finally:

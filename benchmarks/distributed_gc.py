@@ -77,6 +77,7 @@ from pyspark.sql import functions as F
 from assets import blobs
 from assets.spark.bloom import FILTER_COLUMN, exact_absent, not_in_filter
 from assets.spark.table_source import read_table
+from mailq_runtime.settings import Settings
 from mailq_runtime.stores.cassandra.blobs import shard_of
 from mailq_runtime.stores.cassandra.schema import DELETION_SHARDS
 
@@ -142,7 +143,7 @@ def generate(deployment: Deployment, references: int, deletions: int) -> Dataset
 
 def concerned_blobs(spark: SparkSession, url: str) -> DataFrame:
     """deletion_sets: the distinct blob ids of the eligible generation's deletions, read by partition."""
-    deletions = read_table(spark, url, "blob_deletions", generations=[GENERATION])
+    deletions = read_table(spark, Settings.from_url(url), "blob_deletions", generations=[GENERATION])
     return deletions.groupBy("generation", "blob_id").agg(
         F.count("*").alias("deletions"), F.min("deleted_at").alias("first_deleted_at")
     )
@@ -150,7 +151,9 @@ def concerned_blobs(spark: SparkSession, url: str) -> DataFrame:
 
 def live_references(spark: SparkSession, url: str) -> DataFrame:
     """live_reference_filter's input: the generation's references, the two columns it needs."""
-    references = read_table(spark, url, "blob_references", columns=["blob_id", "generation"])
+    references = read_table(
+        spark, Settings.from_url(url), "blob_references", columns=["blob_id", "generation"]
+    )
     return references.where(F.col("generation") == GENERATION)
 
 
@@ -160,7 +163,7 @@ def bloom_run(spark: SparkSession, url: str, fpp: float, expected: int) -> tuple
     start = time.perf_counter()
     salt = uuid.uuid4().hex
     stages["build"], (filters, _) = timed(
-        lambda: blobs.generation_filters(spark, url, [GENERATION], fpp, salt, expected)
+        lambda: blobs.generation_filters(spark, Settings.from_url(url), [GENERATION], fpp, salt, expected)
     )
     absent = not_in_filter(filters.select(FILTER_COLUMN), concerned_blobs(spark, url), "blob_id", salt)
     stages["probe"], count = timed(absent.count)
@@ -170,7 +173,7 @@ def bloom_run(spark: SparkSession, url: str, fpp: float, expected: int) -> tuple
 
 def bloom_ids(spark: SparkSession, url: str, fpp: float, expected: int) -> set[str]:
     salt = uuid.uuid4().hex
-    filters, _ = blobs.generation_filters(spark, url, [GENERATION], fpp, salt, expected)
+    filters, _ = blobs.generation_filters(spark, Settings.from_url(url), [GENERATION], fpp, salt, expected)
     absent = not_in_filter(filters.select(FILTER_COLUMN), concerned_blobs(spark, url), "blob_id", salt)
     return {row["blob_id"] for row in absent.select("blob_id").toLocalIterator()}
 

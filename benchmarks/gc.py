@@ -77,6 +77,7 @@ from pyspark.sql import functions as F
 from assets import blobs
 from assets.spark.bloom import FILTER_COLUMN, exact_absent, filter_bits, not_in_filter
 from assets.spark.table_source import read_table, rows_upper_bound
+from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import DATABASE_FILE
 
 GENERATION = 1
@@ -187,7 +188,9 @@ def generate(path: Path, references: int, deletions: int) -> Dataset:
 
 def concerned_blobs(spark: SparkSession, url: str) -> DataFrame:
     """deletion_sets: the distinct blob ids of the eligible generation's deletions."""
-    deletions = read_table(spark, url, "blob_deletions").where(F.col("generation").isin([GENERATION]))
+    deletions = read_table(spark, Settings.from_url(url), "blob_deletions").where(
+        F.col("generation").isin([GENERATION])
+    )
     return deletions.groupBy("generation", "blob_id").agg(
         F.count("*").alias("deletions"), F.min("deleted_at").alias("first_deleted_at")
     )
@@ -195,7 +198,9 @@ def concerned_blobs(spark: SparkSession, url: str) -> DataFrame:
 
 def live_references(spark: SparkSession, url: str) -> DataFrame:
     """live_reference_filter's input: the generation's references, the two columns it needs."""
-    references = read_table(spark, url, "blob_references", columns=["blob_id", "generation"])
+    references = read_table(
+        spark, Settings.from_url(url), "blob_references", columns=["blob_id", "generation"]
+    )
     return references.where(F.col("generation") == GENERATION)
 
 
@@ -207,7 +212,9 @@ def bloom_mark(spark: SparkSession, url: str, fpp: float, expected_references: i
     # live_reference_filter's work: the filter sized (from metadata by default, `expected_references: 0`)
     # and built eagerly, as its IO manager would materialise it.
     stages["build"], (filters, _) = timed(
-        lambda: blobs.generation_filters(spark, url, [GENERATION], fpp, salt, expected_references)
+        lambda: blobs.generation_filters(
+            spark, Settings.from_url(url), [GENERATION], fpp, salt, expected_references
+        )
     )
     # collected_blobs (_absent_from_filters) for the one eligible generation.
     bloom = filters.where(F.col("generation") == GENERATION).select(FILTER_COLUMN)
@@ -425,7 +432,9 @@ def main() -> None:
     with data_dir("gc") as path:
         data = generate(path, args.references, args.deletions)
         # The single process is given the expected count the Bloom GC sizes its filter by.
-        expected = args.expected_references or rows_upper_bound(data.url, "blob_references")
+        expected = args.expected_references or rows_upper_bound(
+            Settings.from_url(data.url), "blob_references"
+        )
         figures: dict = {
             "references": data.references,
             "deletions": data.deletions,

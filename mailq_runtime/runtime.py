@@ -18,9 +18,12 @@ their statements; nothing on any other deployment.
 
 from __future__ import annotations
 
+import atexit
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -31,7 +34,7 @@ from .brokers.base import Broker
 from .brokers.embedded import EmbeddedBroker
 from .clock import Clock, system_clock
 from .config import ConfigurationEvents, ConfigurationStore
-from .errors import InvalidInput, UnknownQueue
+from .errors import InvalidInput, NoStore, UnknownQueue
 from .faults import FaultInjector
 from .mailbox import Mailboxes, MailboxTables
 from .model import QueueName
@@ -44,8 +47,10 @@ from .stores.embedded import EmbeddedStore
 from .stores.embedded_blobs import EmbeddedBlobTables
 from .stores.embedded_dead_letters import EmbeddedDeadLetters
 from .stores.embedded_delayed_mails import EmbeddedDelayedMails
+from .stores.embedded_files import DATABASE_FILE, check_data_dir
 from .stores.embedded_mailboxes import EmbeddedMailboxTables
 from .stores.embedded_queue_view import EmbeddedQueueView
+from .tables import TableReader
 
 if TYPE_CHECKING:  # the driver is imported only by a process on the distributed deployment
     from .stores.cassandra import CassandraStore
@@ -149,6 +154,36 @@ def open_cassandra(settings: Settings, *, create: bool = False) -> CassandraStor
     )
 
 
+# This process's table readers, by the store they read: a Spark worker runs many tasks and keeps its
+# Cassandra session for the next ones.
+_table_readers: dict[tuple, TableReader] = {}
+_table_readers_lock = threading.Lock()
+
+
+def table_reader(settings: Settings) -> TableReader:
+    """The tables of `settings`' store as the pipeline reads them (tables.py), opened at the first call
+    in this process (never creating) and kept until it exits. The other store's driver is never imported."""
+    key = (settings.backend, settings.data_dir, settings.cassandra)
+    with _table_readers_lock:
+        reader = _table_readers.get(key)
+        if reader is None:
+            reader = _table_readers[key] = _open_table_reader(settings)
+    return reader
+
+
+def _open_table_reader(settings: Settings) -> TableReader:
+    if settings.backend == CASSANDRA:
+        from .stores.cassandra.table_reader import CassandraTableReader
+
+        store = open_cassandra(settings)
+        atexit.register(store.close)
+        return CassandraTableReader(store)
+    from .stores.embedded_table_reader import EmbeddedTableReader
+
+    assert settings.data_dir is not None
+    return EmbeddedTableReader.of(settings.data_dir, settings.shown())
+
+
 def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
     """Cassandra for the metadata, S3 for the content, RabbitMQ or the embedded broker in its own
     directory. The drivers are imported here, so that a process on the embedded deployment never loads
@@ -207,6 +242,32 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         store=None,
         close=close,
     )
+
+
+def data_dir_holds_store(data_dir: Path) -> bool:
+    """Whether `data_dir` holds an embedded store (the embedded deployment's, or the embedded broker's of a
+    distributed one): False when it does not exist or holds none; StoreUnusable when it is not a directory
+    the running user owns and may write."""
+    return check_data_dir(data_dir) and (data_dir / DATABASE_FILE).exists()
+
+
+def s3_content_sample(settings: Settings) -> str | None:
+    """One blob id whose content the S3 bucket of `settings` holds under its prefix, or None: looked at
+    without the metadata store (a deployment opens its keyspace first), and None when the bucket does
+    not exist yet."""
+    from .blobs.s3_store import S3BlobStore
+
+    s3 = settings.s3
+    if s3 is None:
+        raise InvalidInput(f"{settings.shown()} names no S3 bucket")
+    content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
+    try:
+        content.open_bucket(create=False)
+        return next(iter(content.list_ids()), None)
+    except NoStore:
+        return None
+    finally:
+        content.close()
 
 
 class Runtime:
