@@ -1,5 +1,6 @@
 """The composition root: `build` makes a deployment's backends from its settings, `Runtime` the queues,
-blobs and mailboxes on top of them. Nothing else names a backend's classes.
+blobs and mailboxes on top of them, `table_reader` the store's tables as the pipeline reads them (tables.py).
+Nothing else names a backend's classes.
 
 Opening writes nothing. A runtime opened with `create=True` (what `mailq enqueue`, `worker`, `config set`
 and `schema create` do) makes what is missing: the store and its schema, the first reference generation,

@@ -633,7 +633,7 @@ def imported_by(*argv: str) -> tuple[int, list[str], str]:
     return report["status"], report["heavy"], done.stdout
 
 
-def test_the_console_script_is_the_runtimes_cli():
+def test_the_console_script_is_mailq_cli():
     scripts = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"mailq": "mailq_cli.main:main"}
 
