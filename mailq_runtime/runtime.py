@@ -19,7 +19,6 @@ their statements; nothing on any other deployment.
 
 from __future__ import annotations
 
-import atexit
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -162,8 +161,9 @@ _table_readers_lock = threading.Lock()
 
 
 def table_reader(settings: Settings) -> TableReader:
-    """The tables of `settings`' store as the pipeline reads them (tables.py), opened at the first call
-    in this process (never creating) and kept until it exits. The other store's driver is never imported."""
+    """The tables of `settings`' store as the pipeline reads them (tables.py), made at the first call in
+    this process and kept until it exits; it connects (never creating) at its first read. The other store's
+    driver is never imported."""
     key = (settings.backend, settings.data_dir, settings.cassandra)
     with _table_readers_lock:
         reader = _table_readers.get(key)
@@ -176,9 +176,7 @@ def _open_table_reader(settings: Settings) -> TableReader:
     if settings.backend == CASSANDRA:
         from .stores.cassandra.table_reader import CassandraTableReader
 
-        store = open_cassandra(settings)
-        atexit.register(store.close)
-        return CassandraTableReader(store)
+        return CassandraTableReader(lambda: open_cassandra(settings))
     from .stores.embedded_table_reader import EmbeddedTableReader
 
     assert settings.data_dir is not None

@@ -11,14 +11,18 @@ scoped counter recomputation) asks for `mailbox_id = ?` mailbox by mailbox: a pa
 mailbox_id is the partition key (mailboxes, message_id_table, mailbox_counters), an index read on
 imap_uid_table.
 
-The reader works on the session of the process that reads (`runtime.table_reader` keeps one a process):
-a partition holds no secret, and a password comes from the environment of the process that connects.
+The reader opens its session at its first statement, never before: knowing the tables, or that there is
+no cheap bound of their rows, costs no connection. `runtime.table_reader` keeps one reader a process, so
+its session serves the process's next reads; a partition holds no secret, and a password comes from the
+environment of the process that connects.
 """
 
 from __future__ import annotations
 
+import atexit
 import math
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -86,12 +90,23 @@ def token_ranges(count: int) -> list[TokenRange]:
     return [TokenRange(low, high) for low, high in pairwise(bounds)]
 
 
-@dataclass(frozen=True)
 class CassandraTableReader:
-    """The tables of a Cassandra store's keyspace, read on `store`'s session."""
+    """The tables of a Cassandra store's keyspace, read on the session `open_store` opens."""
 
-    store: CassandraStore
     tables: frozenset[str] = TABLES
+
+    def __init__(self, open_store: Callable[[], CassandraStore]) -> None:
+        self._open_store = open_store
+        self._store: CassandraStore | None = None
+        self._opening = threading.Lock()
+
+    @property
+    def store(self) -> CassandraStore:
+        with self._opening:
+            if self._store is None:
+                self._store = self._open_store()
+                atexit.register(self._store.close)
+        return self._store
 
     def columns(self, table: str) -> list[Column]:
         """bigint, int and counter -> long, text -> string, blob -> binary; key columns are not nullable."""
