@@ -32,6 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mailq_runtime.model import parse_duration
+from mailq_runtime.settings import Settings
 from resources import MailqRuntime
 from resources.parquet_io import SparkParquetIOManager
 
@@ -107,7 +108,7 @@ def deletion_sets(
     and the owners whose releases wrote them (`owners`)."""
     spark = pyspark.spark_session
     eligible = reference_generations["eligible"]
-    deletions = read_table(spark, mailq.url, "blob_deletions", generations=eligible)
+    deletions = read_table(spark, mailq.settings, "blob_deletions", generations=eligible)
     concerned = (
         deletions.groupBy("generation", "blob_id")
         .agg(
@@ -165,7 +166,7 @@ class BloomFilterConfig(dg.Config):
 
 
 def generation_filters(
-    spark: SparkSession, url: str, generations: list[int], fpp: float, salt: str, expected: int = 0
+    spark: SparkSession, settings: Settings, generations: list[int], fpp: float, salt: str, expected: int = 0
 ) -> tuple[DataFrame, list[dict]]:
     """One Bloom filter of the live references per generation (rows of FILTER_SCHEMA, built eagerly),
     and each one's size. A filter is sized for `expected` references, or else for an upper bound of the
@@ -174,11 +175,11 @@ def generation_filters(
     (Cassandra), or past what one filter may hold, each generation's references are counted, in the same
     pass over the table that the filters are then built from (the read is kept)."""
     references = read_table(
-        spark, url, "blob_references", columns=["blob_id", "generation"], generations=generations
+        spark, settings, "blob_references", columns=["blob_id", "generation"], generations=generations
     )
     sizes = dict.fromkeys(generations, expected)
     if not expected:
-        bound = rows_upper_bound(url, "blob_references")
+        bound = rows_upper_bound(settings, "blob_references")
         if bound is not None and bound <= filter_capacity(fpp):
             sizes = dict.fromkeys(generations, bound)
         else:
@@ -244,7 +245,12 @@ def live_reference_filter(
             },
         )
     result, summary = generation_filters(
-        spark, mailq.url, generations, config.false_positive_probability, salt, config.expected_references
+        spark,
+        mailq.settings,
+        generations,
+        config.false_positive_probability,
+        salt,
+        config.expected_references,
     )
     return dg.Output(
         result,
@@ -318,13 +324,15 @@ class Marked:
     live: DataFrame
 
 
-def mark(exact: bool, deletion_sets: DataFrame, live_reference_filter: DataFrame, url: str) -> Marked:
+def mark(
+    exact: bool, deletion_sets: DataFrame, live_reference_filter: DataFrame, settings: Settings
+) -> Marked:
     """The mark of an iteration, shared by collected_blobs and gc_plan: the concerned blobs that no live
     reference uses, by the exact anti-join, the Bloom filters, or (with no filter built) one lookup a blob;
     and those found still referenced."""
     spark = deletion_sets.sparkSession
     if exact or live_reference_filter.limit(1).count():
-        references = read_table(spark, url, "blob_references")
+        references = read_table(spark, settings, "blob_references")
         if exact:
             mode = "exact anti-join"
             candidates = _found_by(exact_absent(references, deletion_sets, "blob_id"), BY_ANTI_JOIN)
@@ -338,7 +346,7 @@ def mark(exact: bool, deletion_sets: DataFrame, live_reference_filter: DataFrame
     else:
         # No filter for blobs to examine: few enough to look each one's references up, exactly.
         mode = "reference lookups"
-        looked = lookup_references(deletion_sets, url)
+        looked = lookup_references(deletion_sets, settings)
         candidates = _found_by(looked.where(~F.col("referenced")), BY_LOOKUP)
         found = looked.where(F.col("referenced")).select("blob_id")
         live = deletion_sets.join(found, "blob_id", "left_semi").cache()
@@ -394,15 +402,17 @@ def collected_blobs(
             | {"settle": config.settle}
             | _collect_figures("nothing to examine", 0, {}, started),
         )
-    marked = mark(config.exact, deletion_sets, live_reference_filter, mailq.url)
+    marked = mark(config.exact, deletion_sets, live_reference_filter, mailq.settings)
     kept_live = marked.live.count()
     settled = marked.live.select("blob_id", F.explode("deletion_times").alias("deleted_at")).where(
         F.col("deleted_at") <= settled_before
     )
-    retired = retire_deletions(settled, mailq.url)
+    retired = retire_deletions(settled, mailq.settings)
     if retired[1]:
         context.log.warning(f"{retired[1]} batch(es) of deletions not retired, e.g.: {retired[2]}")
-    collected = collect_blobs(marked.candidates.select("blob_id", "generation"), mailq.url, dry_run=False)
+    collected = collect_blobs(
+        marked.candidates.select("blob_id", "generation"), mailq.settings, dry_run=False
+    )
     collected = collected.cache()
     totals = _totals(collected)
     for row in collected.where(F.col("error").isNotNull()).limit(20).collect():
@@ -521,9 +531,9 @@ def no_live_blob_collected(
     if not checked:
         referenced = taken
     elif checked <= LOOKUP_LIMIT:
-        referenced = lookup_references(taken, mailq.url).where(F.col("referenced"))
+        referenced = lookup_references(taken, mailq.settings).where(F.col("referenced"))
     else:
-        references = read_table(pyspark.spark_session, mailq.url, "blob_references", columns=["blob_id"])
+        references = read_table(pyspark.spark_session, mailq.settings, "blob_references", columns=["blob_id"])
         referenced = taken.join(references, "blob_id", "left_semi")
     count = referenced.count()
     sample = [r["blob_id"] for r in referenced.select("blob_id").limit(10).collect()]
@@ -563,28 +573,28 @@ def orphan_blobs(
     content with no blob row, are deleted."""
     spark = pyspark.spark_session
     eligible = reference_generations["eligible"]
-    url = mailq.url
+    settings = mailq.settings
     created_before = mailq.runtime.clock() - parse_duration(config.grace, "grace")
-    owners = orphan_owners(spark, url, reference_generations["current"] - 2, created_before).cache()
+    owners = orphan_owners(spark, settings, reference_generations["current"] - 2, created_before).cache()
     found = owners.agg(F.count("*").alias("owners"), F.sum("references").alias("references")).first()
     released = {"references": 0, "errors": 0}
     if not config.dry_run:
         released = (
-            release_owners(owners, url)
+            release_owners(owners, settings)
             .agg(
                 F.coalesce(F.sum("released"), F.lit(0)).alias("references"),
                 F.count(F.col("error")).alias("errors"),
             )
             .first()
         )
-    blobs = read_table(spark, url, "blobs").where(F.col("generation").isin(eligible))
-    references = read_table(spark, url, "blob_references").select("blob_id")
-    deletions = read_table(spark, url, "blob_deletions").select("blob_id")
+    blobs = read_table(spark, settings, "blobs").where(F.col("generation").isin(eligible))
+    references = read_table(spark, settings, "blob_references").select("blob_id")
+    deletions = read_table(spark, settings, "blob_deletions").select("blob_id")
     orphans = blobs.join(references, "blob_id", "left_anti").join(deletions, "blob_id", "left_anti")
-    content = orphan_content(spark, url, eligible).cache()
+    content = orphan_content(spark, settings, eligible).cache()
     content_count = content.count()  # before the collection deletes it
     candidates = orphans.select("blob_id", "generation").unionByName(content)
-    collected = collect_blobs(candidates, url, dry_run=config.dry_run).cache()
+    collected = collect_blobs(candidates, settings, dry_run=config.dry_run).cache()
     totals = _totals(collected)
     return dg.Output(
         collected,
@@ -613,8 +623,8 @@ def every_reference_finds_its_blob(mailq: MailqRuntime, pyspark: LazyPySparkReso
     snapshot while traffic goes on in the current generations."""
     spark = pyspark.spark_session
     eligible = mailq.runtime.generations.eligible()
-    references = read_table(spark, mailq.url, "blob_references", columns=["blob_id", "generation"])
-    blobs = read_table(spark, mailq.url, "blobs", columns=["blob_id", "generation"])
+    references = read_table(spark, mailq.settings, "blob_references", columns=["blob_id", "generation"])
+    blobs = read_table(spark, mailq.settings, "blobs", columns=["blob_id", "generation"])
     dangling = references.where(F.col("generation").isin(eligible)).join(
         blobs.where(F.col("generation").isin(eligible)), "blob_id", "left_anti"
     )

@@ -18,10 +18,9 @@ CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, queue])
 PIPELINE_DIR_VARIABLE = "MAILQ_PIPELINE_DIR"
 
 
-def pipeline_dir(url: str) -> str:
+def pipeline_dir(settings: Settings) -> str:
     """Where the assets' Parquet outputs go: MAILQ_PIPELINE_DIR, else, for the embedded deployment,
     `<data dir>/pipeline`."""
-    settings = Settings.from_url(url)  # a bad URL is refused whether or not the variable is set
     configured = os.environ.get(PIPELINE_DIR_VARIABLE)
     if configured:
         return configured
@@ -39,7 +38,9 @@ def build_resources(url: str | dg.EnvVar, data_dir_url: str) -> dict:
     return {
         "mailq": MailqRuntime(url=url),
         "pyspark": pyspark,
-        "spark_parquet": SparkParquetIOManager(base_path=pipeline_dir(data_dir_url), pyspark=pyspark),
+        "spark_parquet": SparkParquetIOManager(
+            base_path=pipeline_dir(Settings.from_url(data_dir_url)), pyspark=pyspark
+        ),
     }
 
 
@@ -47,10 +48,11 @@ def resources_config(url: str) -> dict:
     """Run config that points a run of this code location at the runtime of `url`, whatever MAILQ_URL
     the location was loaded with: a command-line run carries its store in its config, so a re-execution
     from the UI acts on the same store."""
+    settings = Settings.from_url(url)  # a bad URL is refused whether or not the variable is set
     return {
         "resources": {
             "mailq": {"config": {"url": url}},
-            "spark_parquet": {"config": {"base_path": pipeline_dir(url)}},
+            "spark_parquet": {"config": {"base_path": pipeline_dir(settings)}},
         }
     }
 

@@ -54,9 +54,9 @@ def gc_plan(
     spark = pyspark.spark_session
     planned = spark.createDataFrame([], gc_records.PLAN_SCHEMA)
     if concerned:
-        marked = mark(config.exact, deletion_sets, live_reference_filter, mailq.url)
+        marked = mark(config.exact, deletion_sets, live_reference_filter, mailq.settings)
         mode, kept_live = marked.mode, marked.live.count()
-        sized = lookup_rows(marked.candidates, mailq.url)
+        sized = lookup_rows(marked.candidates, mailq.settings)
         planned = (
             marked.candidates.join(sized.select("blob_id", "bytes"), "blob_id", "left")
             .join(
@@ -178,12 +178,12 @@ def applied_gc_plan(
     plan = spark.read.parquet(gc_records.path(base, gc_records.PLANS, plan_id))
     planned = plan.select("blob_id", "generation", "found_by").cache()
     current = mailq.runtime.generations.current()
-    rows = lookup_rows(planned, mailq.url)
+    rows = lookup_rows(planned, mailq.settings)
     present = rows.where(F.col("bytes").isNotNull())
     eligible = present.where(F.col("generation") <= current - 2)
-    looked = lookup_references(eligible, mailq.url)
+    looked = lookup_references(eligible, mailq.settings)
     approved = looked.where(~F.col("referenced")).select("blob_id", "generation")
-    collected = collect_blobs(approved, mailq.url, dry_run=False)
+    collected = collect_blobs(approved, mailq.settings, dry_run=False)
     outcomes = _apply_outcomes(planned, rows, present, eligible, looked, collected)
     record_id = gc_records.new_id(context.run.run_id, now)
     record_run(base, record_id, context.run.run_id, plan_id, now, outcomes)

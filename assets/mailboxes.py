@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from mailq_runtime.errors import InvalidInput, MailqError, UnknownMailbox
 from mailq_runtime.mailboxes import Mailboxes
 from mailq_runtime.pacing import RateLimit
+from mailq_runtime.settings import Settings
 from resources import MailqRuntime
 
 from .metadata import table
@@ -38,12 +39,12 @@ def _unseen(flags: str) -> F.Column:
 Scope = list[str] | None  # the mailbox ids a run is limited to; None: every mailbox
 
 
-def projection_inconsistencies(spark: SparkSession, url: str, scope: Scope = None) -> DataFrame:
+def projection_inconsistencies(spark: SparkSession, settings: Settings, scope: Scope = None) -> DataFrame:
     """(mailbox_id, message_id, kind) for every projection entry that disagrees with the source of truth."""
-    projection = read_table(spark, url, "message_id_table", mailboxes=scope).select(
+    projection = read_table(spark, settings, "message_id_table", mailboxes=scope).select(
         "mailbox_id", "message_id", F.col("uid").alias("p_uid"), F.col("flags").alias("p_flags")
     )
-    truth = read_table(spark, url, "imap_uid_table", mailboxes=scope).select(
+    truth = read_table(spark, settings, "imap_uid_table", mailboxes=scope).select(
         "mailbox_id", "message_id", F.col("uid").alias("t_uid"), F.col("flags").alias("t_flags")
     )
     joined = projection.join(truth, ["mailbox_id", "message_id"], "full_outer")
@@ -58,18 +59,20 @@ def projection_inconsistencies(spark: SparkSession, url: str, scope: Scope = Non
     return joined.select("mailbox_id", "message_id", kind.alias("kind")).where(F.col("kind").isNotNull())
 
 
-def counter_drift(spark: SparkSession, url: str, scope: Scope = None) -> DataFrame:
+def counter_drift(spark: SparkSession, settings: Settings, scope: Scope = None) -> DataFrame:
     """(mailbox_id, user, name, count, unseen, observed_count, observed_unseen) where the counters differ
     from the source of truth."""
     # Only the columns used: the reader's cost grows with the bytes it hands over.
-    truth = read_table(spark, url, "imap_uid_table", columns=["mailbox_id", "flags"], mailboxes=scope)
+    truth = read_table(spark, settings, "imap_uid_table", columns=["mailbox_id", "flags"], mailboxes=scope)
     expected = truth.groupBy("mailbox_id").agg(
         F.count("*").alias("count"), F.sum(_unseen("flags")).alias("unseen")
     )
-    counters = read_table(spark, url, "mailbox_counters", mailboxes=scope).select(
+    counters = read_table(spark, settings, "mailbox_counters", mailboxes=scope).select(
         "mailbox_id", F.col("count").alias("observed_count"), F.col("unseen").alias("observed_unseen")
     )
-    mailboxes = read_table(spark, url, "mailboxes", columns=["mailbox_id", "user", "name"], mailboxes=scope)
+    mailboxes = read_table(
+        spark, settings, "mailboxes", columns=["mailbox_id", "user", "name"], mailboxes=scope
+    )
     compared = (
         mailboxes.join(expected, "mailbox_id", "left")
         .fillna(0, ["count", "unseen"])
@@ -138,7 +141,7 @@ def mailbox_counters(
     spark = pyspark.spark_session
     failed: set[str] = set()
     healed = {"orphan_projection_entry": 0, "missing_projection_entry": 0, "outdated_projection_entry": 0}
-    for row in projection_inconsistencies(spark, mailq.url, scope).toLocalIterator():
+    for row in projection_inconsistencies(spark, mailq.settings, scope).toLocalIterator():
         try:
             pace.wait()
             mailboxes.heal_projection(row["mailbox_id"], row["message_id"])
@@ -147,7 +150,7 @@ def mailbox_counters(
             context.log.warning(f"could not heal {row['message_id']} in {row['mailbox_id']}: {error}")
             failed.add(row["mailbox_id"])
     corrected = []
-    for row in counter_drift(spark, mailq.url, scope).toLocalIterator():
+    for row in counter_drift(spark, mailq.settings, scope).toLocalIterator():
         if row["mailbox_id"] in failed:
             continue
         try:
@@ -160,7 +163,9 @@ def mailbox_counters(
         except Exception as error:
             context.log.warning(f"could not reset the counters of {row['mailbox_id']}: {error}")
             failed.add(row["mailbox_id"])
-    processed = read_table(spark, mailq.url, "mailboxes", columns=["mailbox_id"], mailboxes=scope).count()
+    processed = read_table(
+        spark, mailq.settings, "mailboxes", columns=["mailbox_id"], mailboxes=scope
+    ).count()
     corrected.sort(key=lambda row: (row["user"], row["name"]))
     records = [
         {
@@ -216,7 +221,7 @@ def counters_match_source_of_truth(
         # The scope's mailboxes are gone since: none left to drift. A store that fails is no such case:
         # the check fails with its error.
         scope, scope_text = [], str(error)
-    drift = counter_drift(pyspark.spark_session, mailq.url, scope)
+    drift = counter_drift(pyspark.spark_session, mailq.settings, scope)
     sample = [r.asDict() for r in drift.limit(10).collect()]
     count = drift.count()
     return dg.AssetCheckResult(

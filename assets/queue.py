@@ -5,6 +5,7 @@ from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from mailq_runtime.settings import Settings
 from resources import MailqRuntime
 
 from .metadata import table, when
@@ -13,10 +14,10 @@ from .spark.table_source import read_table
 GROUP = "mail_queue"
 
 
-def slice_recount(spark: SparkSession, url: str) -> DataFrame:
+def slice_recount(spark: SparkSession, settings: Settings) -> DataFrame:
     """Per queue and slice: enqueued, deleted and live mails counted from the rows themselves."""
-    enqueued = read_table(spark, url, "enqueued_mails").select("queue", "slice_start", "enqueue_id")
-    deleted = read_table(spark, url, "deleted_mails").withColumn("is_deleted", F.lit(1))
+    enqueued = read_table(spark, settings, "enqueued_mails").select("queue", "slice_start", "enqueue_id")
+    deleted = read_table(spark, settings, "deleted_mails").withColumn("is_deleted", F.lit(1))
     return (
         enqueued.join(deleted, ["queue", "enqueue_id"], "left")
         .groupBy("queue", "slice_start")
@@ -33,15 +34,15 @@ def mail_queue_slices(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.O
     # Summed over the slice's rows: Cassandra keeps one a (slice, bucket), the embedded store one a slice.
     counted = ("queue", "slice_start", "enqueued", "deleted")
     counters = (
-        read_table(spark, mailq.url, "slice_counters", columns=counted)
+        read_table(spark, mailq.settings, "slice_counters", columns=counted)
         .groupBy("queue", "slice_start")
         .agg(F.sum("enqueued").alias("counted_enqueued"), F.sum("deleted").alias("counted_deleted"))
     )
-    starts = read_table(spark, mailq.url, "browse_start").join(
-        read_table(spark, mailq.url, "content_start"), "queue"
+    starts = read_table(spark, mailq.settings, "browse_start").join(
+        read_table(spark, mailq.settings, "content_start"), "queue"
     )
     slices = (
-        slice_recount(spark, mailq.url)
+        slice_recount(spark, mailq.settings)
         .join(counters, ["queue", "slice_start"], "full_outer")
         .fillna(0, ["enqueued", "deleted", "live", "counted_enqueued", "counted_deleted"])
         .join(starts, "queue", "left")

@@ -9,6 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mailq_runtime.clock import MICROS_PER_SECOND, from_datetime
+from mailq_runtime.settings import Settings
 from resources import MailqRuntime
 
 from .metadata import table, when
@@ -85,14 +86,14 @@ def mail_queue_overview(mailq: MailqRuntime) -> dg.MaterializeResult:
     )
 
 
-def live_mails_by_domain(spark: SparkSession, url: str) -> DataFrame:
+def live_mails_by_domain(spark: SparkSession, settings: Settings) -> DataFrame:
     """Per queue and recipient domain (in lower case): the live mails with a recipient there, those
     recipients, and the oldest such mail's enqueue time. A live mail is an enqueued_mails row that
     deleted_mails does not mark."""
     enqueued = read_table(
-        spark, url, "enqueued_mails", columns=("queue", "enqueue_id", "enqueued_time", "recipients")
+        spark, settings, "enqueued_mails", columns=("queue", "enqueue_id", "enqueued_time", "recipients")
     )
-    deleted = read_table(spark, url, "deleted_mails", columns=("queue", "enqueue_id"))
+    deleted = read_table(spark, settings, "deleted_mails", columns=("queue", "enqueue_id"))
     live = enqueued.join(deleted, ["queue", "enqueue_id"], "left_anti")
     recipients = live.select(
         "queue",
@@ -117,7 +118,7 @@ def live_mails_by_domain(spark: SparkSession, url: str) -> DataFrame:
 def mail_queue_domains(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.Output[DataFrame]:
     """Per queue and recipient domain: the live mails bound there and the oldest of them (what a sender
     delivering by MX needs), the top domains in the metadata; every domain in the Parquet output."""
-    domains = live_mails_by_domain(pyspark.spark_session, mailq.url).cache()
+    domains = live_mails_by_domain(pyspark.spark_session, mailq.settings).cache()
     top = domains.limit(TOP_DOMAINS).collect()
     totals = domains.agg(F.count("*").alias("domains"), F.max("live_mails").alias("most")).first()
     return dg.Output(

@@ -82,6 +82,7 @@ from harness import (
 from pyspark.sql import SparkSession
 
 from assets.mailboxes import SEEN, counter_drift, projection_inconsistencies
+from mailq_runtime.settings import Settings
 from mailq_runtime.stores.cassandra import CassandraStore
 from mailq_runtime.stores.embedded import DATABASE_FILE
 
@@ -105,9 +106,9 @@ def spark_run(spark: SparkSession, url: str) -> tuple[dict[str, int], dict[str, 
     stages: dict[str, float] = {}
     counts: dict[str, int] = {}
     stages["projection"], counts["projection_inconsistencies"] = timed(
-        projection_inconsistencies(spark, url).count
+        projection_inconsistencies(spark, Settings.from_url(url)).count
     )
-    stages["drift"], counts["drifting_mailboxes"] = timed(counter_drift(spark, url).count)
+    stages["drift"], counts["drifting_mailboxes"] = timed(counter_drift(spark, Settings.from_url(url)).count)
     stages["total"] = stages["projection"] + stages["drift"]
     return counts, stages
 
@@ -306,11 +307,13 @@ def measure_master(master: str, deployment: Deployment, args: argparse.Namespace
         if args.verify == master:
             result["drift_rows"] = {
                 row["mailbox_id"]: (row["count"], row["unseen"])
-                for row in counter_drift(spark, deployment.url).toLocalIterator()
+                for row in counter_drift(spark, Settings.from_url(deployment.url)).toLocalIterator()
             }
             result["inconsistency_rows"] = {
                 (row["mailbox_id"], row["message_id"], row["kind"])
-                for row in projection_inconsistencies(spark, deployment.url).toLocalIterator()
+                for row in projection_inconsistencies(
+                    spark, Settings.from_url(deployment.url)
+                ).toLocalIterator()
             }
         return result
     finally:

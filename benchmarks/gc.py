@@ -87,6 +87,7 @@ from pyspark.sql import functions as F
 from assets import blobs
 from assets.spark.bloom import FILTER_COLUMN, exact_absent, filter_bits, not_in_filter
 from assets.spark.table_source import read_table, rows_upper_bound
+from mailq_runtime.settings import Settings
 
 # (embedded, distributed)
 DEFAULTS = {
@@ -106,7 +107,7 @@ BLOOM_STAGES = ("build", "probe")
 
 def concerned_blobs(spark: SparkSession, url: str) -> DataFrame:
     """deletion_sets: the distinct blob ids of the eligible generation's deletions."""
-    deletions = read_table(spark, url, "blob_deletions", generations=[GENERATION])
+    deletions = read_table(spark, Settings.from_url(url), "blob_deletions", generations=[GENERATION])
     return deletions.groupBy("generation", "blob_id").agg(
         F.count("*").alias("deletions"), F.min("deleted_at").alias("first_deleted_at")
     )
@@ -114,7 +115,9 @@ def concerned_blobs(spark: SparkSession, url: str) -> DataFrame:
 
 def live_references(spark: SparkSession, url: str) -> DataFrame:
     """live_reference_filter's input: the generation's references, the two columns it needs."""
-    references = read_table(spark, url, "blob_references", columns=["blob_id", "generation"])
+    references = read_table(
+        spark, Settings.from_url(url), "blob_references", columns=["blob_id", "generation"]
+    )
     return references.where(F.col("generation") == GENERATION)
 
 
@@ -126,7 +129,7 @@ def bloom_mark(spark: SparkSession, url: str, fpp: float, expected: int) -> tupl
     # live_reference_filter's work: the filter sized and built eagerly, as its IO manager would
     # materialise it (`expected` 0: from metadata, or counted in the same kept read).
     stages["build"], (filters, _) = timed(
-        lambda: blobs.generation_filters(spark, url, [GENERATION], fpp, salt, expected)
+        lambda: blobs.generation_filters(spark, Settings.from_url(url), [GENERATION], fpp, salt, expected)
     )
     # collected_blobs (_absent_from_filters) for the one eligible generation.
     bloom = filters.where(F.col("generation") == GENERATION).select(FILTER_COLUMN)
@@ -406,7 +409,11 @@ def main() -> None:
         else:
             args.bloom_expected = args.expected_references
             # The single process is given the expected count the Bloom GC sizes its filter by.
-            expected = args.expected_references or rows_upper_bound(deployment.url, "blob_references") or 1
+            expected = (
+                args.expected_references
+                or rows_upper_bound(Settings.from_url(deployment.url), "blob_references")
+                or 1
+            )
         single_ids, single = single_process(deployment, expected, args)
         per_master = {master: measure_master(master, deployment, args) for master in args.masters}
     figures: dict = {

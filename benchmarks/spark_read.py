@@ -24,9 +24,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from assets.spark.sqlite_tables import RowidRange, SqliteRowidRanges
 from assets.spark.table_source import MailqDataSource, MailqReader, read_table
+from mailq_runtime.runtime import table_reader
+from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import DATABASE_FILE
+from mailq_runtime.stores.embedded.table_reader import RowidRange
 
 TARGET_ROWS_PER_S = 1_000_000
 
@@ -48,16 +50,18 @@ def generate(data_dir: Path, rows: int) -> None:
             )
 
 
-class TupleRanges(SqliteRowidRanges):
+class TupleReader(MailqReader):
     """The peer: the same partitions, read with fetchmany and handed to Spark as one Python tuple a row."""
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
-        assert isinstance(partition, RowidRange)
-        names = ", ".join(f.name for f in self.schema)
-        with closing(sqlite3.connect(f"{self.database.as_uri()}?mode=ro", uri=True)) as connection:
+        rowids = partition.value
+        assert isinstance(rowids, RowidRange)
+        database = table_reader(self.settings).database
+        names = ", ".join(column.name for column in self.table_read.columns)
+        with closing(sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True)) as connection:
             cursor = connection.execute(
-                f"SELECT {names} FROM {self.table} WHERE rowid >= ? AND rowid < ?",
-                (partition.first, partition.stop),
+                f"SELECT {names} FROM {self.table_read.table} WHERE rowid >= ? AND rowid < ?",
+                (rowids.first, rowids.stop),
             )
             while rows := cursor.fetchmany(65_536):
                 yield from rows
@@ -69,9 +73,9 @@ class TupleDataSource(MailqDataSource):
         return "mailq_tuples"
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        arrow = self._partitioning(schema)
-        assert isinstance(arrow, SqliteRowidRanges)
-        return MailqReader(TupleRanges(arrow.database, arrow.table, arrow.schema), self._partitions())
+        arrow = super().reader(schema)
+        assert isinstance(arrow, MailqReader)
+        return TupleReader(arrow.settings, arrow.table_read, arrow.partition_count)
 
 
 def aggregate(df: DataFrame) -> None:
@@ -105,7 +109,7 @@ def main() -> None:
         generate(data_dir, args.rows)
         print(f"generated {args.rows:,} blob_references rows in {time.perf_counter() - start:.1f} s")
         url = f"embedded://{data_dir}"
-        arrow = read_table(spark, url, "blob_references", partitions=args.partitions)
+        arrow = read_table(spark, Settings.from_url(url), "blob_references", partitions=args.partitions)
         partitions = arrow.rdd.getNumPartitions()
         tuples = (
             spark.read.format("mailq_tuples")

@@ -1,7 +1,7 @@
 """The traffic of `mailq demo`: two hours of generated mail through the queue of a fresh deployment.
 
 The steps are plain functions on one runtime (`generate_traffic`, `deliver`, `remove_by_sender`);
-`simulate` runs them on a runtime from `open_demo`, on any deployment. The demo, `assets.demo`, goes on
+`simulate` runs them on a runtime from `open_demo`, on any deployment. The demo, `mailq_cli.demo`, goes on
 from there with the mailboxes (`mailq_demo.mailboxes`) and the maintenance pipeline. Time is simulated
 so that the traffic spreads over many slices in a few seconds: that is what lets the demo show
 browse_start moving and record 32's clean-up dropping the rows of finished slices.
@@ -28,9 +28,8 @@ from mailq_runtime.errors import InvalidInput, StoreUnusable, shown
 from mailq_runtime.mailboxes import Mailboxes
 from mailq_runtime.model import Mail
 from mailq_runtime.queue import MailQueue
-from mailq_runtime.runtime import Runtime
+from mailq_runtime.runtime import Runtime, data_dir_holds_store
 from mailq_runtime.settings import Settings
-from mailq_runtime.stores.embedded.files import DATABASE_FILE, check_data_dir
 from mailq_runtime.worker import WorkerStats, handle, normalise_domains
 
 QUEUE = "outbound"
@@ -101,12 +100,11 @@ class SimulatedClock:
 def fresh_data_dir(path: Path) -> None:
     """Empty `path`, refusing to when it is not a directory of the running user's, or is not empty and
     does not look like a mailq data dir. The directory itself stays: its parent need not be writable."""
-    if not check_data_dir(path):
-        return
-    children = list(path.iterdir())
-    if children and not (path / DATABASE_FILE).exists():
+    holds_store = data_dir_holds_store(path)
+    children = list(path.iterdir()) if path.is_dir() else []
+    if children and not holds_store:
         raise InvalidInput(
-            f"refusing to wipe {shown(str(path))}: it is not a mailq data dir (no {DATABASE_FILE})"
+            f"refusing to wipe {shown(str(path))}: it is not a mailq data dir (no mailq store)"
         )
     for child in children:
         try:

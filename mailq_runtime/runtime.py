@@ -1,5 +1,6 @@
 """The composition root: `build` makes a deployment's backends from its settings, `Runtime` the queues,
-blobs and mailboxes on top of them. Nothing else names a backend's classes.
+blobs and mailboxes on top of them, `table_reader` the store's tables as the pipeline reads them (tables.py).
+Nothing else names a backend's classes.
 
 Opening writes nothing. A runtime opened with `create=True` (what `mailq enqueue`, `worker`, `config set`
 and `schema create` do) makes what is missing: the store and its schema, the first reference generation,
@@ -15,8 +16,10 @@ it builds.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -27,7 +30,7 @@ from .brokers.base import Broker
 from .brokers.embedded import EmbeddedBroker
 from .clock import Clock, system_clock
 from .config import ConfigurationStore
-from .errors import InvalidInput, UnknownQueue
+from .errors import InvalidInput, NoStore, UnknownQueue
 from .faults import FaultInjector
 from .mailboxes import Mailboxes
 from .model import QueueName
@@ -42,6 +45,7 @@ from .stores.embedded import (
     EmbeddedQueueView,
     EmbeddedStore,
 )
+from .stores.embedded.files import DATABASE_FILE, check_data_dir
 from .stores.protocols import (
     BlobTables,
     ConfigurationEvents,
@@ -50,6 +54,7 @@ from .stores.protocols import (
     MailboxTables,
     QueueView,
 )
+from .tables import TableReader
 from .unit_of_work import UNGROUPED, GroupedWork, UnitOfWork
 
 if TYPE_CHECKING:  # the driver is imported only by a process on the distributed deployment
@@ -149,6 +154,35 @@ def open_cassandra(settings: Settings, *, create: bool = False) -> CassandraStor
     )
 
 
+# This process's table readers, by the store they read: a Spark worker runs many tasks and keeps its
+# Cassandra session for the next ones.
+_table_readers: dict[tuple, TableReader] = {}
+_table_readers_lock = threading.Lock()
+
+
+def table_reader(settings: Settings) -> TableReader:
+    """The tables of `settings`' store as the pipeline reads them (tables.py), made at the first call in
+    this process and kept until it exits; it connects (never creating) at its first read. The other store's
+    driver is never imported."""
+    key = (settings.backend, settings.data_dir, settings.cassandra)
+    with _table_readers_lock:
+        reader = _table_readers.get(key)
+        if reader is None:
+            reader = _table_readers[key] = _open_table_reader(settings)
+    return reader
+
+
+def _open_table_reader(settings: Settings) -> TableReader:
+    if settings.backend == CASSANDRA:
+        from .stores.cassandra.table_reader import CassandraTableReader
+
+        return CassandraTableReader(lambda: open_cassandra(settings))
+    from .stores.embedded.table_reader import EmbeddedTableReader
+
+    assert settings.data_dir is not None
+    return EmbeddedTableReader.of(settings.data_dir, settings.shown())
+
+
 def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
     """Cassandra for the metadata, S3 for the content, RabbitMQ or the embedded broker in its own
     directory. The drivers are imported here, so that a process on the embedded deployment never loads
@@ -206,6 +240,32 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         store=None,
         close=close,
     )
+
+
+def data_dir_holds_store(data_dir: Path) -> bool:
+    """Whether `data_dir` holds an embedded store (the embedded deployment's, or the embedded broker's of a
+    distributed one): False when it does not exist or holds none; StoreUnusable when it is not a directory
+    the running user owns and may write."""
+    return check_data_dir(data_dir) and (data_dir / DATABASE_FILE).exists()
+
+
+def s3_content_sample(settings: Settings) -> str | None:
+    """One blob id whose content the S3 bucket of `settings` holds under its prefix, or None: looked at
+    without the metadata store (a deployment opens its keyspace first), and None when the bucket does
+    not exist yet."""
+    from .blobs.s3_store import S3BlobStore
+
+    s3 = settings.s3
+    if s3 is None:
+        raise InvalidInput(f"{settings.shown()} names no S3 bucket")
+    content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
+    try:
+        content.open_bucket(create=False)
+        return next(iter(content.list_ids()), None)
+    except NoStore:
+        return None
+    finally:
+        content.close()
 
 
 class Runtime:

@@ -1,4 +1,5 @@
-"""The mailq runtime as a Dagster resource: assets and sensors get the queues, blobs and mailboxes from it."""
+"""The mailq runtime as a Dagster resource: assets and sensors get the queues, blobs and mailboxes from it,
+and the parsed settings that the Spark code hands its tasks."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -7,7 +8,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from mailq_runtime import Runtime
-from mailq_runtime.settings import DEFAULT_URL
+from mailq_runtime.settings import DEFAULT_URL, Settings
 
 
 class MailqRuntime(dg.ConfigurableResource):
@@ -15,14 +16,22 @@ class MailqRuntime(dg.ConfigurableResource):
     shows nothing secret: a URL that has one is refused, and the error shows it redacted.
 
     It never creates: maintenance of a store that does not exist is a mistyped URL, which fails naming
-    the place it looked at (NoStore) instead of starting an empty store."""
+    the place it looked at (NoStore) instead of starting an empty store. `url` is the config Dagster's UI
+    and environment set; it is parsed once, into `settings`, which is what the assets use."""
 
     url: str = DEFAULT_URL
 
     _runtime: Runtime | None = PrivateAttr(default=None)
+    _settings: Settings | None = PrivateAttr(default=None)
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = Settings.from_url(self.url)
+        return self._settings
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._runtime = Runtime.open(self.url, create=False)
+        self._runtime = Runtime(self.settings)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._runtime is not None:
@@ -33,13 +42,13 @@ class MailqRuntime(dg.ConfigurableResource):
     def runtime(self) -> Runtime:
         if self._runtime is None:
             # Sensors build resources without an execution context: open on first use.
-            self._runtime = Runtime.open(self.url, create=False)
+            self._runtime = Runtime(self.settings)
         return self._runtime
 
     @contextmanager
     def session(self) -> Iterator[Runtime]:
         """A runtime for one sensor tick or one call, closed afterwards."""
-        runtime = Runtime.open(self.url, create=False)
+        runtime = Runtime(self.settings)
         try:
             yield runtime
         finally:

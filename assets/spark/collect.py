@@ -12,6 +12,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from mailq_runtime.settings import Settings
+
 from .table_source import read_table
 
 BATCH = 1000
@@ -25,14 +27,16 @@ RESULT_SCHEMA = StructType(
 )
 
 
-def _in_batches(url: str, rows: Iterator, columns: tuple[str, str], work: Callable) -> Iterator[tuple]:
+def _in_batches(
+    settings: Settings, rows: Iterator, columns: tuple[str, str], work: Callable
+) -> Iterator[tuple]:
     """A partition's rows, as pairs of `columns`, handed to `work(runtime, batch)` BATCH at a time, through
-    one runtime the executor opens from `url`; yields what `work` yields."""
+    one runtime the executor opens from `settings`; yields what `work` yields."""
     from mailq_runtime import Runtime  # imported on the executor
 
     first, second = columns
     pairs = ((row[first], row[second]) for row in rows)
-    with Runtime.open(url) as runtime:
+    with Runtime(settings) as runtime:
         while batch := list(islice(pairs, BATCH)):
             yield from work(runtime, batch)
 
@@ -56,12 +60,12 @@ def _lookup_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
         yield blob_id, generation, blob_id in referenced
 
 
-def lookup_references(concerned: DataFrame, url: str) -> DataFrame:
+def lookup_references(concerned: DataFrame, settings: Settings) -> DataFrame:
     """Whether each concerned blob (blob_id, generation) has a reference, looked up by blob id on the
     executors: blob_id, generation, referenced. Exact, and checkpointed eagerly: one look a blob."""
     spark = concerned.sparkSession
     looked = concerned.select("blob_id", "generation").rdd.mapPartitions(
-        lambda rows: _in_batches(url, rows, ("blob_id", "generation"), _lookup_batch)
+        lambda rows: _in_batches(settings, rows, ("blob_id", "generation"), _lookup_batch)
     )
     return spark.createDataFrame(
         looked, "blob_id string, generation long, referenced boolean"
@@ -75,12 +79,12 @@ def _rows_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
         yield blob_id, generation, sizes.get(blob_id)
 
 
-def lookup_rows(blobs: DataFrame, url: str) -> DataFrame:
+def lookup_rows(blobs: DataFrame, settings: Settings) -> DataFrame:
     """Each blob's (blob_id, generation) `blobs` row, looked up by blob id on the executors: blob_id,
     generation, bytes (NULL: no row any more). Checkpointed eagerly: one look a blob."""
     spark = blobs.sparkSession
     looked = blobs.select("blob_id", "generation").rdd.mapPartitions(
-        lambda rows: _in_batches(url, rows, ("blob_id", "generation"), _rows_batch)
+        lambda rows: _in_batches(settings, rows, ("blob_id", "generation"), _rows_batch)
     )
     return spark.createDataFrame(looked, "blob_id string, generation long, bytes long").localCheckpoint()
 
@@ -92,12 +96,12 @@ def _retire_batch(runtime, batch: list[tuple[str, int]]) -> Iterator[tuple]:
         yield 0, f"{type(error).__name__}: {error}"
 
 
-def retire_deletions(rows: DataFrame, url: str) -> tuple[int, int, str | None]:
+def retire_deletions(rows: DataFrame, settings: Settings) -> tuple[int, int, str | None]:
     """Drop the deletion rows `rows` (blob_id, deleted_at) from the store, in batches on the executors;
     returns the rows retired, the batches that failed, and one failure's message."""
     spark = rows.sparkSession
     retired = rows.select("blob_id", "deleted_at").rdd.mapPartitions(
-        lambda rows: _in_batches(url, rows, ("blob_id", "deleted_at"), _retire_batch)
+        lambda rows: _in_batches(settings, rows, ("blob_id", "deleted_at"), _retire_batch)
     )
     totals = (
         spark.createDataFrame(retired, "retired long, error string")
@@ -111,20 +115,20 @@ def retire_deletions(rows: DataFrame, url: str) -> tuple[int, int, str | None]:
     return totals["retired"], totals["errors"], totals["error"]
 
 
-def collect_blobs(candidates: DataFrame, url: str, *, dry_run: bool) -> DataFrame:
+def collect_blobs(candidates: DataFrame, settings: Settings, *, dry_run: bool) -> DataFrame:
     """Delete `candidates` (blob_id, generation); returns blob_id, generation, bytes, error per blob.
 
     The result is checkpointed eagerly: the deletions run exactly once, whatever reads it afterwards.
     """
     spark = candidates.sparkSession
     if dry_run:
-        sizes = read_table(spark, url, "blobs").select("blob_id", F.col("size").alias("bytes"))
+        sizes = read_table(spark, settings, "blobs").select("blob_id", F.col("size").alias("bytes"))
         return (
             candidates.join(sizes, "blob_id", "left")
             .select("blob_id", "generation", "bytes", F.lit(None).cast("string").alias("error"))
             .localCheckpoint()
         )
     deleted = candidates.select("blob_id", "generation").rdd.mapPartitions(
-        lambda rows: _in_batches(url, rows, ("blob_id", "generation"), _collect_batch)
+        lambda rows: _in_batches(settings, rows, ("blob_id", "generation"), _collect_batch)
     )
     return spark.createDataFrame(deleted, RESULT_SCHEMA).localCheckpoint()

@@ -28,7 +28,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from .table_source import read_table, table_names
+from mailq_runtime.runtime import table_reader
+from mailq_runtime.settings import Settings
+
+from .table_source import read_table
 
 # Where an owner of blob references exists: an enqueue id while the queue holds its mail (a view row, a
 # delayed mail or a dead letter), a message id while a mailbox holds it (the source of truth; a `messages`
@@ -53,13 +56,13 @@ RESULT_SCHEMA = StructType(
 )
 
 
-def orphan_owners(spark, url: str, newest_eligible: int, created_before: int) -> DataFrame:
+def orphan_owners(spark, settings: Settings, newest_eligible: int, created_before: int) -> DataFrame:
     """Owners (with their reference count) whose references all belong to generations up to
     `newest_eligible`, created before `created_before` (microseconds), and held by no table of
     OWNER_TABLES. Owners that are not ids (tests save under any name) have no age and are never swept."""
     created_at = F.conv(F.substring("owner", 1, _CREATED_AT_DIGITS), 16, 10).cast("decimal(20,0)")
     candidates = (
-        read_table(spark, url, "blob_references", columns=["owner", "generation"])
+        read_table(spark, settings, "blob_references", columns=["owner", "generation"])
         .groupBy("owner")
         .agg(F.count("*").alias("references"), F.max("generation").alias("newest_generation"))
         .where(F.col("newest_generation") <= newest_eligible)
@@ -67,49 +70,49 @@ def orphan_owners(spark, url: str, newest_eligible: int, created_before: int) ->
         .where(created_at < F.lit(created_before))
         .select("owner", "references")
     )
-    tables = table_names(url)
+    tables = table_reader(settings).tables
     for table, column in OWNER_TABLES:
         if table in tables:
-            held = read_table(spark, url, table, columns=[column]).select(F.col(column).alias("owner"))
+            held = read_table(spark, settings, table, columns=[column]).select(F.col(column).alias("owner"))
             candidates = candidates.join(held, "owner", "left_anti")
     return candidates
 
 
-def orphan_content(spark, url: str, eligible: list[int]) -> DataFrame:
+def orphan_content(spark, settings: Settings, eligible: list[int]) -> DataFrame:
     """(blob_id, generation) of the content of eligible generations that has neither a row in `blobs` nor
     a reference (a referenced blob that lost its row is damage for the GC's check to report, not garbage)."""
-    rows = read_table(spark, url, "blobs", columns=["blob_id"])
-    references = read_table(spark, url, "blob_references", columns=["blob_id"])
+    rows = read_table(spark, settings, "blobs", columns=["blob_id"])
+    references = read_table(spark, settings, "blob_references", columns=["blob_id"])
     return (
-        stored_content(spark, url, eligible)
+        stored_content(spark, settings, eligible)
         .join(rows, "blob_id", "left_anti")
         .join(references, "blob_id", "left_anti")
     )
 
 
-def stored_content(spark, url: str, generations: list[int]) -> DataFrame:
+def stored_content(spark, settings: Settings, generations: list[int]) -> DataFrame:
     """(blob_id, generation) of the content the blob store holds in `generations`, listed by 16 tasks a
     generation, one a `g<generation>_<hex digit>` prefix."""
     prefixes = [f"g{generation}_{digit:x}" for generation in generations for digit in range(16)]
     listed = spark.sparkContext.parallelize(prefixes, max(len(prefixes), 1)).mapPartitions(
-        lambda part: _list_partition(url, part)
+        lambda part: _list_partition(settings, part)
     )
     return spark.createDataFrame(listed, CONTENT_SCHEMA)
 
 
-def _list_partition(url: str, prefixes: Iterator[str]) -> Iterator[tuple[str, int]]:
+def _list_partition(settings: Settings, prefixes: Iterator[str]) -> Iterator[tuple[str, int]]:
     from mailq_runtime import Runtime  # imported on the executor
 
-    with Runtime.open(url, create=False) as runtime:
+    with Runtime(settings) as runtime:
         for prefix in prefixes:
             for blob_id in runtime.blobs.content.list_ids(prefix):
                 yield str(blob_id), blob_id.generation
 
 
-def _release_partition(url: str, owners: Iterator) -> Iterator[tuple]:
+def _release_partition(settings: Settings, owners: Iterator) -> Iterator[tuple]:
     from mailq_runtime import Runtime  # imported on the executor
 
-    with Runtime.open(url, create=False) as runtime:
+    with Runtime(settings) as runtime:
         for row in owners:
             try:
                 yield row["owner"], runtime.mailboxes.release_orphan(row["owner"]), None
@@ -117,10 +120,10 @@ def _release_partition(url: str, owners: Iterator) -> Iterator[tuple]:
                 yield row["owner"], None, f"{type(error).__name__}: {error}"
 
 
-def release_owners(owners: DataFrame, url: str) -> DataFrame:
+def release_owners(owners: DataFrame, settings: Settings) -> DataFrame:
     """Release the references of `owners`; returns owner, released (references), error per owner.
 
     Checkpointed eagerly: the releases run exactly once, whatever reads the result afterwards.
     """
-    released = owners.select("owner").rdd.mapPartitions(lambda rows: _release_partition(url, rows))
+    released = owners.select("owner").rdd.mapPartitions(lambda rows: _release_partition(settings, rows))
     return owners.sparkSession.createDataFrame(released, RESULT_SCHEMA).localCheckpoint()

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from mailq_cli.main import main
+from mailq_cli.output import progress_bar
 from mailq_runtime import Runtime
-from mailq_runtime.cli import main, progress_bar
 from mailq_runtime.clock import to_datetime
 
 ALICE, BOB, CAROL, DAVE = "alice@example.com", "bob@example.org", "carol@example.net", "dave@example.org"
@@ -614,7 +615,7 @@ def test_enqueue_keeps_accepting_real_world_mail(mailq, mailq_json, tmp_path):
 
 _IMPORTED = """
 import json, sys
-from mailq_runtime.cli import main
+from mailq_cli.main import main
 status = main(sys.argv[1:])
 print(json.dumps({"status": status, "heavy": sorted(
     name for name in sys.modules if name.split(".")[0] in ("dagster", "pyspark", "assets", "resources")
@@ -632,9 +633,9 @@ def imported_by(*argv: str) -> tuple[int, list[str], str]:
     return report["status"], report["heavy"], done.stdout
 
 
-def test_the_console_script_is_the_runtimes_cli():
+def test_the_console_script_is_mailq_cli():
     scripts = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"mailq": "mailq_runtime.cli:main"}
+    assert scripts == {"mailq": "mailq_cli.main:main"}
 
 
 def test_mailq_size_on_existing_data_imports_neither_dagster_nor_pyspark(mailq, eml, url):
@@ -650,7 +651,7 @@ def test_mailq_size_on_existing_data_imports_neither_dagster_nor_pyspark(mailq, 
 def test_a_pipeline_command_is_imported_once_named(url):
     status, heavy, out = imported_by("--url", url, "gc", "--help")
     assert status == 0 and "--dry-run" in out
-    assert "assets.commands" in heavy and "dagster" in heavy
+    assert "assets.definitions" in heavy and "dagster" in heavy
 
 
 # mailq schema create ----------------------------------------------------------------------------------------

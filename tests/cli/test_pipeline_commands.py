@@ -1,6 +1,6 @@
-"""The maintenance commands of the `mailq` console script (`assets.commands`, which `mailq_runtime.cli`
-imports when one is named), run in-process with Spark local[2] on small data dirs: what each run reports,
-what it changes, its JSON shape, its errors."""
+"""The maintenance commands of the `mailq` console script (`mailq_cli.pipeline_commands`, which
+`mailq_cli.main` imports when one is named), run in-process with Spark local[2] on small data dirs: what
+each run reports, what it changes, its JSON shape, its errors."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from assets import definitions, demo
-from assets.commands import describe_run
+from assets import definitions
+from mailq_cli import demo
+from mailq_cli.main import main
+from mailq_cli.pipeline_output import describe_run
 from mailq_runtime import InvalidInput, Mail, Runtime
-from mailq_runtime.cli import main
 from mailq_runtime.clock import MICROS_PER_SECOND, system_clock
 from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH
 from mailq_runtime.mailbox import INBOX, SEEN
@@ -476,7 +477,7 @@ def test_a_url_with_a_password_never_reaches_the_pipeline_or_its_output(tmp_path
             assert_bad_input((status, captured.out, captured.err), "carries a password", ":***@")
             assert "secret" not in captured.out + captured.err
     # The Dagster side: the resource and the pipeline's output dir refuse it the same way.
-    for attempt in (lambda: MailqRuntime(url=url).runtime, lambda: definitions.pipeline_dir(url)):
+    for attempt in (lambda: MailqRuntime(url=url).runtime, lambda: definitions.resources_config(url)):
         with pytest.raises(InvalidInput, match="carries a password") as refused:
             attempt()
         assert "secret" not in str(refused.value)

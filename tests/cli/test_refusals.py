@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mailq_runtime.cli import main
+from mailq_cli.main import main
 from tests.runtime.backends import EmbeddedBackend
 from tests.runtime.test_store_files import snapshot
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mailq_runtime.cli import main
+from mailq_cli.main import main
 from tests.runtime.test_store_files import DAMAGES, a_store, snapshot
 
 NOBODY = pwd.getpwnam("nobody")
@@ -216,7 +216,7 @@ def test_a_data_dir_that_cannot_be_created_is_one_line_and_nothing_is_created(sh
 
 
 def in_mount_namespace(script: str, *arguments: str) -> subprocess.CompletedProcess[str]:
-    """`script` (sh) in a mount namespace of its own, with $PYTHON able to run `-m mailq_runtime.cli`."""
+    """`script` (sh) in a mount namespace of its own, with $PYTHON able to run `-m mailq_cli`."""
     environment = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(WORKTREE)}
     environment.pop("MAILQ_URL", None)
     return subprocess.run(
@@ -239,7 +239,7 @@ def test_a_data_dir_on_a_read_only_file_system_is_refused_even_for_root(tmp_path
         ran = in_mount_namespace(
             "data=$1; shift\n"
             'mount --bind -o ro "$data" "$data"\n'
-            'exec "$PYTHON" -m mailq_runtime.cli --url "embedded://$data" "$@"',
+            'exec "$PYTHON" -m mailq_cli --url "embedded://$data" "$@"',
             str(data),
             *command,
         )
@@ -257,7 +257,7 @@ def test_a_full_disk_in_the_middle_of_an_enqueue_is_one_line_and_loses_nothing(t
     ran = in_mount_namespace(
         'mount -t tmpfs -o size=1m tmpfs "$1"\n'
         'data="$1/data"\n'
-        'mailq() { "$PYTHON" -m mailq_runtime.cli --url "embedded://$data" "$@"; }\n'
+        'mailq() { "$PYTHON" -m mailq_cli --url "embedded://$data" "$@"; }\n'
         'mailq enqueue spool "$2" --sender a@example.com --rcpt b@example.org > /dev/null\n'
         'mailq enqueue spool "$3" --sender a@example.com --rcpt b@example.org || echo "status $?"\n'
         "mailq size spool\n"

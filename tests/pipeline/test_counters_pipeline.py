@@ -21,6 +21,7 @@ from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH, Inject
 from mailq_runtime.mailbox import Counters
 from mailq_runtime.mailboxes import Mailboxes
 from mailq_runtime.model import MailboxId
+from mailq_runtime.settings import Settings
 from tests.runtime.backends import Backend
 
 from .pipeline import checks_passed, materialized
@@ -259,7 +260,7 @@ def test_a_scoped_recompute_reads_and_repairs_its_scope_only_with_values_before_
     drift = {m: boxes.counters(m) for m in (alice_inbox, alice_work, bob_inbox)}
 
     # The scoped read names its mailboxes (a partition or index read on Cassandra): no other mailbox's rows.
-    read = read_table(spark, backend.url(), "imap_uid_table", mailboxes=[alice_inbox])
+    read = read_table(spark, Settings.from_url(backend.url()), "imap_uid_table", mailboxes=[alice_inbox])
     assert {row["mailbox_id"] for row in read.collect()} == {alice_inbox}
 
     one = scoped(deployment_resources, user=USER.upper(), mailbox="inbox")

@@ -21,8 +21,8 @@ import dagster as dg
 import pytest
 
 from assets.definitions import defs
+from mailq_cli.main import main
 from mailq_runtime import Mail, Runtime
-from mailq_runtime.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = {

@@ -15,10 +15,10 @@ import pytest
 
 from assets import automation, jobs
 from assets import queue_overview as overview_assets
-from assets.commands import describe_run
 from assets.metadata import when
 from assets.notify import NOTIFY_VARIABLE
 from assets.runner import summarise
+from mailq_cli.pipeline_output import describe_run
 from mailq_runtime import Mail, Runtime
 from mailq_runtime.model import creation_time
 from resources import MailqRuntime

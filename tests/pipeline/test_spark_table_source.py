@@ -12,8 +12,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from assets.spark.sqlite_tables import TABLES
 from assets.spark.table_source import read_table
+from mailq_runtime.runtime import table_reader
+from mailq_runtime.settings import Settings
 
 if TYPE_CHECKING:
     from conftest import Store
@@ -34,7 +35,7 @@ def test_the_allow_list_is_every_table_of_the_schema(store: Store) -> None:
     created = {
         name for (name,) in store.connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
     }
-    assert TABLES == created
+    assert table_reader(Settings.from_url(store.url)).tables == created
 
 
 def test_every_row_is_read_exactly_once_across_partitions(spark: SparkSession, store: Store) -> None:
@@ -48,7 +49,7 @@ def test_every_row_is_read_exactly_once_across_partitions(spark: SparkSession, s
         " min(blob_id), max(owner) FROM blob_references"
     ).fetchone()
 
-    df = read_table(spark, store.url, "blob_references", partitions=4)
+    df = read_table(spark, Settings.from_url(store.url), "blob_references", partitions=4)
 
     assert df.rdd.getNumPartitions() == 4
     actual = df.agg(
@@ -72,7 +73,7 @@ def test_types_and_values_survive_exactly(spark: SparkSession, store: Store) -> 
     ]
     store.connection.executemany(f"INSERT INTO enqueued_mails VALUES ({', '.join('?' * 13)})", mails)
 
-    df = read_table(spark, store.url, "enqueued_mails")
+    df = read_table(spark, Settings.from_url(store.url), "enqueued_mails")
 
     long, text = LongType(), StringType()
     assert [(f.name, f.dataType, f.nullable) for f in df.schema] == [
@@ -107,7 +108,7 @@ def test_nullable_integers_and_blobs(spark: SparkSession, tmp_path: Path) -> Non
         connection.executemany("INSERT INTO queues VALUES (?, ?, ?)", rows)
     connection.close()
 
-    df = read_table(spark, f"embedded://{tmp_path}", "queues", partitions=3)
+    df = read_table(spark, Settings.from_url(f"embedded://{tmp_path}"), "queues", partitions=3)
 
     assert df.schema == StructType(
         [
@@ -123,12 +124,12 @@ def test_nullable_integers_and_blobs(spark: SparkSession, tmp_path: Path) -> Non
 def test_a_value_that_does_not_fit_its_type_fails_clearly(spark: SparkSession, store: Store) -> None:
     store.connection.execute("INSERT INTO queues VALUES ('q', 'not a number')")
     with pytest.raises(Exception, match="does not fit its column's declared type"):
-        read_table(spark, store.url, "queues").collect()
+        read_table(spark, Settings.from_url(store.url), "queues").collect()
 
 
 def test_columns_option_selects_and_orders(spark: SparkSession, store: Store) -> None:
     fill_references(store, 1_000)
-    df = read_table(spark, store.url, "blob_references", columns=["generation", "owner"])
+    df = read_table(spark, Settings.from_url(store.url), "blob_references", columns=["generation", "owner"])
     assert df.columns == ["generation", "owner"]
     assert (
         df.agg(F.sum("generation")).first()[0]
@@ -137,7 +138,7 @@ def test_columns_option_selects_and_orders(spark: SparkSession, store: Store) ->
 
 
 def test_an_empty_table_is_an_empty_dataframe(spark: SparkSession, store: Store) -> None:
-    df = read_table(spark, store.url, "dead_letters", partitions=4)
+    df = read_table(spark, Settings.from_url(store.url), "dead_letters", partitions=4)
     assert df.columns == ["id", "queue", "enqueue_id", "reason", "died_at", "payload"]
     assert df.collect() == []
 
@@ -146,7 +147,7 @@ def test_a_table_without_rowid_is_read_in_one_partition(spark: SparkSession, sto
     generations = [("reference_generation", n, 1000 + n) for n in range(5)] + [("gc_iteration", 1, 7)]
     store.connection.executemany("INSERT INTO generations VALUES (?, ?, ?)", generations)
 
-    df = read_table(spark, store.url, "generations", partitions=8)
+    df = read_table(spark, Settings.from_url(store.url), "generations", partitions=8)
 
     assert df.rdd.getNumPartitions() == 1
     assert sorted(tuple(row) for row in df.collect()) == sorted(generations)
@@ -157,7 +158,7 @@ def test_one_dataframe_filtered_two_ways_in_one_query_reads_both(spark: SparkSes
     # Python data source taking pushed filters breaks this in PySpark 4.3: the branches share the read
     # planned for one of them, and a generation's filter would miss its references.
     fill_references(store, 9_000)
-    references = read_table(spark, store.url, "blob_references", partitions=2)
+    references = read_table(spark, Settings.from_url(store.url), "blob_references", partitions=2)
     per_generation = [
         references.where(F.col("generation") == generation).agg(
             F.lit(generation).alias("asked"), F.min("generation"), F.max("generation"), F.count("*")
@@ -174,7 +175,7 @@ def test_an_unknown_table_is_a_clear_error(spark: SparkSession, store: Store) ->
     with pytest.raises(
         ValueError, match=r"unknown table 'blob_refs': the store's tables are .*blob_references"
     ):
-        read_table(spark, store.url, "blob_refs")
+        read_table(spark, Settings.from_url(store.url), "blob_refs")
     # Through the plain reader too (read_table registered it), where the message comes from a worker.
     with pytest.raises(AnalysisException, match="unknown table 'sqlite_master'"):
         spark.read.format("mailq").options(url=store.url, table="sqlite_master").load()
@@ -193,7 +194,7 @@ def test_an_unknown_table_is_a_clear_error(spark: SparkSession, store: Store) ->
     ],
 )
 def test_bad_options_are_clear_errors(spark: SparkSession, store: Store, options: dict, message: str) -> None:
-    read_table(spark, store.url, "blob_references")  # registers the source
+    read_table(spark, Settings.from_url(store.url), "blob_references")  # registers the source
     all_options = {"url": store.url, "table": "blob_references", **options}
     with pytest.raises(AnalysisException, match=message) as error:
         spark.read.format("mailq").options(**all_options).load().collect()

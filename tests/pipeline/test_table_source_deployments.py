@@ -8,9 +8,10 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from assets.spark.cassandra_tables import MAX_TOKEN, MIN_TOKEN, token_ranges
 from assets.spark.table_source import read_table
 from mailq_runtime import Runtime
+from mailq_runtime.settings import Settings
+from mailq_runtime.stores.cassandra.table_reader import MAX_TOKEN, MIN_TOKEN, token_ranges
 from tests.runtime.backends import Backend
 
 GENERATIONS = 4
@@ -38,28 +39,32 @@ def filled(backend: Backend) -> Backend:
 def test_every_row_is_read_once_whatever_the_partitions(
     spark: SparkSession, filled: Backend, partitions: int
 ) -> None:
-    references = read_table(spark, filled.url(), "blob_references", partitions=partitions)
+    references = read_table(spark, Settings.from_url(filled.url()), "blob_references", partitions=partitions)
 
     assert references.rdd.getNumPartitions() >= partitions
     rows = [tuple(r) for r in references.select("owner", "blob_id", "generation").collect()]
     assert len(rows) == len(set(rows))
     assert sorted(rows) == filled.blob_references()
-    blobs = read_table(spark, filled.url(), "blobs", columns=["blob_id", "generation"])
+    blobs = read_table(spark, Settings.from_url(filled.url()), "blobs", columns=["blob_id", "generation"])
     assert sorted(tuple(r) for r in blobs.collect()) == filled.blobs()
 
 
 def test_a_read_of_some_generations_reads_exactly_their_rows(spark: SparkSession, filled: Backend) -> None:
     wanted = [1, 3]
-    deletions = read_table(spark, filled.url(), "blob_deletions", generations=wanted, partitions=3)
+    deletions = read_table(
+        spark, Settings.from_url(filled.url()), "blob_deletions", generations=wanted, partitions=3
+    )
     assert sorted(tuple(r) for r in deletions.select("blob_id", "generation", "gc_iteration").collect()) == [
         row for row in filled.blob_deletions() if row[1] in wanted
     ]
     # Without the filter's column among those read.
-    owners = read_table(spark, filled.url(), "blob_references", columns=["owner"], generations=[2])
+    owners = read_table(
+        spark, Settings.from_url(filled.url()), "blob_references", columns=["owner"], generations=[2]
+    )
     assert sorted(r.owner for r in owners.collect()) == sorted(
         o for o, _, g in filled.blob_references() if g == 2
     )
-    assert read_table(spark, filled.url(), "blob_deletions", generations=[]).count() == 0
+    assert read_table(spark, Settings.from_url(filled.url()), "blob_deletions", generations=[]).count() == 0
 
 
 def test_one_dataframe_filtered_two_ways_in_one_query_reads_both(
@@ -67,7 +72,7 @@ def test_one_dataframe_filtered_two_ways_in_one_query_reads_both(
 ) -> None:
     # The GC builds one Bloom filter a generation over one read of the references: each branch must see
     # its own generation's rows, not the rows planned for the other.
-    references = read_table(spark, filled.url(), "blob_references", partitions=2)
+    references = read_table(spark, Settings.from_url(filled.url()), "blob_references", partitions=2)
     branches = [
         references.where(F.col("generation") == generation).agg(
             F.lit(generation).alias("asked"), F.min("generation"), F.max("generation"), F.count("*")
@@ -87,16 +92,21 @@ def test_counters_and_small_integers_read_as_longs(spark: SparkSession, backend:
     for n in range(3):
         runtime.mailboxes.append(inbox, b"Subject: %d\r\n\r\nbody\r\n" % n)
 
-    counters = read_table(spark, backend.url(), "mailbox_counters").collect()
+    counters = read_table(spark, Settings.from_url(backend.url()), "mailbox_counters").collect()
 
     assert [(r.mailbox_id, r["count"], r.unseen) for r in counters] == [(str(inbox), 3, 3)]
-    assert read_table(spark, backend.url(), "mailbox_counters").schema["count"].dataType.typeName() == "long"
+    assert (
+        read_table(spark, Settings.from_url(backend.url()), "mailbox_counters")
+        .schema["count"]
+        .dataType.typeName()
+        == "long"
+    )
 
 
 def test_generations_on_a_table_without_them_is_a_clear_error(spark: SparkSession, backend: Backend) -> None:
     backend.open()
     with pytest.raises(AnalysisException, match="'generations' needs a generation column"):
-        read_table(spark, backend.url(), "mailboxes", generations=[1]).collect()
+        read_table(spark, Settings.from_url(backend.url()), "mailboxes", generations=[1]).collect()
 
 
 @pytest.mark.parametrize("count", [1, 2, 5, 64])

@@ -46,7 +46,7 @@ def consumer(backend, log: Path, pause: float) -> subprocess.Popen:
 def worker(backend) -> subprocess.Popen:
     url = backend.url(visibility_timeout=LEASE)
     return subprocess.Popen(
-        [sys.executable, "-m", "mailq_runtime.cli", "--url", url, "--json", "worker", "--queue", QUEUE]
+        [sys.executable, "-m", "mailq_cli", "--url", url, "--json", "worker", "--queue", QUEUE]
         + ["--domain", "example.org", "--idle-exit", f"{IDLE_EXIT}s"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -39,7 +39,7 @@ def test_sigterm_stops_a_worker_without_losing_or_stranding_mail(backend) -> Non
         [
             sys.executable,
             "-m",
-            "mailq_runtime.cli",
+            "mailq_cli",
             "--url",
             backend.url(),
             "worker",

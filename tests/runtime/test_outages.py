@@ -19,8 +19,8 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
+from mailq_cli.main import main
 from mailq_runtime import Runtime
-from mailq_runtime.cli import main
 from mailq_runtime.errors import (
     BlobStoreUnavailable,
     BrokerUnavailable,

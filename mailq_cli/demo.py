@@ -14,10 +14,10 @@ The report says what was collected (blobs, bytes), repaired (counters, projectio
 
 It runs on a deployment it makes: by default the embedded one in a data dir it wipes (`embedded`), or
 any deployment named by a URL that does not exist yet (`new_deployment`), the distributed one included.
-The tables' rows it reports are read by the store readers of the data source the assets read with
-(`assets.spark.table_source.store_tables`), the one reader of both stores' tables: the runtime's API has
-no counts of whole tables, nor the stores a common query language; in this process rather than in a
-Spark job, whose Python workers would cost seconds to minutes on a busy machine for tables this small.
+The tables' rows it reports are read by the store's table reader, which the assets' Spark data source
+wraps (`mailq_runtime.runtime.table_reader`): the runtime's API has no counts of whole tables, nor the
+stores a common query language; in this process rather than in a Spark job, whose Python workers would
+cost seconds to minutes on a busy machine for tables this small.
 """
 
 import sys
@@ -28,21 +28,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from assets import jobs
+from assets.definitions import pipeline_dir
+from assets.metadata import human_bytes
 from mailq_demo import traffic
 from mailq_demo.mailboxes import deliver_and_maintain, inject_counter_faults
-from mailq_runtime.cli import progress_bar
 from mailq_runtime.clock import MICROS_PER_SECOND, to_datetime
 from mailq_runtime.errors import InvalidInput, NoStore
 from mailq_runtime.model import parse_duration
-from mailq_runtime.runtime import Runtime
+from mailq_runtime.runtime import Runtime, data_dir_holds_store, s3_content_sample, table_reader
 from mailq_runtime.settings import CASSANDRA, EMBEDDED, Settings, redact
-from mailq_runtime.stores.embedded import DATABASE_FILE
+from mailq_runtime.tables import TableRead, chosen
 
-from . import jobs
-from .commands import describe_run, run_pipeline
-from .definitions import pipeline_dir
-from .metadata import human_bytes
-from .spark.table_source import store_tables
+from .output import progress_bar
+from .pipeline_output import describe_run
+from .pipeline_run import run_pipeline
 
 PHASES = 5
 # James's default pace: the runtime advances browse_start on 1 in 1000 dequeues, so what the traffic leaves
@@ -83,7 +83,7 @@ def new_deployment(url: str, mails: int) -> Settings:
     place: MAILQ_PIPELINE_DIR for a deployment without a data dir."""
     traffic.check_size(mails)
     settings = Settings.from_url(url).absolute()
-    pipeline_dir(settings.url)
+    pipeline_dir(settings)
     try:
         Runtime(settings).close()
     except NoStore:
@@ -94,7 +94,7 @@ def new_deployment(url: str, mails: int) -> Settings:
             "name one that does not exist yet"
         )
     if settings.backend == CASSANDRA:
-        if settings.data_dir is not None and (settings.data_dir / DATABASE_FILE).exists():
+        if settings.data_dir is not None and data_dir_holds_store(settings.data_dir):
             raise InvalidInput(
                 f"the embedded broker's directory {settings.data_dir} holds a broker already: the demo "
                 "makes its own deployment, so name a directory that does not"
@@ -105,23 +105,13 @@ def new_deployment(url: str, mails: int) -> Settings:
 
 def _check_no_content(settings: Settings) -> None:
     # The bucket alone, before the keyspace is made: the runtime opens a deployment keyspace first.
-    from mailq_runtime.blobs.s3_store import S3BlobStore
-
-    s3 = settings.s3
-    assert s3 is not None
-    content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
-    try:
-        content.open_bucket(create=False)
-        held = next(iter(content.list_ids()), None)
-    except NoStore:
-        return  # the creating open makes the bucket
-    finally:
-        content.close()
+    held = s3_content_sample(settings)
     if held is not None:
+        assert settings.s3 is not None
         raise InvalidInput(
-            f"bucket {s3.bucket!r} of {settings.shown()} holds content already (such as {held}): the "
-            "demo's orphan sweep would delete what no table of its own names, so give the demo a bucket "
-            "or an s3_prefix of its own"
+            f"bucket {settings.s3.bucket!r} of {settings.shown()} holds content already (such as {held}): "
+            "the demo's orphan sweep would delete what no table of its own names, so give the demo a "
+            "bucket or an s3_prefix of its own"
         )
 
 
@@ -137,25 +127,25 @@ def _queues(runtime: Runtime, rows: dict[str, int]) -> dict[str, dict[str, int]]
     }
 
 
-def _counts(url: str) -> tuple[dict[str, int], dict[str, int]]:
-    """The rows of each of _TABLES, and of enqueued_mails by queue, read through the data source's store
-    readers in this process: the tables are the demo's, small enough for one reader."""
-    store = store_tables(url)
+def _counts(settings: Settings) -> tuple[dict[str, int], dict[str, int]]:
+    """The rows of each of _TABLES, and of enqueued_mails by queue, read through the store's table reader
+    in this process: the tables are the demo's, small enough for one reader."""
+    reader = table_reader(settings)
     tables: dict[str, int] = {}
     by_queue: Counter[str] = Counter()
     for table, column in _TABLES.items():
-        partitioning = store.partitioning(table, store.schema(table, [column]), None)
-        batches = [batch for part in partitioning.plan(1) for batch in partitioning.read(part)]
+        read = TableRead(table, chosen(table, reader.columns(table), [column]))
+        batches = [batch for part in reader.plan(read, 1) for batch in reader.read(read, part)]
         tables[table] = sum(batch.num_rows for batch in batches)
         if table == "enqueued_mails":
             by_queue.update(name for batch in batches for name in batch.column(0).to_pylist())
     return tables, dict(by_queue)
 
 
-def _snapshot(url: str) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+def _snapshot(settings: Settings) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     """The queues' starts and rows, and the tables' rows, on the real clock as `mailq` commands read."""
-    tables, by_queue = _counts(url)
-    with Runtime.open(url) as live:
+    tables, by_queue = _counts(settings)
+    with Runtime(settings) as live:
         return _queues(live, by_queue), tables
 
 
@@ -163,7 +153,8 @@ def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say
     """The whole demo on the deployment of `settings`, made by it (`embedded` or `new_deployment`);
     returns its figures (see `describe`)."""
     started = time.monotonic()
-    url = settings.absolute().url
+    settings = settings.absolute()
+    url = settings.url
     runtime, clock = traffic.open_demo(settings, CONFIGURATION, later=SETTLE)
     place = f"in {settings.data_dir}" if settings.backend == EMBEDDED else f"on {redact(url)}"
     details: list[str] = []
@@ -196,9 +187,9 @@ def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say
         f"[5/{PHASES}] pipeline: every maintenance asset in lineage order, with its checks "
         "(Spark starts first)"
     )
-    queues_before, tables_before = _snapshot(url)
-    pipeline = run_pipeline(jobs.maintenance_job.name, url, "demo")
-    queues_after, tables_after = _snapshot(url)
+    queues_before, tables_before = _snapshot(settings)
+    pipeline = run_pipeline(jobs.maintenance_job.name, settings, "demo")
+    queues_after, tables_after = _snapshot(settings)
     assets = pipeline["assets"]
     collected, orphans = assets.get("collected_blobs", {}), assets.get("orphan_blobs", {})
     counters = assets.get("mailbox_counters", {})
