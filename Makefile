@@ -53,7 +53,7 @@ servers-down: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/vulture mailq_runtime assets resources mailq_demo benchmarks vulture_whitelist.py
+	$(BIN)/vulture mailq_runtime mailq_cli mailq_servers assets resources mailq_demo benchmarks vulture_whitelist.py
 
 ui: export DAGSTER_HOME := $(DAGSTER_DIR)
 ui: export MAILQ_URL := embedded://$(DEMO_DIR)

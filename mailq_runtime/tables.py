@@ -26,13 +26,11 @@ from .errors import InvalidInput
 if TYPE_CHECKING:  # pyarrow is loaded by the readers only, never by the runtime's commands
     import pyarrow as pa
 
-# Every column of every store is read as one of these kinds.
-KINDS = ("long", "string", "binary")
-
 
 @dataclass(frozen=True)
 class Column:
-    """A column of a table as the pipeline reads it: `kind` is one of KINDS."""
+    """A column of a table as the pipeline reads it: `kind` is "long", "string" or "binary", what
+    every column of every store is read as."""
 
     name: str
     kind: str

@@ -23,7 +23,6 @@ class MailQueue(QueuePart):
         super().__init__(context)
         self.configuration = context.configuration
         self.configurations = context.configurations
-        self.dead_letter_records = context.backends.dead_letters
         self.clean_up = ContentCleanUp(context)
         self.browse_starts = BrowseStart(context, self.clean_up)
         schedule = DueSchedule()
