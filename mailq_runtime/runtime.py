@@ -68,8 +68,6 @@ class Deployment:
     group_writes: GroupWrites
     one_turn: GroupWrites
     created: bool  # whether this open made the store
-    # The embedded deployment's store (its file, its transactions), for what is about that store only.
-    store: EmbeddedStore | None
     close: Callable[[], None]
 
 
@@ -96,7 +94,6 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         group_writes=store.transaction,
         one_turn=store.turn,
         created=store.created,
-        store=store,
         close=store.close,
     )
 
@@ -204,7 +201,6 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         # The broker's store is not held over operations that spend their time waiting on Cassandra and S3.
         one_turn=nullcontext,
         created=metadata.created,
-        store=None,
         close=close,
     )
 
@@ -231,7 +227,6 @@ class Runtime:
         # writes into one SQLite transaction, which costs one commit instead of several; tests turn it
         # off to see every write commit alone, and the threads of one process interleave their operations.
         group = deployment.group_writes if group_writes else nullcontext
-        self.store = deployment.store
         self.group_writes = group
         self.one_turn = deployment.one_turn if group_writes else nullcontext
         self.view = deployment.view
