@@ -264,6 +264,10 @@ class EmbeddedBackend(Backend):
             (mailbox_id, uid, message_id, flags),
         )
 
+    def as_older_version(self, lacking: str) -> None:
+        table, _, column = lacking.partition(".")
+        self._sql(f"ALTER TABLE {table} DROP COLUMN {column}" if column else f"DROP TABLE {table}")
+
 
 @dataclass
 class CassandraS3:
@@ -491,6 +495,15 @@ class CassandraBackend(Backend):
             "VALUES (?, ?, ?, ?)",
             (mailbox_id, uid, message_id, flags),
         )
+
+    def as_older_version(self, lacking: str) -> None:
+        table, _, column = lacking.partition(".")
+        change = (
+            f"ALTER TABLE {self.keyspace}.{table} DROP {column}"
+            if column
+            else f"DROP TABLE {self.keyspace}.{table}"
+        )
+        self.session.execute(change, timeout=120)
 
 
 class RabbitMQBackend(CassandraBackend):

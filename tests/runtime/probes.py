@@ -130,3 +130,7 @@ class Probes(Protocol):
 
     def put_projection_entry(self, mailbox_id: str, uid: int, message_id: str, flags: str) -> None:
         """A projection entry written (or overwritten) directly, ignoring the source of truth."""
+
+    def as_older_version(self, lacking: str) -> None:
+        """The store as an older version of mailq left it: without the table `lacking` names, or without
+        the column of a `table.column` (its rows kept)."""
