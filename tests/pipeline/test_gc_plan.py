@@ -62,11 +62,8 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
     runtime, resources = backend.open(), deployment_resources
     try:
         garbage, live = eligible_garbage_and_live(runtime)
-        before = (
-            sorted(backend.blob_state().blobs.items()),
-            sorted(backend.blob_state().deletions),
-            sorted(backend.blob_state().contents),
-        )
+        state = backend.blob_state()
+        before = (state.blobs, state.deletions, state.contents)
 
         looked_up = make_plan(resources)
         assert (looked_up["mode"], looked_up["blobs_to_delete"], looked_up["kept_still_referenced"]) == (
@@ -98,11 +95,8 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
             ("absent from the Bloom filter", bloomed["salt"], 1e-9)
         }
         # A dry run deletes nothing and retires nothing.
-        assert (
-            sorted(backend.blob_state().blobs.items()),
-            sorted(backend.blob_state().deletions),
-            sorted(backend.blob_state().contents),
-        ) == before
+        state = backend.blob_state()
+        assert (state.blobs, state.deletions, state.contents) == before
 
         # A reference to the first garbage blob comes back (the case record 39's n-2 rule leaves open).
         runtime.blob_tables.add_references("late-owner", [garbage[0]])
@@ -139,10 +133,8 @@ def test_an_unknown_plan_fails_the_run_and_changes_nothing(
     runtime = backend.open()
     try:
         eligible_garbage_and_live(runtime)
-        before = (
-            sorted(backend.blob_state().blobs.items()),
-            sorted(backend.blob_state().contents),
-        )
+        state = backend.blob_state()
+        before = (state.blobs, state.contents)
         for plan_id, words in (
             ("20260101T000000Z-0badc0de", "unknown GC plan"),
             ("../etc", "invalid GC plan id"),
@@ -157,9 +149,7 @@ def test_an_unknown_plan_fails_the_run_and_changes_nothing(
             assert not result.success
             (failure,) = result.get_step_failure_events()
             assert words in str(failure.step_failure_data.error)
-        assert (
-            sorted(backend.blob_state().blobs.items()),
-            sorted(backend.blob_state().contents),
-        ) == before
+        state = backend.blob_state()
+        assert (state.blobs, state.contents) == before
     finally:
         runtime.close()

@@ -87,9 +87,10 @@ def assert_no_referenced_blob_lost(runtime: Runtime, backend: Backend) -> set[st
     """Every referenced blob has its `blobs` row and its content, which hashes to its id; returns them.
     The references are read first: a writer saves content, then the row, then the reference, and only
     the GC (run by this thread) deletes rows and content, so a reference read has them afterwards."""
-    referenced = backend.blob_state().referenced()
-    assert referenced - set(backend.blob_state().blobs) == set()
-    assert referenced - backend.blob_state().contents == set()
+    state = backend.blob_state()
+    referenced = state.referenced()
+    assert referenced - set(state.blobs) == set()
+    assert referenced - state.contents == set()
     for blob_id in referenced:
         assert hashlib.sha256(runtime.blobs.read(blob_id)).hexdigest() == BlobId.parse(blob_id).hash
     return referenced
@@ -161,9 +162,9 @@ def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_go
         rounds.append(run_gc(resources))
     assert unreferenced_eligible_blobs(runtime, backend) == []
     # Nothing left behind by a collected blob: neither content nor deletions.
-    rows = set(backend.blob_state().blobs)
-    assert backend.blob_state().contents - rows == set()
-    assert {blob_id for blob_id, _, _ in backend.blob_state().deletions} - rows == set()
+    state = backend.blob_state()
+    assert state.contents - set(state.blobs) == set()
+    assert set(state.deleted()) - set(state.blobs) == set()
 
     # Every owner still holding blobs reads back exactly what it saved; released owners hold nothing.
     referenced = assert_no_referenced_blob_lost(runtime, backend)
@@ -198,12 +199,13 @@ def _orphan(runtime: Runtime, data: bytes) -> str:
     return str(BlobId(runtime.generations.current(), hashlib.sha256(data).hexdigest()))
 
 
-def _blob_rows(backend: Backend) -> dict[str, list]:
+def _blob_rows(backend: Backend) -> dict[str, object]:
+    state = backend.blob_state()
     return {
-        "blobs": sorted(backend.blob_state().blobs.items()),
-        "blob_references": sorted(backend.blob_state().references),
-        "blob_deletions": backend.blob_state().deletions,
-        "content": sorted(backend.blob_state().contents),
+        "blobs": state.blobs,
+        "blob_references": sorted(state.references),
+        "blob_deletions": state.deletions,
+        "content": state.contents,
     }
 
 

@@ -159,17 +159,12 @@ def test_cleanup_finishes_a_clean_up_left_half_done(
         assert (spool.browse_start(), spool.content_start()) == (start + 3 * SLICE, start + 3 * SLICE)
         assert (quiet.browse_start(), quiet.content_start()) == (start + 5 * SLICE, start + 5 * SLICE)
         # The delivered mails' rows, deletion marks and counters are gone; the live mail is intact.
-        assert (
-            backend.queue_rows("spool").rows(),
-            backend.queue_rows("spool").rows(slices_before=start + 3 * SLICE),
-        ) == (
-            1,
-            0,
-        )
-        assert backend.queue_rows("spool").counted_slices == [start + 3 * SLICE]
-        assert backend.queue_rows("spool").deletion_marks == backend.queue_rows("quiet").deletion_marks == 0
+        rows = backend.queue_rows("spool")
+        assert (rows.rows(), rows.rows(slices_before=start + 3 * SLICE)) == (1, 0)
+        assert rows.counted_slices == [start + 3 * SLICE]
+        assert rows.deletion_marks == backend.queue_rows("quiet").deletion_marks == 0
         # Only the live mails still hold their content.
-        assert {owner for owner, _, _ in sorted(backend.blob_state().references)} == {ids["s3"], ids["q5"]}
+        assert set(backend.blob_state().held()) == {ids["s3"], ids["q5"]}
         assert [item.name for item in spool.browse()] == ["s3"] and spool.size() == 1
         item = spool.dequeue(timeout=0)
         assert item is not None and item.mail.message.endswith(b"Body of s3.\r\n")
