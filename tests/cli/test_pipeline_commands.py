@@ -161,7 +161,9 @@ def test_exact_gc_with_orphans_and_a_failed_check_exits_1(url, mailq, capsys):
         assert mailq("generation", "rotate")[0] == 0
     # A referenced blob gone, which the collector must never cause; and a blob nothing names.
     damaged = probes(url)
-    damaged.damage_blob_rows(lose=damaged.blob_state().references[0][1], add=("g1_" + "0" * 64, 1))
+    referenced = [blob_id for _, blob_id, _ in damaged.blob_state().references]
+    once = next(blob_id for blob_id in referenced if referenced.count(blob_id) == 1)
+    damaged.damage_blob_rows(lose=once, add=("g1_" + "0" * 64, 1))
 
     status, out, _ = mailq("--json", "gc", "--exact", "--orphans")
 

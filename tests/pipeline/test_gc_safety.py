@@ -199,13 +199,13 @@ def _orphan(runtime: Runtime, data: bytes) -> str:
     return str(BlobId(runtime.generations.current(), hashlib.sha256(data).hexdigest()))
 
 
-def _blob_rows(backend: Backend) -> dict[str, object]:
+def _blob_rows(backend: Backend) -> dict[str, list]:
     state = backend.blob_state()
     return {
-        "blobs": state.blobs,
+        "blobs": sorted(state.blobs.items()),
         "blob_references": sorted(state.references),
         "blob_deletions": state.deletions,
-        "content": state.contents,
+        "content": sorted(state.contents),
     }
 
 
