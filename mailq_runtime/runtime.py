@@ -75,8 +75,6 @@ class Deployment:
     delayed_mails: DelayedMails
     work: UnitOfWork
     created: bool  # whether this open made the store
-    # The embedded deployment's store (its file, its transactions), for what is about that store only.
-    store: EmbeddedStore | None
     close: Callable[[], None]
 
 
@@ -101,7 +99,6 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         delayed_mails=EmbeddedDelayedMails(store),
         work=GroupedWork(store.transaction, store.turn),
         created=store.created,
-        store=store,
         close=store.close,
     )
 
@@ -237,7 +234,6 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         # The broker's store is not held over operations that spend their time waiting on Cassandra and S3.
         work=UNGROUPED,
         created=metadata.created,
-        store=None,
         close=close,
     )
 
@@ -290,7 +286,9 @@ class Runtime:
         # writes into one SQLite transaction, which costs one commit instead of several; tests turn it
         # off to see every write commit alone, and the threads of one process interleave their operations.
         work = deployment.work if group_writes else UNGROUPED
-        self.store = deployment.store
+        # The deployment's unit of work: its `writes()` is the embedded store's transaction (a caller may
+        # wrap several operations in one), nothing on Cassandra.
+        self.work = work
         self.view = deployment.view
         self.broker = deployment.broker
         self.blob_tables = deployment.blob_tables

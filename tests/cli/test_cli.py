@@ -6,13 +6,10 @@ import io
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 import tomllib
-from contextlib import closing
 from datetime import UTC
-from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from mailq_cli.main import main
 from mailq_cli.output import progress_bar
 from mailq_runtime import Runtime
 from mailq_runtime.clock import to_datetime
+from tests.runtime.backends import EmbeddedBackend
 
 ALICE, BOB, CAROL, DAVE = "alice@example.com", "bob@example.org", "carol@example.net", "dave@example.org"
 HUGE = "1" * 310  # past a float's range, in any unit
@@ -666,10 +664,8 @@ def test_schema_create_makes_the_store_then_is_idempotent(mailq_json, mailq, url
 
 def test_a_store_lacking_tables_of_this_version_is_refused_until_schema_create(mailq, eml, url, tmp_path):
     enqueue(mailq, eml)
-    schema = files("mailq_runtime.stores.embedded").joinpath("schema.sql").read_text()
-    newest = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", schema)[-1]
-    with closing(sqlite3.connect(tmp_path / "data" / "mailq.db")) as db:
-        db.execute(f"DROP TABLE {newest}")  # as a store of an older version lacks it
+    newest = "blob_content"  # the newest table of the embedded store
+    EmbeddedBackend(tmp_path / "data").as_older_version(lacking=newest)
     assert_bad_input(mailq("size", "spool"), f"lacks {newest} of this version", "`mailq schema create`")
     status, out, err = mailq("schema", "create")
     assert (status, err) == (0, "") and "already there; anything it lacked added" in out
@@ -677,13 +673,13 @@ def test_a_store_lacking_tables_of_this_version_is_refused_until_schema_create(m
 
 
 def test_a_store_whose_deletions_name_no_owner_gains_the_column_at_schema_create(
-    mailq, mailq_json, eml, tmp_path
+    mailq, mailq_json, eml, url, tmp_path
 ):
     enqueue(mailq, eml)
-    released = "g1_" + "ab" * 32
-    with closing(sqlite3.connect(tmp_path / "data" / "mailq.db")) as db, db:
-        db.execute("ALTER TABLE blob_deletions DROP COLUMN owner")  # as a store of an older version
-        db.execute("INSERT INTO blob_deletions VALUES (?, 1, 1700000000000000, 1)", (released,))
+    with Runtime.open(url) as runtime:  # a release this version records with its owner
+        released = str(runtime.blobs.save("leaver", b"released content"))
+        runtime.blobs.release("leaver")
+    EmbeddedBackend(tmp_path / "data").as_older_version(lacking="blob_deletions.owner")
     assert_bad_input(
         mailq("size", "spool"), "lacks blob_deletions.owner of this version", "`mailq schema create`"
     )

@@ -5,47 +5,45 @@ mails go in and out through the same commands as on the embedded deployment."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 from mailq_servers.s3 import remove_bucket
 from mailq_servers.urls import distributed_url
-from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name
+from tests.runtime.backends import CassandraBackend, CassandraS3
+from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace
 
 from .test_store_errors import MESSAGE, RECIPIENT, SENDER, assert_one_line, mailq
 
 
 @pytest.fixture
-def url(cassandra_server, s3_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A distributed URL on a keyspace and a bucket no one made; both removed at the end."""
-    for variable, value in s3_server.env().items():
+def deployment(
+    cassandra_s3: CassandraS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[CassandraBackend]:
+    """A distributed deployment on a keyspace and a bucket no one made, its broker in `tmp_path / broker`;
+    the keyspace and the bucket removed at the end."""
+    for variable, value in cassandra_s3.s3_server.env().items():
         monkeypatch.setenv(variable, value)
-    keyspace, bucket = fresh_keyspace_name(), fresh_bucket_name()
-    yield distributed_url(cassandra_server, s3_server, keyspace, bucket, f"embedded:{tmp_path / 'broker'}")
-    cluster = cassandra_server.cluster()
-    cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
-    cluster.shutdown()
-    remove_bucket(s3_server.client(), bucket)
+    with fresh_keyspace(cassandra_s3.cassandra_server) as keyspace:
+        bucket = fresh_bucket_name()
+        yield CassandraBackend(tmp_path / "broker", cassandra_s3, keyspace, bucket)
+        remove_bucket(cassandra_s3.s3, bucket)
 
 
-def _keyspace_exists(cassandra_server, url: str) -> bool:
-    """Whether the URL's keyspace exists (only its own: other test sessions make theirs meanwhile)."""
-    cluster = cassandra_server.cluster()
-    found = cluster.connect().execute(
-        "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
-        (urlsplit(url).path.strip("/"),),
+@pytest.fixture
+def url(deployment: CassandraBackend) -> str:
+    servers = deployment.servers
+    broker = f"embedded:{deployment.broker_dir}"
+    return distributed_url(
+        servers.cassandra_server, servers.s3_server, deployment.keyspace, deployment.bucket, broker
     )
-    exists = found.one() is not None
-    cluster.shutdown()
-    return exists
 
 
-def test_a_reading_command_names_the_missing_keyspace_and_creates_nothing(url, cassandra_server, tmp_path):
+def test_a_reading_command_names_the_missing_keyspace_and_creates_nothing(url, deployment):
     assert_one_line(mailq("--url", url, "size", "spool"), "no keyspace", "create the schema first")
-    assert not _keyspace_exists(cassandra_server, url)
-    assert not (tmp_path / "broker").exists()
+    assert not deployment.exists()  # neither the keyspace nor the broker's directory
 
 
 def test_schema_create_then_mails_in_and_out(url, tmp_path, s3_server):
@@ -74,7 +72,7 @@ def test_schema_create_then_mails_in_and_out(url, tmp_path, s3_server):
 
 
 def test_the_demo_refuses_a_deployment_it_would_share_and_makes_nothing(
-    url, cassandra_server, s3_server, tmp_path, monkeypatch
+    url, deployment, s3_server, tmp_path, monkeypatch
 ):
     monkeypatch.delenv("MAILQ_PIPELINE_DIR", raising=False)
     assert_one_line(mailq("--url", url, "demo", "--mails", "10"), "set MAILQ_PIPELINE_DIR")
@@ -85,8 +83,7 @@ def test_the_demo_refuses_a_deployment_it_would_share_and_makes_nothing(
     client.create_bucket(Bucket=bucket)
     client.put_object(Bucket=bucket, Key=f"g1_{'ab' * 32}", Body=b"kept")
     assert_one_line(mailq("--url", url, "demo", "--mails", "10"), f"bucket '{bucket}'", "holds content")
-    assert not _keyspace_exists(cassandra_server, url)
-    assert not (tmp_path / "broker").exists() and not (tmp_path / "pipeline").exists()
+    assert not deployment.exists() and not (tmp_path / "pipeline").exists()
     assert client.get_object(Bucket=bucket, Key=f"g1_{'ab' * 32}")["Body"].read() == b"kept"
     # A keyspace that holds a store already.
     assert mailq("--url", url, "schema", "create")[0] == 0

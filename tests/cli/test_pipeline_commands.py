@@ -5,7 +5,6 @@ each run reports, what it changes, its JSON shape, its errors."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,9 @@ from mailq_runtime.clock import MICROS_PER_SECOND, system_clock
 from mailq_runtime.faults import AFTER_PROJECTION, AFTER_SOURCE_OF_TRUTH
 from mailq_runtime.mailbox import INBOX, SEEN
 from mailq_runtime.settings import Settings
-from mailq_runtime.stores.embedded import DATABASE_FILE
 from mailq_runtime.worker import run_worker
 from resources import MailqRuntime
+from tests.runtime.backends import EmbeddedBackend
 from tests.runtime.test_store_files import snapshot
 
 LOCAL = "example.org"
@@ -62,9 +61,14 @@ def traffic(url: str) -> None:
         assert runtime.mailboxes.expunge(inbox, [runtime.mailboxes.list_messages(inbox)[0].uid]) == 1
 
 
-def rows(url: str, sql: str) -> list[tuple]:
-    with sqlite3.connect(Settings.from_url(url).data_dir / DATABASE_FILE) as connection:
-        return connection.execute(sql).fetchall()
+def probes(url: str) -> EmbeddedBackend:
+    return EmbeddedBackend(Settings.from_url(url).data_dir)
+
+
+def tables(url: str) -> tuple[int, int]:
+    """How many blob rows and deletions there are."""
+    state = probes(url).blob_state()
+    return len(state.blobs), len(state.deletions)
 
 
 @pytest.fixture
@@ -104,7 +108,7 @@ def assert_bad_input(result: tuple[int, str, str], *words: str) -> None:
 
 def test_gc_dry_run_then_collect_after_two_rotations(url, mailq, mailq_json):
     traffic(url)
-    blobs = rows(url, "SELECT COUNT(*) FROM blobs")[0][0]
+    blobs = len(probes(url).blob_state().blobs)
 
     assert mailq_json("generation", "rotate") == {
         "reference_generation": 2,
@@ -133,17 +137,16 @@ def test_gc_dry_run_then_collect_after_two_rotations(url, mailq, mailq_json):
     assert figures["blobs_to_delete"] + figures["kept_by_filter_false_positive"] == garbage
     assert figures["kept_still_referenced"] > 0  # the queue's deletions of blobs the INBOX copies still use
     assert (dry["success"], dry["failures"], dry["instance"]) == (True, [], None)
-    assert rows(url, "SELECT COUNT(*) FROM blobs")[0][0] == blobs
+    assert len(probes(url).blob_state().blobs) == blobs
 
     status, out, err = mailq("gc")
 
     assert status == 0, err
-    collected = blobs - rows(url, "SELECT COUNT(*) FROM blobs")[0][0]
-    (left,) = rows(
-        url,
-        "SELECT COUNT(*) FROM blobs b WHERE b.generation = 1 "
-        "AND NOT EXISTS (SELECT 1 FROM blob_references r WHERE r.blob_id = b.blob_id)",
-    )[0]
+    state = probes(url).blob_state()
+    collected = blobs - len(state.blobs)
+    left = sum(
+        generation == 1 and blob_id not in state.referenced() for blob_id, generation in state.blobs.items()
+    )
     assert collected + left == garbage  # what a false positive kept back waits for the next iteration
     assert f"collected    {collected} of " in out and "check        no_live_blob_collected: passed" in out
     assert out.splitlines()[-1].startswith("run          ") and "ephemeral" in out
@@ -158,9 +161,10 @@ def test_exact_gc_with_orphans_and_a_failed_check_exits_1(url, mailq, capsys):
     for _ in range(2):
         assert mailq("generation", "rotate")[0] == 0
     # A referenced blob gone, which the collector must never cause; and a blob nothing names.
-    with sqlite3.connect(Settings.from_url(url).data_dir / DATABASE_FILE) as connection:
-        connection.execute("DELETE FROM blobs WHERE blob_id = (SELECT blob_id FROM blob_references LIMIT 1)")
-        connection.execute("INSERT INTO blobs VALUES (?, 1, 10, 0)", ("g1_" + "0" * 64,))
+    damaged = probes(url)
+    referenced = [blob_id for _, blob_id, _ in damaged.blob_state().references]
+    once = next(blob_id for blob_id in referenced if referenced.count(blob_id) == 1)
+    damaged.damage_blob_rows(lose=once, add=("g1_" + "0" * 64, 1))
 
     status, out, _ = mailq("--json", "gc", "--exact", "--orphans")
 
@@ -183,13 +187,9 @@ def test_gc_plan_reviewed_applied_and_its_blobs_explained(url, mailq, mailq_json
         assert mailq("generation", "rotate")[0] == 0
     with Runtime.open(url) as runtime:
         fresh = str(runtime.blobs.save("fresh-owner", b"saved in the current generation"))
-    (live,) = rows(
-        url,
-        "SELECT DISTINCT d.blob_id FROM blob_deletions d JOIN blob_references r ON r.blob_id = d.blob_id "
-        "ORDER BY d.blob_id LIMIT 1",
-    )[0]
-    tables = "SELECT (SELECT COUNT(*) FROM blobs), (SELECT COUNT(*) FROM blob_deletions)"
-    before = rows(url, tables)
+    state = probes(url).blob_state()
+    live = min(set(state.deleted()) & state.referenced())
+    before = tables(url)
 
     report = mailq_json("gc", "--dry-run", "--exact")
 
@@ -204,7 +204,7 @@ def test_gc_plan_reviewed_applied_and_its_blobs_explained(url, mailq, mailq_json
     text = describe_run(report)
     assert any(line.startswith(f"plan         {plan_id}: would delete 5 of ") for line in text)
     assert f"plan         review it, then: mailq gc --apply {plan_id}" in text
-    assert rows(url, tables) == before
+    assert tables(url) == before
     planned = plan["blobs"][0]["blob_id"]
     status, out, _ = mailq("blobs", "explain", planned)
     assert status == 0
@@ -217,13 +217,13 @@ def test_gc_plan_reviewed_applied_and_its_blobs_explained(url, mailq, mailq_json
     assert_bad_input(mailq("gc", "--apply", "20260101T000000Z-0badc0de"), "unknown GC plan 20260101T000000Z")
     assert_bad_input(mailq("gc", "--apply", "../pipeline"), "invalid GC plan id")
     assert_bad_input(mailq("gc", "--apply", plan_id, "--exact"), "takes no other option")
-    assert rows(url, tables) == before
+    assert tables(url) == before
 
     status, out, err = mailq("gc", "--apply", plan_id)
 
     assert status == 0, err
     assert f"applied      plan {plan_id}: 5 of 5 blob(s) deleted" in out and "none kept" in out
-    assert rows(url, tables)[0][0] == before[0][0] - 5
+    assert tables(url)[0] == before[0] - 5
     again = mailq_json("gc", "--apply", plan_id)["assets"]["applied_gc_plan"]
     assert (again["deleted_blobs"], again["kept"]) == (
         0,
@@ -352,7 +352,7 @@ def test_queue_cleanup_advances_browse_start_and_deletes_old_slices(url, mailq_j
         while (item := queue.dequeue(timeout=0)) is not None:
             item.done()
         before = queue.browse_start()
-    assert rows(url, "SELECT COUNT(*) FROM enqueued_mails")[0][0] == 4
+    assert probes(url).queue_rows("spool").rows() == 4
 
     report = mailq_json("queue", "cleanup")
 
@@ -363,7 +363,7 @@ def test_queue_cleanup_advances_browse_start_and_deletes_old_slices(url, mailq_j
         "slice_counters_match_recount",
         "browse_start_not_ahead_of_live_mail",
     }
-    assert rows(url, "SELECT COUNT(*) FROM enqueued_mails")[0][0] == 0
+    assert probes(url).queue_rows("spool").rows() == 0
     with Runtime.open(url) as runtime:
         assert runtime.queue("spool").browse_start() > before
 

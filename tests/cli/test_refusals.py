@@ -95,9 +95,9 @@ def data(tmp_path: Path, files: dict[str, str]) -> Path:
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_bad_input_on_existing_data_changes_nothing_and_creates_no_queue(data, files, case):
     backend = EmbeddedBackend(data)
-    before = backend.counts()
+    before = backend.state()
     assert_one_line(mailq(*command(data, case, files)), REFUSALS[case][2])
-    assert backend.counts() == before
+    assert backend.state() == before
     assert mailq("--url", f"embedded://{data}", "queues")[1].splitlines()[1].split()[:2] == ["spool", "1"]
 
 

@@ -12,6 +12,7 @@ from assets import blobs
 from mailq_runtime import Runtime
 from resources import MailqRuntime
 from resources.parquet_io import SparkParquetIOManager
+from tests.runtime.backends import EmbeddedBackend
 
 GC_ASSETS = [
     blobs.reference_generations,
@@ -63,15 +64,9 @@ def run_gc(resources: dict, filter_config: dict | None = None, **collect_config:
 
 def blob_tables(runtime: Runtime, labels: dict[str, str]) -> dict[str, list]:
     """`blobs`, `blob_references` and `blob_deletions` in the record's words (b1.., rgN, gciN)."""
-    read = runtime.store.read
+    state = EmbeddedBackend(runtime.settings.data_dir).blob_state()
     return {
-        "blobs": sorted((labels[b], f"rg{g}") for b, g in read("SELECT blob_id, generation FROM blobs")),
-        "references": sorted(
-            (owner, labels[b], f"rg{g}")
-            for owner, b, g in read("SELECT owner, blob_id, generation FROM blob_references")
-        ),
-        "deletions": sorted(
-            (labels[b], f"rg{g}", f"gci{i}")
-            for b, g, i in read("SELECT blob_id, generation, gc_iteration FROM blob_deletions")
-        ),
+        "blobs": sorted((labels[b], f"rg{g}") for b, g in state.blobs.items()),
+        "references": sorted((owner, labels[b], f"rg{g}") for owner, b, g in state.references),
+        "deletions": sorted((labels[b], f"rg{g}", f"gci{i}") for b, g, i in state.deletions),
     }

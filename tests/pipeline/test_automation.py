@@ -144,8 +144,7 @@ def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(
                 ("current", reachable, reachable),
                 ("other", reachable + other_browse * HOUR, reachable + other_content * HOUR),
             ):
-                backend.move_browse_start(queue_name, browse)
-                backend.move_content_start(queue_name, content)
+                backend.move_starts(queue_name, browse_start=browse, content_start=content)
 
         return arrange
 
@@ -169,7 +168,7 @@ def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(
 
 # counter drift
 def test_counter_drift_sensor_requests_a_recompute_only_on_drift(
-    runtime: Runtime, backend: Backend, monkeypatch: pytest.MonkeyPatch
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sensor = automation.counter_drift_sensor
     assert sensor.job_name == "mailbox_counters_job"
@@ -182,7 +181,7 @@ def test_counter_drift_sensor_requests_a_recompute_only_on_drift(
     consistent = evaluate(sensor, runtime)
     assert "no drift" in skipped_because(consistent)
 
-    backend.miscount_unseen(mailboxes[1], 1)
+    assert boxes.reset_counters(mailboxes[1], 1, 0, observed=(1, 1))  # one unseen counted as seen
     drift = evaluate(sensor, runtime)
     assert requested(drift) and mailboxes[1] in drift.run_requests[0].tags["drifting"]
     # Still drifting at the next tick (the run has not repaired it yet): not asked again so soon ...
@@ -192,7 +191,7 @@ def test_counter_drift_sensor_requests_a_recompute_only_on_drift(
     later = evaluate(sensor, runtime, drift.cursor)
     assert requested(later) and later.run_requests[0].run_key != drift.run_requests[0].run_key
 
-    boxes.reset_counters(mailboxes[1], 1, 1, observed=(1, 2))
+    boxes.reset_counters(mailboxes[1], 1, 1, observed=(1, 0))
     assert not requested(evaluate(sensor, runtime, later.cursor))
 
 

@@ -106,9 +106,10 @@ def test_the_maintenance_job_runs_on_the_cluster_and_does_all_its_work(
     )
     assert assets["mailbox_counters"]["corrected_counters"] == 1
     assert assets["mail_queue_cleanup"]["queues_cleaned"] == 1
-    assert str(garbage) not in backend.contents() and str(live) in backend.contents()
-    assert backend.stored_counters()[inbox] == (2, 2)
-    assert backend.mail_rows("spool") == 0
+    contents = backend.blob_state().contents
+    assert str(garbage) not in contents and str(live) in contents
+    assert backend.mailbox_state().counters[inbox] == (2, 2)
+    assert backend.queue_rows("spool").rows() == 0
     # It ran on the cluster, with both workers' cores.
     (ran,) = [a for a in applications(spark_cluster)["completed"] if a["name"] == app]
     assert ran["cores"] == spark_cluster.cores

@@ -51,16 +51,17 @@ def assert_consistent(runtime: Runtime, backend: Backend) -> None:
     boxes = runtime.mailboxes
     for mailbox in boxes.list():
         assert boxes.counters(mailbox) == boxes.recount(mailbox), mailbox.name
-    assert backend.projection() == backend.source_of_truth()
+    assert backend.mailbox_state().projection == backend.mailbox_state().source_of_truth
 
 
 def projection_disagreements(backend: Backend) -> dict[str, int]:
     """The projection entries that disagree with the source of truth, by kind, as the asset counts them:
     both tables joined on (mailbox, message)."""
     truth = {
-        (mailbox, message_id): (uid, flags) for mailbox, uid, message_id, flags in backend.source_of_truth()
+        (mailbox, message_id): (uid, flags)
+        for mailbox, uid, message_id, flags in backend.mailbox_state().source_of_truth
     }
-    projection = backend.projection()
+    projection = backend.mailbox_state().projection
     found = dict.fromkeys(KINDS, 0)
     for mailbox, uid, message_id, flags in projection:
         entry = truth.get((mailbox, message_id))
@@ -116,7 +117,9 @@ def test_recompute_repairs_every_fault_and_damaged_row_with_exact_figures(
     fault(boxes, AFTER_PROJECTION, lambda: boxes.expunge(box["expunge-projection"], [2]))
     # Rows damaged directly.
     backend.lose_counters(box["no-counters"])
-    (damaged,) = [e for e in backend.projection() if e[0] == box["bad-projection-flags"] and e[1] == 2]
+    (damaged,) = [
+        e for e in backend.mailbox_state().projection if e[0] == box["bad-projection-flags"] and e[1] == 2
+    ]
     backend.put_projection_entry(damaged[0], 2, damaged[2], "\\Flagged")
     backend.put_projection_entry(box["orphan-projection-row"], 7, "0" * 31 + "1", "")
     consistent_counters = {"bad-projection-flags", "orphan-projection-row", "untouched"}
@@ -309,7 +312,7 @@ def test_an_unknown_user_or_mailbox_fails_the_run_and_changes_nothing(
     inbox = boxes.create(USER, "INBOX")
     drifting(boxes, inbox)
     fault(boxes, AFTER_SOURCE_OF_TRUTH, lambda: boxes.append(inbox, message(60)))
-    before = (backend.projection(), boxes.counters(inbox))
+    before = (backend.mailbox_state().projection, boxes.counters(inbox))
 
     for config, problem in (
         ({"user": "nobody@example.com"}, "unknown user nobody@example.com"),
@@ -321,4 +324,4 @@ def test_an_unknown_user_or_mailbox_fails_the_run_and_changes_nothing(
         assert not result.success
         (failure,) = [e for e in result.all_events if e.is_step_failure]
         assert problem in str(failure.step_failure_data.user_failure_data.description)
-        assert (backend.projection(), boxes.counters(inbox)) == before
+        assert (backend.mailbox_state().projection, boxes.counters(inbox)) == before

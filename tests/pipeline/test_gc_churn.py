@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 from assets import automation, blobs, gc_plan
 from mailq_runtime import Runtime
 from mailq_runtime.model import BlobId
+from tests.runtime.backends import EmbeddedBackend
 
 from .pipeline import GC_ASSETS, checks_passed, gc_run_config, materialized
 from .test_automation import evaluate, requested, skipped_because
@@ -39,8 +40,9 @@ def gc(
     }
 
 
-def deletions(runtime: Runtime) -> list[tuple[str, int]]:
-    return sorted(runtime.store.read("SELECT blob_id, deleted_at FROM blob_deletions"))
+def deletions(runtime: Runtime) -> list[tuple[str, int, int]]:
+    """(blob id, generation, GC iteration) of every deletion."""
+    return EmbeddedBackend(runtime.settings.data_dir).blob_state().deletions
 
 
 def eligible_live_and_garbage(runtime: Runtime) -> tuple[BlobId, BlobId]:
@@ -212,10 +214,7 @@ def test_the_check_looks_up_only_what_the_run_collected_and_fails_on_a_reference
     }
 
     # What a collector that took a live blob would leave: a reference to a collected blob.
-    with runtime.store.transaction() as connection:
-        connection.execute(
-            "INSERT INTO blob_references (owner, blob_id, generation) VALUES ('late', ?, 1)", (str(garbage),)
-        )
+    EmbeddedBackend(runtime.settings.data_dir).add_reference("late", str(garbage), 1)
     assert check_alone(resources) == {
         "passed": False,
         "collected_blobs_checked": 1,

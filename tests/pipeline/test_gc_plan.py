@@ -62,7 +62,8 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
     runtime, resources = backend.open(), deployment_resources
     try:
         garbage, live = eligible_garbage_and_live(runtime)
-        before = (sorted(backend.blobs()), sorted(backend.blob_deletions()), sorted(backend.contents()))
+        state = backend.blob_state()
+        before = (state.blobs, state.deletions, state.contents)
 
         looked_up = make_plan(resources)
         assert (looked_up["mode"], looked_up["blobs_to_delete"], looked_up["kept_still_referenced"]) == (
@@ -94,11 +95,8 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
             ("absent from the Bloom filter", bloomed["salt"], 1e-9)
         }
         # A dry run deletes nothing and retires nothing.
-        assert (
-            sorted(backend.blobs()),
-            sorted(backend.blob_deletions()),
-            sorted(backend.contents()),
-        ) == before
+        state = backend.blob_state()
+        assert (state.blobs, state.deletions, state.contents) == before
 
         # A reference to the first garbage blob comes back (the case record 39's n-2 rule leaves open).
         runtime.blob_tables.add_references("late-owner", [garbage[0]])
@@ -108,7 +106,7 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
         assert kept(applied) == {gc_records.KEPT_REFERENCED_AGAIN: 1}
         assert runtime.blobs.read(garbage[0]) == GARBAGE[0] and runtime.blobs.read(live) == LIVE
         assert [runtime.content.exists(b) for b in garbage] == [True, False, False]
-        assert {b for b, _ in backend.blobs()} == {str(garbage[0]), str(live)}
+        assert set(backend.blob_state().blobs) == {str(garbage[0]), str(live)}
 
         # The other plan, and the first again: nothing left to delete.
         for plan_id in (bloomed["plan_id"], looked_up["plan_id"]):
@@ -124,7 +122,7 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
         twice = apply(resources, last["plan_id"])
         assert (twice["deleted_blobs"], kept(twice)) == (0, {gc_records.KEPT_GONE: 1})
         assert twice["note"].startswith("nothing deleted: the plan's 1 blob(s) are all gone already")
-        assert {b for b, _ in backend.blobs()} == {str(live)} and runtime.blobs.read(live) == LIVE
+        assert set(backend.blob_state().blobs) == {str(live)} and runtime.blobs.read(live) == LIVE
     finally:
         runtime.close()
 
@@ -135,7 +133,8 @@ def test_an_unknown_plan_fails_the_run_and_changes_nothing(
     runtime = backend.open()
     try:
         eligible_garbage_and_live(runtime)
-        before = (sorted(backend.blobs()), sorted(backend.contents()))
+        state = backend.blob_state()
+        before = (state.blobs, state.contents)
         for plan_id, words in (
             ("20260101T000000Z-0badc0de", "unknown GC plan"),
             ("../etc", "invalid GC plan id"),
@@ -150,6 +149,7 @@ def test_an_unknown_plan_fails_the_run_and_changes_nothing(
             assert not result.success
             (failure,) = result.get_step_failure_events()
             assert words in str(failure.step_failure_data.error)
-        assert (sorted(backend.blobs()), sorted(backend.contents())) == before
+        state = backend.blob_state()
+        assert (state.blobs, state.contents) == before
     finally:
         runtime.close()

@@ -87,9 +87,10 @@ def assert_no_referenced_blob_lost(runtime: Runtime, backend: Backend) -> set[st
     """Every referenced blob has its `blobs` row and its content, which hashes to its id; returns them.
     The references are read first: a writer saves content, then the row, then the reference, and only
     the GC (run by this thread) deletes rows and content, so a reference read has them afterwards."""
-    referenced = {blob_id for _, blob_id, _ in backend.blob_references()}
-    assert referenced - {blob_id for blob_id, _ in backend.blobs()} == set()
-    assert referenced - set(backend.contents()) == set()
+    state = backend.blob_state()
+    referenced = state.referenced()
+    assert referenced - set(state.blobs) == set()
+    assert referenced - state.contents == set()
     for blob_id in referenced:
         assert hashlib.sha256(runtime.blobs.read(blob_id)).hexdigest() == BlobId.parse(blob_id).hash
     return referenced
@@ -98,10 +99,10 @@ def assert_no_referenced_blob_lost(runtime: Runtime, backend: Backend) -> set[st
 def unreferenced_eligible_blobs(runtime: Runtime, backend: Backend) -> list[str]:
     """Blobs of the generations the GC may collect that nothing references: garbage still there."""
     oldest_protected = runtime.generations.current() - 1
-    referenced = {blob_id for _, blob_id, _ in backend.blob_references()}
+    referenced = backend.blob_state().referenced()
     return [
         blob_id
-        for blob_id, generation in backend.blobs()
+        for blob_id, generation in backend.blob_state().blobs.items()
         if generation < oldest_protected and blob_id not in referenced
     ]
 
@@ -161,9 +162,9 @@ def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_go
         rounds.append(run_gc(resources))
     assert unreferenced_eligible_blobs(runtime, backend) == []
     # Nothing left behind by a collected blob: neither content nor deletions.
-    rows = {blob_id for blob_id, _ in backend.blobs()}
-    assert set(backend.contents()) - rows == set()
-    assert {blob_id for blob_id, _, _ in backend.blob_deletions()} - rows == set()
+    state = backend.blob_state()
+    assert state.contents - set(state.blobs) == set()
+    assert set(state.deleted()) - set(state.blobs) == set()
 
     # Every owner still holding blobs reads back exactly what it saved; released owners hold nothing.
     referenced = assert_no_referenced_blob_lost(runtime, backend)
@@ -177,7 +178,7 @@ def test_no_referenced_blob_is_collected_under_concurrent_writers_and_garbage_go
         for owner in writer.released[:: max(1, len(writer.released) // 50)]:
             assert runtime.blobs.references_of(owner) == []
     assert referenced == kept_blobs  # the long-lived owners are the only ones left
-    assert len(backend.blobs()) == len(kept_blobs)
+    assert len(backend.blob_state().blobs) == len(kept_blobs)
 
 
 def expect_figures(metadata: dict, **expected: object) -> None:
@@ -199,11 +200,12 @@ def _orphan(runtime: Runtime, data: bytes) -> str:
 
 
 def _blob_rows(backend: Backend) -> dict[str, list]:
+    state = backend.blob_state()
     return {
-        "blobs": backend.blobs(),
-        "blob_references": backend.blob_references(),
-        "blob_deletions": backend.blob_deletions(),
-        "content": backend.contents(),
+        "blobs": sorted(state.blobs.items()),
+        "blob_references": sorted(state.references),
+        "blob_deletions": state.deletions,
+        "content": sorted(state.contents),
     }
 
 
@@ -264,7 +266,13 @@ def test_dry_run_exact_mode_and_orphan_sweep(backend: Backend, deployment_resour
         bytes_reclaimed=len(GARBAGE[0] + GARBAGE[1]),
     )
     assert [runtime.content.exists(b) for b in garbage] == [False, False]
-    assert {blob_id for blob_id, _ in backend.blobs()} == {live, young_garbage, young_orphan}
+    assert set(backend.blob_state().blobs) == {
+        live,
+        young_garbage,
+        young_orphan,
+    }
     assert runtime.blobs.read(live) == b"live"
     # The live blob's deletion stays for a later iteration; the young generation's is not touched.
-    assert sorted(blob_id for blob_id, _, _ in backend.blob_deletions()) == sorted([live, young_garbage])
+    assert sorted(blob_id for blob_id, _, _ in backend.blob_state().deletions) == sorted(
+        [live, young_garbage]
+    )

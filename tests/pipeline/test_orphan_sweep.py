@@ -101,9 +101,9 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(
     }
     for owner in orphans:
         assert runtime.blobs.references_of(owner) == []
-    assert set(backend.messages()) == {kept.message_id}
-    rows = {blob_id for blob_id, _ in backend.blobs()}
-    contents = set(backend.contents())
+    assert set(backend.mailbox_state().messages) == {kept.message_id}
+    rows = set(backend.blob_state().blobs)
+    contents = backend.blob_state().contents
     assert rows == contents
     for data in (b"content without row", b"row without reference"):
         assert str(BlobId(1, hashlib.sha256(data).hexdigest())) not in contents
@@ -111,7 +111,7 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(
     # The next GC iteration collects what the sweep released.
     collected = run_gc(resources)
     assert (collected["concerned_blobs"], collected["deleted_blobs"]) == (8, 8)
-    rows = {blob_id for blob_id, _ in backend.blobs()}
+    rows = set(backend.blob_state().blobs)
     assert not rows & {str(b) for b in orphan_blob_ids}
     # What lives, and what the sweep had to leave, is whole.
     assert boxes.read(inbox, kept.uid) == message(1)

@@ -102,7 +102,7 @@ def test_slice_figures_and_both_checks_pass_then_each_fails_on_its_corruption(
 
     # A slice counter off by five in spool; outgoing's browse_start moved past its live mails.
     backend.miscount_slice("spool", start + SLICE, 5)
-    backend.move_browse_start("outgoing", start + 3 * SLICE)
+    backend.move_starts("outgoing", browse_start=start + 3 * SLICE)
 
     corrupted = dg.materialize(SLICE_ASSETS, resources=resources, raise_on_error=False)
 
@@ -147,7 +147,7 @@ def test_cleanup_finishes_a_clean_up_left_half_done(
         with pytest.raises(OSError, match="disk went away"):
             spool.update_browse_start()
         assert (spool.browse_start(), spool.content_start()) == (start + 3 * SLICE, start)
-        assert backend.mail_rows("spool") == 4
+        assert backend.queue_rows("spool").rows() == 4
 
     result = dg.materialize([queue_assets.mail_queue_cleanup], resources=deployment_resources)
 
@@ -159,14 +159,12 @@ def test_cleanup_finishes_a_clean_up_left_half_done(
         assert (spool.browse_start(), spool.content_start()) == (start + 3 * SLICE, start + 3 * SLICE)
         assert (quiet.browse_start(), quiet.content_start()) == (start + 5 * SLICE, start + 5 * SLICE)
         # The delivered mails' rows, deletion marks and counters are gone; the live mail is intact.
-        assert (backend.mail_rows("spool"), backend.mail_rows("spool", slices_before=start + 3 * SLICE)) == (
-            1,
-            0,
-        )
-        assert backend.counted_slices("spool") == [start + 3 * SLICE]
-        assert backend.deleted_marks("spool") == backend.deleted_marks("quiet") == 0
+        rows = backend.queue_rows("spool")
+        assert (rows.rows(), rows.rows(slices_before=start + 3 * SLICE)) == (1, 0)
+        assert rows.counted_slices == [start + 3 * SLICE]
+        assert rows.deletion_marks == backend.queue_rows("quiet").deletion_marks == 0
         # Only the live mails still hold their content.
-        assert {owner for owner, _, _ in backend.blob_references()} == {ids["s3"], ids["q5"]}
+        assert set(backend.blob_state().held()) == {ids["s3"], ids["q5"]}
         assert [item.name for item in spool.browse()] == ["s3"] and spool.size() == 1
         item = spool.dequeue(timeout=0)
         assert item is not None and item.mail.message.endswith(b"Body of s3.\r\n")

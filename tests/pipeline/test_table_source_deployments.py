@@ -44,9 +44,9 @@ def test_every_row_is_read_once_whatever_the_partitions(
     assert references.rdd.getNumPartitions() >= partitions
     rows = [tuple(r) for r in references.select("owner", "blob_id", "generation").collect()]
     assert len(rows) == len(set(rows))
-    assert sorted(rows) == filled.blob_references()
+    assert sorted(rows) == sorted(filled.blob_state().references)
     blobs = read_table(spark, Settings.from_url(filled.url()), "blobs", columns=["blob_id", "generation"])
-    assert sorted(tuple(r) for r in blobs.collect()) == filled.blobs()
+    assert sorted(tuple(r) for r in blobs.collect()) == sorted(filled.blob_state().blobs.items())
 
 
 def test_a_read_of_some_generations_reads_exactly_their_rows(spark: SparkSession, filled: Backend) -> None:
@@ -55,14 +55,14 @@ def test_a_read_of_some_generations_reads_exactly_their_rows(spark: SparkSession
         spark, Settings.from_url(filled.url()), "blob_deletions", generations=wanted, partitions=3
     )
     assert sorted(tuple(r) for r in deletions.select("blob_id", "generation", "gc_iteration").collect()) == [
-        row for row in filled.blob_deletions() if row[1] in wanted
+        row for row in filled.blob_state().deletions if row[1] in wanted
     ]
     # Without the filter's column among those read.
     owners = read_table(
         spark, Settings.from_url(filled.url()), "blob_references", columns=["owner"], generations=[2]
     )
     assert sorted(r.owner for r in owners.collect()) == sorted(
-        o for o, _, g in filled.blob_references() if g == 2
+        o for o, _, g in sorted(filled.blob_state().references) if g == 2
     )
     assert read_table(spark, Settings.from_url(filled.url()), "blob_deletions", generations=[]).count() == 0
 
@@ -82,7 +82,9 @@ def test_one_dataframe_filtered_two_ways_in_one_query_reads_both(
 
     rows = branches[0].unionByName(branches[1]).collect()
 
-    per_generation = {g: sum(1 for _, _, gen in filled.blob_references() if gen == g) for g in (1, 3)}
+    per_generation = {
+        g: sum(1 for _, _, gen in sorted(filled.blob_state().references) if gen == g) for g in (1, 3)
+    }
     assert sorted(tuple(row) for row in rows) == [(g, g, g, per_generation[g]) for g in (1, 3)]
 
 

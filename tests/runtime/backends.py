@@ -1,12 +1,9 @@
-"""The deployments the runtime contract suite runs on, each with the probes and hooks its tests need.
+"""The deployments the runtime contract suite runs on, each answering the named hooks of probes.py.
 
-A backend is everything a contract test needs beyond the public API, as James's contracts take hooks:
-opening runtimes on one deployment, named probes that read its logical tables (row counts, whole tables
-to prove that bad input changed nothing, the references of an owner, the lease state, ...) and hooks that
-damage it on purpose (lose a broker message or a blob's content, corrupt a message). Tests read no SQL or
-CQL: each backend answers the probes in its own terms here, and nowhere else. A new deployment joins by
-adding a class with the same methods and a param to the `backend` fixture in conftest.py; the tests
-themselves do not change.
+A backend opens runtimes on one deployment (and other processes on it), and answers `Probes` in its own
+terms: here, and nowhere else in the tests, are the deployment's tables read or damaged. A new deployment
+joins by adding a class with the same methods and a param to the `backend` fixture in conftest.py; the
+tests themselves do not change.
 
 - `EmbeddedBackend`: the embedded default, one SQLite file in a data directory.
 - `CassandraBackend`: Cassandra for the metadata, S3 for the content, on the harness's servers
@@ -37,6 +34,8 @@ from mailq_runtime.clock import Clock, system_clock
 from mailq_runtime.stores.cassandra.schema import TABLES as CASSANDRA_TABLES
 from mailq_servers.urls import distributed_url
 
+from .probes import BlobState, MailboxState, QueueRows
+
 if TYPE_CHECKING:
     from botocore.client import BaseClient
     from cassandra.cluster import Session
@@ -47,7 +46,7 @@ if TYPE_CHECKING:
     from mailq_servers.s3 import S3Server
 
 AGENT = Path(__file__).with_name("agent.py")
-# The logical tables every deployment has: probes and hooks name these.
+# The logical tables every deployment has: what `state` reads.
 TABLES = (
     "queues",
     "enqueued_mails",
@@ -74,7 +73,7 @@ TABLES = (
 
 class Backend:
     """What every deployment's backend shares: opening runtimes on its URL, other processes on it, and
-    the embedded broker's probes (the only broker built so far, in `broker_dir`)."""
+    the embedded broker's hooks (the broker in `broker_dir`)."""
 
     name: str
     # Whether one operation's writes commit together (group_writes): only then does commit order follow
@@ -86,8 +85,6 @@ class Backend:
     broker_knows_leases = True
     # The start of the NoStore message of an open where nothing was created yet (a regex).
     missing_store: str
-    # Every table the deployment has, the logical ones (TABLES) among them.
-    tables: tuple[str, ...]
     # How many random operations a model-checking test runs: each browses the whole queue, which costs
     # a few milliseconds on SQLite and one read per slice and bucket on Cassandra.
     model_steps: int
@@ -118,16 +115,11 @@ class Backend:
         for runtime in self._opened:
             runtime.close()
 
-    def count(self, table: str) -> int:
-        raise NotImplementedError
-
-    def counts(self) -> dict[str, int]:
-        return {table: self.count(table) for table in TABLES}
-
     # The embedded broker: its table in the SQLite file of its directory
 
-    def _broker_sql(self, sql: str, parameters: tuple = ()) -> tuple[list[tuple], int]:
-        """The rows a statement returns, and how many it changed (committed)."""
+    def _sql(self, sql: str, parameters: tuple = ()) -> tuple[list[tuple], int]:
+        """The rows a statement on the SQLite file of `broker_dir` returns, and how many it changed
+        (committed)."""
         with closing(sqlite3.connect(self.broker_dir / "mailq.db", timeout=30)) as db, db:
             cursor = db.execute(sql, parameters)
             return cursor.fetchall(), cursor.rowcount
@@ -135,64 +127,26 @@ class Backend:
     def _broker_messages(self) -> list[tuple]:
         if not (self.broker_dir / "mailq.db").exists():
             return []
-        return self._broker_sql("SELECT * FROM broker_messages")[0]
+        return self._sql("SELECT * FROM broker_messages")[0]
 
-    def lease_state(self) -> list[tuple]:
-        """Who may deliver what from when, for every message the broker holds: equal before and after
-        means no lease was taken, extended or given back."""
-        return self._broker_sql("SELECT id, lease, available_at FROM broker_messages ORDER BY id")[0]
+    def broker_messages(self) -> int:
+        return len(self._broker_messages())
+
+    def leases(self) -> list[tuple]:
+        return self._sql("SELECT id, lease, available_at FROM broker_messages ORDER BY id")[0]
 
     def lose_broker_message(self, queue: str, enqueue_id: str) -> None:
-        """What a broker outage can do: the message is gone while the view still holds the mail."""
-        lost = self._broker_sql(
+        lost = self._sql(
             "DELETE FROM broker_messages WHERE queue = ? AND enqueue_id = ?", (queue, enqueue_id)
-        )[1]
-        assert lost == 1
+        )
+        assert lost[1] == 1
 
     def corrupt_broker_message(self, queue: str, enqueue_id: str) -> None:
-        """A message whose payload no longer decodes (a bug in another version, a bad manual edit)."""
-        corrupted = self._broker_sql(
+        corrupted = self._sql(
             "UPDATE broker_messages SET payload = ? WHERE queue = ? AND enqueue_id = ?",
             ('{"not": "a mail"', queue, enqueue_id),
-        )[1]
-        assert corrupted == 1
-
-    # Probes derived from the ones each backend answers
-
-    def references(self) -> dict[str, set[str]]:
-        """owner -> the blob ids it references."""
-        held: dict[str, set[str]] = {}
-        for owner, blob_id, _ in self.blob_references():
-            held.setdefault(owner, set()).add(blob_id)
-        return held
-
-    def references_of(self, owner: str) -> list[str]:
-        return sorted(self.references().get(owner, ()))
-
-    def blob_references(self) -> list[tuple[str, str, int]]:
-        """(owner, blob id, generation) of every reference."""
-        raise NotImplementedError
-
-    def blob_rows(self) -> set[str]:
-        """The blob ids of `blobs`."""
-        return {blob_id for blob_id, _ in self.blobs()}
-
-    def blobs(self) -> list[tuple[str, int]]:
-        raise NotImplementedError
-
-    def contents(self) -> list[str]:
-        raise NotImplementedError
-
-    def blob_contents(self) -> set[str]:
-        """The blob ids whose content the blob store holds."""
-        return set(self.contents())
-
-    def deletions(self) -> list[str]:
-        """The blob id of every deletion, repeated ones included."""
-        return sorted(blob_id for blob_id, _, _ in self.blob_deletions())
-
-    def blob_deletions(self) -> list[tuple[str, int, int]]:
-        raise NotImplementedError
+        )
+        assert corrupted[1] == 1
 
 
 class EmbeddedBackend(Backend):
@@ -200,7 +154,6 @@ class EmbeddedBackend(Backend):
 
     name = "embedded"
     groups_writes = True
-    tables = TABLES
     model_steps = 500
 
     def __init__(self, data_dir: Path) -> None:
@@ -216,161 +169,104 @@ class EmbeddedBackend(Backend):
         """A backend of the same deployment where nothing was created."""
         return EmbeddedBackend(self.data_dir.with_name(self.data_dir.name + "-elsewhere"))
 
-    def rows(self, sql: str, parameters: tuple = ()) -> list[tuple]:
-        """The embedded store's own SQL: what the probes below read with, not for the tests."""
-        return self._broker_sql(sql, parameters)[0]
+    def _rows(self, sql: str, parameters: tuple = ()) -> list[tuple]:
+        return self._sql(sql, parameters)[0]
 
-    # Probes: the logical tables, by their names --------------------------------------------------------
+    # Observing
 
     def exists(self) -> bool:
-        """Whether anything of the deployment's store is there."""
         return self.data_dir.exists()
 
-    def count(self, table: str) -> int:
-        assert table in TABLES, table
-        return self.rows(f"SELECT COUNT(*) FROM {table}")[0][0]
+    def state(self) -> dict[str, list[tuple]]:
+        return {table: sorted(self._rows(f"SELECT * FROM {table}"), key=repr) for table in TABLES}
 
-    def table(self, table: str) -> list[tuple]:
-        """Every row of a table, in a fixed order: equal before and after means nothing changed."""
-        assert table in TABLES, table
-        return sorted(self.rows(f"SELECT * FROM {table}"), key=repr)
-
-    # the queue view
-
-    def mail_rows(self, queue: str, *, slices_before: int | None = None) -> int:
-        """`enqueued_mails` rows of a queue (in the slices starting before a moment)."""
-        if slices_before is None:
-            return self.rows("SELECT COUNT(*) FROM enqueued_mails WHERE queue = ?", (queue,))[0][0]
-        return self.rows(
-            "SELECT COUNT(*) FROM enqueued_mails WHERE queue = ? AND slice_start < ?", (queue, slices_before)
-        )[0][0]
-
-    def counted_slices(self, queue: str) -> list[int]:
-        """The slices of a queue that `slice_counters` holds counters of."""
-        return [
-            s
-            for (s,) in self.rows(
-                "SELECT slice_start FROM slice_counters WHERE queue = ? ORDER BY 1", (queue,)
-            )
-        ]
-
-    def deleted_marks(self, queue: str) -> int:
-        """`deleted_mails` rows of a queue."""
-        return self.rows("SELECT COUNT(*) FROM deleted_mails WHERE queue = ?", (queue,))[0][0]
-
-    def buckets(self, queue: str) -> set[int]:
-        """The buckets holding a queue's `enqueued_mails` rows."""
-        return {
-            bucket for (bucket,) in self.rows("SELECT bucket FROM enqueued_mails WHERE queue = ?", (queue,))
-        }
-
-    def mail_blobs(self, enqueue_id: str) -> tuple[str, str]:
-        """The header and body blob ids of a mail's view row."""
-        (blobs,) = self.rows(
-            "SELECT header_blob_id, body_blob_id FROM enqueued_mails WHERE enqueue_id = ?", (enqueue_id,)
+    def queue_rows(self, queue: str) -> QueueRows:
+        where = "WHERE queue = ?"
+        return QueueRows(
+            slices=dict(
+                self._rows(f"SELECT slice_start, COUNT(*) FROM enqueued_mails {where} GROUP BY 1", (queue,))
+            ),
+            buckets=frozenset(
+                b for (b,) in self._rows(f"SELECT bucket FROM enqueued_mails {where}", (queue,))
+            ),
+            deletion_marks=self._rows(f"SELECT COUNT(*) FROM deleted_mails {where}", (queue,))[0][0],
+            counted_slices=[
+                s
+                for (s,) in self._rows(f"SELECT slice_start FROM slice_counters {where} ORDER BY 1", (queue,))
+            ],
         )
-        return blobs
 
-    # blobs (record 39)
+    def blob_state(self) -> BlobState:
+        return BlobState(
+            blobs=dict(self._rows("SELECT blob_id, generation FROM blobs")),
+            references=self._rows("SELECT owner, blob_id, generation FROM blob_references ORDER BY rowid"),
+            deletions=sorted(self._rows("SELECT blob_id, generation, gc_iteration FROM blob_deletions")),
+            contents=frozenset(b for (b,) in self._rows("SELECT blob_id FROM blob_content")),
+        )
 
-    def references_in_write_order(self) -> list[tuple[str, str]]:
-        """(owner, blob id) of every reference, in the order they were written."""
-        return self.rows("SELECT owner, blob_id FROM blob_references ORDER BY rowid")
-
-    def blob_references(self) -> list[tuple[str, str, int]]:
-        return sorted(self.rows("SELECT owner, blob_id, generation FROM blob_references"))
-
-    def blobs(self) -> list[tuple[str, int]]:
-        """(blob id, generation) of every row of `blobs`."""
-        return sorted(self.rows("SELECT blob_id, generation FROM blobs"))
-
-    def blob_deletions(self) -> list[tuple[str, int, int]]:
-        """(blob id, generation, GC iteration) of every deletion."""
-        return sorted(self.rows("SELECT blob_id, generation, gc_iteration FROM blob_deletions"))
-
-    def contents(self) -> list[str]:
-        """The blob ids whose content the blob store holds."""
-        return sorted(b for (b,) in self.rows("SELECT blob_id FROM blob_content"))
-
-    def generations(self, kind: str) -> list[int]:
-        """The numbers emitted of `reference_generation` or `gc_iteration`, in order."""
-        return [
-            n for (n,) in self.rows("SELECT number FROM generations WHERE kind = ? ORDER BY number", (kind,))
-        ]
-
-    # mailboxes (record 23)
-
-    def mailbox_ids(self) -> set[str]:
-        return {m for (m,) in self.rows("SELECT mailbox_id FROM mailboxes")}
-
-    def messages(self) -> dict[str, tuple[str, str]]:
-        """message id -> its (header, body) blob ids, for every stored message."""
-        return {
-            m: (h, b)
-            for m, h, b in self.rows("SELECT message_id, header_blob_id, body_blob_id FROM messages")
-        }
-
-    def source_of_truth(self) -> set[tuple[str, int, str, str]]:
-        """(mailbox id, uid, message id, flags) of every `imap_uid_table` entry."""
-        return set(self.rows("SELECT mailbox_id, uid, message_id, flags FROM imap_uid_table"))
-
-    def projection(self) -> set[tuple[str, int, str, str]]:
-        """(mailbox id, uid, message id, flags) of every `message_id_table` entry."""
-        return set(self.rows("SELECT mailbox_id, uid, message_id, flags FROM message_id_table"))
-
-    def stored_counters(self) -> dict[str, tuple[int, int]]:
-        """mailbox id -> (count, unseen) as `mailbox_counters` holds them."""
-        return {m: (c, u) for m, c, u in self.rows("SELECT mailbox_id, count, unseen FROM mailbox_counters")}
+    def mailbox_state(self) -> MailboxState:
+        entries = "SELECT mailbox_id, uid, message_id, flags FROM"
+        return MailboxState(
+            mailboxes={m for (m,) in self._rows("SELECT mailbox_id FROM mailboxes")},
+            source_of_truth=set(self._rows(f"{entries} imap_uid_table")),
+            projection=set(self._rows(f"{entries} message_id_table")),
+            counters={
+                m: (c, u) for m, c, u in self._rows("SELECT mailbox_id, count, unseen FROM mailbox_counters")
+            },
+            messages={
+                m: (h, b)
+                for m, h, b in self._rows("SELECT message_id, header_blob_id, body_blob_id FROM messages")
+            },
+        )
 
     def uids_in_write_order(self, mailbox_id: str) -> list[int]:
-        """A mailbox's uids in the source of truth, in the order they were written."""
-        return [
-            uid
-            for (uid,) in self.rows(
-                "SELECT uid FROM imap_uid_table WHERE mailbox_id = ? ORDER BY rowid", (mailbox_id,)
-            )
-        ]
+        sql = "SELECT uid FROM imap_uid_table WHERE mailbox_id = ? ORDER BY rowid"
+        return [uid for (uid,) in self._rows(sql, (mailbox_id,))]
 
-    # Hooks that damage the deployment on purpose -------------------------------------------------------
+    # Damaging
+
+    def _changes(self, sql: str, parameters: tuple = ()) -> int:
+        return self._sql(sql, parameters)[1]
 
     def lose_content(self, blob_id: str) -> None:
-        """The blob store lost a blob that is still referenced."""
-        assert self._broker_sql("DELETE FROM blob_content WHERE blob_id = ?", (blob_id,))[1] == 1
+        assert self._changes("DELETE FROM blob_content WHERE blob_id = ?", (blob_id,)) == 1
+
+    def damage_blob_rows(self, *, lose: str | None = None, add: tuple[str, int] | None = None) -> None:
+        if lose is not None:
+            assert self._changes("DELETE FROM blobs WHERE blob_id = ?", (lose,)) == 1
+        if add is not None:
+            self._changes(
+                "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, 10, 0)", add
+            )
+
+    def add_reference(self, owner: str, blob_id: str, generation: int) -> None:
+        sql = "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)"
+        self._changes(sql, (owner, blob_id, generation))
 
     def miscount_slice(self, queue: str, slice_start: int, extra: int) -> None:
-        """A slice's counter of enqueued mails is off by `extra`."""
-        assert (
-            self._broker_sql(
-                "UPDATE slice_counters SET enqueued = enqueued + ? WHERE queue = ? AND slice_start = ?",
-                (extra, queue, slice_start),
-            )[1]
-            == 1
-        )
+        sql = "UPDATE slice_counters SET enqueued = enqueued + ? WHERE queue = ? AND slice_start = ?"
+        assert self._changes(sql, (extra, queue, slice_start)) == 1
 
-    def move_browse_start(self, queue: str, browse_start: int) -> None:
-        """A queue's browse_start set to any moment, live mails or not."""
-        self._broker_sql("UPDATE browse_start SET browse_start = ? WHERE queue = ?", (browse_start, queue))
-
-    def move_content_start(self, queue: str, content_start: int) -> None:
-        """A queue's content_start set to any moment."""
-        self._broker_sql("UPDATE content_start SET content_start = ? WHERE queue = ?", (content_start, queue))
-
-    def miscount_unseen(self, mailbox_id: str, extra: int) -> None:
-        """A mailbox's unseen counter is off by `extra`."""
-        sql = "UPDATE mailbox_counters SET unseen = unseen + ? WHERE mailbox_id = ?"
-        assert self._broker_sql(sql, (extra, mailbox_id))[1] == 1
+    def move_starts(
+        self, queue: str, *, browse_start: int | None = None, content_start: int | None = None
+    ) -> None:
+        for table, value in (("browse_start", browse_start), ("content_start", content_start)):
+            if value is not None:
+                self._changes(f"UPDATE {table} SET {table} = ? WHERE queue = ?", (value, queue))
 
     def lose_counters(self, mailbox_id: str) -> None:
-        """A mailbox's counters row is gone."""
-        assert self._broker_sql("DELETE FROM mailbox_counters WHERE mailbox_id = ?", (mailbox_id,))[1] == 1
+        assert self._changes("DELETE FROM mailbox_counters WHERE mailbox_id = ?", (mailbox_id,)) == 1
 
     def put_projection_entry(self, mailbox_id: str, uid: int, message_id: str, flags: str) -> None:
-        """A `message_id_table` entry written (or overwritten) directly, ignoring the source of truth."""
-        self._broker_sql(
+        self._changes(
             "INSERT OR REPLACE INTO message_id_table (mailbox_id, uid, message_id, flags) "
             "VALUES (?, ?, ?, ?)",
             (mailbox_id, uid, message_id, flags),
         )
+
+    def as_older_version(self, lacking: str) -> None:
+        table, _, column = lacking.partition(".")
+        self._sql(f"ALTER TABLE {table} DROP COLUMN {column}" if column else f"DROP TABLE {table}")
 
 
 @dataclass
@@ -400,7 +296,6 @@ class CassandraBackend(Backend):
     name = "cassandra"
     groups_writes = False
     model_steps = 60
-    tables = (*TABLES, *sorted(set(CASSANDRA_TABLES) - set(TABLES)))
 
     def __init__(self, broker_dir: Path, servers: CassandraS3, keyspace: str, bucket: str) -> None:
         super().__init__(broker_dir)
@@ -460,26 +355,9 @@ class CassandraBackend(Backend):
         statement = self.servers.prepare(cql.replace("FROM ", f"FROM {self.keyspace}.", 1))
         return [tuple(row) for row in self.session.execute(statement, parameters)]
 
-    # Probes: the logical tables, by their names --------------------------------------------------------
-
-    def exists(self) -> bool:
-        """Whether anything of the deployment's store is there: the keyspace, or the broker's directory."""
-        self.session.cluster.refresh_schema_metadata()
-        return self.keyspace in self.session.cluster.metadata.keyspaces or self.broker_dir.exists()
-
-    def count(self, table: str) -> int:
-        return len(self.table(table))
-
-    def table(self, table: str) -> list[tuple]:
-        """Every row of a table, in a fixed order: equal before and after means nothing changed."""
-        assert table in self.tables, table
-        if table == "broker_messages":
-            rows = self._broker_messages()
-        elif table == "blob_content":
-            rows = [(key, etag) for key, etag in self._objects()]
-        else:
-            rows = self._rows(f"SELECT * FROM {table}")
-        return sorted(rows, key=repr)
+    def _write(self, cql: str, parameters: tuple) -> None:
+        """A statement on a table of the keyspace, which the statement names as `{keyspace}.<table>`."""
+        self.session.execute(self.servers.prepare(cql.format(keyspace=self.keyspace)), parameters)
 
     def _objects(self) -> list[tuple[str, str]]:
         """(blob id, ETag) of every object under this test's prefix."""
@@ -493,147 +371,118 @@ class CassandraBackend(Backend):
         except self.s3.exceptions.NoSuchBucket:
             return []
 
-    # the queue view
+    # Observing
 
-    def mail_rows(self, queue: str, *, slices_before: int | None = None) -> int:
-        """`enqueued_mails` rows of a queue (in the slices starting before a moment)."""
-        starts = [
-            start
-            for (start,) in self._rows(
-                "SELECT slice_start FROM enqueued_mails WHERE queue = ? ALLOW FILTERING", (queue,)
-            )
-        ]
-        return sum(slices_before is None or start < slices_before for start in starts)
+    def exists(self) -> bool:
+        """The keyspace, or the broker's directory."""
+        self.session.cluster.refresh_schema_metadata()
+        return self.keyspace in self.session.cluster.metadata.keyspaces or self.broker_dir.exists()
 
-    def counted_slices(self, queue: str) -> list[int]:
-        """The slices of a queue that `slice_counters` holds counters of."""
-        return sorted(
-            {s for (s,) in self._rows("SELECT slice_start FROM slice_counters WHERE queue = ?", (queue,))}
+    def state(self) -> dict[str, list[tuple]]:
+        """Every table of the keyspace, the broker's messages and the content's objects."""
+        state = {table: sorted(self._rows(f"SELECT * FROM {table}"), key=repr) for table in CASSANDRA_TABLES}
+        state["broker_messages"] = sorted(self._broker_messages(), key=repr)
+        state["blob_content"] = sorted(self._objects())
+        return state
+
+    def queue_rows(self, queue: str) -> QueueRows:
+        filtered = "WHERE queue = ? ALLOW FILTERING"
+        rows = self._rows(f"SELECT slice_start, bucket FROM enqueued_mails {filtered}", (queue,))
+        slices: dict[int, int] = {}
+        for start, _ in rows:
+            slices[start] = slices.get(start, 0) + 1
+        counted = self._rows("SELECT slice_start FROM slice_counters WHERE queue = ?", (queue,))
+        return QueueRows(
+            slices=slices,
+            buckets=frozenset(bucket for _, bucket in rows),
+            deletion_marks=len(self._rows(f"SELECT enqueue_id FROM deleted_mails {filtered}", (queue,))),
+            counted_slices=sorted({s for (s,) in counted}),
         )
 
-    def deleted_marks(self, queue: str) -> int:
-        """`deleted_mails` rows of a queue."""
-        return len(
-            self._rows("SELECT enqueue_id FROM deleted_mails WHERE queue = ? ALLOW FILTERING", (queue,))
+    def blob_state(self) -> BlobState:
+        """The references in the order of their write timestamps."""
+        references = self._rows(
+            "SELECT owner, blob_id, generation, writetime(generation) FROM blob_references"
+        )
+        return BlobState(
+            blobs=dict(self._rows("SELECT blob_id, generation FROM blobs")),
+            references=[row[:3] for row in sorted(references, key=lambda row: row[3])],
+            deletions=sorted(self._rows("SELECT blob_id, generation, gc_iteration FROM blob_deletions")),
+            contents=frozenset(blob_id for blob_id, _ in self._objects()),
         )
 
-    def buckets(self, queue: str) -> set[int]:
-        """The buckets holding a queue's `enqueued_mails` rows."""
-        return {
-            b
-            for (b,) in self._rows(
-                "SELECT bucket FROM enqueued_mails WHERE queue = ? ALLOW FILTERING", (queue,)
-            )
-        }
-
-    def mail_blobs(self, enqueue_id: str) -> tuple[str, str]:
-        """The header and body blob ids of a mail's view row."""
-        (blobs,) = self._rows(
-            "SELECT header_blob_id, body_blob_id FROM enqueued_mails WHERE enqueue_id = ? ALLOW FILTERING",
-            (enqueue_id,),
-        )
-        return blobs
-
-    # blobs (record 39)
-
-    def references_in_write_order(self) -> list[tuple[str, str]]:
-        """(owner, blob id) of every reference, in the order of their write timestamps."""
-        rows = self._rows("SELECT owner, blob_id, writetime(generation) FROM blob_references")
-        return [(owner, blob_id) for owner, blob_id, _ in sorted(rows, key=lambda row: row[2])]
-
-    def blob_references(self) -> list[tuple[str, str, int]]:
-        return sorted(self._rows("SELECT owner, blob_id, generation FROM blob_references"))
-
-    def blobs(self) -> list[tuple[str, int]]:
-        return sorted(self._rows("SELECT blob_id, generation FROM blobs"))
-
-    def blob_deletions(self) -> list[tuple[str, int, int]]:
-        return sorted(self._rows("SELECT blob_id, generation, gc_iteration FROM blob_deletions"))
-
-    def contents(self) -> list[str]:
-        return sorted(blob_id for blob_id, _ in self._objects())
-
-    def generations(self, kind: str) -> list[int]:
-        return sorted(n for (n,) in self._rows("SELECT number FROM generations WHERE kind = ?", (kind,)))
-
-    # mailboxes (record 23)
-
-    def mailbox_ids(self) -> set[str]:
-        return {m for (m,) in self._rows("SELECT mailbox_id FROM mailboxes")}
-
-    def messages(self) -> dict[str, tuple[str, str]]:
-        return {
-            m: (h, b)
-            for m, h, b in self._rows("SELECT message_id, header_blob_id, body_blob_id FROM messages")
-        }
-
-    def source_of_truth(self) -> set[tuple[str, int, str, str]]:
-        return set(self._rows("SELECT mailbox_id, uid, message_id, flags FROM imap_uid_table"))
-
-    def projection(self) -> set[tuple[str, int, str, str]]:
-        return set(self._rows("SELECT mailbox_id, uid, message_id, flags FROM message_id_table"))
-
-    def stored_counters(self) -> dict[str, tuple[int, int]]:
-        """mailbox id -> (count, unseen) as `mailbox_counters` holds them; a counter never written reads
-        as 0, as Cassandra's counters do."""
-        stored = dict.fromkeys(self.mailbox_ids(), (0, 0))
-        stored.update(
+    def mailbox_state(self) -> MailboxState:
+        """A counter never written reads as 0, as Cassandra's counters do."""
+        entries = "SELECT mailbox_id, uid, message_id, flags FROM"
+        mailboxes = {m for (m,) in self._rows("SELECT mailbox_id FROM mailboxes")}
+        counters = dict.fromkeys(mailboxes, (0, 0))
+        counters.update(
             {
                 m: (c or 0, u or 0)
                 for m, c, u in self._rows("SELECT mailbox_id, count, unseen FROM mailbox_counters")
             }
         )
-        return stored
+        return MailboxState(
+            mailboxes=mailboxes,
+            source_of_truth=set(self._rows(f"{entries} imap_uid_table")),
+            projection=set(self._rows(f"{entries} message_id_table")),
+            counters=counters,
+            messages={
+                m: (h, b)
+                for m, h, b in self._rows("SELECT message_id, header_blob_id, body_blob_id FROM messages")
+            },
+        )
 
     def uids_in_write_order(self, mailbox_id: str) -> list[int]:
-        """A mailbox's uids in the source of truth, in the order of their write timestamps."""
+        """In the order of their write timestamps."""
         rows = self._rows(
             "SELECT uid, writetime(flags) FROM imap_uid_table WHERE mailbox_id = ?", (mailbox_id,)
         )
         return [uid for uid, _ in sorted(rows, key=lambda row: row[1])]
 
-    # Hooks that damage the deployment on purpose -------------------------------------------------------
+    # Damaging
 
     def lose_content(self, blob_id: str) -> None:
-        """The blob store lost a blob that is still referenced."""
-        assert blob_id in self.contents()
+        assert blob_id in {key for key, _ in self._objects()}
         self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + blob_id)
 
+    def damage_blob_rows(self, *, lose: str | None = None, add: tuple[str, int] | None = None) -> None:
+        if lose is not None:
+            self._write("DELETE FROM {keyspace}.blobs WHERE blob_id = ?", (lose,))
+        if add is not None:
+            cql = "INSERT INTO {keyspace}.blobs (blob_id, generation, size, created_at) VALUES (?, ?, 10, 0)"
+            self._write(cql, add)
+
+    def add_reference(self, owner: str, blob_id: str, generation: int) -> None:
+        cql = "INSERT INTO {keyspace}.blob_references (owner, blob_id, generation) VALUES (?, ?, ?)"
+        self._write(cql, (owner, blob_id, generation))
+
     def miscount_slice(self, queue: str, slice_start: int, extra: int) -> None:
-        """A slice's counter of enqueued mails is off by `extra` (in one of its buckets' rows)."""
+        """In one of its buckets' rows."""
         self._write(
             "UPDATE {keyspace}.slice_counters SET enqueued = enqueued + ? "
             "WHERE queue = ? AND slice_start = ? AND bucket = 0",
             (extra, queue, slice_start),
         )
 
-    def move_browse_start(self, queue: str, browse_start: int) -> None:
-        """A queue's browse_start set to any moment, live mails or not."""
-        self._move_start("browse_start", queue, browse_start)
-
-    def move_content_start(self, queue: str, content_start: int) -> None:
-        """A queue's content_start set to any moment."""
-        self._move_start("content_start", queue, content_start)
-
-    def _move_start(self, table: str, queue: str, value: int) -> None:
+    def move_starts(
+        self, queue: str, *, browse_start: int | None = None, content_start: int | None = None
+    ) -> None:
         """The runtime writes a start with its value as the write timestamp, so that it only moves
         forward: to move one anywhere, the table is written anew, every queue's start with its own."""
-        starts = dict(self._rows(f"SELECT queue, {table} FROM {table}"))
-        starts[queue] = value
-        self.session.execute(f"TRUNCATE {self.keyspace}.{table}", timeout=120)
-        cql = f"INSERT INTO {{keyspace}}.{table} (queue, {table}) VALUES (?, ?) USING TIMESTAMP ?"
-        for name, start in starts.items():
-            self._write(cql, (name, start, start))
-
-    def miscount_unseen(self, mailbox_id: str, extra: int) -> None:
-        """A mailbox's unseen counter is off by `extra`."""
-        cql = "UPDATE {keyspace}.mailbox_counters SET unseen = unseen + ? WHERE mailbox_id = ?"
-        self._write(cql, (extra, mailbox_id))
+        for table, value in (("browse_start", browse_start), ("content_start", content_start)):
+            if value is None:
+                continue
+            starts = dict(self._rows(f"SELECT queue, {table} FROM {table}"))
+            starts[queue] = value
+            self.session.execute(f"TRUNCATE {self.keyspace}.{table}", timeout=120)
+            cql = f"INSERT INTO {{keyspace}}.{table} (queue, {table}) VALUES (?, ?) USING TIMESTAMP ?"
+            for name, start in starts.items():
+                self._write(cql, (name, start, start))
 
     def lose_counters(self, mailbox_id: str) -> None:
-        """A mailbox's counters read as none: zeroed, as a counter deleted in Cassandra cannot be counted
-        again."""
-        count, unseen = self.stored_counters()[mailbox_id]
+        """Zeroed, as a counter deleted in Cassandra cannot be counted again."""
+        count, unseen = self.mailbox_state().counters[mailbox_id]
         self._write(
             "UPDATE {keyspace}.mailbox_counters SET count = count - ?, unseen = unseen - ? "
             "WHERE mailbox_id = ?",
@@ -641,16 +490,20 @@ class CassandraBackend(Backend):
         )
 
     def put_projection_entry(self, mailbox_id: str, uid: int, message_id: str, flags: str) -> None:
-        """A `message_id_table` entry written (or overwritten) directly, ignoring the source of truth."""
         self._write(
             "INSERT INTO {keyspace}.message_id_table (mailbox_id, uid, message_id, flags) "
             "VALUES (?, ?, ?, ?)",
             (mailbox_id, uid, message_id, flags),
         )
 
-    def _write(self, cql: str, parameters: tuple) -> None:
-        """A statement on a table of the keyspace, which the statement names as `{keyspace}.<table>`."""
-        self.session.execute(self.servers.prepare(cql.format(keyspace=self.keyspace)), parameters)
+    def as_older_version(self, lacking: str) -> None:
+        table, _, column = lacking.partition(".")
+        change = (
+            f"ALTER TABLE {self.keyspace}.{table} DROP {column}"
+            if column
+            else f"DROP TABLE {self.keyspace}.{table}"
+        )
+        self.session.execute(change, timeout=120)
 
 
 class RabbitMQBackend(CassandraBackend):
@@ -771,7 +624,7 @@ class RabbitMQBackend(CassandraBackend):
             for queue, enqueue_id, until in rows
         ]
 
-    def lease_state(self) -> list[tuple]:
+    def leases(self) -> list[tuple]:
         return sorted(self._broker_messages(), key=repr)
 
     def _rewrite(self, queue: str, enqueue_id: str, change) -> None:

@@ -1,5 +1,5 @@
 """What the runtime contract tests share: a controllable clock and mail builders (the deployments they run
-on, and their probes, are in backends.py)."""
+on are in backends.py, the hooks they answer in probes.py)."""
 
 from __future__ import annotations
 

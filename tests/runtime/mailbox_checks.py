@@ -1,4 +1,4 @@
-"""What the mailbox, blob and worker tests check on a backend's tables, through its probes (helpers.py).
+"""What the mailbox, blob and worker tests check on a backend's tables, through its hooks (probes.py).
 
 `inconsistencies()` is record 23's recomputation in miniature: the counters against a recount from the
 source of truth (imap_uid_table), and the projection (message_id_table) against the source of truth.
@@ -16,23 +16,6 @@ from mailq_runtime.mailbox import SEEN
 from .backends import Backend
 
 AGENT = Path(__file__).with_name("mailbox_agent.py")
-# Every table an operation on mailboxes or blobs may write: equal snapshots mean nothing changed.
-TABLES = (
-    "mailboxes",
-    "messages",
-    "imap_uid_table",
-    "message_id_table",
-    "mailbox_counters",
-    "blobs",
-    "blob_references",
-    "blob_deletions",
-    "blob_content",
-    "generations",
-)
-
-
-def snapshot(backend: Backend) -> dict[str, list[tuple]]:
-    return {table: backend.table(table) for table in TABLES}
 
 
 @dataclass
@@ -49,34 +32,30 @@ class Inconsistencies:
 
 def inconsistencies(backend: Backend) -> Inconsistencies:
     found = Inconsistencies()
-    source = backend.source_of_truth()
-    recounted = dict.fromkeys(backend.mailbox_ids(), (0, 0))
+    state = backend.mailbox_state()
+    source = state.source_of_truth
+    recounted = dict.fromkeys(state.mailboxes, (0, 0))
     for mailbox, _, _, flags in source:
         count, unseen = recounted.get(mailbox, (0, 0))
         recounted[mailbox] = (count + 1, unseen + (SEEN not in flags.split()))
-    stored = backend.stored_counters()
+    stored = state.counters
     for mailbox in recounted.keys() | stored.keys():
         if stored.get(mailbox) != recounted.get(mailbox):
             found.counters[mailbox] = (stored.get(mailbox), recounted.get(mailbox))
-    projection = backend.projection()
+    projection = state.projection
     found.missing_from_projection = source - projection
     found.only_in_projection = projection - source
     return found
-
-
-def references(backend: Backend) -> dict[str, set[str]]:
-    """owner -> the blob ids it references."""
-    return backend.references()
 
 
 def assert_message_blobs_referenced(backend: Backend, left_over: frozenset[str] = frozenset()) -> None:
     """Every stored message's header and body are referenced by its message id, and by nothing else
     of the mailboxes: a message in no mailbox has neither row nor references, unless an operation died
     before releasing them (`left_over`: the orphan sweep's to release)."""
-    held = backend.references()
-    placed = {message_id for _, _, message_id, _ in backend.source_of_truth()}
-    messages = backend.messages()
-    assert set(messages) == placed | left_over
+    held = backend.blob_state().held()
+    state = backend.mailbox_state()
+    messages = state.messages
+    assert set(messages) == state.placed() | left_over
     for message_id, (header, body) in messages.items():
         assert held.get(message_id) == {header, body}, message_id
 

@@ -43,7 +43,7 @@ def limited(limited_runtime):
 
 
 def state(backend, queue) -> tuple:
-    return backend.counts(), queue.size(), [(i.enqueue_id, i.next_delivery) for i in queue.browse()]
+    return backend.state(), queue.size(), [(i.enqueue_id, i.next_delivery) for i in queue.browse()]
 
 
 def sized(total: int) -> Mail:
@@ -166,11 +166,11 @@ def test_a_refused_operation_changes_nothing(backend, limited, case):
 def test_a_retry_with_a_malformed_delay_leaves_the_item_unsettled(backend, limited, delay):
     item = limited.dequeue(timeout=5)
     before = state(backend, limited)
-    leases = backend.lease_state()
+    leases = backend.leases()
     with pytest.raises(InvalidInput, match="invalid delay"):
         item.retry(delay=delay)
     assert state(backend, limited) == before
-    assert backend.lease_state() == leases
+    assert backend.leases() == leases
     assert not item.settled
     item.retry()  # the item can still be settled properly: it is delivered again
     # Among the queue's two mails, in either order: on RabbitMQ the in-flight mail, given back by a consumer
@@ -232,7 +232,7 @@ REFUSED_ENQUEUES = {
 
 
 def assert_no_queue_created(backend, runtime: Runtime, before: dict[str, int]) -> None:
-    assert backend.counts() == before
+    assert backend.state() == before
     assert runtime.queues() == [QUEUE]
     with pytest.raises(UnknownQueue, match=f"unknown queue '{FRESH}'"):
         runtime.queue(FRESH, create=False)
@@ -241,7 +241,7 @@ def assert_no_queue_created(backend, runtime: Runtime, before: dict[str, int]) -
 @pytest.mark.parametrize("case", list(REFUSED_ENQUEUES))
 def test_a_refused_enqueue_creates_no_queue(backend, limited_runtime, limited, case):
     operation, message = REFUSED_ENQUEUES[case]
-    before = backend.counts()
+    before = backend.state()
     with pytest.raises(InvalidInput, match=message):
         operation(limited_runtime.queue(FRESH))
     assert_no_queue_created(backend, limited_runtime, before)
@@ -250,7 +250,7 @@ def test_a_refused_enqueue_creates_no_queue(backend, limited_runtime, limited, c
 def test_naming_a_queue_and_using_it_before_its_first_enqueue_writes_nothing(
     backend, limited_runtime, limited
 ):
-    before = backend.counts()
+    before = backend.state()
     fresh = limited_runtime.queue(FRESH)
     assert (fresh.size(), list(fresh.browse()), fresh.dequeue(timeout=0), fresh.dead_letters()) == (
         0,
@@ -266,7 +266,7 @@ def test_naming_a_queue_and_using_it_before_its_first_enqueue_writes_nothing(
 
 
 def test_a_worker_on_an_unknown_queue_is_refused_and_writes_nothing(backend, limited_runtime, limited):
-    before = backend.counts()
+    before = backend.state()
     with pytest.raises(UnknownQueue, match=r"unknown queue 'fresh': known queues are \['spool'\]"):
         run_worker(limited_runtime, FRESH, local_domains=["example.com"], idle_timeout=0)
     assert_no_queue_created(backend, limited_runtime, before)
@@ -413,11 +413,11 @@ LONG_VALUES = {
 def test_a_long_value_is_echoed_cut_short(backend, case):
     runtime = backend.open()
     runtime.queue(QUEUE)
-    before = backend.counts()
+    before = backend.state()
     with pytest.raises(InvalidInput) as refused:
         LONG_VALUES[case](runtime)
     message = str(refused.value)
     assert "x" * ECHO_LIMIT in message and "x" * (ECHO_LIMIT + 1) not in message, message
     assert re.search(r"'\.\.\. \(100[0-9][0-9] (characters|bytes)\)", message), message
     assert len(message) < 400
-    assert backend.counts() == before
+    assert backend.state() == before

@@ -41,12 +41,12 @@ def _scene(backend: Backend, grouping: bool) -> Scene:
 def _assert_sound(scene: Scene, collecting: frozenset[str] = frozenset()) -> None:
     """Nothing told saved is lost, every reference names a blob row, every blob row has its content,
     but blobs in `collecting` (garbage whose collection died between the content and the rows)."""
-    backend = scene.backend
+    state = scene.backend.blob_state()
     assert scene.runtime.blobs.read(scene.kept) == KEPT
     assert scene.runtime.blobs.references_of("keeper") == [scene.kept]
-    rows = backend.blob_rows()
-    assert set().union(*backend.references().values()) <= rows
-    assert rows - backend.blob_contents() <= collecting
+    rows = set(state.blobs)
+    assert state.referenced() <= rows
+    assert rows - state.contents <= collecting
 
 
 CONTENT_WITHOUT_ROW = "content without row (orphan sweep)"
@@ -55,12 +55,11 @@ ROW_WITHOUT_REFERENCE = "row without reference or deletion (orphan sweep)"
 
 def _leftovers(scene: Scene) -> dict[str, set[str]]:
     """What a fault may leave, by who heals it."""
-    backend = scene.backend
-    rows, contents, held = backend.blob_rows(), backend.blob_contents(), backend.references()
-    referenced = set().union(*held.values())
+    state = scene.backend.blob_state()
+    rows = set(state.blobs)
     return {
-        CONTENT_WITHOUT_ROW: contents - rows,
-        ROW_WITHOUT_REFERENCE: rows - referenced - set(backend.deletions()),
+        CONTENT_WITHOUT_ROW: state.contents - rows,
+        ROW_WITHOUT_REFERENCE: rows - state.referenced() - set(state.deleted()),
     }
 
 
@@ -88,7 +87,7 @@ def _save_done(scene: Scene) -> None:
     assert (again, kept) == (new, scene.kept)
     assert scene.runtime.blobs.read(new) == NEW
     assert scene.runtime.blobs.references_of("saver") == sorted([new, kept])
-    assert scene.backend.references()["another"] == {str(new)}
+    assert scene.backend.blob_state().held()["another"] == {str(new)}
 
 
 def _release_setup(scene: Scene) -> None:
@@ -102,7 +101,7 @@ def _release(scene: Scene) -> int:
 def _release_done(scene: Scene) -> None:
     assert scene.runtime.blobs.references_of("releaser") == []
     # Appended once, or twice when a first attempt died after appending them: the GC counts blob ids.
-    assert set(scene.backend.deletions()) == {str(blob_id) for blob_id in scene.released}
+    assert set(scene.backend.blob_state().deleted()) == {str(blob_id) for blob_id in scene.released}
 
 
 def _collect_setup(scene: Scene) -> None:
@@ -117,8 +116,9 @@ def _collect(scene: Scene) -> dict:
 
 
 def _collect_done(scene: Scene) -> None:
-    assert str(scene.garbage) not in scene.backend.blob_rows() | scene.backend.blob_contents()
-    assert scene.backend.deletions() == []
+    state = scene.backend.blob_state()
+    assert str(scene.garbage) not in state.blobs.keys() | state.contents
+    assert scene.backend.blob_state().deleted() == []
 
 
 def _rotate(scene: Scene) -> tuple[int, int]:

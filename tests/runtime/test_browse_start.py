@@ -16,11 +16,11 @@ SECOND = MICROS_PER_SECOND
 
 
 def starts(queue) -> tuple[int, int]:
-    return queue.view.browse_start(QUEUE), queue.view.content_start(QUEUE)
+    return queue.browse_start(), queue.content_start()
 
 
-def references(backend, owner: str) -> int:
-    return len(backend.references_of(owner))
+def references(runtime, owner: str) -> int:
+    return len(runtime.blobs.references_of(owner))
 
 
 def take(queue):
@@ -52,11 +52,11 @@ def test_browse_start_moves_to_the_first_live_slice_and_the_content_behind_it_go
     clock.advance(3)  # t0 + 5.5 s
     assert clocked.update_browse_start() == t0  # a is live
     take(clocked).done()
-    assert backend.count("deleted_mails") == 1
+    assert backend.queue_rows(QUEUE).deletion_marks == 1
     assert clocked.update_browse_start() == t0 + SECOND
     assert starts(clocked) == (t0 + SECOND, t0 + SECOND)
-    assert backend.mail_rows(QUEUE, slices_before=t0 + SECOND) == 0
-    assert backend.count("deleted_mails") == 0
+    assert backend.queue_rows(QUEUE).rows(slices_before=t0 + SECOND) == 0
+    assert backend.queue_rows(QUEUE).deletion_marks == 0
     assert [item.name for item in clocked.browse()] == ["b", "c"]
     assert clocked.size() == 2
     take(clocked).done()
@@ -64,11 +64,8 @@ def test_browse_start_moves_to_the_first_live_slice_and_the_content_behind_it_go
     # Nothing live: as far as the current slice allows.
     assert clocked.update_browse_start() == t0 + 5 * SECOND
     assert starts(clocked) == (t0 + 5 * SECOND, t0 + 5 * SECOND)
-    assert (
-        backend.count("enqueued_mails"),
-        backend.count("deleted_mails"),
-        backend.count("slice_counters"),
-    ) == (0, 0, 0)
+    rows = backend.queue_rows(QUEUE)
+    assert (rows.rows(), rows.deletion_marks, rows.counted_slices) == (0, 0, [])
     assert list(clocked.browse()) == [] and clocked.size() == 0
     clocked.enqueue(make_mail("d"))
     assert [item.name for item in clocked.browse()] == ["d"]
@@ -109,15 +106,15 @@ def test_clean_up_releases_what_a_delete_left_referenced_and_spares_other_queues
     # A delete that stopped after marking the mail (a non-transactional store can do that): record 32's
     # clean-up is what releases its content.
     assert clocked.view.mark_deleted(QUEUE, enqueue_id, t0, 0)
-    assert references(backend, enqueue_id) == 2
-    deletions = backend.count("blob_deletions")
+    assert references(clocked_runtime, enqueue_id) == 2
+    deletions = len(backend.blob_state().deletions)
     clock.advance(2)
     clocked.update_browse_start()
-    assert references(backend, enqueue_id) == 0
-    assert backend.count("blob_deletions") == deletions + 2
-    assert backend.mail_rows("other") == 1
-    assert backend.deleted_marks("other") == 1
-    assert (other.view.browse_start("other"), other.view.content_start("other")) == (t0, t0)
+    assert references(clocked_runtime, enqueue_id) == 0
+    assert len(backend.blob_state().deletions) == deletions + 2
+    assert backend.queue_rows("other").rows() == 1
+    assert backend.queue_rows("other").deletion_marks == 1
+    assert starts(other) == (t0, t0)
 
 
 def test_a_removed_mail_is_not_delivered_after_its_slice_is_cleaned(backend, clocked, clock):
@@ -125,11 +122,11 @@ def test_a_removed_mail_is_not_delivered_after_its_slice_is_cleaned(backend, clo
     assert clocked.remove(name="removed") == 1  # its broker message stays, as with RabbitMQ
     clock.advance(2)
     clocked.update_browse_start()
-    assert backend.count("deleted_mails") == 0  # the clean-up dropped the mark with the slice
-    assert backend.count("broker_messages") == 1
+    assert backend.queue_rows(QUEUE).deletion_marks == 0  # the clean-up dropped the mark with the slice
+    assert backend.broker_messages() == 1
     assert clocked.dequeue(timeout=0.2) is None
-    assert backend.count("broker_messages") == 0
-    assert backend.count("deleted_mails") == 0
+    assert backend.broker_messages() == 0
+    assert backend.queue_rows(QUEUE).deletion_marks == 0
     assert clocked.size() == 0
 
 
@@ -147,7 +144,7 @@ def test_a_mail_enqueued_into_an_already_cleaned_slice_is_still_delivered(backen
 
 
 def test_a_failed_clean_up_leaves_content_start_behind_and_the_next_update_redoes_it(
-    backend, clocked, clock, monkeypatch
+    backend, clocked_runtime, clocked, clock, monkeypatch
 ):
     t0 = clock()
     enqueue_id = clocked.enqueue(make_mail("a"))
@@ -166,14 +163,14 @@ def test_a_failed_clean_up_leaves_content_start_behind_and_the_next_update_redoe
     with pytest.raises(OSError, match="unavailable"):
         clocked.update_browse_start()
     assert starts(clocked) == (t0 + 2 * SECOND, t0)
-    assert backend.mail_rows(QUEUE, slices_before=t0 + 2 * SECOND) == 1
-    assert references(backend, enqueue_id) == 2
+    assert backend.queue_rows(QUEUE).rows(slices_before=t0 + 2 * SECOND) == 1
+    assert references(clocked_runtime, enqueue_id) == 2
     assert list(clocked.browse()) == [] and clocked.size() == 0
     clocked.update_browse_start()
     assert starts(clocked) == (t0 + 2 * SECOND, t0 + 2 * SECOND)
-    assert backend.mail_rows(QUEUE, slices_before=t0 + 2 * SECOND) == 0
-    assert references(backend, enqueue_id) == 0
-    assert backend.count("deleted_mails") == 0
+    assert backend.queue_rows(QUEUE).rows(slices_before=t0 + 2 * SECOND) == 0
+    assert references(clocked_runtime, enqueue_id) == 0
+    assert backend.queue_rows(QUEUE).deletion_marks == 0
 
 
 def test_browse_start_advances_on_its_own_with_pace_one(backend, clock):
@@ -189,7 +186,7 @@ def test_browse_start_advances_on_its_own_with_pace_one(backend, clock):
     assert starts(queue) == (t0 + SECOND, t0 + SECOND)
     queue.remove(sender="b@example.com")
     assert starts(queue) == (t0 + 3 * SECOND, t0 + 3 * SECOND)
-    assert backend.count("enqueued_mails") == 0
+    assert backend.queue_rows(QUEUE).rows() == 0
 
 
 def test_a_failed_clean_up_does_not_fail_the_dequeue_that_triggered_it(backend, clock, monkeypatch):
@@ -219,18 +216,18 @@ def test_a_failed_clean_up_does_not_fail_the_dequeue_that_triggered_it(backend, 
     assert [item.name for item in queue.browse()] == ["b"]
     take(queue).done()
     assert starts(queue) == (t0 + 4 * SECOND, t0 + 4 * SECOND)
-    assert backend.count("enqueued_mails") == 0
+    assert backend.queue_rows(QUEUE).rows() == 0
 
 
-def test_dead_letters_keep_their_content_through_the_clean_up(backend, clocked, clock):
+def test_dead_letters_keep_their_content_through_the_clean_up(backend, clocked_runtime, clocked, clock):
     enqueue_id = clocked.enqueue(make_mail("poison"))
     take(clocked).reject("bad")
     clock.advance(2)
     clocked.update_browse_start()
-    assert backend.count("enqueued_mails") == 0
+    assert backend.queue_rows(QUEUE).rows() == 0
     (letter,) = clocked.dead_letters()
     assert letter.enqueue_id == enqueue_id
-    assert references(backend, enqueue_id) == 2
+    assert references(clocked_runtime, enqueue_id) == 2
 
 
 def test_browse_spans_slices(clocked, clock):
@@ -323,7 +320,7 @@ def test_size_matches_browse_after_random_operations(backend, clock, seed):
                 assert browse_start <= first_live, f"step {step}: browse_start passed a live mail"
             assert browse_start <= now
             assert starts(queue) == (browse_start, browse_start)
-            assert backend.mail_rows(QUEUE, slices_before=browse_start) == 0
+            assert backend.queue_rows(QUEUE).rows(slices_before=browse_start) == 0
         browsed = [item.enqueue_id for item in queue.browse()]
         assert browsed == sorted(live, key=lambda e: live[e]["seq"]), f"step {step} ({operation})"
         assert queue.size() == len(browsed), f"step {step} ({operation})"

@@ -13,22 +13,23 @@ import pytest
 from mailq_runtime import BlobNotFound, InvalidInput, Runtime
 
 from .backends import Backend
-from .mailbox_checks import agent, results, snapshot
+from .mailbox_checks import agent, results
 
 WORKED_EXAMPLE = json.loads((Path(__file__).parents[1] / "data" / "adr39-worked-example.json").read_text())
 CONTENT = {f"b{n}": f"content of blob b{n}\r\n".encode() for n in range(1, 7)}
 _OWNERS = r"(m\d+(?:, m\d+)*)"
 
 
-def _tables(backend: Backend, label_of: dict[str, str]) -> dict[str, list]:
+def _tables(backend: Backend, runtime: Runtime, label_of: dict[str, str]) -> dict[str, list]:
     """The four tables in the example's words: rgN, gciN, and b1..b6 for the real blob ids."""
+    state = backend.blob_state()
     return {
-        "generations": [f"rg{n}" for n in backend.generations("reference_generation")],
-        "gc_iterations": [f"gci{n}" for n in backend.generations("gc_iteration")],
-        "blobs": sorted((label_of[b], f"rg{g}") for b, g in backend.blobs()),
-        "references": sorted((owner, label_of[b], f"rg{g}") for owner, b, g in backend.blob_references()),
+        "generations": [f"rg{g.number}" for g in runtime.generations.reference_generations()],
+        "gc_iterations": [f"gci{g.number}" for g in runtime.generations.gc_iterations()],
+        "blobs": sorted((label_of[b], f"rg{g}") for b, g in state.blobs.items()),
+        "references": sorted((owner, label_of[b], f"rg{g}") for owner, b, g in state.references),
         # Dates are the record's wall-clock illustration: not compared.
-        "deletions": sorted((label_of[b], f"rg{g}", f"gci{i}") for b, g, i in backend.blob_deletions()),
+        "deletions": sorted((label_of[b], f"rg{g}", f"gci{i}") for b, g, i in state.deletions),
     }
 
 
@@ -94,13 +95,13 @@ def test_the_worked_example_of_record_39_step_by_step(backend) -> None:
                     assert runtime.blobs.release(owner) == 1
             else:
                 pytest.fail(f"event {event!r} of step {step['step']!r} is not understood")
-        assert _tables(backend, label_of) == _expected(step, not_collected), step["step"]
+        assert _tables(backend, runtime, label_of) == _expected(step, not_collected), step["step"]
         shown_before = shown
         replayed.append(step["step"])
     assert replayed[-1] == "generation 4, after deletions"
     assert sorted(not_collected["blobs"]) == [("b1", "rg1"), ("b2", "rg1"), ("b5", "rg3"), ("b6", "rg3")]
     # One content per blob row: m2/m3 and m8/m9 share theirs.
-    assert backend.count("blob_content") == 6
+    assert len(backend.blob_state().contents) == 6
 
 
 def test_dedup_within_a_generation_not_across(runtime: Runtime, backend: Backend) -> None:
@@ -110,8 +111,8 @@ def test_dedup_within_a_generation_not_across(runtime: Runtime, backend: Backend
     later = runtime.blobs.save("owner-c", b"same bytes")
     assert later != first
     assert (later.generation, later.hash) == (first.generation + 1, first.hash)
-    assert sorted(g for _, g in backend.blobs()) == [1, 2]
-    assert backend.count("blob_content") == 2
+    state = backend.blob_state()
+    assert (sorted(state.blobs.values()), len(state.contents)) == ([1, 2], 2)
     assert runtime.blobs.read(first) == runtime.blobs.read(str(later)) == b"same bytes"
     assert runtime.blobs.references_of("owner-b") == [first]
 
@@ -122,11 +123,11 @@ def test_release_appends_one_deletion_per_released_reference(runtime: Runtime, b
     runtime.generations.rotate()
     assert runtime.blobs.release("message-1", [body]) == 1
     assert runtime.blobs.references_of("message-1") == [header]
-    assert backend.blob_deletions() == [(str(body), 1, 2)]
+    assert backend.blob_state().deletions == [(str(body), 1, 2)]
     assert runtime.blobs.release("message-1") == 1
     # Releasing what is already released is a no-op, so a clean-up can be retried safely.
     assert runtime.blobs.release("message-1") == 0
-    assert sorted(b for b, _, _ in backend.blob_deletions()) == sorted([str(body), str(header)])
+    assert sorted(b for b, _, _ in backend.blob_state().deletions) == sorted([str(body), str(header)])
     # Release never deletes content: that is the GC's work, once no reference is left.
     assert runtime.blobs.read(header) == b"Subject: x\r\n\r\n"
 
@@ -146,9 +147,9 @@ def test_concurrent_saves_from_threads_store_the_content_once(runtime: Runtime, 
     for worker in workers:
         worker.join(timeout=30)
     assert len(ids) == threads * saves and len(set(ids)) == 1
-    assert [b for b, _ in backend.blobs()] == [ids[0]]
-    assert backend.contents() == [ids[0]]
-    assert len({owner for owner, b, _ in backend.blob_references() if b == ids[0]}) == threads * saves
+    state = backend.blob_state()
+    assert (list(state.blobs), sorted(state.contents)) == ([ids[0]], [ids[0]])
+    assert len({owner for owner, b, _ in state.references if b == ids[0]}) == threads * saves
 
 
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "ungrouped"])
@@ -160,9 +161,9 @@ def test_concurrent_saves_from_two_processes_store_the_content_once(backend, gro
     ids = {blob_id for out in results(processes) for blob_id in json.loads(out)}
     assert len(ids) == 1
     (blob_id,) = ids
-    assert [b for b, _ in backend.blobs()] == [blob_id]
-    assert backend.contents() == [blob_id]
-    owners = [owner for owner, _ in backend.references_in_write_order()]
+    state = backend.blob_state()
+    assert (list(state.blobs), sorted(state.contents)) == ([blob_id], [blob_id])
+    owners = [owner for owner, _, _ in state.references]
     assert sorted(owners) == sorted(f"p{n}-{i}" for n in range(2) for i in range(50))
     switches = sum(a[:2] != b[:2] for a, b in zip(owners, owners[1:], strict=False))
     assert switches > 2, f"the processes hardly interleaved: {owners}"
@@ -173,12 +174,12 @@ def test_release_of_a_blob_the_owner_does_not_hold_is_refused_and_changes_nothin
 ) -> None:
     mine = runtime.blobs.save("owner-a", b"a's content")
     theirs = runtime.blobs.save("owner-b", b"b's content")
-    before = snapshot(backend)
+    before = backend.state()
     with pytest.raises(InvalidInput, match="owner-a"):
         runtime.blobs.release("owner-a", [mine, theirs])
     with pytest.raises(InvalidInput, match=str(mine)):
         runtime.blobs.release("owner-b", [mine])
-    assert snapshot(backend) == before
+    assert backend.state() == before
 
 
 @pytest.mark.parametrize(
@@ -202,12 +203,12 @@ def test_release_of_a_blob_the_owner_does_not_hold_is_refused_and_changes_nothin
 )
 def test_malformed_blob_ids_are_refused(runtime: Runtime, blob_id: object, backend: Backend) -> None:
     runtime.blobs.save("owner-a", b"content")
-    before = snapshot(backend)
+    before = backend.state()
     with pytest.raises(InvalidInput, match="invalid blob id"):
         runtime.blobs.read(blob_id)
     with pytest.raises(InvalidInput, match="invalid blob id"):
         runtime.blobs.release("owner-a", [blob_id])
-    assert snapshot(backend) == before
+    assert backend.state() == before
 
 
 def test_bad_owners_and_contents_are_refused_and_unknown_blobs_not_found(
@@ -218,7 +219,7 @@ def test_bad_owners_and_contents_are_refused_and_unknown_blobs_not_found(
             runtime.blobs.save(owner, b"content")
     with pytest.raises(InvalidInput, match="must be bytes"):
         runtime.blobs.save("owner-a", "text")
-    assert backend.count("blobs") == 0
+    assert backend.blob_state().blobs == {}
     with pytest.raises(BlobNotFound):
         runtime.blobs.read("g1_" + "0" * 64)
 
@@ -239,10 +240,10 @@ def test_referenced_blobs_are_looked_up_and_deletions_retired_row_by_row(backend
         assert runtime.blobs.referenced([]) == set()
 
         assert runtime.blobs.retire_deletions([(live, 1_000_000), (str(live), 1_000_000)]) == 1
-        assert sorted(b for b, _, _ in backend.blob_deletions()) == sorted([str(live), str(gone)])
+        assert sorted(b for b, _, _ in backend.blob_state().deletions) == sorted([str(live), str(gone)])
         assert runtime.blobs.retire_deletions([(live, 1_000_000)]) == 1  # gone already: harmless
         assert runtime.blobs.retire_deletions([(live, 2_000_000)]) == 1
-        assert [b for b, _, _ in backend.blob_deletions()] == [str(gone)]
+        assert [b for b, _, _ in backend.blob_state().deletions] == [str(gone)]
         # Retiring never touches the content nor the blob rows.
         assert runtime.blobs.read(live) == b"kept" and runtime.blobs.read(gone) == b"gone"
     finally:
@@ -285,6 +286,6 @@ def test_a_release_after_a_rotation_names_the_new_gc_iteration(runtime: Runtime,
     runtime.blobs.release_saved("mail-1", [first])
     runtime.generations.rotate()
     runtime.blobs.release_saved("mail-2", [second])
-    assert sorted((b, i) for b, _, i in backend.blob_deletions()) == sorted(
+    assert sorted((b, i) for b, _, i in backend.blob_state().deletions) == sorted(
         [(str(first), 1), (str(second), 2)]
     )

@@ -41,10 +41,10 @@ def test_a_delayed_mail_waits_in_the_delayed_mails_not_in_the_broker(backend, cl
     (item,) = clocked.browse()
     (delayed,) = clocked.delayed.all(QUEUE)
     assert (delayed.enqueue_id, delayed.due) == (enqueue_id, int(item.next_delivery.timestamp() * 1e6))
-    assert backend.count("broker_messages") == 0
+    assert backend.broker_messages() == 0
     assert clocked.publish_due() == 0
     assert clocked.flush() == 1
-    assert (backend.count("broker_messages"), clocked.delayed.all(QUEUE)) == (1, [])
+    assert (backend.broker_messages(), clocked.delayed.all(QUEUE)) == (1, [])
     assert clocked.dequeue(timeout=0).mail.name == "later"
 
 
@@ -88,7 +88,7 @@ def test_republish_delays_again_a_mail_whose_delayed_row_was_never_written(backe
     (item,) = queue.browse()
     (delayed,) = queue.delayed.all(QUEUE)
     assert delayed.due == int(item.next_delivery.timestamp() * 1e6)
-    assert backend.count("broker_messages") == 0
+    assert backend.broker_messages() == 0
     assert queue.republish("0s") == 0
 
 

@@ -31,13 +31,13 @@ def runtime(backend: EmbeddedBackend) -> Runtime:
 def test_an_enqueue_inside_a_transaction_rolls_back_with_it(runtime, backend):
     queue = runtime.queue(QUEUE)
     with pytest.raises(RuntimeError):
-        with runtime.store.transaction():
+        with runtime.work.writes():
             queue.enqueue(make_mail("rolled-back"))
             raise RuntimeError("abort the outer transaction")
     assert queue.size() == 0
     assert list(queue.browse()) == []
     assert queue.dequeue(timeout=0) is None
-    assert backend.count("blob_references") == 0
+    assert backend.blob_state().references == []
 
 
 def test_threads_taking_turns_enqueue_and_dequeue_every_mail_once(runtime):

@@ -22,7 +22,7 @@ def leased(backend, clock):
 
 
 def leases(backend) -> list[tuple]:
-    return backend.lease_state()
+    return backend.leases()
 
 
 def taken_over(leased, clock):
@@ -47,18 +47,18 @@ def assert_gone(backend, leased, enqueue_id) -> None:
     """Settled for good: not in the queue nor the broker, its content released, no dead letter."""
     assert leased.size() == 0
     assert leased.dequeue(timeout=0) is None
-    assert backend.count("broker_messages") == 0
+    assert backend.broker_messages() == 0
     assert leased.dead_letters() == []
-    assert backend.references_of(enqueue_id) == []
+    assert backend.open().blobs.references_of(enqueue_id) == []
 
 
 @pytest.mark.parametrize(("action", "done"), [("retry", "retried"), ("reject", "rejected")])
 def test_a_slow_consumers_retry_or_reject_raises_and_changes_nothing(backend, leased, clock, action, done):
     slow, other = taken_over(leased, clock)
-    before, held = backend.counts(), leases(backend)
+    before, held = backend.state(), leases(backend)
     with pytest.raises(LeaseExpired, match=f"mail {slow.enqueue_id} was not {done}, nothing changed"):
         SETTLES[action](slow)
-    assert backend.counts() == before
+    assert backend.state() == before
     assert leases(backend) == held
     assert slow.settled
     with pytest.raises(InvalidInput, match="already acknowledged"):
@@ -78,8 +78,8 @@ def test_a_slow_consumers_done_raises_but_records_the_delivery(backend, leased, 
     # Marked deleted and its content released, but still held by the broker under the other lease.
     assert leased.size() == 0
     assert [item.enqueue_id for item in leased.browse()] == []
-    assert backend.references_of(slow.enqueue_id) == []
-    assert backend.count("broker_messages") == 1
+    assert backend.open().blobs.references_of(slow.enqueue_id) == []
+    assert backend.broker_messages() == 1
 
 
 @pytest.mark.parametrize("action", list(SETTLES))
@@ -154,10 +154,10 @@ def test_an_extended_lease_still_expires(backend, leased, clock):
 
 def test_extend_lease_after_another_consumer_took_the_mail_raises_and_changes_nothing(backend, leased, clock):
     slow, other = taken_over(leased, clock)
-    before, held = backend.counts(), leases(backend)
+    before, held = backend.state(), leases(backend)
     with pytest.raises(LeaseExpired, match=f"the lease on mail {slow.enqueue_id} was lost"):
         slow.extend_lease()
-    assert (backend.counts(), leases(backend)) == (before, held)
+    assert (backend.state(), leases(backend)) == (before, held)
     assert not slow.settled  # settling it still says what became of the mail
     with pytest.raises(LeaseExpired):
         slow.retry()

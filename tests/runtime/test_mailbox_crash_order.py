@@ -55,14 +55,15 @@ def _scene(backend: Backend, grouping: bool) -> Scene:
 
 
 def _state(scene: Scene) -> dict:
-    backend, boxes = scene.backend, scene.runtime.mailboxes
+    mailboxes, blobs = scene.backend.mailbox_state(), scene.backend.blob_state()
+    boxes = scene.runtime.mailboxes
     return {
-        "source of truth": backend.source_of_truth(),
-        "projection": backend.projection(),
+        "source of truth": mailboxes.source_of_truth,
+        "projection": mailboxes.projection,
         "counters": {m: boxes.counters(m) for m in (scene.inbox, scene.archive)},
-        "messages": backend.messages(),
-        "references": backend.references(),
-        "deletions": backend.deletions(),
+        "messages": mailboxes.messages,
+        "references": blobs.held(),
+        "deletions": blobs.deleted(),
     }
 
 
@@ -75,16 +76,18 @@ def _assert_sound(scene: Scene, removed: frozenset[str]) -> None:
         assert placements or message_id in removed, message_id
         for mailbox, uid in placements.items():
             assert boxes.read(mailbox, uid) == content
-    messages, held = backend.messages(), backend.references()
-    for _, _, message_id, _ in backend.source_of_truth():
-        assert held[message_id] == set(messages[message_id])
-    assert set().union(*held.values()) <= backend.blob_rows() <= backend.blob_contents()
+    mailboxes, blobs = backend.mailbox_state(), backend.blob_state()
+    held = blobs.held()
+    for message_id in mailboxes.placed():
+        assert held[message_id] == set(mailboxes.messages[message_id])
+    assert blobs.referenced() <= set(blobs.blobs) <= blobs.contents
 
 
 def _recompute(scene: Scene) -> None:
     """Record 23's recomputation through the runtime's repairs, as the mailbox_counters asset does."""
     backend, boxes = scene.backend, scene.runtime.mailboxes
-    differing = backend.source_of_truth() ^ backend.projection()
+    state = backend.mailbox_state()
+    differing = state.source_of_truth ^ state.projection
     for mailbox, _, message_id, _ in differing:
         boxes.heal_projection(mailbox, message_id)
     for mailbox in (scene.inbox, scene.archive):
@@ -101,19 +104,18 @@ def _sweep(scene: Scene) -> None:
     runtime = scene.runtime
     runtime.generations.rotate()
     runtime.generations.rotate()
-    placed = {message_id for _, _, message_id, _ in scene.backend.source_of_truth()}
-    for owner in set(scene.backend.references()) - placed:
+    placed = scene.backend.mailbox_state().placed()
+    for owner in set(scene.backend.blob_state().held()) - placed:
         assert runtime.mailboxes.release_orphan(owner) == 2
 
 
 def _assert_consistent(scene: Scene) -> None:
     backend, boxes = scene.backend, scene.runtime.mailboxes
-    source = backend.source_of_truth()
-    assert backend.projection() == source
+    state = backend.mailbox_state()
+    assert state.projection == state.source_of_truth
     for mailbox in (scene.inbox, scene.archive):
         assert boxes.counters(mailbox) == boxes.recount(mailbox)
-    placed = {message_id for _, _, message_id, _ in source}
-    assert set(backend.messages()) == set(backend.references()) == placed
+    assert set(state.messages) == set(backend.blob_state().held()) == state.placed()
 
 
 # Each path: its setup, the operation that dies, and what it leaves once run again and healed.
@@ -134,7 +136,7 @@ def _append_done(scene: Scene) -> None:
 
 
 def _flag_done(scene: Scene) -> None:
-    assert (scene.inbox, 1, scene.first, SEEN) in scene.backend.source_of_truth()
+    assert (scene.inbox, 1, scene.first, SEEN) in scene.backend.mailbox_state().source_of_truth
     assert scene.runtime.mailboxes.counters(scene.inbox) == Counters(2, 0)
 
 
@@ -146,8 +148,8 @@ def _move_done(scene: Scene) -> None:
 
 def _removed_done(scene: Scene) -> None:
     assert scene.runtime.mailboxes.locate(scene.first) == {}
-    assert scene.first not in scene.backend.messages()
-    assert scene.first not in scene.backend.references()
+    assert scene.first not in scene.backend.mailbox_state().messages
+    assert scene.first not in scene.backend.blob_state().held()
 
 
 Path = tuple[Callable[[Scene], None], Callable[[Scene], object], Callable[[Scene], None]]

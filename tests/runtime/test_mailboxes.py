@@ -28,9 +28,7 @@ from .mailbox_checks import (
     agent,
     assert_message_blobs_referenced,
     inconsistencies,
-    references,
     results,
-    snapshot,
 )
 
 USER = "alice@example.org"
@@ -102,7 +100,7 @@ def test_get_or_create_is_safe_when_workers_race(
     for thread in threads:
         thread.join(timeout=30)
     assert len(ids) == 6 and len(set(ids)) == 1
-    assert backend.count("mailboxes") == 1
+    assert len(backend.mailbox_state().mailboxes) == 1
 
 
 # messages
@@ -126,9 +124,9 @@ def test_append_with_a_message_id_is_idempotent(
     inbox = mailboxes.create(USER, "INBOX")
     message_id = "0123456789abcdef0123456789abcdef"
     appended = mailboxes.append(inbox, message(1), message_id=message_id)
-    before = snapshot(backend)
+    before = backend.state()
     assert mailboxes.append(inbox, message(1), message_id=message_id) == appended == (message_id, 1)
-    assert snapshot(backend) == before
+    assert backend.state() == before
 
 
 def test_set_flags_moves_the_unseen_counter(runtime: Runtime, mailboxes: Mailboxes, backend: Backend) -> None:
@@ -149,13 +147,13 @@ def test_move_keeps_flags_and_content_and_gives_a_new_uid(
     inbox, archive = mailboxes.create(USER, "INBOX"), mailboxes.create(USER, "Archive")
     mailboxes.append(archive, message(0))
     moved = mailboxes.append(inbox, message(1), flags=["\\Seen"])
-    held = references(backend)[moved.message_id]
+    held = backend.blob_state().held()[moved.message_id]
     assert mailboxes.move(inbox, moved.uid, archive) == 2
     assert mailboxes.list_messages(inbox) == []
     assert mailboxes.list_messages(archive)[1].flags == {"\\Seen"}
     assert mailboxes.read(archive, 2) == message(1)
     assert (mailboxes.counters(inbox), mailboxes.counters(archive)) == (Counters(0, 0), Counters(2, 1))
-    assert references(backend)[moved.message_id] == held
+    assert backend.blob_state().held()[moved.message_id] == held
     assert_consistent(backend)
 
 
@@ -166,13 +164,13 @@ def test_expunge_releases_the_blobs_of_a_message_in_no_mailbox(
     gone = mailboxes.append(inbox, message(1, b"shared body\r\n"))
     kept = mailboxes.append(inbox, message(2, b"shared body\r\n"))
     runtime.generations.rotate()
-    header, body = backend.messages()[gone.message_id]
+    header, body = backend.mailbox_state().messages[gone.message_id]
     assert mailboxes.expunge(inbox, [gone.uid]) == 1
-    assert gone.message_id not in references(backend)
-    assert list(backend.messages()) == [kept.message_id]
-    assert sorted((b, i) for b, _, i in backend.blob_deletions()) == sorted([(header, 2), (body, 2)])
+    assert gone.message_id not in backend.blob_state().held()
+    assert list(backend.mailbox_state().messages) == [kept.message_id]
+    assert sorted((b, i) for b, _, i in backend.blob_state().deletions) == sorted([(header, 2), (body, 2)])
     # The body both messages share, stored once, stays referenced by the one still in the mailbox.
-    assert body in references(backend)[kept.message_id]
+    assert body in backend.blob_state().held()[kept.message_id]
     with pytest.raises(UnknownMailbox):
         mailboxes.read(inbox, gone.uid)
     assert mailboxes.read(inbox, kept.uid) == message(2, b"shared body\r\n")
@@ -194,8 +192,8 @@ def test_delete_mailbox_expunges_everything_and_drops_its_counters(
         mailboxes.get(USER, "Archive")
     with pytest.raises(UnknownMailbox):
         mailboxes.counters(archive)
-    assert list(backend.stored_counters()) == [inbox]
-    assert set(references(backend)) == {kept.message_id}
+    assert list(backend.mailbox_state().counters) == [inbox]
+    assert set(backend.blob_state().held()) == {kept.message_id}
     assert_consistent(backend)
 
 
@@ -219,7 +217,7 @@ def test_a_sequence_of_operations_keeps_counters_equal_to_a_recount(
         else:
             mailboxes.expunge(box, choose.sample(uids, min(len(uids), 2)))
     assert_consistent(backend)
-    assert sum(mailboxes.counters(box).count for box in boxes) == backend.count("messages")
+    assert sum(mailboxes.counters(box).count for box in boxes) == len(backend.mailbox_state().messages)
 
 
 # faults between the writes: exactly record 23's inconsistencies
@@ -284,11 +282,11 @@ def test_a_fault_between_the_writes_leaves_exactly_the_expected_inconsistency(
 ) -> None:
     act, expected = CASES[operation, point]
     inbox, archive, first = _one_message(mailboxes)
-    known = set(backend.messages())
+    known = set(backend.mailbox_state().messages)
     mailboxes.faults.arm(point)
     with pytest.raises(InjectedFault, match=point):
         act(mailboxes, inbox, archive)
-    appended = set(backend.messages()) - known
+    appended = set(backend.mailbox_state().messages) - known
     assert inconsistencies(backend) == expected(inbox, archive, first, next(iter(appended), None))
     # The content comes before the source of truth and goes after it: a message in a mailbox always has
     # its content, and one whose expunge died keeps it until the orphan sweep releases it.
@@ -310,9 +308,9 @@ def test_a_mailbox_half_deleted_by_a_fault_can_be_deleted_again(
     with pytest.raises(InjectedFault):
         mailboxes.delete_mailbox(inbox)
     assert mailboxes.delete_mailbox(inbox) == 0  # the messages went in the first attempt
-    assert backend.count("message_id_table") == 0
+    assert backend.mailbox_state().projection == set()
     # Their content, which the first attempt died before releasing, is the orphan sweep's.
-    left_over = frozenset(backend.messages())
+    left_over = frozenset(backend.mailbox_state().messages)
     assert len(left_over) == 2
     assert_message_blobs_referenced(backend, left_over)
     # Only once their generation is eligible: until then an owner may be in the middle of a write.
@@ -386,10 +384,10 @@ def test_uids_strictly_increase_under_concurrent_processes(
 
 # bad input: a clear error, and nothing changed
 def _unchanged(backend: Backend, error: type[Exception], match: str, call: Callable[[], object]) -> None:
-    before = snapshot(backend)
+    before = backend.state()
     with pytest.raises(error, match=match):
         call()
-    assert snapshot(backend) == before
+    assert backend.state() == before
 
 
 def test_unknown_mailboxes_and_uids_change_nothing(

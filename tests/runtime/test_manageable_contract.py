@@ -206,10 +206,10 @@ def test_remove_deletes_every_match(queue):
 )
 def test_remove_needs_exactly_one_criterion(backend, queue, criteria):
     _three_mails(queue)
-    before = backend.counts()
+    before = backend.state()
     with pytest.raises(InvalidInput, match="exactly one"):
         queue.remove(**criteria)
-    assert backend.counts() == before
+    assert backend.state() == before
     assert names(queue) == ["m1", "m2", "m3"]
 
 
@@ -255,34 +255,34 @@ def test_a_mail_removed_while_in_flight_is_gone_after_its_retry(queue):
     assert queue.size() == 0
 
 
-def _references(backend, enqueue_id: str) -> int:
-    return len(backend.references_of(enqueue_id))
+def _references(runtime, enqueue_id: str) -> int:
+    return len(runtime.blobs.references_of(enqueue_id))
 
 
 @pytest.mark.parametrize("how", ["done", "remove", "clear"])
-def test_content_is_released_when_a_mail_leaves(backend, queue, how):
+def test_content_is_released_when_a_mail_leaves(backend, runtime, queue, how):
     """Record 32: blob references go on dequeue and on delete/purge (the GC then collects the blobs)."""
     enqueue_id = queue.enqueue(make_mail("x", body=b"unique content " + how.encode()))
-    assert _references(backend, enqueue_id) == 2
-    deletions = backend.count("blob_deletions")
+    assert _references(runtime, enqueue_id) == 2
+    deletions = len(backend.blob_state().deletions)
     if how == "done":
         queue.dequeue(timeout=5).done()
     elif how == "remove":
         queue.remove(name="x")
     else:
         queue.clear()
-    assert _references(backend, enqueue_id) == 0
-    assert backend.count("blob_deletions") == deletions + 2
+    assert _references(runtime, enqueue_id) == 0
+    assert len(backend.blob_state().deletions) == deletions + 2
 
 
-def test_retry_and_unsettled_dequeue_keep_content(backend, queue):
+def test_retry_and_unsettled_dequeue_keep_content(runtime, queue):
     enqueue_id = queue.enqueue(make_mail("x"))
     queue.dequeue(timeout=5).retry()
     queue.dequeue(timeout=5)
-    assert _references(backend, enqueue_id) == 2
+    assert _references(runtime, enqueue_id) == 2
 
 
-def test_reject_moves_the_mail_to_the_dead_letters(backend, queue):
+def test_reject_moves_the_mail_to_the_dead_letters(runtime, queue):
     enqueue_id = queue.enqueue(make_mail("poison"))
     queue.enqueue(make_mail("fine"))
     queue.dequeue(timeout=5).reject("unparseable")
@@ -291,7 +291,7 @@ def test_reject_moves_the_mail_to_the_dead_letters(backend, queue):
     assert queue.size() == 1
     queue.dequeue(timeout=5).done()
     assert queue.dequeue(timeout=0.3) is None
-    assert _references(backend, enqueue_id) == 2, "dead letters keep their content"
+    assert _references(runtime, enqueue_id) == 2, "dead letters keep their content"
 
 
 def test_rejecting_a_mail_removed_while_in_flight_leaves_no_dead_letter(backend, queue):
@@ -300,15 +300,16 @@ def test_rejecting_a_mail_removed_while_in_flight_leaves_no_dead_letter(backend,
     assert queue.remove(name="poison") == 1  # its content is released
     item.reject("unparseable")
     assert queue.dead_letters() == []  # a dead letter would have no content
-    assert backend.count("broker_messages") == 0
+    assert backend.broker_messages() == 0
     assert queue.dequeue(timeout=0.3) is None
 
 
-def test_a_mail_whose_content_is_lost_is_dead_lettered_not_retried(backend, queue):
-    enqueue_id = queue.enqueue(make_mail("lost", body=b"content that goes missing"))
+def test_a_mail_whose_content_is_lost_is_dead_lettered_not_retried(backend, runtime, queue):
+    body = b"content that goes missing"
+    enqueue_id = queue.enqueue(make_mail("lost", body=body))
     queue.enqueue(make_mail("fine"))
-    _, body_blob = backend.mail_blobs(enqueue_id)
-    backend.lose_content(body_blob)
+    (body_blob,) = [b for b in runtime.blobs.references_of(enqueue_id) if runtime.blobs.read(b) == body]
+    backend.lose_content(str(body_blob))
     item = queue.dequeue(timeout=5)
     assert item.mail.name == "fine"
     item.done()
@@ -327,7 +328,7 @@ def test_an_unreadable_broker_message_is_dead_lettered_and_does_not_stop_the_que
     assert queue.dequeue(timeout=0.2) is None
     (letter,) = queue.dead_letters()
     assert letter.enqueue_id == enqueue_id and "unreadable" in letter.reason
-    assert backend.count("broker_messages") == 0
+    assert backend.broker_messages() == 0
 
 
 def test_settling_twice_is_an_error(queue):

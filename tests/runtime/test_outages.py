@@ -96,7 +96,7 @@ def wired(backend: RabbitMQBackend) -> Iterator[Wired]:
 def snapshot(backend: RabbitMQBackend, holder: Runtime | None = None) -> dict[str, list[tuple]]:
     """Every table of every server, as the servers hold them; a message counts as the broker's whether
     RabbitMQ's queue holds it ready or `holder`, the runtime under test, holds it unsettled."""
-    state = {table: backend.table(table) for table in backend.tables}
+    state = backend.state()
     held = [] if holder is None else [(QUEUE,) for _ in holder.broker.held(QUEUE)]
     state["broker_messages"] = sorted([(queue,) for queue, *_ in state["broker_messages"]] + held)
     return state

@@ -157,7 +157,7 @@ def done_dies(point: str) -> Callable[[Crash, object], None]:
             # The broker message is still there: the next consumer acks it as not live.
             c.clock.advance(LEASE + 1)
             assert c.queue.dequeue(timeout=0) is None
-            assert backend.count("broker_messages") == 0
+            assert backend.broker_messages() == 0
             assert bool(c.references(enqueue_id)) == (point == DONE_AFTER_MARK)
             c.settled([], set())
         assert c.references(enqueue_id) == []
@@ -181,7 +181,7 @@ def done_dies_before_its_count(c: Crash, backend) -> None:
     c.clock.advance(LEASE + 1)
     # The broker's message is acked as not live; the consumer, idle, recounts the slice.
     assert c.queue.dequeue(timeout=0) is None
-    assert backend.count("broker_messages") == 0
+    assert backend.broker_messages() == 0
     assert c.queue.view.size(QUEUE, c.queue.browse_start()) == 0 and c.queue.size() == 0
     assert c.queue.recount() == 0  # nothing left to correct
     c.settled([], set())
@@ -252,9 +252,9 @@ def publish_dies(flushing: bool) -> Callable[[Crash, object], None]:
         # The rerun publishes it: again when the crash left the delayed row (ungrouped), and the second
         # copy is delivered once, the deletion mark absorbing the other.
         assert c.queue.publish_due() == 1
-        assert backend.count("broker_messages") == (1 if c.grouped else 2)
+        assert backend.broker_messages() == (1 if c.grouped else 2)
         assert c.drain() == ["later"]
-        assert backend.count("broker_messages") == 0
+        assert backend.broker_messages() == 0
         c.settled(["later"], {"later"})
 
     return scenario

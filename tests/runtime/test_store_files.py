@@ -136,14 +136,17 @@ def test_a_full_disk_in_the_middle_of_an_enqueue_is_the_store_error_and_changes_
     runtime = backend.open()
     queue = runtime.queue("spool")
     queue.enqueue(make_mail("first"))
-    before = backend.counts()
-    # SQLite's own limit on the file's pages: a real "database or disk is full", on this connection only.
-    (pages,) = runtime.store.read_one("PRAGMA page_count")
-    runtime.store.read_one(f"PRAGMA max_page_count = {pages}")
+    before = backend.state()
+    # SQLite's own limit on the file's pages: a real "database or disk is full", on the connection of the
+    # runtime only, which its grouped writes hand out.
+    with runtime.work.writes() as connection:
+        (pages,) = connection.execute("PRAGMA page_count").fetchone()
+        connection.execute(f"PRAGMA max_page_count = {pages}")
     with pytest.raises(StoreUnusable, match=r"mailq store .*mailq\.db: database or disk is full"):
         queue.enqueue(make_mail("big", body=os.urandom(200_000)))
-    assert backend.counts() == before
-    runtime.store.read_one("PRAGMA max_page_count = 4294967294")  # the disk has room again
+    assert backend.state() == before
+    with runtime.work.writes() as connection:
+        connection.execute("PRAGMA max_page_count = 4294967294")  # the disk has room again
     queue.enqueue(make_mail("after"))
     assert [item.name for item in queue.browse()] == ["first", "after"]
     backend.close()

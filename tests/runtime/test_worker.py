@@ -18,7 +18,7 @@ from mailq_runtime.worker import deliver, delivery_message_id
 
 from .backends import Backend
 from .helpers import FakeClock
-from .mailbox_checks import agent, assert_message_blobs_referenced, inconsistencies, references, results
+from .mailbox_checks import agent, assert_message_blobs_referenced, inconsistencies, results
 
 QUEUE = "spool"
 DOMAIN = "example.org"
@@ -62,7 +62,7 @@ def assert_delivered_state(
 ) -> None:
     assert not inconsistencies(backend), inconsistencies(backend)
     assert_message_blobs_referenced(backend)
-    held = references(backend)
+    held = backend.blob_state().held()
     assert not held.keys() & set(delivered_ids), "a delivered mail's enqueue id still holds references"
     # Dead letters keep their content: their enqueue ids still hold their references.
     assert all(dead in held for dead in dead_ids)
@@ -74,6 +74,11 @@ def test_two_worker_threads_deliver_everything_once(runtime: Runtime, backend: B
     shared = enqueue(runtime, "Bob@Example.org", "carol@example.org", "BOB@example.org", subject="shared")
     mixed = enqueue(runtime, "alice@example.org", "eve@elsewhere.net", subject="mixed")
     unknown = enqueue(runtime, "dave@elsewhere.net", subject="unknown")
+    queued = {
+        str(b)
+        for enqueue_id in [*plain, shared, mixed, unknown]
+        for b in runtime.blobs.references_of(enqueue_id)
+    }
 
     stats = total(run_threads(runtime, 2, idle_timeout=1.0))
 
@@ -94,8 +99,7 @@ def test_two_worker_threads_deliver_everything_once(runtime: Runtime, backend: B
     assert_delivered_state(runtime, backend, plain + [shared], [mixed, unknown])
     # Delivered in the generation it was enqueued in, the content is stored once: the copies add no blob
     # to those the queue saved, and share them with the dead letters' content where it is the same.
-    queued = {b for enqueue_id in [*plain, shared, mixed, unknown] for b in backend.mail_blobs(enqueue_id)}
-    assert {b for b, _ in backend.blobs()} == queued
+    assert set(backend.blob_state().blobs) == queued
 
 
 def test_two_worker_processes_deliver_everything_once(runtime: Runtime, backend: Backend) -> None:
@@ -127,7 +131,7 @@ def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(
     assert stats == WorkerStats(delivered=1, retried=0, dead_lettered=0, appended=0)
     assert runtime.mailboxes.counters(alice) == Counters(0, 0)
     assert runtime.mailboxes.counters(inbox_of(runtime, "bob@example.org")) == Counters(1, 1)
-    assert backend.count("messages") == 2
+    assert len(backend.mailbox_state().messages) == 2
     assert_delivered_state(runtime, backend, [enqueue_id], [])
 
 
@@ -222,7 +226,7 @@ def test_stop_finishes_the_mail_in_hand_then_returns(
     assert runtime.queue(QUEUE).size() == 1
     assert [item.enqueue_id for item in runtime.queue(QUEUE).browse()] == [second]
     assert_message_blobs_referenced(backend)
-    assert first not in references(backend)
+    assert first not in backend.blob_state().held()
 
 
 def test_an_idle_worker_stops_promptly(runtime: Runtime) -> None:
@@ -324,7 +328,7 @@ def test_the_demo_delivers_then_flags_archives_expunges_and_rotates(
     }
     assert (figures["seen"], figures["flagged"], figures["archived"], figures["expunged"]) == (3, 3, 3, 3)
     assert (figures["reference_generation"], figures["gc_iteration"]) == (2, 2)
-    assert backend.count("messages") == 9 - 3
+    assert len(backend.mailbox_state().messages) == 9 - 3
     assert not inconsistencies(backend)
     assert_message_blobs_referenced(backend)
     assert any("alice@example.org: INBOX holds 1 message(s), 0 unseen" in line for line in lines)

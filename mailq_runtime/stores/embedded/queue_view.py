@@ -1,6 +1,6 @@
 """Records 31 and 32 on the embedded store: enqueued_mails, deleted_mails, browse_start, content_start and
 the per-slice counters. Each method is one transaction; the queue may
-group one operation's calls into one (`group_writes`), which nests them."""
+group one operation's calls into one (the unit of work's `writes()`), which nests them."""
 
 from __future__ import annotations
 
