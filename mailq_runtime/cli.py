@@ -41,6 +41,7 @@ from .overview import QueueOverview
 from .queue import BrowseItem, DeadLetterItem, MailQueue, check_enqueue
 from .runtime import Runtime
 from .settings import DEFAULT_URL, URL_VARIABLE, Settings, redact
+from .smtp.commands import add_smtp_parser, add_users_parser
 from .worker import run_worker
 
 EXIT_BAD_INPUT = 2
@@ -728,6 +729,8 @@ SUBCOMMANDS: list[AddParser] = [
     add_config_parser,
     add_worker_parser,
     add_schema_parser,
+    add_smtp_parser,
+    add_users_parser,
 ]
 
 # The maintenance pipeline's commands and their help: listed by `mailq --help`, added by the module

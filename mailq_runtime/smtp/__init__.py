@@ -1,0 +1,8 @@
+"""`mailq smtp`: an ESMTP server (aiosmtpd) that accepts mail into a queue, answering 250 only once the
+mail's enqueue returned, at the store's durability. Local users are those with a mailbox; relaying to
+other domains is for the configured networks and for clients authenticated over TLS."""
+
+from .handler import Policy
+from .server import ServerOptions, SmtpServer
+
+__all__ = ["Policy", "ServerOptions", "SmtpServer"]

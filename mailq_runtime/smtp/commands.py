@@ -1,0 +1,201 @@
+"""The `mailq smtp` and `mailq users` subcommands: their parsers (`add_smtp_parser`, `add_users_parser`)
+and handlers returning the CLI's `Report`.
+
+The CLI module lists these parsers, so it is imported here only once it runs (inside the functions): at
+the top it would be a circular import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidInput, NoStore, shown
+from ..mailbox import INBOX
+from ..model import MailAddress, QueueName, parse_duration
+from ..runtime import Runtime
+from ..worker import normalise_domains
+from .access import DEFAULT_NETWORKS, load_credentials, parse_networks, tls_context
+from .handler import Policy
+from .protocol import COMMAND_TIMEOUT
+from .server import Address, ServerOptions, SmtpServer, default_hostname
+
+if TYPE_CHECKING:
+    from ..cli import Report
+
+# As Postfix's `maillog`: one line per event, with the time and the process.
+LOG_FORMAT = "%(asctime)s mailq/smtpd[%(process)d]: %(message)s"
+
+
+def parse_listen(text: str) -> Address:
+    """host:port, or [ipv6]:port."""
+    host, colon, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidInput(f"invalid listen address {shown(text)}: expected host:port, e.g. 127.0.0.1:2525")
+    return host, int(port)
+
+
+def _options(args: argparse.Namespace) -> ServerOptions:
+    """The server's options, every one checked before the store is opened."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise InvalidInput("--tls-cert and --tls-key go together")
+    tls = None if args.tls_cert is None else tls_context(args.tls_cert, args.tls_key)
+    credentials = load_credentials(args.auth_file)
+    if credentials and tls is None:
+        raise InvalidInput(
+            "AUTH is only offered over TLS: give --tls-cert and --tls-key with the credentials"
+        )
+    policy = Policy(
+        hostname=args.hostname or default_hostname(),
+        local_domains=normalise_domains(args.domain),
+        networks=parse_networks(args.networks or DEFAULT_NETWORKS),
+        max_recipients=args.max_recipients,
+    )
+    return ServerOptions(
+        policy=policy,
+        queue=args.queue,
+        tls=tls,
+        credentials=credentials,
+        max_sessions=args.max_sessions,
+        timeout=args.timeout,
+        drain=args.drain,
+        reuse_port=args.reuse_port,
+    )
+
+
+def _log_to_stderr() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, "%b %d %H:%M:%S"))
+    logger = logging.getLogger("mailq_runtime.smtp")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+async def _serve(server: SmtpServer, address: Address) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # SIGTERM and Ctrl-C stop accepting; the sessions in DATA finish, then the command returns.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await server.serve(address, stop, lambda bound: None)
+
+
+def _smtp(args: argparse.Namespace) -> Report:
+    from .. import cli
+
+    address = parse_listen(args.listen)
+    options = _options(args)
+    # The store must exist: a mistyped URL never starts an empty one. The queue is made by its first mail.
+    with Runtime.open(args.url) as runtime:
+        server = SmtpServer(runtime, options)
+        _log_to_stderr()
+        asyncio.run(_serve(server, address))
+    data = {"queue": args.queue, "sessions": server.sessions_served, "accepted": server.handler.accepted}
+    return cli.Report(
+        data,
+        [f"smtp stopped: {data['sessions']} sessions, {data['accepted']} mails accepted into {args.queue}"],
+    )
+
+
+def _seconds(name: str) -> Any:
+    from .. import cli
+
+    return cli.checked_argument(lambda text: parse_duration(text, name) / 1_000_000)
+
+
+def add_smtp_parser(subparsers: argparse._SubParsersAction) -> None:
+    from .. import cli
+
+    parser = subparsers.add_parser("smtp", help="accept mail by SMTP into a queue (250 once it is enqueued)")
+    parser.add_argument(
+        "--listen", default="127.0.0.1:2525", metavar="HOST:PORT", help="default 127.0.0.1:2525"
+    )
+    parser.add_argument(
+        "--domain",
+        action="append",
+        required=True,
+        metavar="DOMAIN",
+        help="a local domain; repeat it for more",
+    )
+    parser.add_argument(
+        "--queue", default="spool", type=cli.checked_argument(QueueName), help="default spool"
+    )
+    parser.add_argument(
+        "--networks",
+        action="append",
+        metavar="CIDR",
+        help=f"clients that may relay to other domains; repeat it (default: {' '.join(DEFAULT_NETWORKS)})",
+    )
+    parser.add_argument(
+        "--hostname", help="the server's name in replies and Received headers (default: FQDN)"
+    )
+    parser.add_argument("--tls-cert", type=Path, metavar="FILE", help="PEM certificate for STARTTLS")
+    parser.add_argument("--tls-key", type=Path, metavar="FILE", help="PEM key for STARTTLS")
+    parser.add_argument(
+        "--auth-file",
+        type=Path,
+        metavar="FILE",
+        help="user:password lines for AUTH PLAIN/LOGIN over TLS (default: $MAILQ_SMTP_AUTH)",
+    )
+    parser.add_argument("--max-sessions", type=cli.count_argument("max_sessions"), default=100, metavar="N")
+    parser.add_argument(
+        "--max-recipients", type=cli.count_argument("max_recipients"), default=1000, metavar="N"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds("timeout"),
+        default=COMMAND_TIMEOUT,
+        metavar="DURATION",
+        help="how long a client may stay silent (default 5m, RFC 5321 4.5.3.2)",
+    )
+    parser.add_argument(
+        "--drain",
+        type=_seconds("drain"),
+        default=30.0,
+        metavar="DURATION",
+        help="at SIGTERM, how long sessions in DATA may take to finish (default 30s)",
+    )
+    parser.add_argument(
+        "--reuse-port", action="store_true", help="share the port with other processes (SO_REUSEPORT)"
+    )
+    parser.set_defaults(handler=_smtp)
+
+
+def _users_add(args: argparse.Namespace) -> Report:
+    from .. import cli
+
+    # Users are lowercased, as the worker delivers to them. The store must exist, as for `mailq smtp`.
+    user = MailAddress(args.address).lower()
+    with Runtime.open(args.url) as runtime:
+        runtime.mailboxes.create(user, INBOX)
+    return cli.Report({"user": user, "mailbox": INBOX}, [f"added {user} (its {INBOX})"])
+
+
+def _users_list(args: argparse.Namespace) -> Report:
+    from .. import cli
+
+    try:
+        runtime = Runtime.open(args.url)
+    except NoStore:
+        return cli.Report([], ["0 users"])
+    with runtime:
+        users = sorted({mailbox.user for mailbox in runtime.mailboxes.list()})
+    return cli.Report(users, [*users, f"{len(users)} users"])
+
+
+def add_users_parser(subparsers: argparse._SubParsersAction) -> None:
+    from .. import cli
+
+    parser = subparsers.add_parser("users", help="the local users `mailq smtp` accepts mail for")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = actions.add_parser("add", help="add a user: creates their INBOX")
+    add.add_argument("address", metavar="ADDRESS", type=cli.checked_argument(MailAddress))
+    add.set_defaults(handler=_users_add)
+    listing = actions.add_parser("list", help="every user with a mailbox")
+    listing.set_defaults(handler=_users_list)
