@@ -127,7 +127,10 @@ class Session(SMTP):
         if command == "DATA":
             # The mail is whole: its enqueue has the DATA termination's time (RFC 5321 4.5.3.2.6).
             self._reset_timeout(DATA_TERMINATION_TIMEOUT)
-        return await super()._call_handler_hook(command, *arguments)
+        status = await super()._call_handler_hook(command, *arguments)
+        if command == "DATA" and isinstance(status, str) and status.startswith("250"):
+            self.mails += 1
+        return status
 
     async def smtp_DATA(self, arg: str) -> None:
         self.in_data = True
