@@ -21,8 +21,9 @@ from aiosmtpd.smtp import SMTP, TLSSetupException
 from .handler import client_name
 
 log = logging.getLogger("mailq_runtime.smtp")
-# aiosmtpd logs each command line at INFO, an AUTH PLAIN's base64 credentials included.
-logging.getLogger("mail.log").setLevel(logging.WARNING)
+# aiosmtpd logs each command line at INFO (an AUTH PLAIN's base64 credentials included) and a
+# deprecation of its own at each login; the refusals are logged here, with their replies.
+logging.getLogger("mail.log").setLevel(logging.ERROR)
 
 # RFC 5321 4.5.3.2.7: the server waits at least five minutes for a command; the DATA termination's ten.
 COMMAND_TIMEOUT = 300.0
@@ -148,7 +149,7 @@ class Session(SMTP):
                 code, _, text = status.partition(" ")
                 enhanced = _ENHANCED.get(code, f"{code[0]}.0.0")
                 status = f"{code} {enhanced} {text}".rstrip()
-            log.info("reject: %s from %s: %s", _sender(self), client_name(self.session), status)
+            log.info("NOQUEUE: reject: %s: %s; %s", client_name(self.session), status, _sender(self))
         await super().push(status)
 
     async def handle_exception(self, error: Exception) -> str:

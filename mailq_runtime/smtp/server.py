@@ -110,6 +110,10 @@ class SmtpServer:
             )
         for session in list(self.sessions):
             session.say_goodbye()
+        # Their connection_lost, which logs each disconnect, runs on this loop: let it before it ends.
+        deadline = loop.time() + 5
+        while self.sessions and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         # An enqueue under way finishes: its mail may be durable, and the store stays whole.
         await loop.run_in_executor(None, self.pool.shutdown)
         log.info("stopped: %d sessions, %d mails accepted", self.sessions_served, self.handler.accepted)

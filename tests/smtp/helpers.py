@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import signal
 import smtplib
 import socket
+import subprocess
+import sys
+import threading
+from contextlib import redirect_stderr, redirect_stdout
 
 SENDER = "bob@elsewhere.example"
 MESSAGE = b"Subject: hello\r\nFrom: bob@elsewhere.example\r\n\r\nHi Alice.\r\n"
@@ -55,3 +61,66 @@ class Raw:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def mailq(*argv: str) -> tuple[int, str, str]:
+    """`mailq ARGV` in this process; returns the exit status, stdout and stderr."""
+    from mailq_runtime.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        status = main(list(argv))
+    return status, out.getvalue(), err.getvalue()
+
+
+def assert_one_line(result: tuple[int, str, str], *words: str) -> None:
+    status, out, err = result
+    assert (status, out) == (2, ""), result
+    assert err.startswith("mailq: error: ") and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, err
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class SmtpProcess:
+    """`mailq smtp` in a process of its own (`command` its argv, maybe behind `unshare`), started and
+    waited for until it listens."""
+
+    def __init__(self, command: list[str], port: int, env: dict[str, str] | None = None) -> None:
+        self.port = port
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        self.log: list[str] = []
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line)
+            if "listening on" in line:
+                break
+        else:
+            raise AssertionError(f"mailq smtp did not start: {''.join(self.log)}")
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line)
+
+    def stop(self, timeout: float = 60) -> tuple[int, str]:
+        """SIGTERM, then the exit status and stdout."""
+        self.process.send_signal(signal.SIGTERM)
+        assert self.process.stdout is not None
+        out = self.process.stdout.read()  # stderr is the reader thread's
+        self.process.wait(timeout)
+        self._reader.join(10)
+        return self.process.returncode, out
+
+
+def mailq_command(url: str, *argv: str) -> list[str]:
+    return [sys.executable, "-m", "mailq_runtime.cli", "--url", url, *argv]
