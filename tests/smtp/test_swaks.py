@@ -1,11 +1,10 @@
-"""`mailq smtp` and swaks (the Debian package, `apt-get install swaks`): pipelining, 8-bit content kept byte for
-byte, STARTTLS with AUTH from an address that may not relay otherwise, and refusals swaks reports."""
+"""`mailq smtp` and swaks (the Debian package, `apt-get install swaks`): pipelining, 8-bit content kept
+byte for byte, STARTTLS with AUTH from an address that may not relay otherwise, and the refusals swaks
+reports."""
 
 from __future__ import annotations
 
 import subprocess
-
-import pytest
 
 from mailq_runtime.smtp.access import tls_context
 
