@@ -1,5 +1,6 @@
 """The store fails in the middle of a session: the embedded store on a small tmpfs that fills up (in a
-mount namespace of its own, `unshare -m`, so nothing outlives the test). The client gets 451 4.3.0 and
+mount namespace of its own, `unshare -m`, so nothing outlives the test), and the distributed store's
+Cassandra or S3 away (tests/forwarder.py cuts the connections). The client gets 451 4.3.0 and
 keeps its mail, nothing half-written is delivered, and once there is room again the same mail is taken."""
 
 from __future__ import annotations
@@ -10,9 +11,17 @@ import os
 import smtplib
 import subprocess
 import sys
+import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from .conftest import DOMAIN, QUEUE, USER
+import pytest
+
+from mailq_runtime.worker import run_worker
+from tests.forwarder import Forwarder
+from tests.runtime.test_outages import wired_url
+
+from .conftest import DOMAIN, QUEUE, USER, make_store, serving
 from .helpers import SENDER, SmtpProcess, client, free_port
 
 WORKTREE = Path(__file__).resolve().parents[2]
@@ -122,3 +131,56 @@ def test_a_full_disk_gets_451_nothing_half_written_and_the_retry_after_the_recov
     log = "".join(server.log)
     assert status == 0, log
     assert "enqueue failed, 451 4.3.0" in log and "Traceback" not in log
+
+
+def _refusal(smtp: smtplib.SMTP) -> tuple[int, bytes] | None:
+    """The mail "second" sent: None once accepted, else the code and text of the reply refusing it."""
+    try:
+        assert smtp.sendmail(SENDER, [USER], _message("second")) == {}
+    except smtplib.SMTPRecipientsRefused as refused:
+        smtp.rset()
+        return refused.recipients[USER]
+    except smtplib.SMTPDataError as refused:
+        return refused.smtp_code, refused.smtp_error
+    return None
+
+
+@pytest.mark.parametrize("backend", ["rabbitmq"], indirect=True)
+@pytest.mark.parametrize("server", ["cassandra", "s3"])
+def test_a_distributed_store_away_gets_451_and_the_retry_after_its_return_is_taken(backend, server):
+    """Cassandra or S3 away (its connections cut by a forwarder while the shared server runs on)."""
+    s3 = urlsplit(backend.servers.s3_server.endpoint_url)
+    targets = {
+        "cassandra": (backend.servers.cassandra_server.host, backend.servers.cassandra_server.port),
+        "s3": (s3.hostname, s3.port),
+        "rabbitmq": (backend.rabbitmq.host, backend.rabbitmq.port),
+    }
+    cables = {name: Forwarder(host, port) for name, (host, port) in targets.items()}
+    try:
+        url = wired_url(backend, cables)
+        make_store(url)
+        with serving(url) as running, client(running.port) as smtp:
+            assert smtp.sendmail(SENDER, [USER], _message("first")) == {}
+            cables[server].cut()
+            # Cassandra away fails the recipient's mailbox look-up already, S3 the enqueue at the end of DATA.
+            assert _refusal(smtp) == (451, b"4.3.0 Error: queue file write error")
+            cables[server].restore()
+            # The client tries again until the driver has reconnected: each refusal a 451, then a 250.
+            deadline = time.monotonic() + 60
+            while (refusal := _refusal(smtp)) is not None:
+                assert refusal[0] == 451 and time.monotonic() < deadline, refusal
+                time.sleep(0.5)
+    finally:
+        for cable in cables.values():
+            cable.restore()
+            cable.close()
+    # Straight from the servers: two mails, each delivered whole, nothing of the refused attempts.
+    direct = backend.open()
+    assert [item.recipients for item in direct.queue(QUEUE).browse()] == [[USER], [USER]]
+    assert run_worker(direct, QUEUE, local_domains=[DOMAIN], idle_timeout=2).delivered == 2
+    inbox = direct.mailboxes.get(USER, "INBOX")
+    messages = [
+        direct.mailboxes.read(inbox.id, entry.uid) for entry in direct.mailboxes.list_messages(inbox.id)
+    ]
+    assert sorted(m.split(b"Subject: ")[1].split(b"\r\n")[0] for m in messages) == [b"first", b"second"]
+    assert all(m.endswith(BODY) for m in messages)
