@@ -78,7 +78,7 @@ class MailHandler:
         session.host_name = hostname
         *extensions, last = responses
         # aiosmtpd offers AUTH over TLS whether or not there are credentials to check: only with some.
-        if getattr(server, "credentials_known", False) is False:
+        if not getattr(server, "credentials_known", False):
             extensions = [line for line in extensions if not line.startswith("250-AUTH")]
         return [*extensions, "250-PIPELINING", "250-ENHANCEDSTATUSCODES", last]
 

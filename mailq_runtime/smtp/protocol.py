@@ -69,7 +69,7 @@ class _CommandReader(asyncio.StreamReader):
         return line
 
 
-class Session(SMTP):
+class SmtpSession(SMTP):
     """A client's session; `sessions` is the server's register of the live ones (for its limit and its
     shutdown), which the server adds it to and it leaves when its connection is lost; `stopping` tells
     whether the server is shutting down."""
@@ -79,7 +79,7 @@ class Session(SMTP):
     def __init__(
         self,
         handler: Any,
-        sessions: set[Session],
+        sessions: set[SmtpSession],
         stopping: Callable[[], bool],
         timeout: float = COMMAND_TIMEOUT,
         **options: Any,
@@ -176,7 +176,7 @@ class Session(SMTP):
         self.close()
 
 
-def _sender(session: Session) -> str:
+def _sender(session: SmtpSession) -> str:
     envelope = session.envelope
     return f"from=<{'' if envelope is None or envelope.mail_from in (None, '<>') else envelope.mail_from}>"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ..runtime import Runtime
 from .access import Authenticator
 from .handler import RECEIVED_RESERVE, MailHandler, Policy
-from .protocol import COMMAND_TIMEOUT, Refusal, Session
+from .protocol import COMMAND_TIMEOUT, Refusal, SmtpSession
 
 log = logging.getLogger("mailq_runtime.smtp")
 
@@ -50,7 +50,7 @@ class SmtpServer:
         self.handler = MailHandler(queue, runtime.mailboxes, options.policy, self.pool)
         # The SIZE offered: the queue's limit less the room of the Received header the server adds.
         self.size_limit = max(queue.max_message_size - RECEIVED_RESERVE, 1)
-        self.sessions: set[Session] = set()
+        self.sessions: set[SmtpSession] = set()
         self.stopping = False
         self.sessions_served = 0
 
@@ -59,7 +59,7 @@ class SmtpServer:
         if self.stopping or len(self.sessions) >= self.options.max_sessions:
             return Refusal(hostname)
         credentials = self.options.credentials
-        session = Session(
+        session = SmtpSession(
             self.handler,
             self.sessions,
             lambda: self.stopping,
