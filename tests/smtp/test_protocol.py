@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import smtplib
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -239,3 +240,35 @@ def test_mails_accepted_for_local_users_are_delivered_by_the_worker(backend):
             b"hello 2",
         ]
         assert all(m.startswith(b"Received: from client.example") for m in messages)
+
+
+def test_an_enqueue_under_way_does_not_hold_the_other_sessions(running):
+    """The enqueue runs in the thread pool: while one waits (here made to take a second), the other
+    sessions are answered and their enqueues run beside it."""
+    queue = running.server.handler.queue
+    enqueue = queue.enqueue
+
+    def slow_enqueue(mail):
+        time.sleep(1.0)
+        return enqueue(mail)
+
+    queue.enqueue = slow_enqueue
+    try:
+        started = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            sent = [pool.submit(_send_one, running.port) for _ in range(4)]
+            time.sleep(0.3)
+            with client(running.port) as other:
+                answered = time.monotonic()
+                assert other.noop()[0] == 250
+                assert time.monotonic() - answered < 0.5
+            assert all(future.result() == {} for future in sent)
+        assert time.monotonic() - started < 3.0  # four one-second enqueues side by side, not one by one
+    finally:
+        queue.enqueue = enqueue
+    assert running.size() == 4
+
+
+def _send_one(port: int) -> dict:
+    with client(port) as smtp:
+        return smtp.sendmail(SENDER, [USER], MESSAGE)
