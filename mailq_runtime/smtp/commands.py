@@ -12,6 +12,8 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,12 +71,18 @@ def _options(args: argparse.Namespace) -> ServerOptions:
     )
 
 
-def _log_to_stderr() -> None:
+@contextmanager
+def _logging_to_stderr() -> Iterator[None]:
+    """The server's log lines on stderr while it serves."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT, "%b %d %H:%M:%S"))
     logger = logging.getLogger("mailq_runtime.smtp")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 async def _serve(server: SmtpServer, address: Address) -> None:
@@ -94,8 +102,8 @@ def _smtp(args: argparse.Namespace) -> Report:
     # The store must exist: a mistyped URL never starts an empty one. The queue is made by its first mail.
     with Runtime.open(args.url) as runtime:
         server = SmtpServer(runtime, options)
-        _log_to_stderr()
-        asyncio.run(_serve(server, address))
+        with _logging_to_stderr():
+            asyncio.run(_serve(server, address))
     data = {"queue": args.queue, "sessions": server.sessions_served, "accepted": server.handler.accepted}
     return cli.Report(
         data,

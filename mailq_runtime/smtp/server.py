@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ..errors import InvalidInput
 from ..runtime import Runtime
 from .access import Authenticator
 from .handler import RECEIVED_RESERVE, MailHandler, Policy
@@ -82,9 +83,13 @@ class SmtpServer:
         `stop` is set, then shut down."""
         host, port = address
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            self._protocol, host, port, reuse_address=True, reuse_port=self.options.reuse_port or None
-        )
+        try:
+            server = await loop.create_server(
+                self._protocol, host, port, reuse_address=True, reuse_port=self.options.reuse_port or None
+            )
+        except OSError as error:
+            self.pool.shutdown()
+            raise InvalidInput(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
         bound = server.sockets[0].getsockname()[:2]
         log.info("listening on %s:%d, queue %s", bound[0], bound[1], self.options.queue)
         ready((bound[0], bound[1]))

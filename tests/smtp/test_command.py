@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import smtplib
+import socket
 
 import pytest
 
@@ -59,6 +60,12 @@ def test_bad_options_and_a_missing_store_are_one_line(tmp_path, certificate):
     assert_one_line(mailq(*smtp, "--max-sessions", "0"), "invalid max_sessions")
     assert_one_line(mailq(*smtp, "--listen", f"127.0.0.1:{free_port()}"), "no mailq data")
     assert not (tmp_path / "data").exists()
+    make_store(url)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_one_line(mailq(*smtp, "--listen", f"127.0.0.1:{port}"), f"cannot listen on 127.0.0.1:{port}")
 
 
 def test_sigterm_stops_accepting_lets_the_session_in_data_finish_and_exits(tmp_path):
