@@ -33,6 +33,8 @@ from .queue_commands import (
     add_size_parser,
     add_update_browse_start_parser,
 )
+from .smtp_command import add_smtp_parser
+from .user_commands import add_users_parser
 from .worker_command import add_worker_parser
 
 EXIT_BAD_INPUT = 2
@@ -52,6 +54,8 @@ SUBCOMMANDS: list[AddParser] = [
     add_config_parser,
     add_worker_parser,
     add_schema_parser,
+    add_smtp_parser,
+    add_users_parser,
 ]
 
 

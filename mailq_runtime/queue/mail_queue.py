@@ -23,6 +23,7 @@ class MailQueue(QueuePart):
         super().__init__(context)
         self.configuration = context.configuration
         self.configurations = context.configurations
+        self.max_message_size = context.max_message_size
         self.clean_up = ContentCleanUp(context)
         self.browse_starts = BrowseStart(context, self.clean_up)
         schedule = DueSchedule()

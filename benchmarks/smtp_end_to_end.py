@@ -1,0 +1,291 @@
+"""Mail in by SMTP and out into mailboxes, end to end: `mailq smtp` + `mailq worker` against a private
+Postfix on loopback delivering to Maildir, with the same load in the same run (issue 24, item 4).
+
+    .venv/bin/python benchmarks/smtp_end_to_end.py [--url URL] [--mails N] [--sessions N] [--size BYTES]
+                                                   [--no-postfix]
+
+Without --url, a fresh embedded data dir next to the repository (same disk), at the store's default
+durability. With --url, a deployment that must not exist yet (the run creates its schema and leaves it).
+Each side gets `smtp-source -s SESSIONS -m MAILS -l SIZE` (Postfix's load generator) while one smtplib
+client sends mails one after the other and times each end-of-DATA reply; the time runs from the first
+connection to the last mail in a mailbox (mailq: the INBOX's counter; Postfix: the files of the Maildir's
+new/). Also the RSS of `mailq smtp` holding 200 concurrent sessions. Needs Postfix installed with debconf's
+"No configuration" (no system daemon is set up: the run starts its own instance in a temporary directory
+and stops it). Prints one line per measure, then one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import shutil
+import smtplib
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY))
+
+from mailq_runtime import Runtime  # noqa: E402
+
+USER, DOMAIN, SENDER = "alice@example.org", "example.org", "bench@sender.example"
+HELD_SESSIONS = 200
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_port(port: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def mailq(url: str, *argv: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mailq_cli", "--url", url, *argv],
+        cwd=REPOSITORY,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
+    )
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    process.wait(120)
+
+
+class LatencyProbe:
+    """One smtplib session sending mails one after the other while the load runs, timing each reply to
+    the end of DATA."""
+
+    def __init__(self, port: int, size: int) -> None:
+        self.port = port
+        self.message = b"Subject: probe\r\n\r\n" + (b"p" * 78 + b"\r\n") * (size // 80)
+        self.latencies: list[float] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with smtplib.SMTP("127.0.0.1", self.port, timeout=120) as smtp:
+            smtp.ehlo("probe.example")
+            while not self.done.is_set():
+                smtp.mail(SENDER)
+                smtp.rcpt(USER)
+                started = time.perf_counter()
+                code, _ = smtp.data(self.message)
+                if code == 250:
+                    self.latencies.append(time.perf_counter() - started)
+
+    @contextmanager
+    def running(self) -> Iterator[LatencyProbe]:
+        self.thread.start()
+        try:
+            yield self
+        finally:
+            self.done.set()
+            self.thread.join(120)
+
+    def percentiles(self) -> dict[str, float]:
+        cuts = statistics.quantiles(self.latencies, n=100) if len(self.latencies) > 1 else [0.0] * 99
+        return {"p50_ms": round(cuts[49] * 1000, 2), "p99_ms": round(cuts[98] * 1000, 2)}
+
+
+def run_load(port: int, args: argparse.Namespace, delivered: Callable[[], int], before: int) -> dict:
+    """smtp-source's load and the latency probe on `port`; returns the rates once every mail is delivered."""
+    probe = LatencyProbe(port, args.size)
+    started = time.perf_counter()
+    with probe.running():
+        subprocess.run(
+            ["smtp-source", "-s", str(args.sessions), "-m", str(args.mails), "-l", str(args.size)]
+            + ["-f", SENDER, "-t", USER, f"127.0.0.1:{port}"],
+            check=True,
+        )
+    accepted_at = time.perf_counter()
+    expected = before + args.mails + len(probe.latencies)
+    while delivered() < expected:
+        time.sleep(0.05)
+    ended = time.perf_counter()
+    total = args.mails + len(probe.latencies)
+    return {
+        "mails": total,
+        "accepted_per_s": round(total / (accepted_at - started), 1),
+        "end_to_end_per_s": round(total / (ended - started), 1),
+        **probe.percentiles(),
+    }
+
+
+def held_sessions_rss(pid: int, port: int) -> int:
+    """The RSS (KiB) of the process `pid` while HELD_SESSIONS sessions are open on `port`, each greeted."""
+    sockets = []
+    try:
+        for _ in range(HELD_SESSIONS):
+            connection = socket.create_connection(("127.0.0.1", port), timeout=30)
+            connection.recv(1024)
+            connection.sendall(b"EHLO held.example\r\n")
+            sockets.append(connection)
+        for connection in sockets:
+            connection.recv(4096)
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+    finally:
+        for connection in sockets:
+            connection.close()
+
+
+def bench_mailq(url: str, args: argparse.Namespace) -> dict:
+    with Runtime.open(url, create=True) as runtime:
+        runtime.mailboxes.create(USER, "INBOX")
+    port = free_port()
+    sessions = str(max(args.sessions + 10, HELD_SESSIONS + 10))
+    server = mailq(
+        url, "smtp", "--listen", f"127.0.0.1:{port}", "--domain", DOMAIN, "--max-sessions", sessions
+    )
+    worker = None
+    try:
+        wait_for_port(port)
+        with smtplib.SMTP("127.0.0.1", port) as smtp:  # the first mail creates the queue the worker serves
+            smtp.sendmail(SENDER, [USER], b"Subject: first\r\n\r\nfirst\r\n")
+        worker = mailq(url, "worker", "--domain", DOMAIN)
+        with Runtime.open(url) as runtime:
+            inbox = runtime.mailboxes.get(USER, "INBOX")
+
+            def delivered() -> int:
+                return runtime.mailboxes.counters(inbox.id).count
+
+            while delivered() < 1:
+                time.sleep(0.05)
+            figures = run_load(port, args, delivered, 1)
+        figures["rss_kib_200_sessions"] = held_sessions_rss(server.pid, port)
+        return figures
+    finally:
+        stop(server)
+        if worker is not None:
+            stop(worker)
+
+
+POSTFIX_MAIN = """compatibility_level = 3.6
+queue_directory = {root}/queue
+data_directory = {root}/data
+command_directory = /usr/sbin
+daemon_directory = /usr/lib/postfix/sbin
+meta_directory = /etc/postfix
+shlib_directory = /usr/lib/postfix
+mail_owner = postfix
+setgid_group = postdrop
+inet_interfaces = 127.0.0.1
+inet_protocols = ipv4
+myhostname = postfix-bench.example
+mydestination =
+mynetworks = 127.0.0.0/8
+virtual_mailbox_domains = {domain}
+virtual_mailbox_base = {root}/mail
+virtual_mailbox_maps = inline:{{ {user}=alice/ }}
+virtual_uid_maps = static:{uid}
+virtual_gid_maps = static:{gid}
+maillog_file = {root}/maillog
+maillog_file_prefixes = {root}
+smtpd_recipient_restrictions = permit_mynetworks, reject_unauth_destination
+default_process_limit = {processes}
+"""
+
+
+def postfix_config(root: Path, port: int, sessions: int) -> Path:
+    """A private instance's configuration: smtpd on `port` only, no chroot, delivery to one Maildir."""
+    account = pwd.getpwnam("postfix")
+    for directory in ("etc", "queue", "data", "mail"):
+        (root / directory).mkdir()
+    for directory in ("data", "mail"):
+        shutil.chown(root / directory, "postfix", "postfix")
+    (root / "etc" / "main.cf").write_text(
+        POSTFIX_MAIN.format(
+            root=root,
+            domain=DOMAIN,
+            user=USER,
+            uid=account.pw_uid,
+            gid=account.pw_gid,
+            processes=sessions + 20,
+        )
+    )
+    lines = []
+    for line in Path("/etc/postfix/master.cf").read_text().splitlines():
+        fields = line.split()
+        if line[:1] not in ("#", " ", "\t", "") and len(fields) >= 8:
+            if fields[0] == "smtp" and fields[1] == "inet":
+                fields[0] = f"127.0.0.1:{port}"
+            fields[4] = "n"  # no chroot: the queue is a temporary directory
+            line = " ".join(fields)
+        lines.append(line)
+    (root / "etc" / "master.cf").write_text("\n".join(lines) + "\n")
+    return root / "etc"
+
+
+def bench_postfix(args: argparse.Namespace) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="postfix-bench-"))
+    root.chmod(0o755)  # Postfix's own processes, as the user postfix, reach their queue through it
+    port = free_port()
+    config = postfix_config(root, port, args.sessions)
+    try:
+        subprocess.run(["postfix", "-c", str(config), "start"], check=True)
+        wait_for_port(port)
+        new = root / "mail" / "alice" / "new"
+
+        def delivered() -> int:
+            return len(os.listdir(new)) if new.exists() else 0
+
+        return run_load(port, args, delivered, 0)
+    finally:
+        subprocess.run(["postfix", "-c", str(config), "stop"], check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a deployment that does not exist yet (default: a fresh embedded one)")
+    parser.add_argument("--mails", type=int, default=5000)
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--size", type=int, default=10240)
+    parser.add_argument("--no-postfix", action="store_true", help="measure mailq only")
+    args = parser.parse_args()
+    data_dir = None
+    url = args.url
+    if url is None:
+        data_dir = Path(tempfile.mkdtemp(prefix="smtp-bench-", dir=REPOSITORY))
+        url = f"embedded://{data_dir / 'data'}"
+    try:
+        result = {"mailq": bench_mailq(url, args)}
+    finally:
+        if data_dir is not None:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    print(f"mailq:   {json.dumps(result['mailq'])}")
+    if not args.no_postfix:
+        result["postfix"] = bench_postfix(args)
+        print(f"postfix: {json.dumps(result['postfix'])}")
+        result["end_to_end_ratio"] = round(
+            result["mailq"]["end_to_end_per_s"] / result["postfix"]["end_to_end_per_s"], 2
+        )
+        print(f"end to end, mailq over Postfix: {result['end_to_end_ratio']}x")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

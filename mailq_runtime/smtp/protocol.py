@@ -1,0 +1,193 @@
+"""One SMTP session: aiosmtpd's parser with the limits and replies a mail operator expects of Postfix.
+
+aiosmtpd reads the commands and DATA; this subclass adds what it lacks: a command line that ends in a bare
+LF is refused and the connection closed (521, as Postfix's `smtpd_forbid_bare_newline`), a NUL in a command
+gets 500, every 4xx/5xx reply carries an enhanced status code (ENHANCEDSTATUSCODES is offered), an idle
+client gets 421 4.4.2 before the connection closes (RFC 5321 4.5.3.2), and each session event is logged
+as Postfix logs it. aiosmtpd's own log, which echoes every command line (AUTH's too), stays quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from aiosmtpd.smtp import SMTP, TLSSetupException
+
+from .defaults import COMMAND_TIMEOUT, DATA_TERMINATION_TIMEOUT
+from .handler import client_name
+
+log = logging.getLogger("mailq_runtime.smtp")
+# aiosmtpd logs each command line at INFO (an AUTH PLAIN's base64 credentials included) and a
+# deprecation of its own at each login; the refusals are logged here, with their replies.
+logging.getLogger("mail.log").setLevel(logging.ERROR)
+
+# The enhanced status code of each reply aiosmtpd writes without one.
+_ENHANCED = {
+    "421": "4.7.0",
+    "451": "4.3.0",
+    "500": "5.5.2",
+    "501": "5.5.4",
+    "502": "5.5.1",
+    "503": "5.5.1",
+    "504": "5.5.4",
+    "530": "5.7.0",
+    "535": "5.7.8",
+    "552": "5.3.4",
+    "553": "5.1.3",
+    "554": "5.7.0",
+    "555": "5.5.4",
+}
+_HAS_ENHANCED = re.compile(r"[245]\d\d[ -][245]\.\d{1,3}\.\d{1,3}( |$)")
+
+
+class BareLineFeed(Exception):
+    """A command line ended in LF alone: the client's framing cannot be trusted (SMTP smuggling)."""
+
+
+class NulInCommand(Exception):
+    """A command line held a NUL byte."""
+
+
+class _CommandReader(asyncio.StreamReader):
+    """aiosmtpd's reader, checking each command line (read up to LF) before the parser sees it; DATA lines
+    are read up to CRLF and are not checked."""
+
+    async def readuntil(self, separator: bytes = b"\n") -> bytes:
+        line = await super().readuntil(separator)
+        if separator == b"\n":
+            if not line.endswith(b"\r\n"):
+                raise BareLineFeed()
+            if b"\0" in line:
+                raise NulInCommand()
+        return line
+
+
+class SmtpSession(SMTP):
+    """A client's session; `sessions` is the server's register of the live ones (for its limit and its
+    shutdown), which the server adds it to and it leaves when its connection is lost; `stopping` tells
+    whether the server is shutting down."""
+
+    local_part_limit = 64  # RFC 5321 4.5.3.1.1
+
+    def __init__(
+        self,
+        handler: Any,
+        sessions: set[SmtpSession],
+        stopping: Callable[[], bool],
+        timeout: float = COMMAND_TIMEOUT,
+        **options: Any,
+    ) -> None:
+        super().__init__(handler, timeout=timeout, **options)
+        # aiosmtpd keeps these limits on the class: each EHLO of any session would raise MAIL's for all.
+        self.command_size_limits = collections.defaultdict(lambda: SMTP.command_size_limit)
+        self.credentials_known = bool(options.get("authenticator"))
+        self.sessions = sessions
+        self.stopping = stopping
+        self.in_data = False
+        self.mails = 0
+
+    def _cb_client_connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # The reader is the one aiosmtpd made in its constructor: its class is swapped in place, since the
+        # protocol feeds that very object.
+        reader.__class__ = _CommandReader
+        super()._cb_client_connected(reader, writer)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        first = self.transport is None  # STARTTLS makes the connection again, over TLS
+        super().connection_made(transport)
+        if first:
+            log.info("connect from %s", client_name(self.session))
+
+    def connection_lost(self, error: Exception | None) -> None:
+        self.sessions.discard(self)
+        log.info("disconnect from %s mails=%d", client_name(self.session), self.mails)
+        super().connection_lost(error)
+
+    def data_received(self, data: bytes) -> None:
+        if self.in_data:
+            # A DATA block may take 3 minutes (RFC 5321 4.5.3.2.5): the clock runs from the last one.
+            self._reset_timeout()
+        super().data_received(data)
+
+    def _timeout_cb(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(f"421 4.4.2 {self.hostname} Error: timeout exceeded\r\n".encode())
+        log.info(
+            "timeout after %s from %s", "DATA" if self.in_data else "a command", client_name(self.session)
+        )
+        super()._timeout_cb()
+
+    async def _call_handler_hook(self, command: str, *arguments: Any) -> Any:
+        if command == "DATA":
+            # The mail is whole: its enqueue has the DATA termination's time (RFC 5321 4.5.3.2.6).
+            self._reset_timeout(DATA_TERMINATION_TIMEOUT)
+        status = await super()._call_handler_hook(command, *arguments)
+        if command == "DATA" and isinstance(status, str) and status.startswith("250"):
+            self.mails += 1
+        return status
+
+    async def smtp_DATA(self, arg: str) -> None:
+        self.in_data = True
+        try:
+            await super().smtp_DATA(arg)
+        finally:
+            self.in_data = False
+        if self.stopping():
+            await self.push(f"421 4.3.2 {self.hostname} Service shutting down")
+            self.close()
+
+    async def push(self, status: str | bytes) -> None:
+        if isinstance(status, str) and status[:1] in ("4", "5"):
+            if not _HAS_ENHANCED.match(status):
+                code, _, text = status.partition(" ")
+                enhanced = _ENHANCED.get(code, f"{code[0]}.0.0")
+                status = f"{code} {enhanced} {text}".rstrip()
+            log.info("NOQUEUE: reject: %s: %s; %s", client_name(self.session), status, _sender(self))
+        await super().push(status)
+
+    async def handle_exception(self, error: Exception) -> str:
+        if isinstance(error, BareLineFeed):
+            self.loop.call_soon(self.close)
+            return "521 5.5.2 Error: bare <LF> received"
+        if isinstance(error, NulInCommand):
+            return "500 5.5.2 Error: NUL character in command"
+        if isinstance(error, TLSSetupException):
+            log.info("TLS handshake failed from %s", client_name(self.session))
+            return "454 4.7.0 TLS not available due to local problem"
+        # A fault of the server, never the client's: a temporary reply, one log line, the session goes on.
+        log.error("%s: internal error: %s: %s", client_name(self.session), type(error).__name__, error)
+        return "451 4.3.0 Error: internal error"
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def say_goodbye(self) -> None:
+        """A shutting-down server's word to a session not in DATA, which is then closed."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(f"421 4.3.2 {self.hostname} Service shutting down\r\n".encode())
+        self.close()
+
+
+def _sender(session: SmtpSession) -> str:
+    envelope = session.envelope
+    return f"from=<{'' if envelope is None or envelope.mail_from in (None, '<>') else envelope.mail_from}>"
+
+
+class Refusal(asyncio.Protocol):
+    """A connection over the session limit: 421 4.7.0 and closed, before any command is read."""
+
+    def __init__(self, hostname: str) -> None:
+        self.hostname = hostname
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        peer = transport.get_extra_info("peername")
+        log.warning("reject: connect from unknown[%s]: too many connections", peer[0] if peer else "?")
+        transport.write(f"421 4.7.0 {self.hostname} Error: too many connections\r\n".encode())
+        transport.close()

@@ -1,0 +1,125 @@
+"""`mailq smtp`'s listener: sessions up to a limit, one thread pool for their blocking store calls, and a
+shutdown that stops accepting, lets the sessions in DATA finish (bounded), then closes the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..errors import InvalidInput
+from ..runtime import Runtime
+from .access import Authenticator
+from .defaults import COMMAND_TIMEOUT
+from .handler import RECEIVED_RESERVE, MailHandler, Policy
+from .protocol import Refusal, SmtpSession
+
+log = logging.getLogger("mailq_runtime.smtp")
+
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the server runs; `drain` bounds the wait for sessions in DATA at shutdown, in seconds."""
+
+    policy: Policy
+    queue: str = "spool"
+    tls: ssl.SSLContext | None = None
+    credentials: Mapping[str, bytes] = field(default_factory=dict)
+    max_sessions: int = 100
+    timeout: float = COMMAND_TIMEOUT
+    drain: float = 30.0
+    threads: int = 8
+    reuse_port: bool = False
+
+
+def default_hostname() -> str:
+    return socket.getfqdn()
+
+
+class SmtpServer:
+    """The ESMTP server of one runtime's queue (created by the first mail accepted into it)."""
+
+    def __init__(self, runtime: Runtime, options: ServerOptions) -> None:
+        self.options = options
+        self.pool = ThreadPoolExecutor(options.threads, thread_name_prefix="mailq-smtp")
+        queue = runtime.queue(options.queue)
+        self.handler = MailHandler(queue, runtime.mailboxes, options.policy, self.pool)
+        # The SIZE offered: the queue's limit less the room of the Received header the server adds.
+        self.size_limit = max(queue.max_message_size - RECEIVED_RESERVE, 1)
+        self.sessions: set[SmtpSession] = set()
+        self.stopping = False
+        self.sessions_served = 0
+
+    def _protocol(self) -> asyncio.Protocol:
+        hostname = self.options.policy.hostname
+        if self.stopping or len(self.sessions) >= self.options.max_sessions:
+            return Refusal(hostname)
+        credentials = self.options.credentials
+        session = SmtpSession(
+            self.handler,
+            self.sessions,
+            lambda: self.stopping,
+            timeout=self.options.timeout,
+            hostname=hostname,
+            ident="mailq ESMTP",
+            data_size_limit=self.size_limit,
+            enable_SMTPUTF8=True,
+            tls_context=self.options.tls,
+            auth_require_tls=True,
+            authenticator=Authenticator(credentials) if credentials else None,
+        )
+        # Counted from now, not from its connection_made: the accept loop may make several at once.
+        self.sessions.add(session)
+        self.sessions_served += 1
+        return session
+
+    async def serve(self, address: Address, stop: asyncio.Event, ready: Callable[[Address], None]) -> None:
+        """Listen on `address` (port 0: any free one), call `ready` with the address bound, serve until
+        `stop` is set, then shut down."""
+        host, port = address
+        loop = asyncio.get_running_loop()
+        try:
+            server = await loop.create_server(
+                self._protocol, host, port, reuse_address=True, reuse_port=self.options.reuse_port or None
+            )
+        except OSError as error:
+            self.pool.shutdown()
+            raise InvalidInput(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+        bound = server.sockets[0].getsockname()[:2]
+        log.info("listening on %s:%d, queue %s", bound[0], bound[1], self.options.queue)
+        ready((bound[0], bound[1]))
+        try:
+            await stop.wait()
+        finally:
+            await self._shut_down(server)
+
+    async def _shut_down(self, server: asyncio.Server) -> None:
+        self.stopping = True
+        server.close()
+        loop = asyncio.get_running_loop()
+        for session in list(self.sessions):
+            if not session.in_data:
+                session.say_goodbye()
+        deadline = loop.time() + self.options.drain
+        while any(session.in_data for session in self.sessions) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        cut = [session for session in self.sessions if session.in_data]
+        if cut:
+            log.warning(
+                "shutdown: %d sessions still in DATA after %.0f s are closed", len(cut), self.options.drain
+            )
+        for session in list(self.sessions):
+            session.say_goodbye()
+        # Their connection_lost, which logs each disconnect, runs on this loop: let it before it ends.
+        deadline = loop.time() + 5
+        while self.sessions and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        # An enqueue under way finishes: its mail may be durable, and the store stays whole.
+        await loop.run_in_executor(None, self.pool.shutdown)
+        log.info("stopped: %d sessions, %d mails accepted", self.sessions_served, self.handler.accepted)
