@@ -50,3 +50,15 @@ _.delete_all
 Vhosts
 _.web_ui_url
 _.cores
+
+# aiosmtpd's hooks and settings: its SMTP class calls the handler's handle_* methods and its
+# authenticator with (server, session, envelope, mechanism, data), and reads the limits set on the session.
+_.handle_EHLO
+_.handle_MAIL
+_.handle_RCPT
+_.handle_DATA
+_.handle_exception
+mechanism
+_.local_part_limit
+_.command_size_limits
+_.__class__
