@@ -222,6 +222,37 @@ def run_logged(
         raise ServerError(f"{what} failed (exit {result.returncode}); {log_tail(log)}")
 
 
+def apt_install(package: str, *, log: Path) -> None:
+    """Debian's `package`, installed with apt-get (root only), its output in `log`."""
+    if os.geteuid() != 0:
+        raise ServerError(
+            f"{package} is not installed and installing it needs root: "
+            f"sudo apt-get install --no-install-recommends {package}"
+        )
+    apt = shutil.which("apt-get")
+    if apt is None:
+        raise ServerError(f"{package} is not installed and this is no Debian system (no apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run_logged([apt, "update"], log=log, what="apt-get update", env=env)
+    run_logged(
+        [apt, "install", "-y", "--no-install-recommends", package],
+        log=log,
+        what=f"apt-get install {package}",
+        env=env,
+    )
+
+
+def debian_program(program: str, package: str) -> str:
+    """The path of `program`, installed from Debian's `package` first when the machine lacks it (the
+    tests' SMTP clients, as the servers, come with the project)."""
+    found = shutil.which(program)
+    if found is None:
+        say(f"{program}: installing Debian's {package} with apt-get")
+        apt_install(package, log=cache_root() / package / "install.log")
+        found = require_program(program, f"apt-get install {package}")
+    return found
+
+
 def require_program(program: str, hint: str) -> str:
     found = shutil.which(program)
     if found is None:

@@ -22,10 +22,10 @@ from .base import (
     Proc,
     Server,
     ServerError,
+    apt_install,
     log_tails,
     port_answers,
     port_setting,
-    run_logged,
     say,
     wait_for,
 )
@@ -115,24 +115,8 @@ class RabbitMQ(Server):
         return (SCRIPTS / "rabbitmq-server").exists() and (SCRIPTS / "rabbitmqctl").exists()
 
     def install(self) -> None:
-        if os.geteuid() != 0:
-            raise ServerError(
-                "rabbitmq-server is not installed and installing it needs root: "
-                "sudo apt-get install --no-install-recommends rabbitmq-server"
-            )
-        apt = shutil.which("apt-get")
-        if apt is None:
-            raise ServerError("rabbitmq-server is not installed and this is no Debian system (no apt-get)")
         say("rabbitmq: installing Debian's rabbitmq-server with apt-get (about half a minute)")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        log = self.home / "install.log"
-        run_logged([apt, "update"], log=log, what="apt-get update", env=env)
-        run_logged(
-            [apt, "install", "-y", "--no-install-recommends", "rabbitmq-server"],
-            log=log,
-            what="apt-get install rabbitmq-server",
-            env=env,
-        )
+        apt_install("rabbitmq-server", log=self.home / "install.log")
 
     def launch(self) -> dict[str, Proc]:
         ports = self.ports()

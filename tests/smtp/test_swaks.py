@@ -1,20 +1,36 @@
-"""`mailq smtp` and swaks (the Debian package, `apt-get install swaks`): pipelining, 8-bit content kept
-byte for byte, STARTTLS with AUTH from an address that may not relay otherwise, and the refusals swaks
-reports."""
+"""`mailq smtp` and swaks (the Debian package, which the harness installs when the machine lacks it):
+pipelining, 8-bit content kept byte for byte, STARTTLS with AUTH from an address that may not relay
+otherwise, and the refusals swaks reports."""
 
 from __future__ import annotations
 
 import subprocess
+from functools import cache
 
 from mailq_runtime.smtp.access import tls_context
+from mailq_servers.base import debian_program
 
 from .conftest import USER
 from .helpers import SENDER
 
 
+@cache
+def swaks_program() -> str:
+    return debian_program("swaks", "swaks")
+
+
 def swaks(port: int, *options: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["swaks", "--server", f"127.0.0.1:{port}", "--from", SENDER, "--helo", "swaks.example", *options],
+        [
+            swaks_program(),
+            "--server",
+            f"127.0.0.1:{port}",
+            "--from",
+            SENDER,
+            "--helo",
+            "swaks.example",
+            *options,
+        ],
         capture_output=True,
         text=True,
         timeout=60,
