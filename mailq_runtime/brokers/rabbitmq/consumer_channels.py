@@ -9,25 +9,25 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pika
 import pika.exceptions
 
 from .consumer import Consumer
+from .link_state import LinkState
 from .messages import deliveries, describe, kept, redelivery
+from .publish_channel import PublishChannel
 from .publishes import Publish, Waiter
 from .waits import BACKOFF_MAX, IDLE
-
-if TYPE_CHECKING:
-    from .link import Link
 
 log = logging.getLogger(__package__)
 
 
 class ConsumerChannels:
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: LinkState, publishing: PublishChannel) -> None:
         self.link = link
+        self.publishing = publishing
         self.consumers: dict[str, Consumer] = {}
         self.idle_timer: Any = None
 
@@ -222,7 +222,7 @@ class ConsumerChannels:
             if then is not None:
                 then(None)
 
-        self.link.publishing.send(Publish(routing_key, copy.message_id or "", body, copy, confirmed))
+        self.publishing.send(Publish(routing_key, copy.message_id or "", body, copy, confirmed))
 
     def give_back(
         self,

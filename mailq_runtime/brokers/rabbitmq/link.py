@@ -72,7 +72,7 @@ class Link(threading.Thread):
         # fails at once instead of waiting for a confirmation that cannot come.
         self.down = False
         self.publishing = PublishChannel(self)
-        self.consuming = ConsumerChannels(self)
+        self.consuming = ConsumerChannels(self, self.publishing)
 
     # Callers' side.
 

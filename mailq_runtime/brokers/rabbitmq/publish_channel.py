@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pika
 from pika.spec import Basic
 
 from ...errors import BrokerRefused, BrokerUnavailable
+from .link_state import LinkState
 from .messages import describe
 from .publishes import Publish
 from .waits import BACKOFF_MAX
-
-if TYPE_CHECKING:
-    from .link import Link
 
 log = logging.getLogger(__package__)
 ROUTE_LOST = object()  # the outcome of a publish that RabbitMQ confirmed but could not route
@@ -25,7 +23,7 @@ ROUTE_LOST = object()  # the outcome of a publish that RabbitMQ confirmed but co
 class PublishChannel:
     """The publish channel, once in confirm mode, and the publishes on it. Runs on the link's thread."""
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: LinkState) -> None:
         self.link = link
         self.channel: Any = None
         self.seq = 0
