@@ -50,6 +50,7 @@ _.delete_all
 Vhosts
 _.web_ui_url
 _.cores
+debian_program
 
 # aiosmtpd's hooks and settings: its SMTP class calls the handler's handle_* methods and its
 # authenticator with (server, session, envelope, mechanism, data), and reads the limits set on the session.

@@ -1,7 +1,8 @@
 """Record 39's blob garbage collector as Spark-materialised assets, with the n-2 rule made explicit:
 
-reference_generations -> deletion_sets -> live_reference_filter -> collected_blobs, and orphan_blobs
-(the sweep of what writes that died half-way leave).
+reference_generations -> deletion_sets -> live_reference_filter -> collected_blobs. The mark they share
+with gc_plan and the Bloom filters it reads are in gc_mark.py; orphan_blobs, the sweep of what writes that
+died half-way leave, in orphan_sweep.py.
 
 Deletions of generation g are collected only once the current generation is at least g+2: by then no
 save can add a reference to a blob of g, so a blob absent from a filter of g's references is garbage.
@@ -23,34 +24,21 @@ With nothing to examine, a run reads no reference at all; with few concerned blo
 
 import time
 import uuid
-from dataclasses import dataclass
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from mailq_runtime.model import parse_duration
-from mailq_runtime.settings import Settings
 from resources import MailqRuntime
 from resources.parquet_io import SparkParquetIOManager
 
-from .gc_records import DELETED, KEPT_DELETE_FAILED, KEPT_FALSE_POSITIVE, KEPT_REFERENCED, RUNS, new_id
-from .gc_records import path as records_path
+from .gc_mark import FILTER_SCHEMA, Marked, collect_totals, generation_filters, mark, record_run
+from .gc_records import DELETED, KEPT_DELETE_FAILED, KEPT_FALSE_POSITIVE, KEPT_REFERENCED, new_id
 from .metadata import human_bytes, table, when
-from .spark.bloom import (
-    FILTER_COLUMN,
-    MIN_FILTER_ITEMS,
-    bloom_filter,
-    exact_absent,
-    filter_bits,
-    filter_capacity,
-    not_in_filter,
-)
 from .spark.collect import collect_blobs, lookup_references, retire_deletions
-from .spark.orphans import orphan_content, orphan_owners, release_owners
-from .spark.table_source import read_table, rows_upper_bound
+from .spark.table_source import read_table
 
 GROUP = "blob_gc"
 
@@ -165,51 +153,6 @@ class BloomFilterConfig(dg.Config):
     lookup_limit: int = LOOKUP_LIMIT
 
 
-def generation_filters(
-    spark: SparkSession, settings: Settings, generations: list[int], fpp: float, salt: str, expected: int = 0
-) -> tuple[DataFrame, list[dict]]:
-    """One Bloom filter of the live references per generation (rows of FILTER_SCHEMA, built eagerly),
-    and each one's size. A filter is sized for `expected` references, or else for an upper bound of the
-    references read from the store's metadata (the embedded store's rowid span, in a millisecond): sizing
-    for more items than there are only lowers the false-positive rate. Where the store has no such bound
-    (Cassandra), or past what one filter may hold, each generation's references are counted, in the same
-    pass over the table that the filters are then built from (the read is kept)."""
-    references = read_table(
-        spark, settings, "blob_references", columns=["blob_id", "generation"], generations=generations
-    )
-    sizes = dict.fromkeys(generations, expected)
-    if not expected:
-        bound = rows_upper_bound(settings, "blob_references")
-        if bound is not None and bound <= filter_capacity(fpp):
-            sizes = dict.fromkeys(generations, bound)
-        else:
-            references = references.persist(StorageLevel.MEMORY_AND_DISK)
-            counted = references.groupBy("generation").count().collect()
-            sizes = dict.fromkeys(generations, 0) | {row["generation"]: row["count"] for row in counted}
-    filters, summary = [], []
-    for generation in generations:
-        size = max(sizes[generation], MIN_FILTER_ITEMS)
-        bits = filter_bits(size, fpp)
-        live = references.where(F.col("generation") == generation)
-        filters.append(
-            bloom_filter(live, "blob_id", size, fpp, salt).select(
-                F.lit(generation).cast("long").alias("generation"),
-                F.lit(salt).alias("salt"),
-                F.lit(fpp).cast("double").alias("false_positive_probability"),
-                F.lit(size).cast("long").alias("expected_references"),
-                F.lit(bits).cast("long").alias("bits"),
-                FILTER_COLUMN,
-            )
-        )
-        summary.append({"generation": f"rg{generation}", "expected_references": size, "bits": bits})
-    result = filters[0] if filters else spark.createDataFrame([], FILTER_SCHEMA)
-    for more in filters[1:]:
-        result = result.unionByName(more)
-    result = result.localCheckpoint()
-    references.unpersist()
-    return result, summary
-
-
 @dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
 def live_reference_filter(
     config: BloomFilterConfig,
@@ -278,81 +221,6 @@ def live_reference_filter(
     )
 
 
-FILTER_SCHEMA = (
-    "generation long, salt string, false_positive_probability double, expected_references long, "
-    "bits long, bloom_filter binary"
-)
-# How a blob was found unreferenced (a plan's `found_by`).
-BY_FILTER, BY_ANTI_JOIN, BY_LOOKUP = (
-    "absent from the Bloom filter",
-    "exact anti-join",
-    "exact reference lookup",
-)
-
-
-def _absent_from_filters(filters: DataFrame, concerned: DataFrame) -> DataFrame:
-    """The concerned blobs that their generation's filter does not contain, each with that filter's salt
-    and false-positive probability."""
-    absent = _found_by(concerned.limit(0), BY_FILTER)
-    for row in filters.select("generation", "salt", "false_positive_probability").collect():
-        bloom = filters.where(F.col("generation") == row["generation"]).select(FILTER_COLUMN)
-        in_generation = concerned.where(F.col("generation") == row["generation"])
-        missing = not_in_filter(bloom, in_generation, "blob_id", row["salt"])
-        absent = absent.unionByName(
-            _found_by(missing, BY_FILTER, row["salt"], row["false_positive_probability"])
-        )
-    return absent
-
-
-def _found_by(blobs: DataFrame, how: str, salt: str | None = None, fpp: float | None = None) -> DataFrame:
-    return blobs.select(
-        "blob_id",
-        "generation",
-        F.lit(how).alias("found_by"),
-        F.lit(salt).cast("string").alias("salt"),
-        F.lit(fpp).cast("double").alias("false_positive_probability"),
-    )
-
-
-@dataclass
-class Marked:
-    """What the mark found among the concerned blobs: the collectable ones (blob_id, generation,
-    found_by, salt, false_positive_probability) and the live ones (deletion_sets' rows, cached)."""
-
-    mode: str
-    candidates: DataFrame
-    live: DataFrame
-
-
-def mark(
-    exact: bool, deletion_sets: DataFrame, live_reference_filter: DataFrame, settings: Settings
-) -> Marked:
-    """The mark of an iteration, shared by collected_blobs and gc_plan: the concerned blobs that no live
-    reference uses, by the exact anti-join, the Bloom filters, or (with no filter built) one lookup a blob;
-    and those found still referenced."""
-    spark = deletion_sets.sparkSession
-    if exact or live_reference_filter.limit(1).count():
-        references = read_table(spark, settings, "blob_references")
-        if exact:
-            mode = "exact anti-join"
-            candidates = _found_by(exact_absent(references, deletion_sets, "blob_id"), BY_ANTI_JOIN)
-        else:
-            mode = "bloom filter"
-            candidates = _absent_from_filters(live_reference_filter, deletion_sets)
-        candidates = candidates.cache()
-        kept = deletion_sets.join(candidates, ["blob_id", "generation"], "left_anti")
-        # An exact look at what the filter kept: live blobs, and false positives left for a later run.
-        live = kept.join(references.select("blob_id").distinct(), "blob_id", "left_semi").cache()
-    else:
-        # No filter for blobs to examine: few enough to look each one's references up, exactly.
-        mode = "reference lookups"
-        looked = lookup_references(deletion_sets, settings)
-        candidates = _found_by(looked.where(~F.col("referenced")), BY_LOOKUP)
-        found = looked.where(F.col("referenced")).select("blob_id")
-        live = deletion_sets.join(found, "blob_id", "left_semi").cache()
-    return Marked(mode, candidates, live)
-
-
 class CollectConfig(dg.Config):
     exact: bool = False  # an anti-join against the references instead of the Bloom filter
     # Deletion rows younger than this at the run's start are never retired (`model.parse_duration`): the
@@ -414,7 +282,7 @@ def collected_blobs(
         marked.candidates.select("blob_id", "generation"), mailq.settings, dry_run=False
     )
     collected = collected.cache()
-    totals = _totals(collected)
+    totals = collect_totals(collected)
     for row in collected.where(F.col("error").isNotNull()).limit(20).collect():
         context.log.warning(f"could not collect {row['blob_id']}: {row['error']}")
     record_id = new_id(context.run.run_id, now)
@@ -478,23 +346,6 @@ def _collect_outcomes(
     return done.unionByName(live).unionByName(false_positives)
 
 
-def record_run(
-    base: str, record_id: str, run_id: str, plan_id: str | None, now: int, outcomes: DataFrame
-) -> None:
-    """Write what a run did with each blob (outcomes: blob_id, generation, outcome, detail, bytes)."""
-    outcomes.select(
-        F.lit(record_id).alias("record_id"),
-        F.lit(run_id).alias("run_id"),
-        F.lit(plan_id).cast("string").alias("plan_id"),
-        "blob_id",
-        "generation",
-        "outcome",
-        "detail",
-        "bytes",
-        F.lit(now).cast("long").alias("at"),
-    ).write.mode("errorifexists").parquet(records_path(base, RUNS, record_id))
-
-
 def _collect_figures(mode: str, concerned: int, figures: dict, started: float) -> dict:
     deleted, errors, kept_live = (
         figures.get("deleted", 0),
@@ -543,98 +394,6 @@ def no_live_blob_collected(
         metadata={
             "collected_blobs_checked": checked,
             "collected_yet_referenced": count,
-            "sample": dg.MetadataValue.json(sample),
-        },
-    )
-
-
-def _totals(collected: DataFrame):
-    """Blobs deleted (or, in a dry run, that would be), bytes, and errors of a `collect_blobs` result."""
-    return collected.agg(
-        F.count(F.when(F.col("error").isNull(), 1)).alias("deleted"),
-        F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"),
-        F.count(F.col("error")).alias("errors"),
-    ).first()
-
-
-class OrphanSweepConfig(dg.Config):
-    dry_run: bool = False
-    # Owners created more recently are never swept, whatever the tables say (`model.parse_duration`).
-    grace: str = "1d"
-
-
-@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
-def orphan_blobs(
-    config: OrphanSweepConfig, reference_generations: dict, mailq: MailqRuntime, pyspark: LazyPySparkResource
-) -> dg.Output[DataFrame]:
-    """The full sweep of what writes that died half-way leave in eligible generations, which no deletion
-    set would ever name (see spark/orphans.py): references whose owner exists nowhere are released, for
-    the next GC iteration to collect their blobs; blobs with neither a reference nor a deletion, and
-    content with no blob row, are deleted."""
-    spark = pyspark.spark_session
-    eligible = reference_generations["eligible"]
-    settings = mailq.settings
-    created_before = mailq.runtime.clock() - parse_duration(config.grace, "grace")
-    owners = orphan_owners(spark, settings, reference_generations["current"] - 2, created_before).cache()
-    found = owners.agg(F.count("*").alias("owners"), F.sum("references").alias("references")).first()
-    released = {"references": 0, "errors": 0}
-    if not config.dry_run:
-        released = (
-            release_owners(owners, settings)
-            .agg(
-                F.coalesce(F.sum("released"), F.lit(0)).alias("references"),
-                F.count(F.col("error")).alias("errors"),
-            )
-            .first()
-        )
-    blobs = read_table(spark, settings, "blobs").where(F.col("generation").isin(eligible))
-    references = read_table(spark, settings, "blob_references").select("blob_id")
-    deletions = read_table(spark, settings, "blob_deletions").select("blob_id")
-    orphans = blobs.join(references, "blob_id", "left_anti").join(deletions, "blob_id", "left_anti")
-    content = orphan_content(spark, settings, eligible).cache()
-    content_count = content.count()  # before the collection deletes it
-    candidates = orphans.select("blob_id", "generation").unionByName(content)
-    collected = collect_blobs(candidates, settings, dry_run=config.dry_run).cache()
-    totals = _totals(collected)
-    return dg.Output(
-        collected,
-        metadata={
-            "dry_run": config.dry_run,
-            "grace": config.grace,
-            "orphan_owners": found["owners"],
-            "orphan_references": found["references"] or 0,
-            "references_released": released["references"],
-            "release_errors": released["errors"],
-            "orphans": totals["deleted"] + totals["errors"],
-            "orphan_content": content_count,
-            "deleted": 0 if config.dry_run else totals["deleted"],
-            "bytes_reclaimed": 0 if config.dry_run else totals["bytes"],
-            "size_reclaimed": human_bytes(0 if config.dry_run else totals["bytes"]),
-            "errors": totals["errors"],
-        },
-    )
-
-
-@dg.asset_check(asset=orphan_blobs, blocking=True)
-def every_reference_finds_its_blob(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.AssetCheckResult:
-    """Every reference to a blob of a collectable generation still finds its blob: nothing, the
-    collector or a hand, took a live one. A full read of both tables, as the sweep's own. Only eligible
-    generations are compared: no reference to them can appear any more, so the two scans agree without a
-    snapshot while traffic goes on in the current generations."""
-    spark = pyspark.spark_session
-    eligible = mailq.runtime.generations.eligible()
-    references = read_table(spark, mailq.settings, "blob_references", columns=["blob_id", "generation"])
-    blobs = read_table(spark, mailq.settings, "blobs", columns=["blob_id", "generation"])
-    dangling = references.where(F.col("generation").isin(eligible)).join(
-        blobs.where(F.col("generation").isin(eligible)), "blob_id", "left_anti"
-    )
-    count = dangling.count()
-    sample = [r["blob_id"] for r in dangling.select("blob_id").limit(10).collect()]
-    return dg.AssetCheckResult(
-        passed=count == 0,
-        metadata={
-            "dangling_references": count,
-            "eligible_generations": dg.MetadataValue.json(eligible),
             "sample": dg.MetadataValue.json(sample),
         },
     )

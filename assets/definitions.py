@@ -11,10 +11,10 @@ from mailq_runtime.settings import DEFAULT_URL, EMBEDDED, URL_VARIABLE, Settings
 from resources import MailqRuntime, spark_resource
 from resources.parquet_io import SparkParquetIOManager
 
-from . import automation, blobs, gc_plan, jobs, mailboxes, queue, queue_overview
+from . import automation, blobs, gc_plan, jobs, mailboxes, orphan_sweep, queue, queue_overview
 
-ASSETS = dg.load_assets_from_modules([blobs, gc_plan, mailboxes, queue, queue_overview])
-CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, queue])
+ASSETS = dg.load_assets_from_modules([blobs, gc_plan, mailboxes, orphan_sweep, queue, queue_overview])
+CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, orphan_sweep, queue])
 PIPELINE_DIR_VARIABLE = "MAILQ_PIPELINE_DIR"
 
 

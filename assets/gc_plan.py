@@ -1,7 +1,7 @@
 """Mark, review, sweep (lakeFS's model): the GC's dry run writes a plan an operator can read, and applying
 the plan deletes exactly its blobs, each re-checked first.
 
-gc_plan runs the same mark as collected_blobs (`blobs.mark`, on the same inputs) and writes the blobs a
+gc_plan runs the same mark as collected_blobs (`gc_mark.mark`, on the same inputs) and writes the blobs a
 real run would delete, each with why, to `gc_plans/<plan id>` (gc_records.py), kept until removed by
 hand. applied_gc_plan reads one plan (its config names it) and, per blob, re-checks that its generation
 is still eligible, its `blobs` row still there and no reference to it now (looked up by blob id); a blob
@@ -20,7 +20,8 @@ from resources import MailqRuntime
 from resources.parquet_io import SparkParquetIOManager
 
 from . import gc_records
-from .blobs import GROUP, mark, record_run
+from .blobs import GROUP
+from .gc_mark import mark, record_run
 from .metadata import human_bytes, table, when
 from .spark.collect import collect_blobs, lookup_references, lookup_rows
 

@@ -4,7 +4,7 @@ import dagster as dg
 
 from resources import MailqRuntime
 
-from . import blobs, gc_plan, mailboxes, queue, queue_overview
+from . import blobs, gc_plan, mailboxes, orphan_sweep, queue, queue_overview
 
 blob_gc_job = dg.define_asset_job(
     "blob_gc_job",
@@ -15,7 +15,7 @@ blob_gc_job = dg.define_asset_job(
 )
 orphan_sweep_job = dg.define_asset_job(
     "orphan_sweep_job",
-    selection=dg.AssetSelection.assets(blobs.orphan_blobs),
+    selection=dg.AssetSelection.assets(orphan_sweep.orphan_blobs),
     description="The full sweep of unreferenced blobs that no deletion names.",
 )
 blob_gc_and_orphan_sweep_job = dg.define_asset_job(

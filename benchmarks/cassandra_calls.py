@@ -24,6 +24,7 @@ from mailq_runtime.model import BlobId, EnqueueId
 from mailq_runtime.stores.cassandra import (
     CassandraBlobTables,
     CassandraMailboxTables,
+    CassandraOptions,
     CassandraQueueView,
     CassandraStore,
 )
@@ -74,14 +75,10 @@ def main() -> None:
     parser.add_argument("--datacenter", default=os.environ.get("MAILQ_CASSANDRA_DATACENTER"))
     args = parser.parse_args()
     keyspace = f"mailq_bench_{int(time.time())}"
-    store = CassandraStore(
-        [args.host],
-        keyspace,
-        port=args.port,
-        local_datacenter=args.datacenter,
-        request_timeout=60,
-        create=True,
+    options = CassandraOptions(
+        [args.host], keyspace, port=args.port, local_datacenter=args.datacenter, request_timeout=60
     )
+    store = CassandraStore(options, create=True)
     try:
         view, blobs, mailboxes = (
             CassandraQueueView(store),

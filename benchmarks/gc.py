@@ -84,7 +84,7 @@ from harness import (
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from assets import blobs
+from assets import gc_mark
 from assets.spark.bloom import FILTER_COLUMN, exact_absent, filter_bits, not_in_filter
 from assets.spark.table_source import read_table, rows_upper_bound
 from mailq_runtime.settings import Settings
@@ -129,7 +129,7 @@ def bloom_mark(spark: SparkSession, url: str, fpp: float, expected: int) -> tupl
     # live_reference_filter's work: the filter sized and built eagerly, as its IO manager would
     # materialise it (`expected` 0: from metadata, or counted in the same kept read).
     stages["build"], (filters, _) = timed(
-        lambda: blobs.generation_filters(spark, Settings.from_url(url), [GENERATION], fpp, salt, expected)
+        lambda: gc_mark.generation_filters(spark, Settings.from_url(url), [GENERATION], fpp, salt, expected)
     )
     # collected_blobs (_absent_from_filters) for the one eligible generation.
     bloom = filters.where(F.col("generation") == GENERATION).select(FILTER_COLUMN)

@@ -27,13 +27,13 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
                                                  RabbitMQ: basic_ack
 
 They are the calls of mailq_runtime/stores/cassandra (queue_view.py, blobs.py), blobs/s3_store.py and
-brokers/embedded.py or brokers/rabbitmq.py, as queue.py and blobs/dedup.py make them, each filed under
-the runtime's call it stands for (call_timings.py), so that the two breakdowns line up; the embedded
-broker's SQLite writes are mailq's cost as much as the servers' calls, so they are in the floor too, on a
-file of their own. What the floor
-leaves out is mailq's own work: the message split and hashed, the payload encoded and decoded, the Mail
-built, the ids generated; and, amortised over many mails, the queue's creation, the look for due delayed
-mails once a second and the browse_start update on one dequeue in 1000.
+brokers/embedded.py or brokers/rabbitmq/, as queue/ (enqueuer.py, dequeuer.py, settlement.py) and
+blobs/dedup.py make them, each filed under the runtime's call it stands for (call_timings.py), so that the
+two breakdowns line up; the embedded broker's SQLite writes are mailq's cost as much as the servers'
+calls, so they are in the floor too, on a file of their own. What the floor leaves out is mailq's own
+work: the message split and hashed, the payload encoded and decoded, the Mail built, the ids generated;
+and, amortised over many mails, the queue's creation, the look for due delayed mails once a second and the
+browse_start update on one dequeue in 1000.
 
 Beside it, the James-like floor (JamesFloor): the statements James's RabbitMQ mail queue makes per mail,
 issued with the same clients, without mailq's exact size nor record 39's references and deletions;

@@ -31,7 +31,13 @@ from urllib.parse import unquote, urlsplit
 import pika
 from pika.spec import Basic
 
-from mailq_runtime.brokers.rabbitmq import MAX_PRIORITY, RabbitMQBroker, dead_letter_queue, queue_name
+from mailq_runtime.brokers.rabbitmq import (
+    MAX_PRIORITY,
+    BrokerOptions,
+    RabbitMQBroker,
+    dead_letter_queue,
+    queue_name,
+)
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:16572/"
 
@@ -252,7 +258,7 @@ def main() -> None:
         virtual_host=settings["vhost"],
         credentials=pika.PlainCredentials(settings["user"], settings["password"]),
     )
-    broker = RabbitMQBroker(**settings, prefetch=args.prefetch)
+    broker = RabbitMQBroker(BrokerOptions(**settings, prefetch=args.prefetch))
     run = secrets.token_hex(3)
     mail_queue = f"benchmark-{run}"
     try:

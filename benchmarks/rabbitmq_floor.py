@@ -15,7 +15,6 @@ threads taking turns on it, as mailq's threads take turns on its one I/O thread.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Iterable, Iterator
 from queue import SimpleQueue
@@ -26,11 +25,11 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 from rabbitmq_broker import QUEUE_ARGUMENTS
 
-from mailq_runtime.brokers.rabbitmq import RabbitMQBroker, dead_letter_queue, queue_name
+from mailq_runtime.brokers.rabbitmq import BrokerOptions, dead_letter_queue, queue_name
 from mailq_runtime.settings import AmqpSettings
 
 # The runtime opens its broker with the default prefetch.
-PREFETCH: int = inspect.signature(RabbitMQBroker).parameters["prefetch"].default
+PREFETCH: int = BrokerOptions().prefetch
 # The longest a receive waits: every message it expects was published and confirmed before.
 _RECEIVE_WAIT = 30
 

@@ -106,14 +106,14 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
 def _rabbitmq(settings: Settings, clock: Clock) -> Broker:
     """The RabbitMQ broker of an amqp:// broker option; it connects at its first use. Without a user in
     the URL, RabbitMQ's own guest (whose password is guest); the password comes from MAILQ_AMQP_PASSWORD."""
-    from .brokers.rabbitmq import RabbitMQBroker
+    from .brokers.rabbitmq import BrokerOptions, RabbitMQBroker
 
     amqp = settings.amqp
     assert amqp is not None
     password = amqp.password()
     if password is None:
         password = "guest" if amqp.user is None else ""
-    return RabbitMQBroker(
+    options = BrokerOptions(
         amqp.host,
         amqp.port,
         amqp.vhost,
@@ -124,12 +124,13 @@ def _rabbitmq(settings: Settings, clock: Clock) -> Broker:
         clock=clock,
         visibility_timeout=settings.visibility_timeout,
     )
+    return RabbitMQBroker(options)
 
 
 def open_cassandra(settings: Settings, *, create: bool = False) -> CassandraStore:
     """The Cassandra store of a distributed deployment's settings, the password from the environment of
     the process that connects (the runtime's, or a Spark task's)."""
-    from .stores.cassandra import CassandraStore
+    from .stores.cassandra import CassandraOptions, CassandraStore
 
     cassandra = settings.cassandra
     if cassandra is None:
@@ -139,7 +140,7 @@ def open_cassandra(settings: Settings, *, create: bool = False) -> CassandraStor
         raise InvalidInput(
             f"the Cassandra hosts of {settings.shown()} name different ports: the driver takes one port"
         )
-    return CassandraStore(
+    options = CassandraOptions(
         [host for host, _ in cassandra.contact_points],
         cassandra.keyspace,
         port=port,
@@ -147,8 +148,8 @@ def open_cassandra(settings: Settings, *, create: bool = False) -> CassandraStor
         password=cassandra.password(),
         consistency=cassandra.consistency,
         replication={"class": "SimpleStrategy", "replication_factor": cassandra.replication},
-        create=create,
     )
+    return CassandraStore(options, create=create)
 
 
 # This process's table readers, by the store they read: a Spark worker runs many tasks and keeps its

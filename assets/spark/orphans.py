@@ -1,7 +1,7 @@
 """The orphan sweep's Spark work: what a write that died half-way leaves in the eligible generations.
 
 No write path of the runtime assumes a transaction, so a crash between two of its writes leaves garbage
-that no deletion names (see the crash-safe orders in mailq_runtime/blobs/dedup.py and mailbox.py):
+that no deletion names (see the crash-safe orders in mailq_runtime/blobs/dedup.py and mailbox_writes.py):
 
 - references whose owner exists nowhere: the content of a mail or message was saved, then the
   enqueue or append died before the mail or message that owns it existed, or an expunge died before

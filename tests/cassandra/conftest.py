@@ -17,6 +17,7 @@ from mailq_runtime.stores.cassandra import (
     CassandraDeadLetters,
     CassandraDelayedMails,
     CassandraMailboxTables,
+    CassandraOptions,
     CassandraQueueView,
     CassandraStore,
 )
@@ -73,8 +74,10 @@ def cassandra_tables(store: CassandraStore) -> Tables:
     )
 
 
-def open_cassandra(server: CassandraServer, keyspace: str, **options: object) -> CassandraStore:
-    return CassandraStore(
+def open_cassandra(
+    server: CassandraServer, keyspace: str, *, create: bool = False, **options: object
+) -> CassandraStore:
+    options = CassandraOptions(
         [server.host],
         keyspace,
         port=server.port,
@@ -82,6 +85,7 @@ def open_cassandra(server: CassandraServer, keyspace: str, **options: object) ->
         request_timeout=60,
         **options,
     )
+    return CassandraStore(options, create=create)
 
 
 @pytest.fixture(scope="session")

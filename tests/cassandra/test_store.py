@@ -13,6 +13,7 @@ from mailq_runtime.model import BlobId
 from mailq_runtime.stores.cassandra import (
     CassandraBlobTables,
     CassandraDelayedMails,
+    CassandraOptions,
     CassandraQueueView,
     CassandraStore,
 )
@@ -103,7 +104,10 @@ def test_an_unreachable_cassandra_is_named_without_the_password(caplog):
     secret = "s3cr3t-never-shown"
     with pytest.raises(StoreUnavailable) as raised:
         # A port nothing listens on.
-        CassandraStore(["127.0.0.1"], "mailq", port=1, username="mailq", password=secret, request_timeout=6)
+        options = CassandraOptions(
+            ["127.0.0.1"], "mailq", port=1, username="mailq", password=secret, request_timeout=6
+        )
+        CassandraStore(options)
     message = str(raised.value)
     assert message.startswith("cannot connect to Cassandra at 127.0.0.1 port 1: ")
     assert secret not in message and secret not in repr(raised.value)

@@ -12,7 +12,7 @@ from cassandra import InvalidRequest, Unavailable
 from cassandra.cluster import NoHostAvailable
 
 from mailq_runtime.errors import StoreUnavailable, StoreUnusable
-from mailq_runtime.stores.cassandra import CassandraDeadLetters, CassandraStore
+from mailq_runtime.stores.cassandra import CassandraDeadLetters, CassandraOptions, CassandraStore
 from mailq_servers.cassandra import CassandraServer
 from tests.forwarder import Forwarder
 from tests.servers.fixtures import fresh_keyspace_name
@@ -43,11 +43,13 @@ def cable(cassandra_server: CassandraServer) -> Iterator[Forwarder]:
 def wired(cassandra, cassandra_server: CassandraServer, cable: Forwarder) -> Iterator[CassandraStore]:
     """A store on the session's keyspace, reaching the node through `cable`."""
     store = CassandraStore(
-        [cable.target[0]],
-        cassandra.keyspace,
-        port=cable.port,
-        local_datacenter=cassandra_server.datacenter,
-        request_timeout=10,
+        CassandraOptions(
+            [cable.target[0]],
+            cassandra.keyspace,
+            port=cable.port,
+            local_datacenter=cassandra_server.datacenter,
+            request_timeout=10,
+        )
     )
     yield store
     cable.restore()

@@ -16,7 +16,7 @@ import time
 import dagster as dg
 import pytest
 
-from assets import blobs, gc_plan
+from assets import blobs, gc_plan, orphan_sweep
 from mailq_runtime import Runtime
 from mailq_runtime.faults import SAVE_AFTER_BLOB_ROWS, InjectedFault
 from mailq_runtime.model import BlobId
@@ -244,7 +244,7 @@ def test_dry_run_exact_mode_and_orphan_sweep(backend: Backend, deployment_resour
     )
     assert _blob_rows(backend) == before
 
-    result = dg.materialize([blobs.reference_generations, blobs.orphan_blobs], resources=resources)
+    result = dg.materialize([blobs.reference_generations, orphan_sweep.orphan_blobs], resources=resources)
     assert result.success
     sweep = materialized(result, "orphan_blobs")
     expect_figures(sweep, dry_run=False, orphans=1, deleted=1, errors=0, bytes_reclaimed=len(ORPHAN))

@@ -13,7 +13,7 @@ from urllib.parse import quote, urlencode
 
 import pytest
 
-from mailq_runtime.brokers.rabbitmq import QUEUE_TYPES, RabbitMQBroker
+from mailq_runtime.brokers.rabbitmq import QUEUE_TYPES, BrokerOptions, RabbitMQBroker
 from mailq_servers.base import ServerError
 from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from mailq_servers.rabbitmq_cluster import RabbitMQCluster
@@ -35,7 +35,7 @@ def broker_factory(
     def make(**options) -> RabbitMQBroker:
         options.setdefault("password", server.password)
         options.setdefault("queue_type", queue_type)
-        broker = RabbitMQBroker(server.host, server.port, vhost, server.username, **options)
+        broker = RabbitMQBroker(BrokerOptions(server.host, server.port, vhost, server.username, **options))
         made.append(broker)
         return broker
 

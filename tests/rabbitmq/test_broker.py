@@ -17,7 +17,7 @@ import pika
 import pytest
 
 from mailq_runtime.brokers.base import BrokerDeadLetter
-from mailq_runtime.brokers.rabbitmq import RabbitMQBroker, rabbitmq_queues
+from mailq_runtime.brokers.rabbitmq import BrokerOptions, RabbitMQBroker, rabbitmq_queues
 from mailq_runtime.clock import MICROS_PER_SECOND, system_clock
 from mailq_runtime.errors import BrokerRefused, BrokerUnavailable
 from mailq_servers.rabbitmq import RabbitMQServer
@@ -190,10 +190,10 @@ def test_a_lease_past_its_end_that_nobody_took_still_settles(brokers: Brokers):
 
 CONSUMER = """
 import os, sys, time
-from mailq_runtime.brokers.rabbitmq import RabbitMQBroker
+from mailq_runtime.brokers.rabbitmq import BrokerOptions, RabbitMQBroker
 host, port, vhost, user, queue, queue_type = sys.argv[1:]
 password = os.environ["MAILQ_AMQP_PASSWORD"]
-broker = RabbitMQBroker(host, int(port), vhost, user, password, queue_type=queue_type)
+broker = RabbitMQBroker(BrokerOptions(host, int(port), vhost, user, password, queue_type=queue_type))
 delivery = broker.receive(queue, 30)
 print(delivery.enqueue_id, flush=True)
 time.sleep(120)
@@ -346,7 +346,9 @@ def test_refused_credentials_are_one_clear_error_without_the_password(
 
 def test_a_missing_virtual_host_is_refused(rabbitmq_server: RabbitMQServer):
     server = rabbitmq_server
-    broker = RabbitMQBroker(server.host, server.port, "no-such-vhost-3e1", server.username, server.password)
+    broker = RabbitMQBroker(
+        BrokerOptions(server.host, server.port, "no-such-vhost-3e1", server.username, server.password)
+    )
     try:
         with pytest.raises(BrokerRefused, match="virtual host was refused"):
             broker.publish(QUEUE, "e1", "{}", 5)

@@ -4,9 +4,9 @@ back and their turn comes, not once their lease ends (the visibility timeout, 30
 
 The fault run that this answers found 36 mails delivered 310 s late after a 15 s outage of S3: each
 dequeue that failed kept its delivery leased inside the consumer. Now a call that meets a failing backend
-gives the delivery back at once, uncounted (`MailQueue._giving_back`), and a worker backs off and comes
-back to it. The outage is a pulled cable (tests/forwarder.py) between this process and the harness's real
-server, which runs on for the other tests.
+gives the delivery back at once, uncounted (`Settlement.giving_back`, mailq_runtime/queue/settlement.py),
+and a worker backs off and comes back to it. The outage is a pulled cable (tests/forwarder.py) between
+this process and the harness's real server, which runs on for the other tests.
 """
 
 from __future__ import annotations

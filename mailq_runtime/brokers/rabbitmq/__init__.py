@@ -105,8 +105,10 @@ from .names import (
     queue_name,
     rabbitmq_queues,
 )
+from .options import BrokerOptions
 
 __all__ = [
+    "BrokerOptions",
     "CLASSIC",
     "MAX_PRIORITY",
     "QUEUE_TYPES",

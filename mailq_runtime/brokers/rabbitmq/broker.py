@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 
 import pika
 
-from ...clock import MICROS_PER_SECOND, Clock, system_clock
-from ...errors import BrokerUnavailable, InvalidInput, shown
+from ...errors import BrokerUnavailable
 from ..base import BrokerCounts, BrokerDeadLetter, Delivery
 from .dead_letters import DeadLetterDrain
 from .leases import Leases
-from .names import CLASSIC, QUEUE_TYPES, QUORUM, band_queue, queue_name
+from .names import QUORUM, band_queue, queue_name
+from .options import BrokerOptions
 from .publish_channel import ROUTE_LOST
 from .publishes import Publish
 from .receiver import Receiver
-from .session import BrokerOptions, Session
+from .session import Session
 from .short_connections import ShortConnections
 from .waits import COUNT_WAIT
 
@@ -26,54 +26,30 @@ class RabbitMQBroker:
     """The Broker of the distributed deployment (see the package's text). The password comes from the
     caller, which reads it from the environment; no error or log line shows it."""
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 5672,
-        vhost: str = "/",
-        user: str = "guest",
-        password: str = "guest",
-        *,
-        more_hosts: Sequence[tuple[str, int]] = (),
-        queue_type: str = CLASSIC,
-        clock: Clock = system_clock,
-        visibility_timeout: int = 300 * MICROS_PER_SECOND,
-        prefetch: int = 50,
-        delivery_limit: int = 20,
-        publish_timeout: float = 30.0,
-        heartbeat: int = 30,
-    ) -> None:
-        for name, value in (("prefetch", prefetch), ("delivery_limit", delivery_limit)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
-                raise InvalidInput(f"invalid {name} {shown(value)}: expected an integer 1..65535")
-        if queue_type not in QUEUE_TYPES:
-            expected = ", ".join(QUEUE_TYPES)
-            raise InvalidInput(f"invalid queue type {shown(queue_type)}: expected one of {expected}")
-        self.queue_type = queue_type
-        self.clock = clock
-        self.visibility_timeout = visibility_timeout
-        self.prefetch = prefetch
-        self.delivery_limit = delivery_limit
-        self.publish_timeout = publish_timeout
-        hosts = [(host, port), *more_hosts]
-        nodes = ",".join(f"{one}:{its_port}" for one, its_port in hosts)
-        self.target = f"{nodes} (vhost {vhost!r}, user {user!r})"
+    def __init__(self, options: BrokerOptions) -> None:
+        self.queue_type = options.queue_type
+        self.clock = options.clock
+        self.visibility_timeout = options.visibility_timeout
+        self.prefetch = options.prefetch
+        self.delivery_limit = options.delivery_limit
+        self.publish_timeout = options.publish_timeout
+        nodes = ",".join(f"{one}:{its_port}" for one, its_port in options.hosts)
+        self.target = f"{nodes} (vhost {options.vhost!r}, user {options.user!r})"
         # Any node of a cluster serves: the I/O thread tries the next one each time it connects, and a
         # short connection tries them in turn.
         parameters = [
             pika.ConnectionParameters(
                 host=one,
                 port=its_port,
-                virtual_host=vhost,
-                credentials=pika.PlainCredentials(user, password),
-                heartbeat=heartbeat,
+                virtual_host=options.vhost,
+                credentials=pika.PlainCredentials(options.user, options.password),
+                heartbeat=options.heartbeat,
                 connection_attempts=1,
                 socket_timeout=10,
                 stack_timeout=15,
             )
-            for one, its_port in hosts
+            for one, its_port in options.hosts
         ]
-        options = BrokerOptions(queue_type, clock, visibility_timeout, prefetch, delivery_limit)
         self._session = Session(parameters, self.target, options)
         self._declarations = ShortConnections(self._session)
         self._receiver = Receiver(self._session, self._declarations)

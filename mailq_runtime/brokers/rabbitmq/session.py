@@ -4,22 +4,12 @@ the broker is closed."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import pika
 
-from ...clock import Clock
 from ...errors import BrokerRefused, BrokerUnavailable
 from .link import Link
-
-
-@dataclass(frozen=True)
-class BrokerOptions:
-    queue_type: str
-    clock: Clock
-    visibility_timeout: int
-    prefetch: int
-    delivery_limit: int
+from .options import BrokerOptions
 
 
 class Session:

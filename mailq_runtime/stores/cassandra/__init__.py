@@ -20,6 +20,7 @@ from .configuration import CassandraConfigurationEvents
 from .dead_letters import CassandraDeadLetters
 from .delayed_mails import CassandraDelayedMails
 from .mailboxes import CassandraMailboxTables
+from .options import CassandraOptions
 from .queue_view import CassandraQueueView
 from .store import CassandraStore
 
@@ -29,6 +30,7 @@ __all__ = [
     "CassandraDeadLetters",
     "CassandraDelayedMails",
     "CassandraMailboxTables",
+    "CassandraOptions",
     "CassandraQueueView",
     "CassandraStore",
 ]

@@ -2,7 +2,7 @@
 truth), message_id_table (the projection by mailbox and uid) and mailbox_counters (Cassandra counters, as
 James's), in `CassandraMailboxTables`, which has the methods of the embedded store's mailbox tables: the
 tables its steps join are read and written through one small DAO a table, the messages table directly.
-Each method is one step that commits on its own: `mailbox.py` orders them (record 23's source of truth,
+Each method is one step that commits on its own: `mailbox_writes.py` orders them (record 23's source of truth,
 projection, counters; a message's content first and released last), so that none needs another's
 transaction.
 
@@ -17,7 +17,7 @@ Lightweight transactions, and why:
   missing was left by a deletion that stopped half-way: the next creation takes the name over (IF it
   still names that mailbox).
 - `imap_uid_table.flags`: set_source_flags is a compare-and-set (UPDATE ... IF flags = the flags read),
-  so that the unseen delta `mailbox.py` counts is exact when two processes change one message's flags
+  so that the unseen delta `mailbox_writes.py` counts is exact when two processes change one message's flags
   at once: the loser is told so and reads again. An entry gone meanwhile has no flags to compare, and
   nothing is written.
 

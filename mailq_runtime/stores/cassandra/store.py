@@ -4,7 +4,7 @@ delayed_mails).
 
 Every statement is prepared once per store and run at the store's consistency level (LOCAL_QUORUM by
 default); lightweight transactions run their Paxos round at LOCAL_SERIAL (SERIAL when the level is not a
-LOCAL_ one). Built from plain arguments: the URL and the environment are the settings' business. The
+LOCAL_ one). Built from its options (options.py): the URL and the environment are the settings' business. The
 password goes to the driver's auth provider and nowhere else: no error or log of this module shows it.
 
 Every statement runs through this module (`execute`, `execute_async`, `execute_all`, `batch`, `applied`),
@@ -19,11 +19,10 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from cassandra import (
     AuthenticationFailed,
-    ConsistencyLevel,
     DriverException,
     RequestValidationException,
     UnresolvableContactPoints,
@@ -51,11 +50,10 @@ from cassandra.policies import (
 from cassandra.pool import NoConnectionsAvailable
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
-from ...errors import InvalidInput, MailqError, NoStore, StoreUnavailable, StoreUnusable
-from .schema import TABLES, create_schema, missing_columns, validate_replication
+from ...errors import MailqError, NoStore, StoreUnavailable, StoreUnusable
+from .options import CassandraOptions
+from .schema import TABLES, create_schema, missing_columns
 
-DEFAULT_REPLICATION = {"class": "SimpleStrategy", "replication_factor": 1}
-_KEYSPACE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 # The table a statement names, after FROM, INTO or UPDATE.
 _TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
 # Seconds between looks at a node that went down: doubling from the first up to the last.
@@ -79,58 +77,30 @@ _STATEMENT = re.compile(r"^\s*(\w+)\b.*?\b(?:FROM|INTO|UPDATE)\s+(\w+(?:\.\w+)?)
 
 
 class CassandraStore:
-    def __init__(
-        self,
-        contact_points: Sequence[str],
-        keyspace: str,
-        *,
-        port: int = 9042,
-        username: str | None = None,
-        password: str | None = None,
-        local_datacenter: str | None = None,
-        consistency: str = "LOCAL_QUORUM",
-        replication: Mapping[str, object] | None = None,
-        request_timeout: float = 30.0,
-        create: bool = False,
-    ) -> None:
-        """Connect to `keyspace`. With `create`, the keyspace (with `replication`) and every table are
-        created first where missing; without it, a keyspace or table that is missing raises NoStore."""
-        if not isinstance(keyspace, str) or not _KEYSPACE.fullmatch(keyspace):
-            raise InvalidInput(
-                f"invalid keyspace name {keyspace!r}: 1-48 letters, digits or '_', starting with a letter"
-            )
-        level = ConsistencyLevel.name_to_value.get(
-            consistency.upper() if isinstance(consistency, str) else ""
-        )
-        if level is None or level in (ConsistencyLevel.SERIAL, ConsistencyLevel.LOCAL_SERIAL):
-            raise InvalidInput(
-                f"invalid consistency level {consistency!r}: one of ONE, QUORUM, LOCAL_QUORUM, ALL ..."
-            )
-        if (username is None) != (password is None):
-            raise InvalidInput("give both a Cassandra username and a password, or neither")
-        replication = dict(DEFAULT_REPLICATION if replication is None else replication)
-        validate_replication(replication)
-        self.keyspace = keyspace
-        self.where = f"{', '.join(contact_points)} port {port}"
-        serial = (
-            ConsistencyLevel.LOCAL_SERIAL
-            if consistency.upper().startswith("LOCAL_")
-            else ConsistencyLevel.SERIAL
-        )
+    def __init__(self, options: CassandraOptions, *, create: bool = False) -> None:
+        """Connect to the options' keyspace. With `create`, the keyspace (with the options' replication)
+        and every table are created first where missing; without it, a keyspace or table that is missing
+        raises NoStore."""
+        self.keyspace = options.keyspace
+        self.where = f"{', '.join(options.contact_points)} port {options.port}"
         profile = ExecutionProfile(
-            load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=local_datacenter)),
-            consistency_level=level,
-            serial_consistency_level=serial,
-            request_timeout=request_timeout,
+            load_balancing_policy=TokenAwarePolicy(
+                DCAwareRoundRobinPolicy(local_dc=options.local_datacenter)
+            ),
+            consistency_level=options.consistency_level,
+            serial_consistency_level=options.serial_consistency_level,
+            request_timeout=options.request_timeout,
             retry_policy=CounterLeaderRetryPolicy(),
         )
         try:
             self.cluster = Cluster(
-                list(contact_points),
-                port=port,
-                auth_provider=None if username is None else PlainTextAuthProvider(username, password),
+                list(options.contact_points),
+                port=options.port,
+                auth_provider=None
+                if options.username is None
+                else PlainTextAuthProvider(options.username, options.password),
                 execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-                connect_timeout=max(5.0, request_timeout / 3),
+                connect_timeout=max(5.0, options.request_timeout / 3),
                 # The driver's default waits up to 10 minutes between looks at a node that went down: an
                 # outage would then delay mails by that, not by its own length.
                 reconnection_policy=ExponentialReconnectionPolicy(_RECONNECT_FIRST, _RECONNECT_MAX),
@@ -140,7 +110,7 @@ class CassandraStore:
                 f"cannot connect to Cassandra at {self.where}: no host name resolves (check the hosts)"
             ) from None
         try:
-            self.session = self._connect(create, replication, password)
+            self.session = self._connect(create, dict(options.replication), options.password)
         except BaseException:
             self.cluster.shutdown()
             raise

@@ -2,7 +2,7 @@
 message_id_table (the projection by mailbox and uid) and mailbox_counters.
 
 Each method is one SQLite transaction of its own (joining the caller's group of writes, if any):
-`mailbox.py` orders them so that none needs another's transaction.
+`mailbox_writes.py` orders them so that none needs another's transaction.
 """
 
 from __future__ import annotations
