@@ -143,7 +143,7 @@ def test_cleanup_finishes_a_clean_up_left_half_done(
         def disk_went_away() -> int:
             raise OSError("disk went away")
 
-        monkeypatch.setattr(spool, "clean_content", disk_went_away)
+        monkeypatch.setattr(spool.clean_up, "clean_content", disk_went_away)
         with pytest.raises(OSError, match="disk went away"):
             spool.update_browse_start()
         assert (spool.browse_start(), spool.content_start()) == (start + 3 * SLICE, start)

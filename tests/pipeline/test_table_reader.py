@@ -34,13 +34,13 @@ def test_every_row_once_whatever_the_partitions(backend: Backend) -> None:
         runtime.blobs.save_all(f"owner-{n}", [b"shared", b"own %d" % n])
         if n % 4 == 0:
             runtime.generations.rotate()
-    expected = sorted((owner, blob_id) for owner, blob_id, _ in backend.blob_references())
+    expected = sorted((owner, blob_id) for owner, blob_id, _ in backend.blob_state().references)
     settings = Settings.from_url(backend.url())
     for count in (1, 3, 16):
         assert sorted(rows(settings, "blob_references", ["owner", "blob_id"], count)) == expected
     wanted = (2, 5)
     assert sorted(rows(settings, "blob_references", ["owner"], 3, generations=wanted)) == sorted(
-        (owner,) for owner, _, generation in backend.blob_references() if generation in wanted
+        (owner,) for owner, _, generation in backend.blob_state().references if generation in wanted
     )
 
 
