@@ -6,7 +6,7 @@ commit alone (as on Cassandra). `writes()` may group the writes of one step, so 
 do so commits them at once; `turn()` holds the store over a whole queue operation, its reads and its own
 work included, so that the threads of a process take turns rather than hand the GIL and the connection
 back and forth between their statements. The embedded deployment's are its store's transaction (which
-also holds the turn, see stores/embedded.py) and turn; any other deployment's do nothing.
+also holds the turn, see stores/embedded/store.py) and turn; any other deployment's do nothing.
 """
 
 from __future__ import annotations
