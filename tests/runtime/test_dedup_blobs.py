@@ -25,7 +25,11 @@ def _tables(backend: Backend, runtime: Runtime, label_of: dict[str, str]) -> dic
     state = backend.blob_state()
     return {
         "generations": [f"rg{g.number}" for g in runtime.generations.reference_generations()],
-        "gc_iterations": [f"gci{g.number}" for g in runtime.generations.gc_iterations()],
+        "gc_iterations": [
+            f"gci{number}"
+            for kind, number, _ in sorted(backend.state()["generations"])
+            if kind == "gc_iteration"
+        ],
         "blobs": sorted((label_of[b], f"rg{g}") for b, g in state.blobs.items()),
         "references": sorted((owner, label_of[b], f"rg{g}") for owner, b, g in state.references),
         # Dates are the record's wall-clock illustration: not compared.
