@@ -64,7 +64,7 @@ CONSISTENCY_LEVELS = (
     "EACH_QUORUM",
     "LOCAL_ONE",
 )
-DURABILITIES = ("process", "power", "fsync")  # see stores/embedded/store.py
+DURABILITIES = ("fsync", "power", "process")  # see stores/embedded/store.py
 
 _CONFIGURATION_OPTIONS = ("slice_window", "bucket_count", "update_browse_start_pace")
 _QUEUE_OPTIONS = (
@@ -166,7 +166,7 @@ class Settings:
     visibility_timeout: int = 300 * MICROS_PER_SECOND
     clock_skew_grace: int = 60 * MICROS_PER_SECOND
     max_message_size: int = 32 * 1024 * 1024
-    durability: str = "process"
+    durability: str = "fsync"
     # View configuration values a creating open registers, as James does at start-up; the others keep
     # their stored values.
     view_configuration: dict[str, int] | None = None

@@ -8,6 +8,13 @@ a connection per thread with commits shared between threads. `transaction()` is 
 operation groups the view, the broker and the blob metadata writes of one mail into one atomic commit.
 Processes are kept apart by SQLite's own file locks.
 
+Group commit: a sync costs as much as a whole queue operation, so the turns of concurrent threads share
+one. A thread that ends its turn while others wait for it leaves its writes in the open transaction and
+waits; the last of the group commits once for all of them (each thread's transaction is a savepoint, so
+one failing rolls back only its own writes). No call returns before its writes are committed, and a
+failed commit is every member's failure: the acknowledgement a caller gets means what the durability
+says. Alone, a thread commits at the end of its turn, as it would without grouping.
+
 Opening writes nothing: with `create` the store is made when missing and its schema completed (every
 statement only adds what a store lacks, so an older store gains the tables of this version); without it
 a missing store is NoStore and one lacking tables of this version is refused, naming them.
@@ -32,20 +39,24 @@ _SCHEMA = files(__package__).joinpath("schema.sql")
 # Columns added to a table after it first shipped, with their type: CREATE TABLE IF NOT EXISTS keeps an
 # older store's table as it is, so a creating open adds them.
 _ADDED_COLUMNS = {("blob_deletions", "owner"): "TEXT"}
+# Turns one commit serves at most: bounds how long the first of them waits for its acknowledgement.
+_GROUP_LIMIT = 64
 
 
-# What survives a commit: the death of the process (the OS holds the written pages), the loss of power
-# (WAL synced at checkpoints: the last commits may roll back, the file never corrupts), or anything
-# (a sync per commit). Syncs cost milliseconds on virtual disks, which is why "process" is the default.
-SYNCHRONOUS = {"process": "OFF", "power": "NORMAL", "fsync": "FULL"}
+# What survives a commit: anything (a sync per commit, shared by a group: the default, as Postfix syncs a
+# mail before its 250), the loss of power but for the last commits (the WAL synced at checkpoints: they
+# may roll back, the file never corrupts), or only the death of the process (the OS holds the written
+# pages; a power loss may lose the last commits or, rarely, corrupt the file).
+SYNCHRONOUS = {"fsync": "FULL", "power": "NORMAL", "process": "OFF"}
 
 
 class EmbeddedStore:
-    def __init__(self, data_dir: Path, durability: str = "process", create: bool = True) -> None:
+    def __init__(self, data_dir: Path, durability: str = "fsync", create: bool = True) -> None:
         self.path, self.created = prepare(data_dir, create, _initialise)
         self.synchronous = SYNCHRONOUS[durability]
-        self._turn = threading.RLock()
+        self._turn = _Turn(self)
         self._depth = 0
+        self._group: _Group | None = None
         self._closed = False
         self._connection = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
@@ -82,10 +93,10 @@ class EmbeddedStore:
 
     def transaction(self) -> _Transaction:
         """A write transaction (BEGIN IMMEDIATE: writers queue up front instead of deadlocking later),
-        holding the turn until it ends."""
+        holding the turn until it ends, and committed by the end of the turn."""
         return _Transaction(self)
 
-    def turn(self) -> threading.RLock:
+    def turn(self) -> _Turn:
         """Hold the store for one whole operation, reentrantly."""
         return self._turn
 
@@ -108,36 +119,140 @@ class EmbeddedStore:
             raise RuntimeError("the runtime is closed")
         return self._connection
 
+    def _commit(self) -> None:
+        """Commit the open group for every member; a failure is recorded for them all."""
+        group = self._group
+        assert group is not None
+        self._group = None
+        try:
+            self._connection.execute("COMMIT")
+        except sqlite3.Error as error:
+            _rollback(self._connection)
+            group.error = error
+        if group.done is not None:
+            group.done.set()
+
+    def _abandon(self, error: sqlite3.Error) -> None:
+        """SQLite rolled the whole open transaction back by itself (a full disk, an I/O error): the group's
+        earlier members' writes are gone with it, and they must hear so."""
+        group = self._group
+        assert group is not None
+        self._group = None
+        group.error = error
+        if group.done is not None:
+            group.done.set()
+
     def close(self) -> None:
         with self._turn:
+            if self._group is not None:
+                self._commit()
             self._closed = True
             self._connection.close()
 
 
+class _Group:
+    """The open transaction several turns share, and its outcome."""
+
+    __slots__ = ("members", "done", "error")
+
+    def __init__(self) -> None:
+        self.members = 0
+        self.done: threading.Event | None = None  # made by the first member to wait
+        self.error: sqlite3.Error | None = None
+
+
+class _Turn:
+    """The store's turn: a reentrant lock whose outermost release ends the open group of writes. It commits
+    the group, or, while other threads wait for the turn, leaves it open to them and waits for the commit
+    the last of them makes.
+
+    A thread waiting for a commit holds no turn, so whoever holds the turn never waits on it: the group
+    always reaches a thread that finds no one waiting, and commits."""
+
+    __slots__ = ("store", "waiting", "_lock", "_counting", "_owner", "_depth")
+
+    def __init__(self, store: EmbeddedStore) -> None:
+        self.store = store
+        self.waiting = 0
+        self._lock = threading.Lock()
+        self._counting = threading.Lock()
+        self._owner: int | None = None
+        self._depth = 0
+
+    def __enter__(self) -> _Turn:
+        me = threading.get_ident()
+        if self._owner == me:
+            self._depth += 1
+            return self
+        if not self._lock.acquire(blocking=False):
+            with self._counting:
+                self.waiting += 1
+            self._lock.acquire()
+            with self._counting:
+                self.waiting -= 1
+        self._owner = me
+        self._depth = 1
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: object) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        store = self.store
+        group = store._group
+        if group is None:
+            self._owner = None
+            self._lock.release()
+            return
+        if self.waiting and group.members < _GROUP_LIMIT:
+            group.members += 1
+            if group.done is None:
+                group.done = threading.Event()
+            done = group.done
+            self._owner = None
+            self._lock.release()
+            done.wait()
+        else:
+            try:
+                store._commit()
+            finally:
+                self._owner = None
+                self._lock.release()
+        # A failure of the body is the one to report; else a failed commit means these writes are lost.
+        if group.error is not None and kind is None:
+            store.raise_failure(group.error)
+
+
 class _Transaction:
-    """Reentrant: only the outermost level begins and commits (or rolls back).
+    """Reentrant: only the outermost level begins the group (or joins it with a savepoint) and ends its
+    part of it; the turn's end commits.
 
     A plain class rather than a generator context manager: it sits on the hot path of every operation.
     """
 
-    __slots__ = ("store", "outermost")
+    __slots__ = ("store", "outermost", "joined")
 
     def __init__(self, store: EmbeddedStore) -> None:
         self.store = store
 
     def __enter__(self) -> sqlite3.Connection:
         store = self.store
-        store._turn.acquire()
+        store._turn.__enter__()
         try:
             connection = store._open()
             self.outermost = store._depth == 0
             if self.outermost:
-                connection.execute("BEGIN IMMEDIATE")
+                self.joined = store._group is not None
+                if self.joined:
+                    connection.execute("SAVEPOINT member")
+                else:
+                    connection.execute("BEGIN IMMEDIATE")
+                    store._group = _Group()
         except sqlite3.Error as error:
-            store._turn.release()
+            store._turn.__exit__(None, None, None)
             store.raise_failure(error)
-        except BaseException:
-            store._turn.release()
+        except BaseException as error:
+            store._turn.__exit__(type(error), error, None)
             raise
         store._depth += 1
         return connection
@@ -147,24 +262,38 @@ class _Transaction:
         try:
             store._depth -= 1
             if self.outermost:
-                _end(store, commit=kind is None)
+                _end(store, self.joined, succeeded=kind is None, error=error)
         finally:
-            store._turn.release()
+            store._turn.__exit__(kind, error, trace)
         # A statement of the body that failed on the store's files or disk: said as the store's error.
         if isinstance(error, sqlite3.Error):
             store.raise_failure(error)
 
 
-def _end(store: EmbeddedStore, commit: bool) -> None:
+def _end(store: EmbeddedStore, joined: bool, succeeded: bool, error: BaseException | None) -> None:
+    """End one member's part of the group: kept (its savepoint released), or undone alone."""
     connection = store._connection
     try:
-        if commit:
-            connection.execute("COMMIT")
+        if joined:
+            if succeeded:
+                connection.execute("RELEASE member")
+            elif connection.in_transaction:
+                connection.execute("ROLLBACK TO member")
+                connection.execute("RELEASE member")
+        elif not succeeded:
+            _rollback(connection)
+            store._group = None
             return
-    except sqlite3.Error as error:
+    except sqlite3.Error as failure:
         _rollback(connection)
-        store.raise_failure(error)
-    _rollback(connection)
+        store._abandon(failure)
+        store.raise_failure(failure)
+    if not connection.in_transaction:
+        # Only after a statement failed, whether or not the body went on.
+        lost = error if isinstance(error, sqlite3.Error) else sqlite3.OperationalError("SQLite rolled back")
+        store._abandon(lost)
+        if succeeded:
+            store.raise_failure(lost)
 
 
 def _rollback(connection: sqlite3.Connection) -> None:

@@ -1,0 +1,121 @@
+"""The embedded store's group commit: the turns of threads that wait for each other share one commit, a
+member that fails undoes only its own writes, and no member returns before its writes are committed, or
+returns at all when they are lost. Embedded-only, on the store itself."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from mailq_runtime.errors import StoreUnusable
+from mailq_runtime.stores.embedded import EmbeddedStore
+
+
+@pytest.fixture
+def store(tmp_path) -> Iterator[EmbeddedStore]:
+    store = EmbeddedStore(tmp_path / "data")
+    with store.transaction() as db:
+        db.execute("CREATE TABLE rows (name TEXT, content BLOB)")
+    yield store
+    store.close()
+
+
+def _insert(store: EmbeddedStore, name: str, content: bytes = b"", then_fail: bool = False) -> None:
+    with store.transaction() as db:
+        db.execute("INSERT INTO rows VALUES (?, ?)", (name, content))
+        if then_fail:
+            raise ValueError(f"{name} fails after its insert")
+
+
+def _committed(tmp_path) -> set[str]:
+    """The rows another connection sees: only what was committed."""
+    reader = sqlite3.connect(tmp_path / "data" / "mailq.db")
+    try:
+        return {name for (name,) in reader.execute("SELECT name FROM rows")}
+    finally:
+        reader.close()
+
+
+def _while_others_wait(store: EmbeddedStore, members: dict[str, Callable[[], None]]) -> dict[str, object]:
+    """Hold the turn until every member waits for it, write `held`, then end the turn: the members form one
+    group with it. Returns each member's outcome, `held` included: None, or the exception it raised."""
+    outcomes: dict[str, object] = {}
+
+    def run(name: str, member: Callable[[], None]) -> None:
+        try:
+            member()
+            outcomes[name] = None
+        except Exception as error:
+            outcomes[name] = error
+
+    def hold() -> None:
+        with store.turn():
+            _insert(store, "held")
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 10
+            while store.turn().waiting < len(members):
+                assert time.monotonic() < deadline, "the members never waited for the turn"
+                time.sleep(0.001)
+
+    threads = [threading.Thread(target=run, args=item) for item in members.items()]
+    run("held", hold)
+    for thread in threads:
+        thread.join(10)
+    return outcomes
+
+
+def test_waiting_turns_share_one_commit(store, tmp_path):
+    statements: list[str] = []
+    store._connection.set_trace_callback(statements.append)
+    outcomes = _while_others_wait(store, {name: lambda name=name: _insert(store, name) for name in "abc"})
+    assert outcomes == {"held": None, "a": None, "b": None, "c": None}
+    assert _committed(tmp_path) == {"held", "a", "b", "c"}
+    assert statements.count("COMMIT") == 1
+    assert statements.count("BEGIN IMMEDIATE") == 1
+
+
+def test_a_failing_member_undoes_only_its_own_writes(store, tmp_path):
+    outcomes = _while_others_wait(
+        store,
+        {
+            "a": lambda: _insert(store, "a"),
+            "b": lambda: _insert(store, "b", then_fail=True),
+            "c": lambda: _insert(store, "c"),
+        },
+    )
+    assert isinstance(outcomes["b"], ValueError)
+    assert outcomes["held"] is None and outcomes["a"] is None and outcomes["c"] is None
+    assert _committed(tmp_path) == {"held", "a", "c"}
+
+
+def test_a_member_returns_only_if_its_writes_are_committed(store, tmp_path):
+    # A store that fills up in the middle of a group: whatever SQLite keeps of the group, every member
+    # that returned has its row committed, and every member whose row is not committed got an error.
+    page_size = store.read_one("PRAGMA page_size")[0]
+    used = store.read_one("PRAGMA page_count")[0]
+    store._connection.execute(f"PRAGMA max_page_count={used + 8}")
+    members = {"a": lambda: _insert(store, "a"), "big": lambda: _insert(store, "big", b"x" * page_size * 64)}
+    members["c"] = lambda: _insert(store, "c")
+    outcomes = _while_others_wait(store, members)
+    committed = _committed(tmp_path)
+    assert "big" not in committed and isinstance(outcomes["big"], StoreUnusable)
+    for name in ("held", "a", "c"):
+        assert (outcomes[name] is None) == (name in committed), (name, outcomes[name], committed)
+
+
+def test_a_reader_in_a_group_returns_after_the_commit(store, tmp_path):
+    # It may have read the group's uncommitted rows: it must not answer before they are durable.
+    seen: list[int] = []
+
+    def read() -> None:
+        seen.append(store.read_one("SELECT COUNT(*) FROM rows")[0])
+        seen.append(len(_committed(tmp_path)))
+
+    outcomes = _while_others_wait(store, {"reader": read})
+    assert outcomes == {"held": None, "reader": None}
+    assert seen == [1, 1]
