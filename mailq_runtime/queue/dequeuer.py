@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from ..brokers.base import Delivery
 from ..clock import MICROS_PER_SECOND
 from ..errors import BlobNotFound, InvalidInput, LeaseExpired, shown
-from ..model import Mail, delivery_time, parse_duration
+from ..model import Mail, MailAddress, delivery_time, parse_duration
 from ..stores.records import EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DelayedMailPublisher
@@ -54,13 +54,17 @@ class MailQueueItem:
         self._settle()
         self._settlement.done(self._delivery, self._row)
 
-    def retry(self, delay: Delay = None) -> None:
-        """Not delivered this time: deliver it again, after `delay` if given. With the lease lost it
-        changes nothing and raises LeaseExpired."""
-        # A malformed delay leaves the item unsettled.
+    def retry(self, delay: Delay = None, *, recipients: Sequence[str] | None = None) -> None:
+        """Not delivered this time: deliver it again, after `delay` if given; with `recipients`, to those
+        only (the others are done: remote delivery's partial success). With the lease lost it changes
+        nothing and raises LeaseExpired."""
+        # A malformed delay or recipient leaves the item unsettled.
         deliver_at = delivery_time(self._settlement.clock(), delay)
+        remaining = None if recipients is None else [MailAddress(r) for r in recipients]
+        if remaining == []:
+            raise InvalidInput(f"mail {self.enqueue_id} retried to no recipient: it is done")
         self._settle()
-        self._settlement.retry(self._delivery, self._row, deliver_at, self.attempts)
+        self._settlement.retry(self._delivery, self._row, deliver_at, self.attempts, remaining)
 
     def release(self) -> None:
         """Not tried: a backend the delivery needs is away. Give the mail back, deliverable again at once,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -92,16 +93,27 @@ class Settlement(QueuePart):
                 "another consumer took the mail, which may deliver it again (at-least-once)"
             )
 
-    def retry(self, delivery: Delivery, row: EnqueuedMail, deliver_at: int, attempts: int) -> None:
-        """Without a delay, one write: the broker requeues the message. With one, crash-safe order: 1. the
+    def retry(
+        self,
+        delivery: Delivery,
+        row: EnqueuedMail,
+        deliver_at: int,
+        attempts: int,
+        recipients: Sequence[str] | None = None,
+    ) -> None:
+        """Without a delay or `recipients`, one write: the broker requeues the message. With one, the
+        delayed row carries the mail anew (with `recipients` only, when given), crash-safe order: 1. the
         delayed row (its payload counts the attempts so far); 2. ack; 3. the view row's next delivery. A
         crash after 1 leaves the broker message too, delivered again once the lease expires and once more
         when the row falls due (at-least-once; the view's deletion mark absorbs the later copy once the
         mail is done); after 2, browse shows the former next delivery until the row is published.
         A lease lost meanwhile (the ack fails) takes the delayed row back: the mail is another consumer's;
         so does a connection to the broker lost meanwhile, as the broker delivers the mail again at once.
-        A backend failing before the ack gives the delivery back (`giving_back`)."""
-        if deliver_at <= self.clock():
+        A backend failing before the ack gives the delivery back (`giving_back`). The view row keeps every
+        recipient: browse shows the mail as enqueued, the broker's copy what is left to deliver."""
+        if recipients is not None:
+            row = replace(row, recipients=json.dumps(list(recipients)))
+        elif deliver_at <= self.clock():
             try:
                 requeued = self.broker.requeue(delivery)
             except BrokerUnavailable as error:

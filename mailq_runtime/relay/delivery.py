@@ -1,0 +1,114 @@
+"""Remote delivery of one dequeued mail: its recipients grouped by domain, each domain routed and sent
+one SMTP transaction, and every reply sorted into sent, deferred and bounced, with Postfix's log line.
+
+What the worker does with the outcome (`mailq_runtime/worker.py`): the notification of the bounced
+recipients is enqueued first, then the mail is settled: done when nothing is deferred, else retried
+after the schedule's delay to the deferred recipients only. A crash between the two sends the mail
+again to those not yet settled, and may send a second notification: never a lost mail."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from ..clock import MICROS_PER_SECOND, Clock
+from ..model import Mail, MailAddress, creation_time
+from ..queue import MailQueue
+from .client import Reply, send
+from .dsn import Failed, build_dsn
+from .routes import RouteFailure, Router
+from .schedule import RetrySchedule
+
+log = logging.getLogger("mailq_runtime.relay")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    sent: tuple[str, ...]
+    deferred: tuple[str, ...]
+    bounced: tuple[Failed, ...]
+
+
+class RemoteDelivery:
+    """Delivers to other domains through `router`, retries on `schedule`, and enqueues the notifications
+    of bounced mail to `queue` as `hostname`'s mailer daemon."""
+
+    def __init__(
+        self, queue: MailQueue, router: Router, schedule: RetrySchedule, hostname: str, clock: Clock
+    ) -> None:
+        self.queue = queue
+        self.router = router
+        self.schedule = schedule
+        self.hostname = hostname
+        self.clock = clock
+
+    def deliver(self, enqueue_id: str, mail: Mail, recipients: Sequence[MailAddress]) -> Outcome:
+        """Send `mail` to `recipients`, one transaction per domain; what became of each."""
+        started = time.monotonic()
+        replies: dict[str, Reply] = {}
+        for domain, group in _by_domain(recipients).items():
+            try:
+                targets = self.router.route(domain)
+            except RouteFailure as failure:
+                code = 550 if failure.permanent else 450
+                replies.update(dict.fromkeys(group, Reply(code, failure.status, failure.text, "none")))
+                continue
+            replies.update(send(targets, mail.sender, group, mail.message, self.hostname))
+        age = self.clock() - (creation_time(enqueue_id) or self.clock())
+        return self._sorted(enqueue_id, replies, age, time.monotonic() - started)
+
+    def retry_delay(self, enqueue_id: str) -> int:
+        """Microseconds until the next attempt of the mail `enqueue_id`, from its age."""
+        return self.schedule.delay(self.clock() - (creation_time(enqueue_id) or self.clock()))
+
+    def notify(self, enqueue_id: str, mail: Mail, bounced: Sequence[Failed]) -> None:
+        """Enqueue the notification of `bounced` to the mail's sender; none for a null sender, whose mail
+        is itself a notification (RFC 5321 6.1: no loops of bounces)."""
+        if not bounced or mail.sender is None:
+            return
+        arrival = datetime.fromtimestamp((creation_time(enqueue_id) or 0) / MICROS_PER_SECOND, UTC)
+        report = build_dsn(self.hostname, enqueue_id, mail.sender, mail.message, arrival, bounced)
+        notice = self.queue.enqueue(Mail((mail.sender,), report, sender=None))
+        log.info("%s: sender non-delivery notification: %s", enqueue_id, notice)
+
+    def _sorted(self, enqueue_id: str, replies: dict[str, Reply], age: int, spent: float) -> Outcome:
+        expired = self.schedule.expired(age)
+        sent, deferred, bounced = [], [], []
+        for recipient, reply in replies.items():
+            if reply.delivered:
+                sent.append(recipient)
+                status = "sent"
+            elif reply.permanent or expired:
+                bounced.append(Failed(recipient, _final(reply, expired), reply.text, reply.relay))
+                status = "bounced"
+            else:
+                deferred.append(recipient)
+                status = "deferred"
+            log.info(
+                "%s: to=<%s>, relay=%s, delay=%.1f, delays=%.2f, dsn=%s, status=%s (%s)",
+                enqueue_id,
+                recipient,
+                reply.relay,
+                age / MICROS_PER_SECOND,
+                spent,
+                reply.status,
+                status,
+                reply.text if not expired or reply.delivered else f"message expired: {reply.text}",
+            )
+        return Outcome(tuple(sent), tuple(deferred), tuple(bounced))
+
+
+def _final(reply: Reply, expired: bool) -> str:
+    """The status of a bounce: the server's, or 4.4.7 (delivery time expired) for a passing failure
+    that outlived the maximum age."""
+    return "4.4.7" if expired and not reply.permanent else reply.status
+
+
+def _by_domain(recipients: Sequence[MailAddress]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for recipient in dict.fromkeys(recipients):
+        groups.setdefault(recipient.domain, []).append(str(recipient))
+    return groups
