@@ -33,7 +33,8 @@ def _relay(args: argparse.Namespace) -> Callable[[Runtime], RemoteDelivery | Non
     router = Router(dict(args.transport or ()), args.resolver)
     schedule = RetrySchedule.of(args.retry_first, args.retry_longest, args.max_age)
     hostname = args.hostname or socket.getfqdn()
-    return lambda runtime: RemoteDelivery(runtime.queue(args.queue), router, schedule, hostname, runtime.clock)
+    queue = args.queue
+    return lambda runtime: RemoteDelivery(runtime.queue(queue), router, schedule, hostname, runtime.clock)
 
 
 def _worker(args: argparse.Namespace) -> Report:
