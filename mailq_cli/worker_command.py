@@ -30,7 +30,7 @@ def _relay(args: argparse.Namespace) -> Callable[[Runtime], RemoteDelivery | Non
     """Remote delivery on a runtime, its options checked before any runtime opens."""
     if not args.relay:
         return lambda runtime: None
-    router = Router(dict(args.transport or ()), args.resolver)
+    router = Router(dict(args.transport or ()), args.resolver, args.mx_port)
     schedule = RetrySchedule.of(args.retry_first, args.retry_longest, args.max_age)
     hostname = args.hostname or socket.getfqdn()
     queue = args.queue
@@ -103,6 +103,9 @@ def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
         help="send a domain's mail to this host rather than its MX, as Postfix's transport_maps; repeat it",
     )
     relay.add_argument("--resolver", metavar="HOST:PORT", help="the DNS server to ask (default: the system)")
+    relay.add_argument(
+        "--mx-port", type=int, default=25, metavar="PORT", help="the mail exchangers' port (default: 25)"
+    )
     relay.add_argument(
         "--retry-first",
         default="300s",

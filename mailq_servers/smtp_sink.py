@@ -27,13 +27,20 @@ class Dumped:
 
 
 class SmtpSink:
-    """smtp-sink on 127.0.0.1:`port`; `soft` and `hard` are commands answered 4xx and 5xx (e.g. "RCPT"),
+    """smtp-sink on `host`:`port` (a loopback address); `soft` and `hard` are commands answered 4xx and 5xx (e.g. "RCPT"),
     `data_wait` the seconds it waits before answering DATA. A context manager; `dumped()` reads what it
     took so far."""
 
     def __init__(
-        self, port: int, *, soft: Sequence[str] = (), hard: Sequence[str] = (), data_wait: int = 0
+        self,
+        port: int,
+        *,
+        host: str = HOST,
+        soft: Sequence[str] = (),
+        hard: Sequence[str] = (),
+        data_wait: int = 0,
     ) -> None:
+        self.host = host
         self.port = port
         self.options: list[str] = []
         if soft:
@@ -58,12 +65,12 @@ class SmtpSink:
             argv += ["-u", "nobody"]
         with log.open("ab") as out:
             self._process = subprocess.Popen(
-                [*argv, f"{HOST}:{self.port}", "64"], stdin=subprocess.DEVNULL, stdout=out, stderr=out
+                [*argv, f"{self.host}:{self.port}", "64"], stdin=subprocess.DEVNULL, stdout=out, stderr=out
             )
         process = self._process
         wait_for(
             "smtp-sink",
-            lambda: port_answers(self.port),
+            lambda: port_answers(self.port, self.host),
             alive=lambda: process.poll() is None,
             logs=[log],
             timeout=20,

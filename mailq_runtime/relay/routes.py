@@ -67,10 +67,17 @@ def parse_transport(entries: Mapping[str, str]) -> dict[str, tuple[str, int]]:
 
 class Router:
     """Routes domains through the transport table or the DNS, at the resolver `nameserver`
-    (`host:port`; None: the system's)."""
+    (`host:port`; None: the system's); mail exchangers are reached at `mx_port` (Postfix's
+    `smtp_tcp_port`: 25, another for tests on loopback)."""
 
-    def __init__(self, transport: Mapping[str, str] | None = None, nameserver: str | None = None) -> None:
+    def __init__(
+        self,
+        transport: Mapping[str, str] | None = None,
+        nameserver: str | None = None,
+        mx_port: int = SMTP_PORT,
+    ) -> None:
         self.transport = parse_transport(transport or {})
+        self.mx_port = parse_host_port(f"mx:{mx_port}")[1]
         if nameserver is None:
             self.resolver = dns.resolver.Resolver()
         else:
@@ -86,7 +93,7 @@ class Router:
             host, port = self.transport[domain]
             return [Target(host, address, port) for address in self._addresses(host)]
         hosts = self._mx_hosts(domain)
-        targets = [Target(host, address, SMTP_PORT) for host in hosts for address in self._addresses(host)]
+        targets = [Target(host, address, self.mx_port) for host in hosts for address in self._addresses(host)]
         if not targets:
             raise RouteFailure("4.4.3", f"no address for the mail exchangers of {domain}")
         return targets
