@@ -27,9 +27,9 @@ class Dumped:
 
 
 class SmtpSink:
-    """smtp-sink on `host`:`port` (a loopback address); `soft` and `hard` are commands answered 4xx and 5xx (e.g. "RCPT"),
-    `data_wait` the seconds it waits before answering DATA. A context manager; `dumped()` reads what it
-    took so far."""
+    """smtp-sink on `host`:`port` (a loopback address); `soft` and `hard` are commands answered 4xx and
+    5xx (e.g. "RCPT"), `data_wait` the seconds it waits before answering DATA. A context manager;
+    `dumped()` reads what it took so far."""
 
     def __init__(
         self,
