@@ -50,6 +50,7 @@ class SmtpSink:
         if data_wait:
             self.options += ["-w", str(data_wait)]
         self.directory: Path | None = None
+        self._taken: list[Dumped] = []  # what a stopped sink took
         self._process: subprocess.Popen | None = None
 
     def __enter__(self) -> SmtpSink:
@@ -83,11 +84,15 @@ class SmtpSink:
             self._process.wait(10)
             self._process = None
         if self.directory is not None:
+            self._taken = self.dumped()
             shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
 
     def dumped(self) -> list[Dumped]:
-        """The transactions taken so far, oldest first (a transaction still being written may be partial)."""
-        assert self.directory is not None, "the sink is not running"
+        """The transactions taken so far, oldest first (a transaction still being written may be
+        partial); once the sink stopped, those it took."""
+        if self.directory is None:
+            return list(self._taken)
         files = sorted((self.directory / "dump").iterdir(), key=lambda path: path.stat().st_mtime)
         return [_read(path) for path in files]
 
