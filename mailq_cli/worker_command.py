@@ -4,10 +4,13 @@ with `--relay`, the other recipients' by SMTP (remote delivery, `mailq_runtime.r
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import socket
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 
 from mailq_runtime.errors import InvalidInput
@@ -24,6 +27,27 @@ def _transport_entry(text: str) -> tuple[str, str]:
     if not separator:
         raise InvalidInput(f"invalid transport entry {text!r}: DOMAIN=HOST:PORT")
     return domain, target
+
+
+# Postfix's smtp(8) lines: `<date> mailq/smtp[pid]: <enqueue id>: to=<...>, relay=..., status=...`.
+LOG_FORMAT = "%(asctime)s mailq/smtp[%(process)d]: %(message)s"
+
+
+@contextmanager
+def _relay_log(enabled: bool) -> Iterator[None]:
+    """Remote delivery's log lines on stderr while the worker runs with it."""
+    if not enabled:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, "%b %d %H:%M:%S"))
+    logger = logging.getLogger("mailq_runtime.relay")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def _relay(args: argparse.Namespace) -> Callable[[Runtime], RemoteDelivery | None]:
@@ -48,7 +72,7 @@ def _worker(args: argparse.Namespace) -> Report:
     # configuration as James's queue does at start-up.
     with Runtime.open(args.url) as existing:
         existing.queue(args.queue, create=False)
-    with Runtime.open(args.url, create=True) as runtime:
+    with Runtime.open(args.url, create=True) as runtime, _relay_log(args.relay):
         stats = run_worker(
             runtime,
             args.queue,
