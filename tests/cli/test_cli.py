@@ -399,7 +399,14 @@ def test_worker_delivers_local_recipients_and_dead_letters_the_rest(mailq, mailq
 
     stats = mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
 
-    assert stats == {"delivered": 1, "retried": 0, "dead_lettered": 1, "appended": 2, "lease_expired": 0}
+    assert stats == {
+        "delivered": 1,
+        "retried": 0,
+        "dead_lettered": 1,
+        "appended": 2,
+        "lease_expired": 0,
+        "bounced": 0,
+    }
     assert mailq_json("size", "spool")["size"] == 0
     with Runtime.open(url) as runtime:
         inboxes = {m.user: runtime.mailboxes.counters(m.id).count for m in runtime.mailboxes.list()}
@@ -606,7 +613,14 @@ def test_enqueue_keeps_accepting_real_world_mail(mailq, mailq_json, tmp_path):
     path.write_bytes(b"Subject: bare LF\nContent-Transfer-Encoding: 8bit\n\nd\xc3\xa9j\xc3\xa0 vu \xff\n")
     enqueue(mailq, path)
     stats = mailq_json("worker", "--domain", "example.org", "--idle-exit", "300ms")
-    assert stats == {"delivered": 1, "retried": 0, "dead_lettered": 0, "appended": 1, "lease_expired": 0}
+    assert stats == {
+        "delivered": 1,
+        "retried": 0,
+        "dead_lettered": 0,
+        "appended": 1,
+        "lease_expired": 0,
+        "bounced": 0,
+    }
 
 
 # The console script: the runtime's commands start without Dagster or Spark ---------------------------------
