@@ -41,6 +41,7 @@ from .stores.embedded import (
     EmbeddedConfigurationEvents,
     EmbeddedDeadLetters,
     EmbeddedDelayedMails,
+    EmbeddedHeldMails,
     EmbeddedMailboxTables,
     EmbeddedQueueView,
     EmbeddedStore,
@@ -51,6 +52,7 @@ from .stores.protocols import (
     ConfigurationEvents,
     DeadLetters,
     DelayedMails,
+    HeldMails,
     MailboxTables,
     QueueView,
 )
@@ -73,6 +75,7 @@ class Deployment:
     mailbox_tables: MailboxTables
     dead_letters: DeadLetters
     delayed_mails: DelayedMails
+    held_mails: HeldMails
     work: UnitOfWork
     created: bool  # whether this open made the store
     close: Callable[[], None]
@@ -97,6 +100,7 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         mailbox_tables=EmbeddedMailboxTables(store),
         dead_letters=EmbeddedDeadLetters(store),
         delayed_mails=EmbeddedDelayedMails(store),
+        held_mails=EmbeddedHeldMails(store),
         work=GroupedWork(store.transaction, store.turn),
         created=store.created,
         close=store.close,
@@ -191,6 +195,7 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         CassandraConfigurationEvents,
         CassandraDeadLetters,
         CassandraDelayedMails,
+        CassandraHeldMails,
         CassandraMailboxTables,
         CassandraQueueView,
     )
@@ -232,6 +237,7 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         mailbox_tables=CassandraMailboxTables(metadata),
         dead_letters=CassandraDeadLetters(metadata),
         delayed_mails=CassandraDelayedMails(metadata, settings.clock_skew_grace),
+        held_mails=CassandraHeldMails(metadata),
         # The broker's store is not held over operations that spend their time waiting on Cassandra and S3.
         work=UNGROUPED,
         created=metadata.created,
@@ -296,12 +302,20 @@ class Runtime:
         self.content = deployment.content
         self.dead_letters = deployment.dead_letters
         self.delayed_mails = deployment.delayed_mails
+        self.held_mails = deployment.held_mails
         self.blobs = DeduplicatingBlobStore(self.blob_tables, self.content, clock, self.faults, work)
         self.mailboxes = Mailboxes(
             deployment.mailbox_tables, self.blobs, clock, settings.max_message_size, self.faults, work
         )
         self.queue_backends = QueueBackends(
-            self.view, self.broker, self.blobs, self.dead_letters, self.delayed_mails, work, self.faults
+            self.view,
+            self.broker,
+            self.blobs,
+            self.dead_letters,
+            self.delayed_mails,
+            self.held_mails,
+            work,
+            self.faults,
         )
         self.configuration = ConfigurationStore(deployment.configuration_events, clock)
         if create:

@@ -13,7 +13,7 @@ from ..config import ConfigurationStore, QueueViewConfiguration
 from ..errors import UnknownQueue
 from ..faults import FaultInjector
 from ..model import Mail, QueueName
-from ..stores.protocols import DeadLetters, DelayedMails, QueueView
+from ..stores.protocols import DeadLetters, DelayedMails, HeldMails, QueueView
 from ..stores.records import EnqueuedMail
 from ..unit_of_work import UnitOfWork
 
@@ -30,6 +30,7 @@ class QueueBackends:
     blobs: DeduplicatingBlobStore
     dead_letters: DeadLetters
     delayed: DelayedMails
+    held: HeldMails
     work: UnitOfWork
     faults: FaultInjector
 
@@ -74,6 +75,7 @@ class QueuePart:
         self.broker = backends.broker
         self.blobs = backends.blobs
         self.delayed = backends.delayed
+        self.held = backends.held
         self.work = backends.work
         self.faults = backends.faults
 

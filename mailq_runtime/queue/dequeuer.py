@@ -15,6 +15,7 @@ from ..model import Mail, MailAddress, delivery_time, parse_duration
 from ..stores.records import EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DelayedMailPublisher
+from .holds import Holds
 from .settlement import Settlement
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,10 @@ class Dequeuer(QueuePart):
         publisher: DelayedMailPublisher,
         settlement: Settlement,
         recount: Callable[[], int],
+        holds: Holds,
     ) -> None:
         super().__init__(context)
+        self.holds = holds
         self.publisher = publisher
         self.settlement = settlement
         self.recount = recount
@@ -160,6 +163,9 @@ class Dequeuer(QueuePart):
             return None
         if not self.view.is_live(row, self._current_slice()):
             self.settlement.ack_settled(delivery)  # removed or cleared while waiting in the broker
+            return None
+        if self.holds.park(delivery, row):
+            self.settlement.ack_settled(delivery)  # its held row keeps it until released
             return None
         try:
             mail = self.context.load(row)

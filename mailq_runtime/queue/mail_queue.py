@@ -13,6 +13,7 @@ from .dead_letters import DeadLetterItem, DeadLetterOffice
 from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
 from .enqueuer import Enqueuer
+from .holds import HeldItem, Holds
 from .mail_view import BrowseItem, MailQueueView
 from .overview import QueueOverview, overview
 from .settlement import Settlement
@@ -32,7 +33,8 @@ class MailQueue(QueuePart):
         self.publisher = DelayedMailPublisher(context, schedule, self.letters.drain)
         self.mails = MailQueueView(context, self.enqueuer.send, self.browse_starts.maybe_update)
         settlement = Settlement(context, schedule, self.letters, self.browse_starts.maybe_update)
-        self.dequeuer = Dequeuer(context, self.publisher, settlement, self.mails.recount)
+        self.holds = Holds(context, schedule)
+        self.dequeuer = Dequeuer(context, self.publisher, settlement, self.mails.recount, self.holds)
 
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"
@@ -47,7 +49,7 @@ class MailQueue(QueuePart):
     def overview(self) -> QueueOverview:
         """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse
         (overview.py says how exact each figure is on each broker)."""
-        return overview(self.context)
+        return overview(self.context, *self.holds.counts())
 
     # the view
     def browse(self) -> Iterator[BrowseItem]:
@@ -69,6 +71,30 @@ class MailQueue(QueuePart):
 
     def republish(self, older_than: Delay) -> int:
         return self.mails.republish(older_than)
+
+    # hold and release (Postfix's postsuper -h and -H)
+    def hold(
+        self,
+        enqueue_id: str | None = None,
+        *,
+        sender: str | None = None,
+        recipient: str | None = None,
+        domain: str | None = None,
+    ) -> int:
+        return self.holds.hold(enqueue_id, sender=sender, recipient=recipient, domain=domain)
+
+    def release(
+        self,
+        enqueue_id: str | None = None,
+        *,
+        sender: str | None = None,
+        recipient: str | None = None,
+        domain: str | None = None,
+    ) -> int:
+        return self.holds.release(enqueue_id, sender=sender, recipient=recipient, domain=domain)
+
+    def held_mails(self) -> list[HeldItem]:
+        return self.holds.held_mails()
 
     # dead letters
     def dead_letters(self) -> list[DeadLetterItem]:

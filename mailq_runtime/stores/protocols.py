@@ -27,6 +27,7 @@ from .records import (
     DeletionSpan,
     EnqueuedMail,
     GenerationStart,
+    HeldMail,
     MailboxRow,
     MessageRow,
     Placement,
@@ -133,6 +134,28 @@ class DelayedMails(Protocol):
         next due time, and how many fell due and wait for a publisher, counted by the store without
         reading the payloads."""
         ...
+
+
+class HeldMails(Protocol):
+    """The mails an operator holds (held_mails), keyed by queue and enqueue id. A held mail stays in the
+    view; a consumer that receives it parks its payload here and acks it (`park`), and its release hands
+    the payload back. `park` and `release` are compare-and-sets on `parks`, so a release never drops a
+    payload a consumer parked after the release read the row."""
+
+    def hold(self, queue: str, enqueue_id: str, now: int) -> bool:
+        """Hold the mail; False, and nothing written, if it is held already."""
+        ...
+
+    def get(self, queue: str, enqueue_id: str) -> HeldMail | None: ...
+    def park(self, held: HeldMail, payload: str) -> bool:
+        """Keep `payload` in the held row, only if its `parks` is still `held.parks`."""
+        ...
+
+    def release(self, held: HeldMail) -> bool:
+        """Drop the held row, only if its `parks` is still `held.parks`."""
+        ...
+
+    def list(self, queue: str) -> builtins.list[HeldMail]: ...
 
 
 class BlobTables(Protocol):

@@ -228,6 +228,18 @@ class DelayedMail:
     payload: str
 
 
+class HeldMail(NamedTuple):
+    """A mail an operator holds (held_mails). `payload` is the broker payload of its last delivery that
+    a consumer parked here instead of delivering it (None until one is parked), which its release hands
+    back; `parks` counts those parkings, the version a release's compare-and-set checks."""
+
+    queue: str
+    enqueue_id: str
+    held_at: int
+    parks: int
+    payload: str | None
+
+
 @dataclass(frozen=True)
 class DelayedSummary:
     waiting: int  # due after `now`

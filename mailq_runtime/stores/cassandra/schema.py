@@ -80,6 +80,11 @@ TABLES = {
     "delayed_buckets": f"""CREATE TABLE IF NOT EXISTS delayed_buckets (
         queue text, due_bucket bigint, PRIMARY KEY ((queue), due_bucket)
     ) WITH {_SHORT_GC_GRACE}""",
+    # A queue's held mails, by enqueue id; `parks` versions a row for the compare-and-sets.
+    "held_mails": """CREATE TABLE IF NOT EXISTS held_mails (
+        queue text, enqueue_id text, held_at bigint, parks int, payload text,
+        PRIMARY KEY ((queue), enqueue_id)
+    )""",
     # Record 39. Generations: each kind's numbers, newest first.
     "generations": """CREATE TABLE IF NOT EXISTS generations (
         kind text, number bigint, started_at bigint, PRIMARY KEY ((kind), number)

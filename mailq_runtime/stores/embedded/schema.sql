@@ -100,6 +100,17 @@ CREATE TABLE IF NOT EXISTS delayed_mails (
     PRIMARY KEY (queue, due, enqueue_id)
 ) WITHOUT ROWID;
 
+-- Mails an operator holds: a consumer parks a held mail's payload here instead of delivering it, and its
+-- release hands the payload back; `parks` versions the row for the release's compare-and-set.
+CREATE TABLE IF NOT EXISTS held_mails (
+    queue TEXT NOT NULL,
+    enqueue_id TEXT NOT NULL,
+    held_at INTEGER NOT NULL,
+    parks INTEGER NOT NULL,
+    payload TEXT,
+    PRIMARY KEY (queue, enqueue_id)
+) WITHOUT ROWID;
+
 -- Record 39: reference generations, blobs, references and deletions.
 CREATE TABLE IF NOT EXISTS generations (
     kind TEXT NOT NULL,                    -- 'reference_generation' | 'gc_iteration'
