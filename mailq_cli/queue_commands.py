@@ -62,10 +62,11 @@ def _queues(args: argparse.Namespace) -> Report:
             _state(o.delayed, o.oldest_delayed, False, now)
             + ("" if o.next_due is None else f" next in {span(o.next_due - now)}"),
             _state(o.dead_letters, o.oldest_dead_letter, False, now),
+            str(o.held),
         )
         for o in overviews
     ]
-    lines = table(("QUEUE", "SIZE", "READY", "IN FLIGHT", "DELAYED", "DEAD LETTERS"), rows)
+    lines = table(("QUEUE", "SIZE", "READY", "IN FLIGHT", "DELAYED", "DEAD LETTERS", "HELD"), rows)
     lines.append("(the age of the oldest: since its enqueue, a dead letter's since it died; ? unknown)")
     return Report(queues, lines)
 
@@ -91,7 +92,7 @@ def _state(count: int | None, oldest: datetime | None, unknown: bool, now: datet
 def add_queues_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "queues",
-        help="each queue's size, ready, in-flight, delayed and dead-lettered mails and the oldest of each",
+        help="each queue's size, its mails by state (ready, in flight, delayed, dead, held), the oldest",
     )
     parser.set_defaults(handler=_queues)
 

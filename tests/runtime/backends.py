@@ -58,6 +58,7 @@ TABLES = (
     "broker_messages",
     "dead_letters",
     "delayed_mails",
+    "held_mails",
     "blobs",
     "blob_references",
     "blob_deletions",

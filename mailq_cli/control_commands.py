@@ -1,0 +1,82 @@
+"""The operator's controls of remote delivery (Postfix's postsuper -h/-H): hold, release and held."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mailq_runtime.queue import HeldItem
+
+from .arguments import queue_name
+from .output import Report, table, time_text
+from .queue_commands import open_queue
+
+_CRITERIA = ("sender", "recipient", "domain")
+
+
+def _criterion(args: argparse.Namespace) -> tuple[str, str]:
+    """What the command names: ("enqueue_id", id) or one of the criteria (argparse allows one at most)."""
+    given = [(kind, getattr(args, kind)) for kind in _CRITERIA if getattr(args, kind) is not None]
+    if args.enqueue_id is not None:
+        given.insert(0, ("enqueue_id", args.enqueue_id))
+    if len(given) != 1:
+        # Refused here, before the store is opened, as argparse refuses two criteria.
+        args.parser.error("name one mail by its enqueue id, or one of --sender, --recipient or --domain")
+    return given[0]
+
+
+def _control(args: argparse.Namespace) -> Report:
+    kind, value = _criterion(args)
+    with open_queue(args) as queue:
+        act = queue.hold if args.command == "hold" else queue.release
+        count = act(value) if kind == "enqueue_id" else act(**{kind: value})
+    done = "held" if args.command == "hold" else "released"
+    data = {"queue": args.queue, kind: value, done: count}
+    return Report(data, [f"{done} {count} mails of {args.queue} ({kind.replace('_', ' ')} {value})"])
+
+
+def _held_entry(item: HeldItem) -> dict[str, Any]:
+    return {
+        "enqueue_id": item.enqueue_id,
+        "sender": item.sender,
+        "recipients": item.recipients,
+        "enqueued_time": time_text(item.enqueued_time),
+        "held_at": time_text(item.held_at),
+    }
+
+
+def _held(args: argparse.Namespace) -> Report:
+    with open_queue(args) as queue:
+        entries = [_held_entry(item) for item in queue.held_mails()]
+    rows = [
+        (e["enqueue_id"], e["enqueued_time"], e["held_at"], e["sender"] or "<>", ",".join(e["recipients"]))
+        for e in entries
+    ]
+    lines = table(("ENQUEUE ID", "ENQUEUED", "HELD", "SENDER", "RECIPIENTS"), rows) if rows else []
+    lines.append(f"{len(entries)} mails held")
+    return Report(entries, lines)
+
+
+def _add_control_parser(subparsers: argparse._SubParsersAction, command: str, help_text: str) -> None:
+    parser = subparsers.add_parser(command, help=help_text)
+    parser.add_argument("queue", metavar="QUEUE", type=queue_name)
+    parser.add_argument("enqueue_id", metavar="ENQUEUE_ID", nargs="?", help="one mail, by its enqueue id")
+    criterion = parser.add_mutually_exclusive_group()
+    criterion.add_argument("--sender", metavar="ADDR", help="'<>' for the null sender of bounces")
+    criterion.add_argument("--recipient", metavar="ADDR", help="a mail matches if any recipient does")
+    criterion.add_argument("--domain", metavar="DOMAIN", help="a mail matches if any recipient is there")
+    parser.set_defaults(handler=_control, parser=parser)
+
+
+def add_hold_parser(subparsers: argparse._SubParsersAction) -> None:
+    _add_control_parser(subparsers, "hold", "keep mails from delivery until released (postsuper -h)")
+
+
+def add_release_parser(subparsers: argparse._SubParsersAction) -> None:
+    _add_control_parser(subparsers, "release", "deliver held mails again (postsuper -H)")
+
+
+def add_held_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("held", help="list the held mails of a queue")
+    parser.add_argument("queue", metavar="QUEUE", type=queue_name)
+    parser.set_defaults(handler=_held)

@@ -1,0 +1,80 @@
+"""`mailq hold`, `release` and `held`, and the held column of `mailq queues`, run in-process on a
+temporary data dir: one-line refusals that change nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mailq_cli.main import main
+
+from .test_cli import MESSAGE, assert_bad_input, enqueue
+
+
+@pytest.fixture
+def eml(tmp_path: Path) -> Path:
+    path = tmp_path / "lunch.eml"
+    path.write_bytes(MESSAGE)
+    return path
+
+
+@pytest.fixture
+def mailq(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Run `mailq --url <tmp> ...`; returns (exit status, stdout, stderr)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        status = main(["--url", f"embedded://{tmp_path / 'data'}", *args])
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err
+
+    return run
+
+
+@pytest.fixture
+def mailq_json(mailq):
+    def run(*args: str):
+        status, out, err = mailq("--json", *args)
+        assert (status, err) == (0, "")
+        return json.loads(out)
+
+    return run
+
+
+def test_hold_release_and_held(mailq, mailq_json, eml):
+    one = enqueue(mailq, eml, rcpt=("bob@dest.test",))
+    enqueue(mailq, eml, rcpt=("carol@other.test",))
+
+    assert mailq_json("hold", "spool", "--domain", "dest.test") == {
+        "queue": "spool",
+        "domain": "dest.test",
+        "held": 1,
+    }
+    assert [m["enqueue_id"] for m in mailq_json("held", "spool")] == [one]
+    (queue,) = mailq_json("queues")
+    assert (queue["held"], queue["size"]) == (1, 2)
+    status, out, _ = mailq("queues")
+    assert status == 0 and out.splitlines()[0].split()[-1] == "HELD"
+    status, out, _ = mailq("release", "spool", one)
+    assert (status, out) == (0, f"released 1 mails of spool (enqueue id {one})\n")
+    assert mailq_json("held", "spool") == []
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["hold", "spool"], ["name one mail"]),
+        (["hold", "spool", "--domain", "bad..test"], ["invalid domain"]),
+        (["hold", "spool", "0" * 32], ["holds no mail"]),
+        (["hold", "spool", "--sender", "a@b.test", "--domain", "b.test"], ["not allowed"]),
+        (["release", "spool", "--recipient", "nobody"], ["invalid mail address"]),
+        (["hold", "nosuchqueue", "--domain", "b.test"], ["nosuchqueue"]),
+    ],
+)
+def test_bad_input_is_one_line_and_changes_nothing(mailq, mailq_json, eml, args, words):
+    kept = enqueue(mailq, eml, rcpt=("bob@b.test",))
+    mailq_json("hold", "spool", kept)
+    assert_bad_input(mailq(*args), *words)
+    assert [m["enqueue_id"] for m in mailq_json("held", "spool")] == [kept]
+    assert_bad_input(mailq("release", "spool", "--sender", "x@y.test", "--domain", "y.test"), "not allowed")
