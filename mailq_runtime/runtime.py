@@ -41,6 +41,7 @@ from .stores.embedded import (
     EmbeddedConfigurationEvents,
     EmbeddedDeadLetters,
     EmbeddedDelayedMails,
+    EmbeddedDestinations,
     EmbeddedHeldMails,
     EmbeddedMailboxTables,
     EmbeddedQueueView,
@@ -52,6 +53,7 @@ from .stores.protocols import (
     ConfigurationEvents,
     DeadLetters,
     DelayedMails,
+    Destinations,
     HeldMails,
     MailboxTables,
     QueueView,
@@ -76,6 +78,7 @@ class Deployment:
     dead_letters: DeadLetters
     delayed_mails: DelayedMails
     held_mails: HeldMails
+    destinations: Destinations
     work: UnitOfWork
     created: bool  # whether this open made the store
     close: Callable[[], None]
@@ -101,6 +104,7 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         dead_letters=EmbeddedDeadLetters(store),
         delayed_mails=EmbeddedDelayedMails(store),
         held_mails=EmbeddedHeldMails(store),
+        destinations=EmbeddedDestinations(store),
         work=GroupedWork(store.transaction, store.turn),
         created=store.created,
         close=store.close,
@@ -195,6 +199,7 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         CassandraConfigurationEvents,
         CassandraDeadLetters,
         CassandraDelayedMails,
+        CassandraDestinations,
         CassandraHeldMails,
         CassandraMailboxTables,
         CassandraQueueView,
@@ -238,6 +243,7 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         dead_letters=CassandraDeadLetters(metadata),
         delayed_mails=CassandraDelayedMails(metadata, settings.clock_skew_grace),
         held_mails=CassandraHeldMails(metadata),
+        destinations=CassandraDestinations(metadata),
         # The broker's store is not held over operations that spend their time waiting on Cassandra and S3.
         work=UNGROUPED,
         created=metadata.created,
@@ -302,7 +308,6 @@ class Runtime:
         self.content = deployment.content
         self.dead_letters = deployment.dead_letters
         self.delayed_mails = deployment.delayed_mails
-        self.held_mails = deployment.held_mails
         self.blobs = DeduplicatingBlobStore(self.blob_tables, self.content, clock, self.faults, work)
         self.mailboxes = Mailboxes(
             deployment.mailbox_tables, self.blobs, clock, settings.max_message_size, self.faults, work
@@ -313,7 +318,8 @@ class Runtime:
             self.blobs,
             self.dead_letters,
             self.delayed_mails,
-            self.held_mails,
+            deployment.held_mails,
+            deployment.destinations,
             work,
             self.faults,
         )

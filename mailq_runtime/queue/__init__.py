@@ -23,6 +23,7 @@ from .context import QueueBackends, QueueContext, slice_of
 from .dead_letters import DeadLetterItem
 from .delays import PUBLISH_INTERVAL
 from .dequeuer import MailQueueItem
+from .destinations import BUCKET_NAMES, STATES, DomainShape
 from .enqueuer import check_enqueue, split_message
 from .holds import HeldItem
 from .mail_queue import MailQueue
@@ -30,6 +31,9 @@ from .mail_view import BrowseItem
 from .overview import QueueOverview
 
 __all__ = [
+    "BUCKET_NAMES",
+    "STATES",
+    "DomainShape",
     "PUBLISH_INTERVAL",
     "BrowseItem",
     "DeadLetterItem",

@@ -6,12 +6,14 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from ..model import EnqueueId, Mail
+from ..stores.records import DestinationNote
 from .browse_start import BrowseStart
 from .clean_up import ContentCleanUp
 from .context import Delay, QueueContext, QueuePart
 from .dead_letters import DeadLetterItem, DeadLetterOffice
 from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
+from .destinations import DomainShape, by_domain
 from .enqueuer import Enqueuer
 from .holds import HeldItem, Holds
 from .mail_view import BrowseItem, MailQueueView
@@ -45,6 +47,15 @@ class MailQueue(QueuePart):
 
     def dequeue(self, timeout: Delay = None) -> MailQueueItem | None:
         return self.dequeuer.dequeue(timeout)
+
+    def by_domain(self) -> list[DomainShape]:
+        """Per destination domain, the mails by state in qshape's age buckets, from counters kept as
+        mail moves (destinations.py)."""
+        return by_domain(self.context, self.clock())
+
+    def note_destination(self, note: DestinationNote) -> None:
+        """Record remote delivery's last failure at a domain and its next attempt there."""
+        self.destinations.note(self.name, note)
 
     def overview(self) -> QueueOverview:
         """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from ..clock import MICROS_PER_SECOND, Clock
 from ..model import Mail, MailAddress, creation_time
 from ..queue import MailQueue
+from ..stores.records import DestinationNote
 from .client import Reply, send
 from .dsn import Failed, build_dsn
 from .routes import RouteFailure, Router
@@ -49,16 +50,31 @@ class RemoteDelivery:
         """Send `mail` to `recipients`, one transaction per domain; what became of each."""
         started = time.monotonic()
         replies: dict[str, Reply] = {}
+        age = self.clock() - (creation_time(enqueue_id) or self.clock())
         for domain, group in _by_domain(recipients).items():
             try:
                 targets = self.router.route(domain)
             except RouteFailure as failure:
                 code = 550 if failure.permanent else 450
-                replies.update(dict.fromkeys(group, Reply(code, failure.status, failure.text, "none")))
-                continue
-            replies.update(send(targets, mail.sender, group, mail.message, self.hostname))
-        age = self.clock() - (creation_time(enqueue_id) or self.clock())
+                sent = dict.fromkeys(group, Reply(code, failure.status, failure.text, "none"))
+            else:
+                sent = send(targets, mail.sender, group, mail.message, self.hostname)
+            replies.update(sent)
+            self._note(domain, list(sent.values()), age)
         return self._sorted(enqueue_id, replies, age, time.monotonic() - started)
+
+    def _note(self, domain: str, replies: list[Reply], age: int) -> None:
+        """Record the domain's failure, if any, and its next attempt (none when every failure bounces),
+        for `mailq queues --by-domain`."""
+        failed = [reply for reply in replies if not reply.delivered]
+        if not failed:
+            return
+        now = self.clock()
+        retried = not self.schedule.expired(age) and any(not reply.permanent for reply in failed)
+        reply = failed[0]
+        error = f"{reply.code} {reply.text}" if reply.code else reply.text
+        due = now + self.schedule.delay(age) if retried else None
+        self.queue.note_destination(DestinationNote(domain, error, now, due))
 
     def retry_delay(self, enqueue_id: str) -> int:
         """Microseconds until the next attempt of the mail `enqueue_id`, from its age."""

@@ -25,6 +25,8 @@ from .records import (
     DelayedSummary,
     DeletionRow,
     DeletionSpan,
+    DestinationCount,
+    DestinationNote,
     EnqueuedMail,
     GenerationStart,
     HeldMail,
@@ -156,6 +158,17 @@ class HeldMails(Protocol):
         ...
 
     def list(self, queue: str) -> builtins.list[HeldMail]: ...
+
+
+class Destinations(Protocol):
+    """Per destination domain (destination_counters, destination_notes): a queue's mails by state and
+    enqueue-time slot, counted as they move (never read from the mails), and remote delivery's last
+    failure there. Counts are changed by adding; a count that reaches 0 may be dropped."""
+
+    def count(self, queue: str, changes: Sequence[DestinationCount]) -> None: ...
+    def counts(self, queue: str) -> list[DestinationCount]: ...
+    def note(self, queue: str, note: DestinationNote) -> None: ...
+    def notes(self, queue: str) -> list[DestinationNote]: ...
 
 
 class BlobTables(Protocol):

@@ -240,6 +240,26 @@ class HeldMail(NamedTuple):
     payload: str | None
 
 
+class DestinationCount(NamedTuple):
+    """Mails of one destination domain in one state, enqueued in the slot starting at `slot`: a change
+    of the count when written, the count when read (destination_counters)."""
+
+    domain: str
+    state: str  # "queued": never retried; "deferred": waiting for a retry (or its first delay)
+    slot: int
+    mails: int
+
+
+class DestinationNote(NamedTuple):
+    """The last failure remote delivery met at a destination domain, and when it tries next (None: it
+    bounced, no retry is due)."""
+
+    domain: str
+    error: str
+    noted_at: int
+    next_attempt: int | None
+
+
 @dataclass(frozen=True)
 class DelayedSummary:
     waiting: int  # due after `now`

@@ -59,6 +59,8 @@ TABLES = (
     "dead_letters",
     "delayed_mails",
     "held_mails",
+    "destination_counters",
+    "destination_notes",
     "blobs",
     "blob_references",
     "blob_deletions",

@@ -85,6 +85,15 @@ TABLES = {
         queue text, enqueue_id text, held_at bigint, parks int, payload text,
         PRIMARY KEY ((queue), enqueue_id)
     )""",
+    # Per destination domain: a queue's mails by state and enqueue-time slot, and the last failure.
+    "destination_counters": """CREATE TABLE IF NOT EXISTS destination_counters (
+        queue text, domain text, state text, slot bigint, mails counter,
+        PRIMARY KEY ((queue), domain, state, slot)
+    )""",
+    "destination_notes": """CREATE TABLE IF NOT EXISTS destination_notes (
+        queue text, domain text, error text, noted_at bigint, next_attempt bigint,
+        PRIMARY KEY ((queue), domain)
+    )""",
     # Record 39. Generations: each kind's numbers, newest first.
     "generations": """CREATE TABLE IF NOT EXISTS generations (
         kind text, number bigint, started_at bigint, PRIMARY KEY ((kind), number)

@@ -7,6 +7,7 @@ stores/cassandra/, each a class with the methods of its Cassandra counterpart.
 - blobs: record 39's generations, blobs, references and deletions
 - mailboxes: record 23's mailboxes, projections and counters
 - dead_letters, delayed_mails, held_mails: the mails the queue keeps out of the broker
+- destinations: per destination domain, the mails by state and age, and the last failure
 
 Each method is one SQLite transaction of its own, joining the caller's transaction if one is open.
 """
@@ -15,6 +16,7 @@ from .blobs import EmbeddedBlobTables
 from .configuration import EmbeddedConfigurationEvents
 from .dead_letters import EmbeddedDeadLetters
 from .delayed_mails import EmbeddedDelayedMails
+from .destinations import EmbeddedDestinations
 from .files import DATABASE_FILE
 from .held_mails import EmbeddedHeldMails
 from .mailboxes import EmbeddedMailboxTables
@@ -28,6 +30,7 @@ __all__ = [
     "EmbeddedConfigurationEvents",
     "EmbeddedDeadLetters",
     "EmbeddedDelayedMails",
+    "EmbeddedDestinations",
     "EmbeddedHeldMails",
     "EmbeddedMailboxTables",
     "EmbeddedQueueView",
