@@ -19,6 +19,7 @@ from mailq_runtime.runtime import Runtime
 from mailq_runtime.settings import Settings
 
 from .arguments import count_argument, duration_argument, priority_argument, queue_name
+from .destination_output import by_domain_report
 from .output import Report, progress_bar, span, table, time_text
 
 
@@ -43,6 +44,8 @@ def _null_sender(sender: str) -> str | None:
 
 
 def _queues(args: argparse.Namespace) -> Report:
+    if args.by_domain:
+        return by_domain_report(args)
     try:
         runtime = Runtime.open(args.url)
     except NoStore:
@@ -93,6 +96,11 @@ def add_queues_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "queues",
         help="each queue's size, its mails by state (ready, in flight, delayed, dead, held), the oldest",
+    )
+    parser.add_argument(
+        "--by-domain",
+        action="store_true",
+        help="per destination domain: mails by state in qshape's age buckets, last error, next attempt",
     )
     parser.set_defaults(handler=_queues)
 

@@ -78,3 +78,25 @@ def test_bad_input_is_one_line_and_changes_nothing(mailq, mailq_json, eml, args,
     assert_bad_input(mailq(*args), *words)
     assert [m["enqueue_id"] for m in mailq_json("held", "spool")] == [kept]
     assert_bad_input(mailq("release", "spool", "--sender", "x@y.test", "--domain", "y.test"), "not allowed")
+
+
+def test_queues_by_domain(mailq, mailq_json, eml):
+    status, out, _ = mailq("queues", "--by-domain")
+    assert (status, out) == (0, "no queues\n")
+    enqueue(mailq, eml, rcpt=("bob@dest.test", "carol@other.test"))
+    enqueue(mailq, eml, "--delay", "1h", rcpt=("dave@other.test",))
+    report = mailq_json("queues", "--by-domain")
+    assert [(e["queue"], e["domain"]) for e in report] == [("spool", "dest.test"), ("spool", "other.test")]
+    other = report[1]
+    assert (other["states"]["queued"]["0-5"], other["states"]["deferred"]["0-5"]) == (1, 1)
+    assert other["last_error"] is None and other["next_attempt"] is None
+    status, out, _ = mailq("queues", "--by-domain")
+    header, *rows, legend = out.splitlines()
+    assert header.split()[:5] == ["QUEUE", "DOMAIN", "STATE", "TOTAL", "0-5"] and "160+" in header
+    assert [row.split()[:4] for row in rows] == [
+        ["spool", "dest.test", "queued", "1"],
+        ["spool", "dest.test", "deferred", "0"],
+        ["spool", "other.test", "queued", "1"],
+        ["spool", "other.test", "deferred", "1"],
+    ]
+    assert legend.startswith("(mails per destination domain")
