@@ -42,6 +42,7 @@ class DomainShape:
     last_error: str | None
     last_error_at: datetime | None
     next_attempt: datetime | None
+    suspended_until: datetime | None  # while an operator suspends it
 
     def total(self, state: str) -> int:
         return sum(self.buckets.get(state, ()))
@@ -65,8 +66,9 @@ def by_domain(context: QueueContext, now: int) -> list[DomainShape]:
         buckets = counted.setdefault(count.domain, {}).setdefault(count.state, [0] * len(BUCKET_NAMES))
         buckets[_bucket(now - count.slot)] += count.mails
     notes = {note.domain: note for note in destinations.notes(context.name)}
+    suspended = {s.domain: s.until for s in destinations.suspensions(context.name) if s.until > now}
     shapes = []
-    for domain in sorted(counted.keys() | notes.keys()):
+    for domain in sorted(counted.keys() | notes.keys() | suspended.keys()):
         note = notes.get(domain)
         buckets = {
             state: tuple(max(n, 0) for n in counts) for state, counts in counted.get(domain, {}).items()
@@ -78,6 +80,7 @@ def by_domain(context: QueueContext, now: int) -> list[DomainShape]:
                 None if note is None else note.error,
                 None if note is None else to_datetime(note.noted_at),
                 None if note is None or note.next_attempt is None else to_datetime(note.next_attempt),
+                None if domain not in suspended else to_datetime(suspended[domain]),
             )
         )
     return shapes

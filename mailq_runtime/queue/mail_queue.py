@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ..model import EnqueueId, Mail
 from ..stores.records import DestinationNote
@@ -19,6 +19,7 @@ from .holds import HeldItem, Holds
 from .mail_view import BrowseItem, MailQueueView
 from .overview import QueueOverview, overview
 from .settlement import Settlement
+from .suspensions import Suspensions
 
 
 class MailQueue(QueuePart):
@@ -36,6 +37,7 @@ class MailQueue(QueuePart):
         self.mails = MailQueueView(context, self.enqueuer.send, self.browse_starts.maybe_update)
         settlement = Settlement(context, schedule, self.letters, self.browse_starts.maybe_update)
         self.holds = Holds(context, schedule)
+        self.suspensions = Suspensions(context, self.publisher.flush_domain)
         self.dequeuer = Dequeuer(context, self.publisher, settlement, self.mails.recount, self.holds)
 
     def __repr__(self) -> str:
@@ -56,6 +58,19 @@ class MailQueue(QueuePart):
     def note_destination(self, note: DestinationNote) -> None:
         """Record remote delivery's last failure at a domain and its next attempt there."""
         self.destinations.note(self.name, note)
+
+    # destination domains: suspend, resume, retry now (KumoMTA's suspend, Postfix's postqueue -s)
+    def suspend(self, domain: str, until: datetime | timedelta | str) -> datetime:
+        return self.suspensions.suspend(domain, until)
+
+    def resume(self, domain: str) -> int:
+        return self.suspensions.resume(domain)
+
+    def retry_domain(self, domain: str) -> int:
+        return self.suspensions.retry(domain)
+
+    def suspended(self) -> dict[str, datetime]:
+        return self.suspensions.suspended()
 
     def overview(self) -> QueueOverview:
         """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse

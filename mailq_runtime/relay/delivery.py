@@ -24,6 +24,7 @@ from .routes import RouteFailure, Router
 from .schedule import RetrySchedule
 
 log = logging.getLogger("mailq_runtime.relay")
+SUSPENSIONS_READ = 1.0  # seconds between reads of the suspended domains
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,20 @@ class RemoteDelivery:
         self.schedule = schedule
         self.hostname = hostname
         self.clock = clock
+        self._suspensions: set[str] = set()
+        self._suspensions_read_at = 0.0  # time.monotonic() of the next read
 
     def deliver(self, enqueue_id: str, mail: Mail, recipients: Sequence[MailAddress]) -> Outcome:
         """Send `mail` to `recipients`, one transaction per domain; what became of each."""
         started = time.monotonic()
         replies: dict[str, Reply] = {}
         age = self.clock() - (creation_time(enqueue_id) or self.clock())
+        suspended = self._suspended()
         for domain, group in _by_domain(recipients).items():
+            if domain in suspended:
+                text = f"delivery to {domain} suspended by the operator"
+                replies.update(dict.fromkeys(group, Reply(450, "4.3.2", text, "none")))
+                continue
             try:
                 targets = self.router.route(domain)
             except RouteFailure as failure:
@@ -62,6 +70,14 @@ class RemoteDelivery:
             replies.update(sent)
             self._note(domain, list(sent.values()), age)
         return self._sorted(enqueue_id, replies, age, time.monotonic() - started)
+
+    def _suspended(self) -> set[str]:
+        """The domains suspended now, read again at most every SUSPENSIONS_READ seconds: a suspension
+        takes effect within that, for the cost of a read a second rather than a mail."""
+        if time.monotonic() >= self._suspensions_read_at:
+            self._suspensions = set(self.queue.suspended())
+            self._suspensions_read_at = time.monotonic() + SUSPENSIONS_READ
+        return self._suspensions
 
     def _note(self, domain: str, replies: list[Reply], age: int) -> None:
         """Record the domain's failure, if any, and its next attempt (none when every failure bounces),

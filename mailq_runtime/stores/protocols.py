@@ -36,6 +36,7 @@ from .records import (
     ProjectionRow,
     SizedBlob,
     SliceSize,
+    Suspension,
     UidEntry,
 )
 
@@ -163,12 +164,16 @@ class HeldMails(Protocol):
 class Destinations(Protocol):
     """Per destination domain (destination_counters, destination_notes): a queue's mails by state and
     enqueue-time slot, counted as they move (never read from the mails), and remote delivery's last
-    failure there. Counts are changed by adding; a count that reaches 0 may be dropped."""
+    failure there, and the domains an operator suspended (destination_suspensions). Counts are changed
+    by adding; a count that reaches 0 may be dropped."""
 
     def count(self, queue: str, changes: Sequence[DestinationCount]) -> None: ...
     def counts(self, queue: str) -> list[DestinationCount]: ...
     def note(self, queue: str, note: DestinationNote) -> None: ...
     def notes(self, queue: str) -> list[DestinationNote]: ...
+    def suspend(self, queue: str, suspension: Suspension) -> None: ...
+    def resume(self, queue: str, domain: str) -> None: ...
+    def suspensions(self, queue: str) -> list[Suspension]: ...
 
 
 class BlobTables(Protocol):

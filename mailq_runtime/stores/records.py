@@ -260,6 +260,13 @@ class DestinationNote(NamedTuple):
     next_attempt: int | None
 
 
+class Suspension(NamedTuple):
+    """A destination domain an operator suspended: remote delivery defers its mails until `until`."""
+
+    domain: str
+    until: int
+
+
 @dataclass(frozen=True)
 class DelayedSummary:
     waiting: int  # due after `now`

@@ -61,6 +61,7 @@ TABLES = (
     "held_mails",
     "destination_counters",
     "destination_notes",
+    "destination_suspensions",
     "blobs",
     "blob_references",
     "blob_deletions",

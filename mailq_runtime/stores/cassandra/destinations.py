@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..records import DestinationCount, DestinationNote
+from ..records import DestinationCount, DestinationNote, Suspension
 from .store import CassandraStore
 
 
@@ -40,3 +40,20 @@ class CassandraDestinations:
             "SELECT domain, error, noted_at, next_attempt FROM destination_notes WHERE queue = ?", (queue,)
         )
         return [DestinationNote(*row) for row in rows]
+
+    def suspend(self, queue: str, suspension: Suspension) -> None:
+        self.store.execute(
+            "INSERT INTO destination_suspensions (queue, domain, until) VALUES (?, ?, ?)",
+            (queue, *suspension),
+        )
+
+    def resume(self, queue: str, domain: str) -> None:
+        self.store.execute(
+            "DELETE FROM destination_suspensions WHERE queue = ? AND domain = ?", (queue, domain)
+        )
+
+    def suspensions(self, queue: str) -> list[Suspension]:
+        rows = self.store.execute(
+            "SELECT domain, until FROM destination_suspensions WHERE queue = ?", (queue,)
+        )
+        return [Suspension(*row) for row in rows]

@@ -94,6 +94,9 @@ TABLES = {
         queue text, domain text, error text, noted_at bigint, next_attempt bigint,
         PRIMARY KEY ((queue), domain)
     )""",
+    "destination_suspensions": """CREATE TABLE IF NOT EXISTS destination_suspensions (
+        queue text, domain text, until bigint, PRIMARY KEY ((queue), domain)
+    )""",
     # Record 39. Generations: each kind's numbers, newest first.
     "generations": """CREATE TABLE IF NOT EXISTS generations (
         kind text, number bigint, started_at bigint, PRIMARY KEY ((kind), number)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..records import DestinationCount, DestinationNote
+from ..records import DestinationCount, DestinationNote, Suspension
 from .store import EmbeddedStore
 
 
@@ -45,3 +45,17 @@ class EmbeddedDestinations:
             "SELECT domain, error, noted_at, next_attempt FROM destination_notes WHERE queue = ?", (queue,)
         )
         return [DestinationNote(*row) for row in rows]
+
+    def suspend(self, queue: str, suspension: Suspension) -> None:
+        with self.store.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO destination_suspensions VALUES (?, ?, ?)", (queue, *suspension)
+            )
+
+    def resume(self, queue: str, domain: str) -> None:
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM destination_suspensions WHERE queue = ? AND domain = ?", (queue, domain))
+
+    def suspensions(self, queue: str) -> list[Suspension]:
+        rows = self.store.read("SELECT domain, until FROM destination_suspensions WHERE queue = ?", (queue,))
+        return [Suspension(*row) for row in rows]

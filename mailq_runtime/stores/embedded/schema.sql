@@ -131,6 +131,13 @@ CREATE TABLE IF NOT EXISTS destination_notes (
     PRIMARY KEY (queue, domain)
 ) WITHOUT ROWID;
 
+CREATE TABLE IF NOT EXISTS destination_suspensions (
+    queue TEXT NOT NULL,
+    domain TEXT NOT NULL,
+    until INTEGER NOT NULL,
+    PRIMARY KEY (queue, domain)
+) WITHOUT ROWID;
+
 -- Record 39: reference generations, blobs, references and deletions.
 CREATE TABLE IF NOT EXISTS generations (
     kind TEXT NOT NULL,                    -- 'reference_generation' | 'gc_iteration'
