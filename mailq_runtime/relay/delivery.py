@@ -87,10 +87,8 @@ class RemoteDelivery:
             return
         now = self.clock()
         retried = not self.schedule.expired(age) and any(not reply.permanent for reply in failed)
-        reply = failed[0]
-        error = f"{reply.code} {reply.text}" if reply.code else reply.text
         due = now + self.schedule.delay(age) if retried else None
-        self.queue.note_destination(DestinationNote(domain, error, now, due))
+        self.queue.note_destination(DestinationNote(domain, failed[0].text, now, due))
 
     def retry_delay(self, enqueue_id: str) -> int:
         """Microseconds until the next attempt of the mail `enqueue_id`, from its age."""
