@@ -1,13 +1,16 @@
-"""The operator's controls of remote delivery (Postfix's postsuper -h/-H): hold, release and held."""
+"""The operator's controls of remote delivery: hold, release and held (Postfix's postsuper -h/-H), suspend
+and resume a destination domain (KumoMTA's suspend), retry-domain (postqueue -s)."""
 
 from __future__ import annotations
 
 import argparse
+from datetime import datetime
 from typing import Any
 
+from mailq_runtime.errors import InvalidInput, shown
 from mailq_runtime.queue import HeldItem
 
-from .arguments import queue_name
+from .arguments import duration_argument, queue_name
 from .output import Report, table, time_text
 from .queue_commands import open_queue
 
@@ -80,3 +83,65 @@ def add_held_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("held", help="list the held mails of a queue")
     parser.add_argument("queue", metavar="QUEUE", type=queue_name)
     parser.set_defaults(handler=_held)
+
+
+def _time(text: str) -> datetime:
+    """An ISO 8601 time with its zone ("Z" for UTC)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"invalid time {shown(text)}: use ISO 8601, as 2026-11-26T06:00Z") from None
+    if moment.tzinfo is None:
+        raise InvalidInput(f"invalid time {shown(text)}: give its time zone, as 2026-11-26T06:00Z")
+    return moment
+
+
+def _suspend(args: argparse.Namespace) -> Report:
+    until = _time(args.until) if args.until is not None else args.duration
+    with open_queue(args) as queue:
+        end = queue.suspend(args.domain, until)
+    data = {"queue": args.queue, "domain": args.domain.lower(), "until": time_text(end)}
+    return Report(data, [f"suspended {data['domain']} in {args.queue} until {data['until']}"])
+
+
+def _resume(args: argparse.Namespace) -> Report:
+    with open_queue(args) as queue:
+        due = queue.resume(args.domain)
+    data = {"queue": args.queue, "domain": args.domain.lower(), "retried": due}
+    return Report(data, [f"resumed {data['domain']} in {args.queue}: {due} delayed mails due now"])
+
+
+def _retry_domain(args: argparse.Namespace) -> Report:
+    with open_queue(args) as queue:
+        due = queue.retry_domain(args.domain)
+    data = {"queue": args.queue, "domain": args.domain.lower(), "retried": due}
+    return Report(data, [f"{due} delayed mails for {data['domain']} in {args.queue} due now"])
+
+
+def _domain_parser(
+    subparsers: argparse._SubParsersAction, command: str, help_text: str
+) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(command, help=help_text)
+    parser.add_argument("queue", metavar="QUEUE", type=queue_name)
+    parser.add_argument("domain", metavar="DOMAIN")
+    return parser
+
+
+def add_suspend_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = _domain_parser(subparsers, "suspend", "defer remote delivery to a domain until a time")
+    end = parser.add_mutually_exclusive_group(required=True)
+    end.add_argument("--until", metavar="TIME", help="an ISO 8601 time with its zone, as 2026-11-26T06:00Z")
+    end.add_argument("--for", dest="duration", metavar="DURATION", type=duration_argument("--for"))
+    parser.set_defaults(handler=_suspend)
+
+
+def add_resume_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = _domain_parser(subparsers, "resume", "lift a domain's suspension and retry its mails now")
+    parser.set_defaults(handler=_resume)
+
+
+def add_retry_domain_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = _domain_parser(
+        subparsers, "retry-domain", "make a domain's delayed mails due now (postqueue -s)"
+    )
+    parser.set_defaults(handler=_retry_domain)

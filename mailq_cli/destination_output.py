@@ -26,17 +26,19 @@ def _entry(queue: str, shape: DomainShape) -> dict[str, Any]:
         "last_error": shape.last_error,
         "last_error_at": None if shape.last_error_at is None else time_text(shape.last_error_at),
         "next_attempt": None if shape.next_attempt is None else time_text(shape.next_attempt),
+        "suspended_until": None if shape.suspended_until is None else time_text(shape.suspended_until),
     }
 
 
 def _rows(queue: str, shape: DomainShape, now: datetime) -> list[tuple[str, ...]]:
     due = "-" if shape.next_attempt is None else _when(shape.next_attempt, now)
     error = shape.last_error or "-"
+    suspended = "-" if shape.suspended_until is None else time_text(shape.suspended_until)
     rows = []
     for state in STATES:
         counts = shape.buckets.get(state, (0,) * len(BUCKET_NAMES))
-        rows.append((queue, shape.domain, state, str(sum(counts)), *map(str, counts), error, due))
-        error, due = "", ""  # once a domain
+        rows.append((queue, shape.domain, state, str(sum(counts)), *map(str, counts), suspended, due, error))
+        error, due, suspended = "", "", ""  # once a domain
     return rows
 
 
@@ -59,7 +61,16 @@ def by_domain_report(args: argparse.Namespace) -> Report:
     if not shapes:
         return Report([], ["no mails for any domain"])
     rows = [row for queue, shape in shapes for row in _rows(queue, shape, now)]
-    headers = ("QUEUE", "DOMAIN", "STATE", "TOTAL", *BUCKET_NAMES, "LAST ERROR", "NEXT ATTEMPT")
+    headers = (
+        "QUEUE",
+        "DOMAIN",
+        "STATE",
+        "TOTAL",
+        *BUCKET_NAMES,
+        "SUSPENDED UNTIL",
+        "NEXT ATTEMPT",
+        "LAST ERROR",
+    )
     lines = table(headers, rows)
     lines.append("(mails per destination domain by age in minutes since enqueue, as qshape)")
     return Report([_entry(queue, shape) for queue, shape in shapes], lines)

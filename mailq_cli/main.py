@@ -21,7 +21,14 @@ from mailq_runtime.settings import DEFAULT_URL, URL_VARIABLE, redact
 
 from .arguments import PIPELINE_COMMANDS, AddParser
 from .config_commands import add_config_parser, add_schema_parser
-from .control_commands import add_held_parser, add_hold_parser, add_release_parser
+from .control_commands import (
+    add_held_parser,
+    add_hold_parser,
+    add_release_parser,
+    add_resume_parser,
+    add_retry_domain_parser,
+    add_suspend_parser,
+)
 from .dead_letter_commands import add_dead_letters_parser
 from .queue_commands import (
     add_browse_parser,
@@ -55,6 +62,9 @@ SUBCOMMANDS: list[AddParser] = [
     add_hold_parser,
     add_release_parser,
     add_held_parser,
+    add_suspend_parser,
+    add_resume_parser,
+    add_retry_domain_parser,
     add_config_parser,
     add_worker_parser,
     add_schema_parser,

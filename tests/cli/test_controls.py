@@ -100,3 +100,40 @@ def test_queues_by_domain(mailq, mailq_json, eml):
         ["spool", "other.test", "deferred", "1"],
     ]
     assert legend.startswith("(mails per destination domain")
+
+
+def test_suspend_resume_and_retry_a_domain(mailq, mailq_json, eml):
+    enqueue(mailq, eml, "--delay", "1h", rcpt=("bob@dest.test",))
+    report = mailq_json("suspend", "spool", "Dest.test", "--until", "2999-01-01T00:00Z")
+    assert report == {"queue": "spool", "domain": "dest.test", "until": "2999-01-01T00:00:00+00:00"}
+    (shape,) = mailq_json("queues", "--by-domain")
+    assert shape["suspended_until"] == "2999-01-01T00:00:00+00:00"
+    assert mailq_json("retry-domain", "spool", "dest.test")["retried"] == 1
+    assert mailq_json("resume", "spool", "dest.test") == {
+        "queue": "spool",
+        "domain": "dest.test",
+        "retried": 0,
+    }
+    status, out, _ = mailq("suspend", "spool", "dest.test", "--for", "2h")
+    assert status == 0 and out.startswith("suspended dest.test in spool until ")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["suspend", "spool", "dest.test", "--until", "2020-01-01T00:00Z"], ["in the past"]),
+        (["suspend", "spool", "dest.test", "--until", "2999-01-01T00:00"], ["time zone"]),
+        (["suspend", "spool", "dest.test", "--until", "soon"], ["invalid time"]),
+        (["suspend", "spool", "dest.test", "--for", "0s"], ["longer than zero"]),
+        (["suspend", "spool", "dest.test"], ["--until", "--for"]),
+        (["suspend", "spool", "bad..test", "--for", "1h"], ["invalid domain"]),
+        (["resume", "spool", "other.test"], ["not suspended"]),
+        (["retry-domain", "spool", "x y"], ["invalid domain"]),
+    ],
+)
+def test_domain_controls_refuse_bad_input_and_change_nothing(mailq, mailq_json, eml, args, words):
+    enqueue(mailq, eml, rcpt=("bob@dest.test",))
+    mailq_json("suspend", "spool", "dest.test", "--until", "2999-01-01T00:00Z")
+    assert_bad_input(mailq(*args), *words)
+    (shape,) = mailq_json("queues", "--by-domain")
+    assert shape["suspended_until"] == "2999-01-01T00:00:00+00:00"
