@@ -44,7 +44,8 @@ smtpd_recipient_restrictions = permit_mynetworks, reject_unauth_destination
 class PrivatePostfix:
     """Postfix on `host`:`port` taking mail for `users` (addresses of one domain) into their Maildirs,
     offering STARTTLS with `tls` (a PEM certificate and key) if given. A context manager;
-    `delivered(address)` reads the mails in that user's Maildir."""
+    `delivered(address)` reads the mails in that user's Maildir, `sessions()` lists the sessions that
+    ended."""
 
     def __init__(
         self, port: int, users: Sequence[str], *, host: str = HOST, tls: tuple[Path, Path] | None = None
@@ -89,6 +90,16 @@ class PrivatePostfix:
         if not new.exists():
             return []
         return [path.read_bytes() for path in sorted(new.iterdir(), key=lambda p: p.stat().st_mtime)]
+
+    def sessions(self) -> list[str]:
+        """The SMTP sessions that ended, as smtpd logs their commands (`ehlo=1 mail=3 ... quit=1`); the
+        harness's readiness probe, which sent none, is not one."""
+        assert self.root is not None, "the private Postfix is not running"
+        log = self.root / "maillog"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        return [
+            line.split("]", 2)[-1].strip() for line in lines if "disconnect from" in line and "ehlo=" in line
+        ]
 
     def _configure(self, root: Path) -> Path:
         account = pwd.getpwnam("postfix")

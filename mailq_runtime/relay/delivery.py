@@ -18,6 +18,7 @@ from ..clock import MICROS_PER_SECOND, Clock
 from ..model import Mail, MailAddress, creation_time
 from ..queue import MailQueue
 from .client import Reply, send
+from .connections import Connections
 from .dsn import Failed, build_dsn
 from .routes import RouteFailure, Router
 from .schedule import RetrySchedule
@@ -34,7 +35,8 @@ class Outcome:
 
 class RemoteDelivery:
     """Delivers to other domains through `router`, retries on `schedule`, and enqueues the notifications
-    of bounced mail to `queue` as `hostname`'s mailer daemon."""
+    of bounced mail to `queue` as `hostname`'s mailer daemon. Used by one worker thread at a time, which
+    `close()`s it when it stops (the sessions kept for the next mail)."""
 
     def __init__(
         self, queue: MailQueue, router: Router, schedule: RetrySchedule, hostname: str, clock: Clock
@@ -44,6 +46,11 @@ class RemoteDelivery:
         self.schedule = schedule
         self.hostname = hostname
         self.clock = clock
+        self.connections = Connections()
+
+    def close(self) -> None:
+        """Close the sessions kept for the next mail (the worker stops)."""
+        self.connections.close()
 
     def deliver(self, enqueue_id: str, mail: Mail, recipients: Sequence[MailAddress]) -> Outcome:
         """Send `mail` to `recipients`, one transaction per domain; what became of each."""
@@ -56,7 +63,7 @@ class RemoteDelivery:
                 code = 550 if failure.permanent else 450
                 replies.update(dict.fromkeys(group, Reply(code, failure.status, failure.text, "none")))
                 continue
-            replies.update(send(targets, mail.sender, group, mail.message, self.hostname))
+            replies.update(send(targets, mail.sender, group, mail.message, self.hostname, self.connections))
         age = self.clock() - (creation_time(enqueue_id) or self.clock())
         return self._sorted(enqueue_id, replies, age, time.monotonic() - started)
 

@@ -87,12 +87,14 @@ class Worker:
 
     stop_event: threading.Event
     thread: threading.Thread
+    relay: RemoteDelivery
     stats: list[WorkerStats]
 
     def stop(self) -> WorkerStats:
         self.stop_event.set()
         self.thread.join(30)
         assert not self.thread.is_alive() and self.stats
+        self.relay.close()
         return self.stats[0]
 
 
@@ -111,7 +113,7 @@ def start_worker(runtime: Runtime, dns: DnsServer, mx_port: int) -> Iterator[Cal
             daemon=True,
         )
         thread.start()
-        worker = Worker(stop, thread, stats)
+        worker = Worker(stop, thread, relay, stats)
         started.append(worker)
         return worker
 
@@ -119,6 +121,7 @@ def start_worker(runtime: Runtime, dns: DnsServer, mx_port: int) -> Iterator[Cal
     for worker in started:
         worker.stop_event.set()
         worker.thread.join(30)
+        worker.relay.close()
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 30.0) -> None:

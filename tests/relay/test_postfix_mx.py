@@ -31,3 +31,17 @@ def test_a_postfix_mx_takes_one_recipient_and_refuses_the_other(
     assert (block["Action"], block["Status"]) == ("failed", "5.1.1")
     assert "User unknown in virtual mailbox table" in " ".join(block["Diagnostic-Code"].split())
     assert (stats.delivered, stats.bounced) == (2, 1)  # the mail, and the notification to alice
+
+
+def test_mails_to_one_destination_share_one_session(runtime, start_worker, relay_log):
+    port = free_port()
+    with PrivatePostfix(port, ["bob@pf.test"]) as postfix:
+        for _ in range(3):
+            send(runtime, "bob@pf.test")
+        worker = start_worker(transport={"pf.test": f"127.0.0.1:{port}"})
+        wait_until(lambda: len(postfix.delivered("bob@pf.test")) == 3)
+        wait_until(lambda: runtime.queue("spool").size() == 0)
+        worker.stop()
+        wait_until(lambda: postfix.sessions())
+        assert postfix.sessions() == ["ehlo=1 mail=3 rcpt=3 data=3 rset=2 quit=1 commands=13"]
+    assert statuses(relay_log, "bob@pf.test") == ["sent"] * 3
