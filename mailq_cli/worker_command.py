@@ -73,16 +73,21 @@ def _worker(args: argparse.Namespace) -> Report:
     with Runtime.open(args.url) as existing:
         existing.queue(args.queue, create=False)
     with Runtime.open(args.url, create=True) as runtime, _relay_log(args.relay):
-        stats = run_worker(
-            runtime,
-            args.queue,
-            local_domains=args.domain,
-            stop=stop,
-            idle_timeout=args.idle_exit,
-            retry_delay=args.retry_delay,
-            max_attempts=args.max_attempts,
-            relay=relay(runtime),
-        )
+        remote = relay(runtime)
+        try:
+            stats = run_worker(
+                runtime,
+                args.queue,
+                local_domains=args.domain,
+                stop=stop,
+                idle_timeout=args.idle_exit,
+                retry_delay=args.retry_delay,
+                max_attempts=args.max_attempts,
+                relay=remote,
+            )
+        finally:
+            if remote is not None:
+                remote.close()
     data = asdict(stats)
     return Report(
         data, [f"{args.queue}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in data.items())]

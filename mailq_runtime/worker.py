@@ -6,6 +6,9 @@ delivering and acknowledging (the broker then delivers the mail again) never dup
 workers, threads or processes, may serve one queue on one data directory: the broker leases each mail to
 one of them, and the mailboxes allocate uids atomically. A worker extends the lease of the mail in hand
 while its delivery runs, so a slow delivery is not given to another worker meanwhile.
+
+With remote delivery (`mailq_runtime.relay`), the same worker sends the other domains' recipients by
+SMTP, and settles the mail once for both: done, or retried to the deferred remote recipients only.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from ..model import Mail, MailAddress, creation_time
 from ..queue import MailQueue
 from ..stores.records import DestinationNote
 from .client import Reply, send
+from .connections import Connections
 from .dsn import Failed, build_dsn
 from .routes import RouteFailure, Router
 from .schedule import RetrySchedule
@@ -36,7 +37,8 @@ class Outcome:
 
 class RemoteDelivery:
     """Delivers to other domains through `router`, retries on `schedule`, and enqueues the notifications
-    of bounced mail to `queue` as `hostname`'s mailer daemon."""
+    of bounced mail to `queue` as `hostname`'s mailer daemon. Used by one worker thread at a time, which
+    `close()`s it when it stops (the sessions kept for the next mail)."""
 
     def __init__(
         self, queue: MailQueue, router: Router, schedule: RetrySchedule, hostname: str, clock: Clock
@@ -48,6 +50,11 @@ class RemoteDelivery:
         self.clock = clock
         self._suspensions: set[str] = set()
         self._suspensions_read_at = 0.0  # time.monotonic() of the next read
+        self.connections = Connections()
+
+    def close(self) -> None:
+        """Close the sessions kept for the next mail (the worker stops)."""
+        self.connections.close()
 
     def deliver(self, enqueue_id: str, mail: Mail, recipients: Sequence[MailAddress]) -> Outcome:
         """Send `mail` to `recipients`, one transaction per domain; what became of each."""
@@ -66,7 +73,7 @@ class RemoteDelivery:
                 code = 550 if failure.permanent else 450
                 sent = dict.fromkeys(group, Reply(code, failure.status, failure.text, "none"))
             else:
-                sent = send(targets, mail.sender, group, mail.message, self.hostname)
+                sent = send(targets, mail.sender, group, mail.message, self.hostname, self.connections)
             replies.update(sent)
             self._note(domain, list(sent.values()), age)
         return self._sorted(enqueue_id, replies, age, time.monotonic() - started)

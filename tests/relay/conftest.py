@@ -5,6 +5,7 @@ with remote delivery on a short retry schedule."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -86,12 +87,14 @@ class Worker:
 
     stop_event: threading.Event
     thread: threading.Thread
+    relay: RemoteDelivery
     stats: list[WorkerStats]
 
     def stop(self) -> WorkerStats:
         self.stop_event.set()
         self.thread.join(30)
         assert not self.thread.is_alive() and self.stats
+        self.relay.close()
         return self.stats[0]
 
 
@@ -99,10 +102,9 @@ class Worker:
 def start_worker(runtime: Runtime, dns: DnsServer, mx_port: int) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
-    def start(schedule: RetrySchedule = SCHEDULE) -> Worker:
-        relay = RemoteDelivery(
-            runtime.queue(QUEUE), Router({}, dns.address, mx_port), schedule, HOSTNAME, runtime.clock
-        )
+    def start(schedule: RetrySchedule = SCHEDULE, transport: dict[str, str] | None = None) -> Worker:
+        router = Router(transport, dns.address, mx_port)
+        relay = RemoteDelivery(runtime.queue(QUEUE), router, schedule, HOSTNAME, runtime.clock)
         stop, stats = threading.Event(), []
         thread = threading.Thread(
             target=lambda: stats.append(
@@ -111,7 +113,7 @@ def start_worker(runtime: Runtime, dns: DnsServer, mx_port: int) -> Iterator[Cal
             daemon=True,
         )
         thread.start()
-        worker = Worker(stop, thread, stats)
+        worker = Worker(stop, thread, relay, stats)
         started.append(worker)
         return worker
 
@@ -119,6 +121,7 @@ def start_worker(runtime: Runtime, dns: DnsServer, mx_port: int) -> Iterator[Cal
     for worker in started:
         worker.stop_event.set()
         worker.thread.join(30)
+        worker.relay.close()
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 30.0) -> None:
@@ -132,6 +135,24 @@ def inbox(runtime: Runtime, user: str = SENDER) -> list[Message]:
     mailboxes = runtime.mailboxes
     box = mailboxes.get_or_create(user, "INBOX")
     return [message_from_bytes(mailboxes.read(box, e.uid)) for e in mailboxes.list_messages(box)]
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate and its key, for a mail exchanger's STARTTLS."""
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=mx.pf.test"]
+        + ["-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    # Postfix's smtpd reads them as the user postfix.
+    directory.chmod(0o755)
+    cert.chmod(0o644)
+    key.chmod(0o644)
+    return cert, key
 
 
 @pytest.fixture
