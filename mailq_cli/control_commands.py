@@ -7,6 +7,7 @@ import argparse
 from datetime import datetime
 from typing import Any
 
+from mailq_runtime.clock import to_datetime
 from mailq_runtime.errors import InvalidInput, shown
 from mailq_runtime.queue import HeldItem
 
@@ -145,3 +146,33 @@ def add_retry_domain_parser(subparsers: argparse._SubParsersAction) -> None:
         subparsers, "retry-domain", "make a domain's delayed mails due now (postqueue -s)"
     )
     parser.set_defaults(handler=_retry_domain)
+
+
+def _bounce(args: argparse.Namespace) -> Report:
+    with open_queue(args) as queue:
+        due = queue.bounce_domain(args.domain, args.reason, args.window)
+        bounce = queue.bounced_domains()[args.domain.lower()]
+    until = time_text(to_datetime(bounce.until))
+    data = {
+        "queue": args.queue,
+        "domain": bounce.domain,
+        "reason": bounce.reason,
+        "until": until,
+        "retried": due,
+    }
+    return Report(
+        data,
+        [f"bouncing the mails for {bounce.domain} in {args.queue} enqueued until {until}: {bounce.reason}"],
+    )
+
+
+def add_bounce_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = _domain_parser(subparsers, "bounce", "return a domain's mails to their senders with a reason")
+    parser.add_argument("--reason", required=True, metavar="TEXT", help="one line, in each notification")
+    parser.add_argument(
+        "--window",
+        metavar="DURATION",
+        type=duration_argument("--window"),
+        help="also bounce the mails for the domain that arrive within this time from now",
+    )
+    parser.set_defaults(handler=_bounce)

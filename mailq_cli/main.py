@@ -22,6 +22,7 @@ from mailq_runtime.settings import DEFAULT_URL, URL_VARIABLE, redact
 from .arguments import PIPELINE_COMMANDS, AddParser
 from .config_commands import add_config_parser, add_schema_parser
 from .control_commands import (
+    add_bounce_parser,
     add_held_parser,
     add_hold_parser,
     add_release_parser,
@@ -65,6 +66,7 @@ SUBCOMMANDS: list[AddParser] = [
     add_suspend_parser,
     add_resume_parser,
     add_retry_domain_parser,
+    add_bounce_parser,
     add_config_parser,
     add_worker_parser,
     add_schema_parser,

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from ..model import EnqueueId, Mail
-from ..stores.records import DestinationNote
+from ..stores.records import DestinationNote, DomainBounce
 from .browse_start import BrowseStart
 from .clean_up import ContentCleanUp
 from .context import Delay, QueueContext, QueuePart
@@ -71,6 +71,12 @@ class MailQueue(QueuePart):
 
     def suspended(self) -> dict[str, datetime]:
         return self.suspensions.suspended()
+
+    def bounce_domain(self, domain: str, reason: str, window: timedelta | str | None = None) -> int:
+        return self.suspensions.bounce(domain, reason, window)
+
+    def bounced_domains(self) -> dict[str, DomainBounce]:
+        return self.suspensions.bounced()
 
     def overview(self) -> QueueOverview:
         """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse

@@ -1,8 +1,10 @@
-"""Suspend and resume a destination domain (KumoMTA's suspend), and retry it now (Postfix's
-`postqueue -s`). A suspension is one row of the store; remote delivery reads it (relay/delivery.py) and
-defers the domain's recipients, new arrivals too, on its schedule until the suspension ends or is lifted.
-A resume drops the row, then retries the domain now, so its mails go out without waiting for their next
-attempt: a crash between the two leaves them to their schedule."""
+"""Suspend and resume a destination domain (KumoMTA's suspend), bounce its mails with a reason, now and
+for a window of new arrivals (KumoMTA's bounce), and retry it now (Postfix's `postqueue -s`).
+
+A suspension or a bounce is one row of the store; remote delivery reads them (relay/delivery.py), and
+defers a suspended domain's recipients, new arrivals too, on its schedule until the suspension ends or is
+lifted, or bounces a bounced domain's. A resume drops the row, then retries the domain now, so its mails
+go out without waiting for their next attempt: a crash between the two leaves them to their schedule."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from datetime import datetime, timedelta
 from ..clock import from_datetime, to_datetime
 from ..errors import InvalidInput, shown
 from ..model import DomainName, parse_duration
-from ..stores.records import Suspension
+from ..stores.records import DomainBounce, Suspension
 from .context import QueueContext, QueuePart
 
 
@@ -52,6 +54,25 @@ class Suspensions(QueuePart):
     def retry(self, domain: str) -> int:
         """Make the delayed mails with a recipient at `domain` deliverable now; how many."""
         return self.flush_domain(DomainName(domain))
+
+    def bounce(self, domain: str, reason: str, window: timedelta | str | None = None) -> int:
+        """Return to their senders the mails for `domain` enqueued until now, or until the end of
+        `window` from now (new arrivals meanwhile too), with `reason`: remote delivery bounces them at
+        their next attempt (relay/delivery.py), which this makes due now for those delayed. Crash-safe
+        order: 1. the bounce's row; 2. the domain's delayed mails due now. A crash after 1 leaves them to
+        bounce on their schedule. How many delayed mails were made due."""
+        name = DomainName(domain)
+        if not isinstance(reason, str) or not reason.strip() or any(c in reason for c in "\r\n\0"):
+            raise InvalidInput(f"invalid bounce reason {shown(reason)}: give one line of text")
+        length = 0 if window is None else parse_duration(window, "bounce window")
+        self.destinations.bounce(
+            self.name, DomainBounce(name, " ".join(reason.split()), self.clock() + length)
+        )
+        return self.flush_domain(name)
+
+    def bounced(self) -> dict[str, DomainBounce]:
+        """The bounces in force by domain (each catches the mails enqueued up to its `until`)."""
+        return {b.domain: b for b in self.destinations.bounces(self.name)}
 
     def suspended(self) -> dict[str, datetime]:
         """The domains suspended now, each with the end of its suspension."""

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from ..clock import MICROS_PER_SECOND, Clock
 from ..model import Mail, MailAddress, creation_time
 from ..queue import MailQueue
-from ..stores.records import DestinationNote
+from ..stores.records import DestinationNote, DomainBounce
 from .client import Reply, send
 from .connections import Connections
 from .dsn import Failed, build_dsn
@@ -25,7 +25,7 @@ from .routes import RouteFailure, Router
 from .schedule import RetrySchedule
 
 log = logging.getLogger("mailq_runtime.relay")
-SUSPENSIONS_READ = 1.0  # seconds between reads of the suspended domains
+CONTROLS_READ = 1.0  # seconds between reads of the suspended and bounced domains
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,9 @@ class RemoteDelivery:
         self.schedule = schedule
         self.hostname = hostname
         self.clock = clock
-        self._suspensions: set[str] = set()
-        self._suspensions_read_at = 0.0  # time.monotonic() of the next read
+        self._suspended: set[str] = set()
+        self._bounced: dict[str, DomainBounce] = {}
+        self._controls_read_at = 0.0  # time.monotonic() of the next read
         self.connections = Connections()
 
     def close(self) -> None:
@@ -61,8 +62,14 @@ class RemoteDelivery:
         started = time.monotonic()
         replies: dict[str, Reply] = {}
         age = self.clock() - (creation_time(enqueue_id) or self.clock())
-        suspended = self._suspended()
+        suspended, bounced = self._controls()
+        enqueued = creation_time(enqueue_id) or 0
         for domain, group in _by_domain(recipients).items():
+            bounce = bounced.get(domain)
+            if bounce is not None and enqueued <= bounce.until:
+                text = f"550 5.0.0 returned by the operator: {bounce.reason}"
+                replies.update(dict.fromkeys(group, Reply(550, "5.0.0", text, "none")))
+                continue
             if domain in suspended:
                 text = f"delivery to {domain} suspended by the operator"
                 replies.update(dict.fromkeys(group, Reply(450, "4.3.2", text, "none")))
@@ -78,13 +85,15 @@ class RemoteDelivery:
             self._note(domain, list(sent.values()), age)
         return self._sorted(enqueue_id, replies, age, time.monotonic() - started)
 
-    def _suspended(self) -> set[str]:
-        """The domains suspended now, read again at most every SUSPENSIONS_READ seconds: a suspension
-        takes effect within that, for the cost of a read a second rather than a mail."""
-        if time.monotonic() >= self._suspensions_read_at:
-            self._suspensions = set(self.queue.suspended())
-            self._suspensions_read_at = time.monotonic() + SUSPENSIONS_READ
-        return self._suspensions
+    def _controls(self) -> tuple[set[str], dict[str, DomainBounce]]:
+        """The domains suspended now and those bounced, read again at most every CONTROLS_READ seconds:
+        an operator's control takes effect within that, for the cost of reads a second rather than a
+        mail."""
+        if time.monotonic() >= self._controls_read_at:
+            self._suspended = set(self.queue.suspended())
+            self._bounced = self.queue.bounced_domains()
+            self._controls_read_at = time.monotonic() + CONTROLS_READ
+        return self._suspended, self._bounced
 
     def _note(self, domain: str, replies: list[Reply], age: int) -> None:
         """Record the domain's failure, if any, and its next attempt (none when every failure bounces),

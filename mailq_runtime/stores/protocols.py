@@ -27,6 +27,7 @@ from .records import (
     DeletionSpan,
     DestinationCount,
     DestinationNote,
+    DomainBounce,
     EnqueuedMail,
     GenerationStart,
     HeldMail,
@@ -164,7 +165,8 @@ class HeldMails(Protocol):
 class Destinations(Protocol):
     """Per destination domain (destination_counters, destination_notes): a queue's mails by state and
     enqueue-time slot, counted as they move (never read from the mails), and remote delivery's last
-    failure there, and the domains an operator suspended (destination_suspensions). Counts are changed
+    failure there, and the domains an operator suspended or bounced (destination_suspensions,
+    destination_bounces). Counts are changed
     by adding; a count that reaches 0 may be dropped."""
 
     def count(self, queue: str, changes: Sequence[DestinationCount]) -> None: ...
@@ -174,6 +176,8 @@ class Destinations(Protocol):
     def suspend(self, queue: str, suspension: Suspension) -> None: ...
     def resume(self, queue: str, domain: str) -> None: ...
     def suspensions(self, queue: str) -> list[Suspension]: ...
+    def bounce(self, queue: str, bounce: DomainBounce) -> None: ...
+    def bounces(self, queue: str) -> list[DomainBounce]: ...
 
 
 class BlobTables(Protocol):

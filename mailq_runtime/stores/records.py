@@ -267,6 +267,15 @@ class Suspension(NamedTuple):
     until: int
 
 
+class DomainBounce(NamedTuple):
+    """An operator's bounce of a destination domain: remote delivery returns to their senders, with
+    `reason`, the mails for it enqueued up to `until` (the bounce's time, or the end of its window)."""
+
+    domain: str
+    reason: str
+    until: int
+
+
 @dataclass(frozen=True)
 class DelayedSummary:
     waiting: int  # due after `now`

@@ -137,3 +137,15 @@ def test_domain_controls_refuse_bad_input_and_change_nothing(mailq, mailq_json, 
     assert_bad_input(mailq(*args), *words)
     (shape,) = mailq_json("queues", "--by-domain")
     assert shape["suspended_until"] == "2999-01-01T00:00:00+00:00"
+
+
+def test_bounce_a_domain(mailq, mailq_json, eml):
+    enqueue(mailq, eml, "--delay", "1h", rcpt=("bob@dest.test",))
+    report = mailq_json("bounce", "spool", "Dest.test", "--reason", "gone for good", "--window", "1h")
+    assert (report["domain"], report["reason"], report["retried"]) == ("dest.test", "gone for good", 1)
+    status, out, _ = mailq("bounce", "spool", "dest.test", "--reason", "gone")
+    assert status == 0 and out.startswith("bouncing the mails for dest.test in spool enqueued until ")
+    assert_bad_input(mailq("bounce", "spool", "dest.test"), "--reason")
+    assert_bad_input(mailq("bounce", "spool", "dest.test", "--reason", " "), "invalid bounce reason")
+    assert_bad_input(mailq("bounce", "spool", "x..test", "--reason", "r"), "invalid domain")
+    assert_bad_input(mailq("bounce", "spool", "x.test", "--reason", "r", "--window", "soon"), "--window")

@@ -7,7 +7,7 @@ import time
 
 from mailq_servers.smtp_sink import SmtpSink
 
-from .conftest import QUEUE, send, statuses, wait_until
+from .conftest import QUEUE, inbox, send, statuses, wait_until
 
 
 def test_a_held_mail_reaches_no_server_until_released(runtime, start_worker, mx_port, relay_log):
@@ -63,3 +63,26 @@ def test_by_domain_shows_a_deferred_destination_with_its_error_and_next_attempt(
     assert shape.buckets["deferred"][0] == 2  # younger than 5 minutes
     assert shape.last_error == "450 4.3.0 Error: command failed"
     assert shape.next_attempt is not None and shape.last_error_at <= shape.next_attempt
+
+
+def test_a_bounced_domain_returns_its_mails_and_new_arrivals_in_the_window(
+    runtime, start_worker, mx_port, relay_log
+):
+    queue = runtime.queue(QUEUE)
+    with SmtpSink(mx_port) as sink:
+        send(runtime, "bob@one.test", "carol@bare.test")
+        queue.bounce_domain("one.test", "one.test closed its doors", "3s")
+        send(runtime, "dave@one.test")  # arrives in the window
+        worker = start_worker()
+        wait_until(lambda: len(inbox(runtime)) == 2)
+        wait_until(lambda: len(sink.dumped()) == 1)  # carol's domain is not bounced
+        time.sleep(3)
+        send(runtime, "erin@one.test")  # after the window: delivered
+        wait_until(lambda: len(sink.dumped()) == 2)
+        wait_until(lambda: queue.size() == 0)
+        worker.stop()
+    assert statuses(relay_log, "bob@one.test") == ["bounced"]
+    assert statuses(relay_log, "dave@one.test") == ["bounced"]
+    assert statuses(relay_log, "erin@one.test") == ["sent"]
+    notice = inbox(runtime)[0].as_string()
+    assert "5.0.0" in notice and "one.test closed its doors" in notice

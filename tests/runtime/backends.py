@@ -62,6 +62,7 @@ TABLES = (
     "destination_counters",
     "destination_notes",
     "destination_suspensions",
+    "destination_bounces",
     "blobs",
     "blob_references",
     "blob_deletions",

@@ -72,3 +72,29 @@ def test_bad_input_is_refused_and_changes_nothing(clocked, clock, call, message)
 def test_a_time_in_another_zone_is_the_same_instant(clocked, clock):
     later = datetime.fromtimestamp(clock() / 1e6 + 3600, UTC).astimezone()
     assert clocked.suspend("dest.test", later) == later
+
+
+def test_bounce_a_domain_now_and_for_a_window(clocked, clock):
+    clocked.enqueue(make_mail("dest", recipients=("a@dest.test",)), delay=3600)
+    assert clocked.bounce_domain("Dest.test", "  the domain  is gone ") == 1  # its delayed mail, due now
+    (bounce,) = clocked.bounced_domains().values()
+    assert (bounce.domain, bounce.reason, bounce.until) == ("dest.test", "the domain is gone", clock())
+    clocked.bounce_domain("dest.test", "still gone", "2h")
+    assert clocked.bounced_domains()["dest.test"].until == clock() + 2 * 3600 * 10**6
+
+
+@pytest.mark.parametrize(
+    ("domain", "reason", "window", "message"),
+    [
+        ("dest.test", "", None, "invalid bounce reason"),
+        ("dest.test", "two\r\nlines", None, "invalid bounce reason"),
+        ("dest.test", "gone", "-1h", "invalid"),
+        ("dest..test", "gone", None, "invalid domain"),
+    ],
+)
+def test_a_bad_bounce_is_refused_and_changes_nothing(clocked, domain, reason, window, message):
+    clocked.enqueue(make_mail("kept", recipients=("a@dest.test",)), delay=60)
+    with pytest.raises(InvalidInput, match=message):
+        clocked.bounce_domain(domain, reason, window)
+    assert clocked.bounced_domains() == {}
+    assert clocked.dequeue(timeout=0) is None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..records import DestinationCount, DestinationNote, Suspension
+from ..records import DestinationCount, DestinationNote, DomainBounce, Suspension
 from .store import CassandraStore
 
 
@@ -57,3 +57,15 @@ class CassandraDestinations:
             "SELECT domain, until FROM destination_suspensions WHERE queue = ?", (queue,)
         )
         return [Suspension(*row) for row in rows]
+
+    def bounce(self, queue: str, bounce: DomainBounce) -> None:
+        self.store.execute(
+            "INSERT INTO destination_bounces (queue, domain, reason, until) VALUES (?, ?, ?, ?)",
+            (queue, *bounce),
+        )
+
+    def bounces(self, queue: str) -> list[DomainBounce]:
+        rows = self.store.execute(
+            "SELECT domain, reason, until FROM destination_bounces WHERE queue = ?", (queue,)
+        )
+        return [DomainBounce(*row) for row in rows]

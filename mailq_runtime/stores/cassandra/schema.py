@@ -97,6 +97,9 @@ TABLES = {
     "destination_suspensions": """CREATE TABLE IF NOT EXISTS destination_suspensions (
         queue text, domain text, until bigint, PRIMARY KEY ((queue), domain)
     )""",
+    "destination_bounces": """CREATE TABLE IF NOT EXISTS destination_bounces (
+        queue text, domain text, reason text, until bigint, PRIMARY KEY ((queue), domain)
+    )""",
     # Record 39. Generations: each kind's numbers, newest first.
     "generations": """CREATE TABLE IF NOT EXISTS generations (
         kind text, number bigint, started_at bigint, PRIMARY KEY ((kind), number)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..records import DestinationCount, DestinationNote, Suspension
+from ..records import DestinationCount, DestinationNote, DomainBounce, Suspension
 from .store import EmbeddedStore
 
 
@@ -59,3 +59,13 @@ class EmbeddedDestinations:
     def suspensions(self, queue: str) -> list[Suspension]:
         rows = self.store.read("SELECT domain, until FROM destination_suspensions WHERE queue = ?", (queue,))
         return [Suspension(*row) for row in rows]
+
+    def bounce(self, queue: str, bounce: DomainBounce) -> None:
+        with self.store.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO destination_bounces VALUES (?, ?, ?, ?)", (queue, *bounce))
+
+    def bounces(self, queue: str) -> list[DomainBounce]:
+        rows = self.store.read(
+            "SELECT domain, reason, until FROM destination_bounces WHERE queue = ?", (queue,)
+        )
+        return [DomainBounce(*row) for row in rows]

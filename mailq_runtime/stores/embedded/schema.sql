@@ -138,6 +138,14 @@ CREATE TABLE IF NOT EXISTS destination_suspensions (
     PRIMARY KEY (queue, domain)
 ) WITHOUT ROWID;
 
+CREATE TABLE IF NOT EXISTS destination_bounces (
+    queue TEXT NOT NULL,
+    domain TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    until INTEGER NOT NULL,                -- mails enqueued up to this time are bounced
+    PRIMARY KEY (queue, domain)
+) WITHOUT ROWID;
+
 -- Record 39: reference generations, blobs, references and deletions.
 CREATE TABLE IF NOT EXISTS generations (
     kind TEXT NOT NULL,                    -- 'reference_generation' | 'gc_iteration'
