@@ -63,3 +63,7 @@ mechanism
 _.local_part_limit
 _.command_size_limits
 _.__class__
+
+# dnspython's resolver settings: the resolver reads the attributes set on it.
+_.nameservers
+_.lifetime

@@ -21,6 +21,15 @@ from mailq_runtime.settings import DEFAULT_URL, URL_VARIABLE, redact
 
 from .arguments import PIPELINE_COMMANDS, AddParser
 from .config_commands import add_config_parser, add_schema_parser
+from .control_commands import (
+    add_bounce_parser,
+    add_held_parser,
+    add_hold_parser,
+    add_release_parser,
+    add_resume_parser,
+    add_retry_domain_parser,
+    add_suspend_parser,
+)
 from .dead_letter_commands import add_dead_letters_parser
 from .queue_commands import (
     add_browse_parser,
@@ -51,6 +60,13 @@ SUBCOMMANDS: list[AddParser] = [
     add_enqueue_parser,
     add_update_browse_start_parser,
     add_dead_letters_parser,
+    add_hold_parser,
+    add_release_parser,
+    add_held_parser,
+    add_suspend_parser,
+    add_resume_parser,
+    add_retry_domain_parser,
+    add_bounce_parser,
     add_config_parser,
     add_worker_parser,
     add_schema_parser,

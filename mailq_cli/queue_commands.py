@@ -19,6 +19,7 @@ from mailq_runtime.runtime import Runtime
 from mailq_runtime.settings import Settings
 
 from .arguments import count_argument, duration_argument, priority_argument, queue_name
+from .destination_output import by_domain_report
 from .output import Report, progress_bar, span, table, time_text
 
 
@@ -43,6 +44,8 @@ def _null_sender(sender: str) -> str | None:
 
 
 def _queues(args: argparse.Namespace) -> Report:
+    if args.by_domain:
+        return by_domain_report(args)
     try:
         runtime = Runtime.open(args.url)
     except NoStore:
@@ -62,10 +65,11 @@ def _queues(args: argparse.Namespace) -> Report:
             _state(o.delayed, o.oldest_delayed, False, now)
             + ("" if o.next_due is None else f" next in {span(o.next_due - now)}"),
             _state(o.dead_letters, o.oldest_dead_letter, False, now),
+            str(o.held),
         )
         for o in overviews
     ]
-    lines = table(("QUEUE", "SIZE", "READY", "IN FLIGHT", "DELAYED", "DEAD LETTERS"), rows)
+    lines = table(("QUEUE", "SIZE", "READY", "IN FLIGHT", "DELAYED", "DEAD LETTERS", "HELD"), rows)
     lines.append("(the age of the oldest: since its enqueue, a dead letter's since it died; ? unknown)")
     return Report(queues, lines)
 
@@ -91,7 +95,12 @@ def _state(count: int | None, oldest: datetime | None, unknown: bool, now: datet
 def add_queues_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "queues",
-        help="each queue's size, ready, in-flight, delayed and dead-lettered mails and the oldest of each",
+        help="each queue's size, its mails by state (ready, in flight, delayed, dead, held), the oldest",
+    )
+    parser.add_argument(
+        "--by-domain",
+        action="store_true",
+        help="per destination domain: mails by state in qshape's age buckets, last error, next attempt",
     )
     parser.set_defaults(handler=_queues)
 

@@ -1,20 +1,68 @@
-"""`mailq worker`: deliver a queue's mails to the local recipients' INBOXes until stopped or idle."""
+"""`mailq worker`: deliver a queue's mails to the local recipients' INBOXes until stopped or idle, and
+with `--relay`, the other recipients' by SMTP (remote delivery, `mailq_runtime.relay`)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
+import socket
+import sys
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 
+from mailq_runtime.errors import InvalidInput
+from mailq_runtime.relay import RemoteDelivery, RetrySchedule, Router
 from mailq_runtime.runtime import Runtime
 from mailq_runtime.worker import run_worker
 
-from .arguments import count_argument, duration_argument
+from .arguments import checked_argument, count_argument, duration_argument
 from .output import Report
 
 
+def _transport_entry(text: str) -> tuple[str, str]:
+    domain, separator, target = text.partition("=")
+    if not separator:
+        raise InvalidInput(f"invalid transport entry {text!r}: DOMAIN=HOST:PORT")
+    return domain, target
+
+
+# Postfix's smtp(8) lines: `<date> mailq/smtp[pid]: <enqueue id>: to=<...>, relay=..., status=...`.
+LOG_FORMAT = "%(asctime)s mailq/smtp[%(process)d]: %(message)s"
+
+
+@contextmanager
+def _relay_log(enabled: bool) -> Iterator[None]:
+    """Remote delivery's log lines on stderr while the worker runs with it."""
+    if not enabled:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, "%b %d %H:%M:%S"))
+    logger = logging.getLogger("mailq_runtime.relay")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def _relay(args: argparse.Namespace) -> Callable[[Runtime], RemoteDelivery | None]:
+    """Remote delivery on a runtime, its options checked before any runtime opens."""
+    if not args.relay:
+        return lambda runtime: None
+    router = Router(dict(args.transport or ()), args.resolver, args.mx_port)
+    schedule = RetrySchedule.of(args.retry_first, args.retry_longest, args.max_age)
+    hostname = args.hostname or socket.getfqdn()
+    queue = args.queue
+    return lambda runtime: RemoteDelivery(runtime.queue(queue), router, schedule, hostname, runtime.clock)
+
+
 def _worker(args: argparse.Namespace) -> Report:
+    relay = _relay(args)
     stop = threading.Event()
     # SIGTERM and Ctrl-C ask for a graceful stop: the mail in hand is finished, then the worker returns.
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -24,16 +72,22 @@ def _worker(args: argparse.Namespace) -> Report:
     # configuration as James's queue does at start-up.
     with Runtime.open(args.url) as existing:
         existing.queue(args.queue, create=False)
-    with Runtime.open(args.url, create=True) as runtime:
-        stats = run_worker(
-            runtime,
-            args.queue,
-            local_domains=args.domain,
-            stop=stop,
-            idle_timeout=args.idle_exit,
-            retry_delay=args.retry_delay,
-            max_attempts=args.max_attempts,
-        )
+    with Runtime.open(args.url, create=True) as runtime, _relay_log(args.relay):
+        remote = relay(runtime)
+        try:
+            stats = run_worker(
+                runtime,
+                args.queue,
+                local_domains=args.domain,
+                stop=stop,
+                idle_timeout=args.idle_exit,
+                retry_delay=args.retry_delay,
+                max_attempts=args.max_attempts,
+                relay=remote,
+            )
+        finally:
+            if remote is not None:
+                remote.close()
     data = asdict(stats)
     return Report(
         data, [f"{args.queue}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in data.items())]
@@ -66,4 +120,41 @@ def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-attempts", type=count_argument("max_attempts"), default=5, metavar="N", help="then dead-letter"
     )
+    relay = parser.add_argument_group("remote delivery")
+    relay.add_argument(
+        "--relay", action="store_true", help="deliver the other domains' recipients by SMTP (MX look-up)"
+    )
+    relay.add_argument(
+        "--transport",
+        action="append",
+        type=checked_argument(_transport_entry),
+        metavar="DOMAIN=HOST:PORT",
+        help="send a domain's mail to this host rather than its MX, as Postfix's transport_maps; repeat it",
+    )
+    relay.add_argument("--resolver", metavar="HOST:PORT", help="the DNS server to ask (default: the system)")
+    relay.add_argument(
+        "--mx-port", type=int, default=25, metavar="PORT", help="the mail exchangers' port (default: 25)"
+    )
+    relay.add_argument(
+        "--retry-first",
+        default="300s",
+        type=duration_argument("retry_first"),
+        metavar="DURATION",
+        help="the first delay after a passing failure, doubling with the mail's age (default: 300s)",
+    )
+    relay.add_argument(
+        "--retry-longest",
+        default="4000s",
+        type=duration_argument("retry_longest"),
+        metavar="DURATION",
+        help="the longest delay between attempts (default: 4000s)",
+    )
+    relay.add_argument(
+        "--max-age",
+        default="5d",
+        type=duration_argument("max_age"),
+        metavar="DURATION",
+        help="then a deferred mail is returned to its sender (default: 5d)",
+    )
+    relay.add_argument("--hostname", help="this host's name in EHLO and notifications (default: FQDN)")
     parser.set_defaults(handler=_worker)

@@ -38,6 +38,8 @@ CLEAN_AFTER_DELETE = "clean.after_delete"  # the slices' rows deleted; content_s
 REQUEUE_AFTER_ENQUEUE = "requeue.after_enqueue"  # a dead letter enqueued anew; letter kept
 REQUEUE_AFTER_REMOVE = "requeue.after_remove"  # letter removed; the old enqueue id's references kept
 PURGE_AFTER_REMOVE = "purge.after_remove"  # letter removed; its references kept
+PARK_AFTER_PAYLOAD = "park.after_payload"  # a held mail's payload parked; broker message not acked
+RELEASE_AFTER_DELAYED_ROW = "release.after_delayed_row"  # parked payload due now; held row kept
 QUEUE_POINTS = (
     ENQUEUE_AFTER_REFERENCES,
     ENQUEUE_AFTER_VIEW_ROW,
@@ -58,6 +60,8 @@ QUEUE_POINTS = (
     REQUEUE_AFTER_ENQUEUE,
     REQUEUE_AFTER_REMOVE,
     PURGE_AFTER_REMOVE,
+    PARK_AFTER_PAYLOAD,
+    RELEASE_AFTER_DELAYED_ROW,
 )
 
 # Record 39's deduplicating blob store (blobs/dedup.py).

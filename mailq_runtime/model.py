@@ -72,6 +72,16 @@ class MailAddress(str):
         return self.rsplit("@", 1)[1].lower()
 
 
+class DomainName(str):
+    """A mail domain as an address's right-hand side names it (a host name or an address literal), kept
+    in lower case, as domains compare."""
+
+    def __new__(cls, value: str) -> DomainName:
+        if not isinstance(value, str) or len(value) > 255 or not re.fullmatch(_DOMAIN, value):
+            raise InvalidInput(f"invalid domain {shown(value)}")
+        return super().__new__(cls, value.lower())
+
+
 # SMTP writes the null (bounce) sender as MAIL FROM:<>; where a sender is named as text, so is it.
 NULL_SENDER_SPELLINGS = ("", "<>")
 

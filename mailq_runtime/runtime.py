@@ -41,6 +41,8 @@ from .stores.embedded import (
     EmbeddedConfigurationEvents,
     EmbeddedDeadLetters,
     EmbeddedDelayedMails,
+    EmbeddedDestinations,
+    EmbeddedHeldMails,
     EmbeddedMailboxTables,
     EmbeddedQueueView,
     EmbeddedStore,
@@ -51,6 +53,8 @@ from .stores.protocols import (
     ConfigurationEvents,
     DeadLetters,
     DelayedMails,
+    Destinations,
+    HeldMails,
     MailboxTables,
     QueueView,
 )
@@ -73,6 +77,8 @@ class Deployment:
     mailbox_tables: MailboxTables
     dead_letters: DeadLetters
     delayed_mails: DelayedMails
+    held_mails: HeldMails
+    destinations: Destinations
     work: UnitOfWork
     created: bool  # whether this open made the store
     close: Callable[[], None]
@@ -97,6 +103,8 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         mailbox_tables=EmbeddedMailboxTables(store),
         dead_letters=EmbeddedDeadLetters(store),
         delayed_mails=EmbeddedDelayedMails(store),
+        held_mails=EmbeddedHeldMails(store),
+        destinations=EmbeddedDestinations(store),
         work=GroupedWork(store.transaction, store.turn),
         created=store.created,
         close=store.close,
@@ -191,6 +199,8 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         CassandraConfigurationEvents,
         CassandraDeadLetters,
         CassandraDelayedMails,
+        CassandraDestinations,
+        CassandraHeldMails,
         CassandraMailboxTables,
         CassandraQueueView,
     )
@@ -232,6 +242,8 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         mailbox_tables=CassandraMailboxTables(metadata),
         dead_letters=CassandraDeadLetters(metadata),
         delayed_mails=CassandraDelayedMails(metadata, settings.clock_skew_grace),
+        held_mails=CassandraHeldMails(metadata),
+        destinations=CassandraDestinations(metadata),
         # The broker's store is not held over operations that spend their time waiting on Cassandra and S3.
         work=UNGROUPED,
         created=metadata.created,
@@ -301,7 +313,15 @@ class Runtime:
             deployment.mailbox_tables, self.blobs, clock, settings.max_message_size, self.faults, work
         )
         self.queue_backends = QueueBackends(
-            self.view, self.broker, self.blobs, self.dead_letters, self.delayed_mails, work, self.faults
+            self.view,
+            self.broker,
+            self.blobs,
+            self.dead_letters,
+            self.delayed_mails,
+            deployment.held_mails,
+            deployment.destinations,
+            work,
+            self.faults,
         )
         self.configuration = ConfigurationStore(deployment.configuration_events, clock)
         if create:

@@ -6,6 +6,9 @@ delivering and acknowledging (the broker then delivers the mail again) never dup
 workers, threads or processes, may serve one queue on one data directory: the broker leases each mail to
 one of them, and the mailboxes allocate uids atomically. A worker extends the lease of the mail in hand
 while its delivery runs, so a slow delivery is not given to another worker meanwhile.
+
+With remote delivery (`mailq_runtime.relay`), the same worker sends the other domains' recipients by
+SMTP, and settles the mail once for both: done, or retried to the deferred remote recipients only.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .mailbox import INBOX
 from .mailboxes import Mailboxes
 from .model import Mail, MailAddress, MessageId, check_message, parse_count, parse_duration
 from .queue import MailQueueItem
+from .relay import Outcome, RemoteDelivery
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -46,6 +50,7 @@ class WorkerStats:
     dead_lettered: int = 0  # mails rejected: malformed, unknown recipients, or out of attempts
     appended: int = 0  # messages appended to mailboxes (a redelivered copy already there is not counted)
     lease_expired: int = 0  # mails not settled here: their lease was lost, another worker settles them
+    bounced: int = 0  # recipients in other domains whose mail was returned to its sender (remote delivery)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ def run_worker(
     idle_timeout: timedelta | int | float | str | None = None,
     retry_delay: timedelta | int | float | str = "5m",
     max_attempts: int = 5,
+    relay: RemoteDelivery | None = None,
 ) -> WorkerStats:
     """Deliver the mails of `queue_name` to local mailboxes until stopped; returns what it did.
 
@@ -116,6 +122,10 @@ def run_worker(
     it, half a second and doubling up to 5 s, so an outage delays mails by its length and dead-letters
     none. Any other failure gives the mail back to the queue for another try after `retry_delay`, and
     rejects it once it has been attempted `max_attempts` times.
+
+    With `relay`, recipients outside `local_domains` are delivered by SMTP instead of dead-lettered:
+    retried on the relay's schedule to those deferred only, and bounced to the sender with a delivery
+    status notification (see `mailq_runtime.relay`).
 
     Raises UnknownQueue, naming the known queues, if no enqueue has created `queue_name`. Returns when
     `stop` is set (the mail in hand is finished first: the CLI sets it on SIGTERM) or when no mail has
@@ -144,7 +154,7 @@ def run_worker(
             try:
                 item = queue.dequeue(timeout=wait)
                 if item is not None:
-                    handle(runtime.mailboxes, item, domains, retry_delay, max_attempts, stats, leases)
+                    handle(runtime.mailboxes, item, domains, retry_delay, max_attempts, stats, leases, relay)
                     idle_since = time.monotonic()
             except BrokerRefused:
                 raise  # its configuration must change: waiting will not help
@@ -229,6 +239,7 @@ def handle(
     max_attempts: int,
     stats: WorkerStats,
     leases: LeaseKeeper | None = None,
+    relay: RemoteDelivery | None = None,
 ) -> None:
     """Deliver one dequeued mail and settle it as `run_worker` does, counting the outcome in `stats`.
     `domains` are normalised (`normalise_domains`); the caller that drives its own dequeues (the demo, on
@@ -237,6 +248,10 @@ def handle(
     try:
         with nullcontext() if leases is None else leases.keeping(item):
             report = deliver(mailboxes, item.enqueue_id, item.mail, domains)
+            if relay is not None and report.unknown_recipients:
+                remote = [r for r in item.mail.recipients if r.domain not in domains]
+                outcome = relay.deliver(item.enqueue_id, item.mail, remote)
+                relay.notify(item.enqueue_id, item.mail, outcome.bounced)
     except InvalidInput as error:
         reason = f"undeliverable: {error}"
         if _settle(item, lambda: item.reject(reason), stats):
@@ -263,12 +278,27 @@ def handle(
             stats.retried += 1
         return
     stats.appended += report.appended
-    if report.unknown_recipients:
+    if relay is not None and report.unknown_recipients:
+        _settle_remote(item, relay, outcome, stats)
+    elif report.unknown_recipients:
         reason = f"unknown recipients: {', '.join(report.unknown_recipients)}"
         if _settle(item, lambda: item.reject(reason), stats):
             stats.dead_lettered += 1
     elif _settle(item, item.done, stats):
         stats.delivered += 1
+
+
+def _settle_remote(item: MailQueueItem, relay: RemoteDelivery, outcome: Outcome, stats: WorkerStats) -> None:
+    """Done when no recipient is deferred; else retried, to the deferred ones only, after the delay the
+    relay's schedule gives the mail's age (its notification of any bounce is enqueued already)."""
+    stats.bounced += len(outcome.bounced)
+    if not outcome.deferred:
+        if _settle(item, item.done, stats):
+            stats.delivered += 1
+        return
+    delay = timedelta(microseconds=relay.retry_delay(item.enqueue_id))
+    if _settle(item, lambda: item.retry(delay, recipients=outcome.deferred), stats):
+        stats.retried += 1
 
 
 def _settle(item: MailQueueItem, settle: Callable[[], None], stats: WorkerStats) -> bool:

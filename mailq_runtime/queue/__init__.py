@@ -8,9 +8,10 @@ browse and size read the view from `browse_start` on. Mails that will not be del
 letters, records of the metadata store that an operator lists, requeues or purges.
 
 `MailQueue` is a thin face over collaborators, one module each, as James's queue-rabbitmq: the enqueuer,
-the dequeuer and its items' settlement, the delayed-mail publisher, the dead-letter office, browse_start
-and record 32's clean-up, the view (browse, size, remove, clear, republish) and the overview. They share
-a `QueueContext`: the deployment's backends, the queue's name, clock and configuration.
+the dequeuer and its items' settlement, hold and release, the delayed-mail publisher, the dead-letter
+office, browse_start and record 32's clean-up, the view (browse, size, remove, clear, republish) and the
+overview. They share a `QueueContext`: the deployment's backends, the queue's name, clock and
+configuration.
 
 No path assumes a transaction across its writes: each call to a store or the broker commits on its own,
 and each path writes in an order where a crash leaves only what a later step heals (its docstring says
@@ -22,15 +23,21 @@ from .context import QueueBackends, QueueContext, slice_of
 from .dead_letters import DeadLetterItem
 from .delays import PUBLISH_INTERVAL
 from .dequeuer import MailQueueItem
+from .destinations import BUCKET_NAMES, STATES, DomainShape
 from .enqueuer import check_enqueue, split_message
+from .holds import HeldItem
 from .mail_queue import MailQueue
 from .mail_view import BrowseItem
 from .overview import QueueOverview
 
 __all__ = [
+    "BUCKET_NAMES",
+    "STATES",
+    "DomainShape",
     "PUBLISH_INTERVAL",
     "BrowseItem",
     "DeadLetterItem",
+    "HeldItem",
     "MailQueue",
     "MailQueueItem",
     "QueueBackends",

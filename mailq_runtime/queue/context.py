@@ -13,7 +13,7 @@ from ..config import ConfigurationStore, QueueViewConfiguration
 from ..errors import UnknownQueue
 from ..faults import FaultInjector
 from ..model import Mail, QueueName
-from ..stores.protocols import DeadLetters, DelayedMails, QueueView
+from ..stores.protocols import DeadLetters, DelayedMails, Destinations, HeldMails, QueueView
 from ..stores.records import EnqueuedMail
 from ..unit_of_work import UnitOfWork
 
@@ -30,6 +30,8 @@ class QueueBackends:
     blobs: DeduplicatingBlobStore
     dead_letters: DeadLetters
     delayed: DelayedMails
+    held: HeldMails
+    destinations: Destinations
     work: UnitOfWork
     faults: FaultInjector
 
@@ -74,6 +76,8 @@ class QueuePart:
         self.broker = backends.broker
         self.blobs = backends.blobs
         self.delayed = backends.delayed
+        self.held = backends.held
+        self.destinations = backends.destinations
         self.work = backends.work
         self.faults = backends.faults
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from ..brokers.base import Delivery
 from ..clock import MICROS_PER_SECOND
 from ..errors import BlobNotFound, InvalidInput, LeaseExpired, shown
-from ..model import Mail, delivery_time, parse_duration
+from ..model import Mail, MailAddress, delivery_time, parse_duration
 from ..stores.records import EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DelayedMailPublisher
+from .holds import Holds
 from .settlement import Settlement
 
 log = logging.getLogger(__name__)
@@ -54,13 +55,17 @@ class MailQueueItem:
         self._settle()
         self._settlement.done(self._delivery, self._row)
 
-    def retry(self, delay: Delay = None) -> None:
-        """Not delivered this time: deliver it again, after `delay` if given. With the lease lost it
-        changes nothing and raises LeaseExpired."""
-        # A malformed delay leaves the item unsettled.
+    def retry(self, delay: Delay = None, *, recipients: Sequence[str] | None = None) -> None:
+        """Not delivered this time: deliver it again, after `delay` if given; with `recipients`, to those
+        only (the others are done: remote delivery's partial success). With the lease lost it changes
+        nothing and raises LeaseExpired."""
+        # A malformed delay or recipient leaves the item unsettled.
         deliver_at = delivery_time(self._settlement.clock(), delay)
+        remaining = None if recipients is None else [MailAddress(r) for r in recipients]
+        if remaining == []:
+            raise InvalidInput(f"mail {self.enqueue_id} retried to no recipient: it is done")
         self._settle()
-        self._settlement.retry(self._delivery, self._row, deliver_at, self.attempts)
+        self._settlement.retry(self._delivery, self._row, deliver_at, self.attempts, remaining)
 
     def release(self) -> None:
         """Not tried: a backend the delivery needs is away. Give the mail back, deliverable again at once,
@@ -111,8 +116,10 @@ class Dequeuer(QueuePart):
         publisher: DelayedMailPublisher,
         settlement: Settlement,
         recount: Callable[[], int],
+        holds: Holds,
     ) -> None:
         super().__init__(context)
+        self.holds = holds
         self.publisher = publisher
         self.settlement = settlement
         self.recount = recount
@@ -156,6 +163,9 @@ class Dequeuer(QueuePart):
             return None
         if not self.view.is_live(row, self._current_slice()):
             self.settlement.ack_settled(delivery)  # removed or cleared while waiting in the broker
+            return None
+        if self.holds.park(delivery, row):
+            self.settlement.ack_settled(delivery)  # its held row keeps it until released
             return None
         try:
             mail = self.context.load(row)

@@ -13,6 +13,7 @@ from ..model import EnqueueId, Mail, check_message, check_priority, delivery_tim
 from ..stores.records import DelayedMail, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DueSchedule
+from .destinations import moves
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,8 @@ class Enqueuer(QueuePart):
         """Accept `mail`, deliverable after `delay`; returns its enqueue id.
 
         Crash-safe order: 1. the queue's browse_start and content_start, at its first enqueue; 2. the
-        content and its references (owner: the new enqueue id); 3. the view row; 4. the broker message,
+        content and its references (owner: the new enqueue id); 3. the view row, then its count per
+        destination domain (destinations.py); 4. the broker message,
         or with a delay the delayed row. Every step is idempotent, and a mail is only delivered through
         what step 4 writes, so a crash never delivers part of a mail. A crash after 2 leaves references
         whose owner exists nowhere, which the orphan sweep releases; after 3, a mail that browse and size
@@ -83,6 +85,7 @@ class Enqueuer(QueuePart):
                     *blob_ids,
                 )
                 self.view.insert(row)
+                self.destinations.count(self.name, moves(row, 1))
                 self.faults.reached(ENQUEUE_AFTER_VIEW_ROW)
                 self.send(row, next_delivery, now)
         self._exists = True

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ..model import EnqueueId, Mail
+from ..stores.records import DestinationNote, DomainBounce
 from .browse_start import BrowseStart
 from .clean_up import ContentCleanUp
 from .context import Delay, QueueContext, QueuePart
 from .dead_letters import DeadLetterItem, DeadLetterOffice
 from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
+from .destinations import DomainShape, by_domain
 from .enqueuer import Enqueuer
+from .holds import HeldItem, Holds
 from .mail_view import BrowseItem, MailQueueView
 from .overview import QueueOverview, overview
 from .settlement import Settlement
+from .suspensions import Suspensions
 
 
 class MailQueue(QueuePart):
@@ -32,7 +36,9 @@ class MailQueue(QueuePart):
         self.publisher = DelayedMailPublisher(context, schedule, self.letters.drain)
         self.mails = MailQueueView(context, self.enqueuer.send, self.browse_starts.maybe_update)
         settlement = Settlement(context, schedule, self.letters, self.browse_starts.maybe_update)
-        self.dequeuer = Dequeuer(context, self.publisher, settlement, self.mails.recount)
+        self.holds = Holds(context, schedule)
+        self.suspensions = Suspensions(context, self.publisher.flush_domain)
+        self.dequeuer = Dequeuer(context, self.publisher, settlement, self.mails.recount, self.holds)
 
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"
@@ -44,10 +50,38 @@ class MailQueue(QueuePart):
     def dequeue(self, timeout: Delay = None) -> MailQueueItem | None:
         return self.dequeuer.dequeue(timeout)
 
+    def by_domain(self) -> list[DomainShape]:
+        """Per destination domain, the mails by state in qshape's age buckets, from counters kept as
+        mail moves (destinations.py)."""
+        return by_domain(self.context, self.clock())
+
+    def note_destination(self, note: DestinationNote) -> None:
+        """Record remote delivery's last failure at a domain and its next attempt there."""
+        self.destinations.note(self.name, note)
+
+    # destination domains: suspend, resume, retry now (KumoMTA's suspend, Postfix's postqueue -s)
+    def suspend(self, domain: str, until: datetime | timedelta | str) -> datetime:
+        return self.suspensions.suspend(domain, until)
+
+    def resume(self, domain: str) -> int:
+        return self.suspensions.resume(domain)
+
+    def retry_domain(self, domain: str) -> int:
+        return self.suspensions.retry(domain)
+
+    def suspended(self) -> dict[str, datetime]:
+        return self.suspensions.suspended()
+
+    def bounce_domain(self, domain: str, reason: str, window: timedelta | str | None = None) -> int:
+        return self.suspensions.bounce(domain, reason, window)
+
+    def bounced_domains(self) -> dict[str, DomainBounce]:
+        return self.suspensions.bounced()
+
     def overview(self) -> QueueOverview:
         """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse
         (overview.py says how exact each figure is on each broker)."""
-        return overview(self.context)
+        return overview(self.context, *self.holds.counts())
 
     # the view
     def browse(self) -> Iterator[BrowseItem]:
@@ -69,6 +103,30 @@ class MailQueue(QueuePart):
 
     def republish(self, older_than: Delay) -> int:
         return self.mails.republish(older_than)
+
+    # hold and release (Postfix's postsuper -h and -H)
+    def hold(
+        self,
+        enqueue_id: str | None = None,
+        *,
+        sender: str | None = None,
+        recipient: str | None = None,
+        domain: str | None = None,
+    ) -> int:
+        return self.holds.hold(enqueue_id, sender=sender, recipient=recipient, domain=domain)
+
+    def release(
+        self,
+        enqueue_id: str | None = None,
+        *,
+        sender: str | None = None,
+        recipient: str | None = None,
+        domain: str | None = None,
+    ) -> int:
+        return self.holds.release(enqueue_id, sender=sender, recipient=recipient, domain=domain)
+
+    def held_mails(self) -> list[HeldItem]:
+        return self.holds.held_mails()
 
     # dead letters
     def dead_letters(self) -> list[DeadLetterItem]:

@@ -14,6 +14,7 @@ from ..faults import REMOVE_AFTER_MARK, REMOVE_AFTER_RELEASE
 from ..model import NULL_SENDER_SPELLINGS, EnqueueId, Mail, MailAddress, address_key, parse_duration
 from ..stores.records import DelayedMail, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart
+from .destinations import moves
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ class MailQueueView(QueuePart):
                 continue
             with self.work.writes():
                 if self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket):
+                    self.destinations.count(self.name, moves(row, -1))
                     self.faults.reached(REMOVE_AFTER_MARK)
                     self.blobs.release(row.enqueue_id)
                     self.faults.reached(REMOVE_AFTER_RELEASE)

@@ -10,6 +10,8 @@ counters show empty are skipped).
 How exact each figure is (the counters are exact unless a crash fell between a write and its count,
 which the pipeline's recount reports):
 
+- held: exact. A held mail is counted in `size` and, until a consumer parks it (holds.py), also as
+  ready, in flight or delayed where it waits.
 - delayed, next due, dead letters, oldest delayed and oldest dead letter: exact.
 - ready and in flight, on a broker that knows its leases (the embedded one): in flight exactly, and ready
   the rest of the live mails (those whose delay fell due, waiting for the next publisher, included).
@@ -44,11 +46,12 @@ class QueueOverview:
     is no such mail, or when the deployment cannot tell it (then `unknown` names it)."""
 
     queue: str
-    size: int  # live mails, from the per-slice counters: ready + in_flight + delayed
+    size: int  # live mails, from the per-slice counters: ready + in_flight + delayed + parked held ones
     ready: int | None  # deliverable now, not handed to a consumer
     in_flight: int | None  # handed to a consumer, not settled yet
     delayed: int  # waiting for their delay to end
     dead_letters: int  # that the queue will not deliver
+    held: int  # that an operator holds
     oldest_ready: datetime | None
     oldest_in_flight: datetime | None
     oldest_delayed: datetime | None
@@ -57,7 +60,8 @@ class QueueOverview:
     unknown: tuple[str, ...] = ()  # the figures this deployment cannot tell now
 
 
-def overview(context: QueueContext) -> QueueOverview:
+def overview(context: QueueContext, held: int, parked: int) -> QueueOverview:
+    """`held` mails an operator holds, `parked` of them out of the broker and the delayed mails."""
     name = context.name
     now = context.clock()
     backends = context.backends
@@ -73,12 +77,13 @@ def overview(context: QueueContext) -> QueueOverview:
         log.warning("queue %s: the broker's counts are unknown: %s", name, error)
         broker = None
     pending = 0 if broker is None else broker.dead_letters  # still live in the view until drained
-    deliverable = max(size - delayed.waiting - pending, 0)
+    deliverable = max(size - delayed.waiting - pending - parked, 0)
     common = {
         "queue": name,
         "size": size,
         "delayed": delayed.waiting,
         "dead_letters": letters.count + pending,
+        "held": held,
         "oldest_delayed": _time(creation_time(delayed.oldest_waiting or "")),
         "next_due": _time(delayed.next_due),
         "oldest_dead_letter": _time(letters.oldest_died_at),

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -21,6 +22,7 @@ from ..stores.records import DelayedMail, EnqueuedMail
 from .context import QueueContext, QueuePart
 from .dead_letters import DeadLetterOffice
 from .delays import DueSchedule
+from .destinations import moves
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,8 @@ class Settlement(QueuePart):
         return self.broker.extend(delivery, min(self.clock() + length, LATEST))
 
     def done(self, delivery: Delivery, row: EnqueuedMail) -> None:
-        """Crash-safe order: 1. mark the mail deleted, then count it; 2. release its references (those
+        """Crash-safe order: 1. mark the mail deleted, then count it (per slice, then per destination
+        domain); 2. release its references (those
         its row names, not read again); 3. ack. A crash after 1 or 2 leaves the broker message, which the
         next consumer acks as not live; after 1, also the references, which record 32's clean-up
         releases with the mail's slice; between the mark and the count, a counter `recount` corrects.
@@ -79,6 +82,7 @@ class Settlement(QueuePart):
                 row.bucket,
                 lambda: self.faults.reached(DONE_AFTER_DELETION_MARK),
             )
+            self.destinations.count(self.name, moves(row, -1))
             self.faults.reached(DONE_AFTER_MARK)
             self.blobs.release_saved(row.enqueue_id, (row.header_blob_id, row.body_blob_id))
             self.faults.reached(DONE_AFTER_RELEASE)
@@ -92,16 +96,29 @@ class Settlement(QueuePart):
                 "another consumer took the mail, which may deliver it again (at-least-once)"
             )
 
-    def retry(self, delivery: Delivery, row: EnqueuedMail, deliver_at: int, attempts: int) -> None:
-        """Without a delay, one write: the broker requeues the message. With one, crash-safe order: 1. the
+    def retry(
+        self,
+        delivery: Delivery,
+        row: EnqueuedMail,
+        deliver_at: int,
+        attempts: int,
+        recipients: Sequence[str] | None = None,
+    ) -> None:
+        """Without a delay or `recipients`, one write: the broker requeues the message. With one, the
+        delayed row carries the mail anew (with `recipients` only, when given), crash-safe order: 1. the
         delayed row (its payload counts the attempts so far); 2. ack; 3. the view row's next delivery. A
         crash after 1 leaves the broker message too, delivered again once the lease expires and once more
         when the row falls due (at-least-once; the view's deletion mark absorbs the later copy once the
         mail is done); after 2, browse shows the former next delivery until the row is published.
+        Then the counts per destination domain move to the delayed row's state and recipients.
         A lease lost meanwhile (the ack fails) takes the delayed row back: the mail is another consumer's;
         so does a connection to the broker lost meanwhile, as the broker delivers the mail again at once.
-        A backend failing before the ack gives the delivery back (`giving_back`)."""
-        if deliver_at <= self.clock():
+        A backend failing before the ack gives the delivery back (`giving_back`). The view row keeps every
+        recipient: browse shows the mail as enqueued, the broker's copy what is left to deliver."""
+        counted = row
+        if recipients is not None:
+            row = replace(row, recipients=json.dumps(list(recipients)))
+        elif deliver_at <= self.clock():
             try:
                 requeued = self.broker.requeue(delivery)
             except BrokerUnavailable as error:
@@ -127,6 +144,7 @@ class Settlement(QueuePart):
             if acked:
                 self.faults.reached(RETRY_AFTER_ACK)
                 self.view.reschedule([row], deliver_at)
+                self.destinations.count(self.name, moves(counted, -1) + moves(later, 1))
             else:
                 self.delayed.remove(delayed)
         if not acked:
@@ -169,6 +187,8 @@ class Settlement(QueuePart):
         """Dead-letter a delivery this consumer holds (`row` None: its payload is unreadable), in the
         crash-safe order of `reject`'s steps 2 to 4."""
         self.letters.entomb(delivery.enqueue_id, delivery.payload, row, reason, self.clock())
+        if row is not None:
+            self.destinations.count(self.name, moves(row, -1))
         # An ack that finds the lease lost is no failure: the letter is written, and the consumer that
         # took the mail acks it as not live.
         self.ack_settled(delivery)

@@ -25,14 +25,19 @@ from .records import (
     DelayedSummary,
     DeletionRow,
     DeletionSpan,
+    DestinationCount,
+    DestinationNote,
+    DomainBounce,
     EnqueuedMail,
     GenerationStart,
+    HeldMail,
     MailboxRow,
     MessageRow,
     Placement,
     ProjectionRow,
     SizedBlob,
     SliceSize,
+    Suspension,
     UidEntry,
 )
 
@@ -133,6 +138,46 @@ class DelayedMails(Protocol):
         next due time, and how many fell due and wait for a publisher, counted by the store without
         reading the payloads."""
         ...
+
+
+class HeldMails(Protocol):
+    """The mails an operator holds (held_mails), keyed by queue and enqueue id. A held mail stays in the
+    view; a consumer that receives it parks its payload here and acks it (`park`), and its release hands
+    the payload back. `park` and `release` are compare-and-sets on `parks`, so a release never drops a
+    payload a consumer parked after the release read the row."""
+
+    def hold(self, queue: str, enqueue_id: str, now: int) -> bool:
+        """Hold the mail; False, and nothing written, if it is held already."""
+        ...
+
+    def get(self, queue: str, enqueue_id: str) -> HeldMail | None: ...
+    def park(self, held: HeldMail, payload: str) -> bool:
+        """Keep `payload` in the held row, only if its `parks` is still `held.parks`."""
+        ...
+
+    def release(self, held: HeldMail) -> bool:
+        """Drop the held row, only if its `parks` is still `held.parks`."""
+        ...
+
+    def list(self, queue: str) -> builtins.list[HeldMail]: ...
+
+
+class Destinations(Protocol):
+    """Per destination domain (destination_counters, destination_notes): a queue's mails by state and
+    enqueue-time slot, counted as they move (never read from the mails), and remote delivery's last
+    failure there, and the domains an operator suspended or bounced (destination_suspensions,
+    destination_bounces). Counts are changed
+    by adding; a count that reaches 0 may be dropped."""
+
+    def count(self, queue: str, changes: Sequence[DestinationCount]) -> None: ...
+    def counts(self, queue: str) -> list[DestinationCount]: ...
+    def note(self, queue: str, note: DestinationNote) -> None: ...
+    def notes(self, queue: str) -> list[DestinationNote]: ...
+    def suspend(self, queue: str, suspension: Suspension) -> None: ...
+    def resume(self, queue: str, domain: str) -> None: ...
+    def suspensions(self, queue: str) -> list[Suspension]: ...
+    def bounce(self, queue: str, bounce: DomainBounce) -> None: ...
+    def bounces(self, queue: str) -> list[DomainBounce]: ...
 
 
 class BlobTables(Protocol):

@@ -228,6 +228,54 @@ class DelayedMail:
     payload: str
 
 
+class HeldMail(NamedTuple):
+    """A mail an operator holds (held_mails). `payload` is the broker payload of its last delivery that
+    a consumer parked here instead of delivering it (None until one is parked), which its release hands
+    back; `parks` counts those parkings, the version a release's compare-and-set checks."""
+
+    queue: str
+    enqueue_id: str
+    held_at: int
+    parks: int
+    payload: str | None
+
+
+class DestinationCount(NamedTuple):
+    """Mails of one destination domain in one state, enqueued in the slot starting at `slot`: a change
+    of the count when written, the count when read (destination_counters)."""
+
+    domain: str
+    state: str  # "queued": never retried; "deferred": waiting for a retry (or its first delay)
+    slot: int
+    mails: int
+
+
+class DestinationNote(NamedTuple):
+    """The last failure remote delivery met at a destination domain, and when it tries next (None: it
+    bounced, no retry is due)."""
+
+    domain: str
+    error: str
+    noted_at: int
+    next_attempt: int | None
+
+
+class Suspension(NamedTuple):
+    """A destination domain an operator suspended: remote delivery defers its mails until `until`."""
+
+    domain: str
+    until: int
+
+
+class DomainBounce(NamedTuple):
+    """An operator's bounce of a destination domain: remote delivery returns to their senders, with
+    `reason`, the mails for it enqueued up to `until` (the bounce's time, or the end of its window)."""
+
+    domain: str
+    reason: str
+    until: int
+
+
 @dataclass(frozen=True)
 class DelayedSummary:
     waiting: int  # due after `now`

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from mailq_runtime.clock import from_datetime
+from mailq_runtime.errors import InvalidInput
 from mailq_runtime.faults import ENQUEUE_AFTER_VIEW_ROW, InjectedFault
 from mailq_runtime.model import BlobId, EnqueueId, MailAddress, PerRecipientHeader
 from mailq_runtime.queue import PUBLISH_INTERVAL
@@ -74,6 +75,34 @@ def test_a_retry_after_a_delay_keeps_counting_the_attempts(clocked, clock):
         clock.advance(5)
     attempts.append(clocked.dequeue(timeout=0).attempts)
     assert attempts == [1, 2, 3, 4]
+
+
+def test_a_retry_to_some_recipients_carries_only_those(clocked, clock):
+    # Remote delivery's partial success: the delivered recipients are not in the mail that comes back,
+    # also when it comes back at once; browse still shows the mail as it was enqueued.
+    recipients = ("a@one.test", "b@two.test", "c@three.test")
+    clocked.enqueue(make_mail("partial", recipients=recipients))
+    clocked.dequeue(timeout=0).retry(recipients=["b@two.test", "c@three.test"])
+    item = clocked.dequeue(timeout=0)
+    assert (item.mail.recipients, item.attempts) == (("b@two.test", "c@three.test"), 2)
+    item.retry(delay=5, recipients=["c@three.test"])
+    assert clocked.dequeue(timeout=0) is None
+    clock.advance(5)
+    item = clocked.dequeue(timeout=0)
+    assert (item.mail.recipients, item.mail.name, item.attempts) == (("c@three.test",), "partial", 3)
+    (shown,) = clocked.browse()
+    assert shown.mail.recipients == recipients
+
+
+@pytest.mark.parametrize("recipients", [[], ["not an address"]])
+def test_a_retry_to_no_or_bad_recipients_is_refused_and_leaves_the_mail_held(clocked, recipients):
+    clocked.enqueue(make_mail("held"))
+    item = clocked.dequeue(timeout=0)
+    with pytest.raises(InvalidInput):
+        item.retry(recipients=recipients)
+    assert not item.settled
+    item.done()
+    assert clocked.size() == 0
 
 
 def test_republish_delays_again_a_mail_whose_delayed_row_was_never_written(backend, clock):

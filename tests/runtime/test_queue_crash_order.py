@@ -26,11 +26,13 @@ from mailq_runtime.faults import (
     ENQUEUE_AFTER_REFERENCES,
     ENQUEUE_AFTER_VIEW_ROW,
     FLUSH_AFTER_DELAYED_ROWS,
+    PARK_AFTER_PAYLOAD,
     PUBLISH_DUE_AFTER_PUBLISH,
     PURGE_AFTER_REMOVE,
     QUEUE_POINTS,
     REJECT_AFTER_DEAD_LETTER,
     REJECT_AFTER_MARK,
+    RELEASE_AFTER_DELAYED_ROW,
     REMOVE_AFTER_MARK,
     REMOVE_AFTER_RELEASE,
     REQUEUE_AFTER_ENQUEUE,
@@ -324,6 +326,32 @@ def purge_dies(c: Crash, backend) -> None:
     assert c.references(old) == []  # released by the clean-up when the purge did not
 
 
+def park_dies(c: Crash, backend) -> None:
+    held = c.enqueue("held")
+    assert c.queue.hold(held) == 1
+    c.crash(PARK_AFTER_PAYLOAD, lambda: c.queue.dequeue(timeout=0))
+    # Its broker message comes back once the lease expires, and is parked again, not delivered.
+    assert c.heal() == []
+    assert [item.enqueue_id for item in c.queue.held_mails()] == [held]
+    assert c.queue.release(held) == 1
+    assert c.drain() == ["held"]
+    c.settled(["held"], {"held"})
+
+
+def release_dies(c: Crash, backend) -> None:
+    held = c.enqueue("held")
+    c.enqueue("free")
+    assert c.queue.hold(held) == 1
+    assert c.drain() == ["free"]  # the held one is parked
+    c.crash(RELEASE_AFTER_DELAYED_ROW, lambda: c.queue.release(held))
+    # Still held: its payload, published, is parked again; the rerun of the release delivers it.
+    assert c.queue.overview().held == 1
+    assert c.drain() == []
+    assert c.queue.release(held) == 1
+    assert c.drain() == ["held"]
+    c.settled(["free", "held"], {"free", "held"})
+
+
 SCENARIOS: dict[str, dict[str, Callable[[Crash, object], None]]] = {
     ENQUEUE_AFTER_REFERENCES: {
         "now": enqueue_dies(ENQUEUE_AFTER_REFERENCES, None),
@@ -350,6 +378,8 @@ SCENARIOS: dict[str, dict[str, Callable[[Crash, object], None]]] = {
     REQUEUE_AFTER_ENQUEUE: {"requeue": requeue_dies(REQUEUE_AFTER_ENQUEUE)},
     REQUEUE_AFTER_REMOVE: {"requeue": requeue_dies(REQUEUE_AFTER_REMOVE)},
     PURGE_AFTER_REMOVE: {"purge": purge_dies},
+    PARK_AFTER_PAYLOAD: {"dequeue": park_dies},
+    RELEASE_AFTER_DELAYED_ROW: {"release": release_dies},
 }
 CASES = [(point, name) for point, scenarios in SCENARIOS.items() for name in scenarios]
 

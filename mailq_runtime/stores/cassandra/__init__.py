@@ -7,7 +7,8 @@ tables (the queue view, the mailboxes) it reads and writes them through small DA
 - queue_view, configuration: records 31 and 32, and the configuration events
 - blobs: record 39's generations, blobs, references and deletions
 - mailboxes: record 23's mailboxes, projections and counters
-- dead_letters, delayed_mails: the mails the queue keeps out of the broker
+- dead_letters, delayed_mails, held_mails: the mails the queue keeps out of the broker
+- destinations: per destination domain, the mails by state and age, and the last failure
 
 Lightweight transactions are used only where a race needs one, and each module says why: creating a
 queue and marking a mail deleted (queue_view), appending a configuration event (configuration),
@@ -19,6 +20,8 @@ from .blobs import CassandraBlobTables
 from .configuration import CassandraConfigurationEvents
 from .dead_letters import CassandraDeadLetters
 from .delayed_mails import CassandraDelayedMails
+from .destinations import CassandraDestinations
+from .held_mails import CassandraHeldMails
 from .mailboxes import CassandraMailboxTables
 from .options import CassandraOptions
 from .queue_view import CassandraQueueView
@@ -29,6 +32,8 @@ __all__ = [
     "CassandraConfigurationEvents",
     "CassandraDeadLetters",
     "CassandraDelayedMails",
+    "CassandraDestinations",
+    "CassandraHeldMails",
     "CassandraMailboxTables",
     "CassandraOptions",
     "CassandraQueueView",

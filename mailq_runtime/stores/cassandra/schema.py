@@ -80,6 +80,26 @@ TABLES = {
     "delayed_buckets": f"""CREATE TABLE IF NOT EXISTS delayed_buckets (
         queue text, due_bucket bigint, PRIMARY KEY ((queue), due_bucket)
     ) WITH {_SHORT_GC_GRACE}""",
+    # A queue's held mails, by enqueue id; `parks` versions a row for the compare-and-sets.
+    "held_mails": """CREATE TABLE IF NOT EXISTS held_mails (
+        queue text, enqueue_id text, held_at bigint, parks int, payload text,
+        PRIMARY KEY ((queue), enqueue_id)
+    )""",
+    # Per destination domain: a queue's mails by state and enqueue-time slot, and the last failure.
+    "destination_counters": """CREATE TABLE IF NOT EXISTS destination_counters (
+        queue text, domain text, state text, slot bigint, mails counter,
+        PRIMARY KEY ((queue), domain, state, slot)
+    )""",
+    "destination_notes": """CREATE TABLE IF NOT EXISTS destination_notes (
+        queue text, domain text, error text, noted_at bigint, next_attempt bigint,
+        PRIMARY KEY ((queue), domain)
+    )""",
+    "destination_suspensions": """CREATE TABLE IF NOT EXISTS destination_suspensions (
+        queue text, domain text, until bigint, PRIMARY KEY ((queue), domain)
+    )""",
+    "destination_bounces": """CREATE TABLE IF NOT EXISTS destination_bounces (
+        queue text, domain text, reason text, until bigint, PRIMARY KEY ((queue), domain)
+    )""",
     # Record 39. Generations: each kind's numbers, newest first.
     "generations": """CREATE TABLE IF NOT EXISTS generations (
         kind text, number bigint, started_at bigint, PRIMARY KEY ((kind), number)

@@ -6,7 +6,8 @@ stores/cassandra/, each a class with the methods of its Cassandra counterpart.
 - queue_view, configuration: records 31 and 32, and the configuration events
 - blobs: record 39's generations, blobs, references and deletions
 - mailboxes: record 23's mailboxes, projections and counters
-- dead_letters, delayed_mails: the mails the queue keeps out of the broker
+- dead_letters, delayed_mails, held_mails: the mails the queue keeps out of the broker
+- destinations: per destination domain, the mails by state and age, and the last failure
 
 Each method is one SQLite transaction of its own, joining the caller's transaction if one is open.
 """
@@ -15,7 +16,9 @@ from .blobs import EmbeddedBlobTables
 from .configuration import EmbeddedConfigurationEvents
 from .dead_letters import EmbeddedDeadLetters
 from .delayed_mails import EmbeddedDelayedMails
+from .destinations import EmbeddedDestinations
 from .files import DATABASE_FILE
+from .held_mails import EmbeddedHeldMails
 from .mailboxes import EmbeddedMailboxTables
 from .queue_view import EmbeddedQueueView
 from .store import SYNCHRONOUS, EmbeddedStore
@@ -27,6 +30,8 @@ __all__ = [
     "EmbeddedConfigurationEvents",
     "EmbeddedDeadLetters",
     "EmbeddedDelayedMails",
+    "EmbeddedDestinations",
+    "EmbeddedHeldMails",
     "EmbeddedMailboxTables",
     "EmbeddedQueueView",
     "EmbeddedStore",

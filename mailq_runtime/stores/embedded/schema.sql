@@ -100,6 +100,52 @@ CREATE TABLE IF NOT EXISTS delayed_mails (
     PRIMARY KEY (queue, due, enqueue_id)
 ) WITHOUT ROWID;
 
+-- Mails an operator holds: a consumer parks a held mail's payload here instead of delivering it, and its
+-- release hands the payload back; `parks` versions the row for the release's compare-and-set.
+CREATE TABLE IF NOT EXISTS held_mails (
+    queue TEXT NOT NULL,
+    enqueue_id TEXT NOT NULL,
+    held_at INTEGER NOT NULL,
+    parks INTEGER NOT NULL,
+    payload TEXT,
+    PRIMARY KEY (queue, enqueue_id)
+) WITHOUT ROWID;
+
+-- Per destination domain: a queue's mails by state and enqueue-time slot, counted as they move, and
+-- remote delivery's last failure there (`mailq queues --by-domain`).
+CREATE TABLE IF NOT EXISTS destination_counters (
+    queue TEXT NOT NULL,
+    domain TEXT NOT NULL,
+    state TEXT NOT NULL,                   -- 'queued' | 'deferred'
+    slot INTEGER NOT NULL,                 -- start of the enqueue-time slot
+    mails INTEGER NOT NULL,
+    PRIMARY KEY (queue, domain, state, slot)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS destination_notes (
+    queue TEXT NOT NULL,
+    domain TEXT NOT NULL,
+    error TEXT NOT NULL,
+    noted_at INTEGER NOT NULL,
+    next_attempt INTEGER,                  -- NULL: bounced, no retry due
+    PRIMARY KEY (queue, domain)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS destination_suspensions (
+    queue TEXT NOT NULL,
+    domain TEXT NOT NULL,
+    until INTEGER NOT NULL,
+    PRIMARY KEY (queue, domain)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS destination_bounces (
+    queue TEXT NOT NULL,
+    domain TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    until INTEGER NOT NULL,                -- mails enqueued up to this time are bounced
+    PRIMARY KEY (queue, domain)
+) WITHOUT ROWID;
+
 -- Record 39: reference generations, blobs, references and deletions.
 CREATE TABLE IF NOT EXISTS generations (
     kind TEXT NOT NULL,                    -- 'reference_generation' | 'gc_iteration'

@@ -1,0 +1,91 @@
+"""The queue by destination domain, as Postfix's qshape shows it: per recipient domain, the mails by state
+in doubling age buckets, with remote delivery's last failure there and its next attempt.
+
+Read from counters kept as mail moves (the `Destinations` store protocol), never from the mails: each
+(domain, state, enqueue-time slot of SLOT minutes) counts the mails with a recipient there, +1 when a mail
+is enqueued, moved from one state to the other when it is retried after a delay, -1 when it is settled
+(done, dead-lettered, removed). A mail's state comes from its row: "deferred" once its next delivery lies
+after its enqueue time (retried, or enqueued with a delay), else "queued"; its age is that of its slot,
+summed into buckets at read time, so the cost grows with the domains and slots in the queue, not with its
+mails.
+
+The counts are eventually consistent as the per-slice counters were before their recount: each change is
+a write after the mail's own (the view row, the deletion mark, the delayed row), so a crash between the
+two, a mail settled twice (a lease lost), or a removal of a mail whose in-flight copy carries fewer
+recipients than its view row, leaves a domain's count off until its mails are gone. A held mail counts in
+the state it was held in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from ..clock import MICROS_PER_SECOND, to_datetime
+from ..model import address_key
+from ..stores.records import DestinationCount, EnqueuedMail
+from .context import QueueContext
+
+SLOT = 300 * MICROS_PER_SECOND  # five minutes, qshape's smallest bucket
+# qshape's bucket edges, in minutes; the last bucket holds every mail older than the last edge.
+BUCKET_EDGES = (5, 10, 20, 40, 80, 160)
+BUCKET_NAMES = ("0-5", "5-10", "10-20", "20-40", "40-80", "80-160", "160+")
+STATES = ("queued", "deferred")
+
+
+@dataclass(frozen=True)
+class DomainShape:
+    """One destination domain of a queue: its mails per state, by age bucket (BUCKET_NAMES)."""
+
+    domain: str
+    buckets: dict[str, tuple[int, ...]]  # state -> a count per age bucket
+    last_error: str | None
+    last_error_at: datetime | None
+    next_attempt: datetime | None
+    suspended_until: datetime | None  # while an operator suspends it
+
+    def total(self, state: str) -> int:
+        return sum(self.buckets.get(state, ()))
+
+
+def state_of(row: EnqueuedMail) -> str:
+    return "deferred" if row.next_delivery > row.enqueued_time else "queued"
+
+
+def moves(row: EnqueuedMail, mails: int) -> list[DestinationCount]:
+    """The changes of the counts that adding `mails` (1 or -1) of `row` makes: one per recipient domain."""
+    slot = row.enqueued_time - row.enqueued_time % SLOT
+    domains = sorted({address_key(recipient)[1] for recipient in row.recipient_list})
+    return [DestinationCount(domain, state_of(row), slot, mails) for domain in domains]
+
+
+def by_domain(context: QueueContext, now: int) -> list[DomainShape]:
+    destinations = context.backends.destinations
+    counted: dict[str, dict[str, list[int]]] = {}
+    for count in destinations.counts(context.name):
+        buckets = counted.setdefault(count.domain, {}).setdefault(count.state, [0] * len(BUCKET_NAMES))
+        buckets[_bucket(now - count.slot)] += count.mails
+    notes = {note.domain: note for note in destinations.notes(context.name)}
+    suspended = {s.domain: s.until for s in destinations.suspensions(context.name) if s.until > now}
+    shapes = []
+    for domain in sorted(counted.keys() | notes.keys() | suspended.keys()):
+        note = notes.get(domain)
+        buckets = {
+            state: tuple(max(n, 0) for n in counts) for state, counts in counted.get(domain, {}).items()
+        }
+        shapes.append(
+            DomainShape(
+                domain,
+                buckets,
+                None if note is None else note.error,
+                None if note is None else to_datetime(note.noted_at),
+                None if note is None or note.next_attempt is None else to_datetime(note.next_attempt),
+                None if domain not in suspended else to_datetime(suspended[domain]),
+            )
+        )
+    return shapes
+
+
+def _bucket(age: int) -> int:
+    minutes = age / (60 * MICROS_PER_SECOND)
+    return next((i for i, edge in enumerate(BUCKET_EDGES) if minutes < edge), len(BUCKET_EDGES))

@@ -1,0 +1,134 @@
+"""The SMTP client of remote delivery: one transaction to one destination, with a reply per recipient.
+
+The standard library's smtplib rather than aiosmtplib: the worker that calls it is a blocking thread
+(the store and the broker are blocking calls), so an event loop would add a thread hop and a dependency
+for nothing; smtplib speaks EHLO, STARTTLS and SIZE, and keeps the reply of every command, which is what
+per-recipient results need. Neither library pipelines commands, so this client does not either."""
+
+from __future__ import annotations
+
+import re
+import smtplib
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .connections import Connections, close
+from .routes import Target
+
+# Seconds for the connection and each reply (RFC 5321 4.5.3.2 allows minutes; a worker holds one
+# mail's lease meanwhile, so a dead server is given up sooner).
+TIMEOUT = 60.0
+_STATUS = re.compile(r"^([245])\.(\d{1,3})\.(\d{1,3})\b")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What became of one recipient: the SMTP `code` (0 when no server answered), the RFC 3463 `status`,
+    the server's `text`, and the `relay` that answered ("none" if no one did)."""
+
+    code: int
+    status: str
+    text: str
+    relay: str
+
+    @property
+    def delivered(self) -> bool:
+        return 200 <= self.code < 300
+
+    @property
+    def permanent(self) -> bool:
+        return 500 <= self.code < 600
+
+    @classmethod
+    def of(cls, code: int, message: bytes | str, relay: str) -> Reply:
+        text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
+        text = " ".join(text.split())
+        found = _STATUS.match(text)
+        if found and found.group(1) == str(code)[0]:
+            status = found.group(0)
+        else:
+            status = {2: "2.0.0", 4: "4.0.0", 5: "5.0.0"}.get(code // 100, "4.4.1")
+        return cls(code, status, f"{code} {text}" if code else text, relay)
+
+
+def send(
+    targets: Sequence[Target],
+    sender: str | None,
+    recipients: Sequence[str],
+    message: bytes,
+    helo: str,
+    connections: Connections,
+) -> dict[str, Reply]:
+    """Send `message` to `recipients` through the first target that answers; a reply per recipient.
+    A target that cannot be reached, or answers the connection with a failure, passes to the next; if
+    none will talk, every recipient gets a passing failure (4.4.1) naming the last error. A session
+    `connections` keeps to a target is used first, and the session is kept there after a clean
+    transaction."""
+    failure = Reply(0, "4.4.1", "no mail exchanger to connect to", "none")
+    for target in targets:
+        client = connections.take(target)
+        if client is None:
+            try:
+                client = smtplib.SMTP(target.address, target.port, local_hostname=helo, timeout=TIMEOUT)
+            except (OSError, smtplib.SMTPException) as error:
+                text = f"connect to {target}: {error or type(error).__name__}"
+                failure = Reply(0, "4.4.1", text, str(target))
+                continue
+        replies, clean = _transaction(client, str(target), sender, recipients, message)
+        if clean:
+            connections.keep(target, client)
+        else:
+            close(client)
+        return replies
+    return dict.fromkeys(recipients, failure)
+
+
+def _transaction(
+    client: smtplib.SMTP, relay: str, sender: str | None, recipients: Sequence[str], message: bytes
+) -> tuple[dict[str, Reply], bool]:
+    """The replies, and whether the session ended cleanly and may carry another mail."""
+    replies: dict[str, Reply] = {}
+    try:
+        client.ehlo_or_helo_if_needed()
+        if client.has_extn("starttls") and not isinstance(client.sock, ssl.SSLSocket):
+            # Opportunistic TLS, as Postfix's `smtp_tls_security_level = may`: an MX's certificate is
+            # not checked, since a man in the middle could strip STARTTLS from the EHLO reply anyway.
+            client.starttls(context=_opportunistic())
+            client.ehlo()
+        options = [f"SIZE={len(message)}"] if client.has_extn("size") else []
+        code, text = client.mail(sender or "", options)
+        if code != 250:
+            client.rset()
+            return dict.fromkeys(recipients, Reply.of(code, text, relay)), True
+        for recipient in recipients:
+            code, text = client.rcpt(recipient)
+            replies[recipient] = Reply.of(code, text, relay)
+        accepted = [r for r in recipients if replies[r].delivered]
+        if not accepted:
+            client.rset()
+            return replies, True
+        code, text = client.data(message)
+        for recipient in accepted:
+            replies[recipient] = Reply.of(code, text, relay)
+    except smtplib.SMTPResponseException as error:
+        # A failure of the session (421, or a refused EHLO or STARTTLS): every open recipient shares it.
+        reply = Reply.of(error.smtp_code, error.smtp_error, relay)
+        return _open_ones(replies, recipients, reply), False
+    except (OSError, smtplib.SMTPException) as error:
+        reply = Reply(0, "4.4.2", f"lost connection with {relay}: {error or type(error).__name__}", relay)
+        return _open_ones(replies, recipients, reply), False
+    return replies, True
+
+
+def _open_ones(replies: dict[str, Reply], recipients: Sequence[str], reply: Reply) -> dict[str, Reply]:
+    """`reply` for every recipient without a final answer: those not yet named, and those accepted at
+    RCPT whose DATA had no answer (the message may or may not have arrived: it is tried again)."""
+    return {r: replies[r] if r in replies and not replies[r].delivered else reply for r in recipients}
+
+
+def _opportunistic() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context

@@ -1,0 +1,64 @@
+"""Sessions kept open after a transaction, for the next mail to the same mail exchanger: Postfix's
+connection cache (`smtp_connection_cache_on_demand`, kept `smtp_connection_cache_time_limit` = 2 s).
+
+A worker delivers one mail per dequeue; when the next mail goes to the same destination, as in a burst,
+it reuses the session (after an RSET that proves it alive) instead of a new TCP, EHLO and STARTTLS.
+One cache per worker thread: a session is used by one transaction at a time."""
+
+from __future__ import annotations
+
+import smtplib
+import time
+
+from .routes import Target
+
+# Seconds an idle session is kept, as Postfix's default.
+IDLE_LIMIT = 2.0
+
+
+class Connections:
+    def __init__(self, idle_limit: float = IDLE_LIMIT) -> None:
+        self.idle_limit = idle_limit
+        self._idle: dict[Target, tuple[smtplib.SMTP, float]] = {}
+
+    def take(self, target: Target) -> smtplib.SMTP | None:
+        """The idle session to `target`, if one is kept and still answers; it is the caller's now."""
+        self._close_expired()
+        kept = self._idle.pop(target, None)
+        if kept is None:
+            return None
+        client = kept[0]
+        try:
+            if client.rset()[0] == 250:
+                return client
+        except (OSError, smtplib.SMTPException):
+            pass
+        close(client)
+        return None
+
+    def keep(self, target: Target, client: smtplib.SMTP) -> None:
+        """Keep `client`, whose last transaction ended cleanly, for the next mail to `target`."""
+        previous = self._idle.pop(target, None)
+        if previous is not None:
+            close(previous[0])
+        self._idle[target] = (client, time.monotonic() + self.idle_limit)
+        self._close_expired()
+
+    def close(self) -> None:
+        """QUIT every kept session (the worker stops)."""
+        for client, _ in self._idle.values():
+            close(client)
+        self._idle.clear()
+
+    def _close_expired(self) -> None:
+        now = time.monotonic()
+        for target in [t for t, (_, expires) in self._idle.items() if expires <= now]:
+            close(self._idle.pop(target)[0])
+
+
+def close(client: smtplib.SMTP) -> None:
+    """QUIT, whose failure changes nothing: the replies that matter are in."""
+    try:
+        client.quit()
+    except (OSError, smtplib.SMTPException):
+        client.close()

@@ -1,0 +1,160 @@
+"""Remote delivery of one dequeued mail: its recipients grouped by domain, each domain routed and sent
+one SMTP transaction, and every reply sorted into sent, deferred and bounced, with Postfix's log line.
+
+What the worker does with the outcome (`mailq_runtime/worker.py`): the notification of the bounced
+recipients is enqueued first, then the mail is settled: done when nothing is deferred, else retried
+after the schedule's delay to the deferred recipients only. A crash between the two sends the mail
+again to those not yet settled, and may send a second notification: never a lost mail."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from ..clock import MICROS_PER_SECOND, Clock
+from ..model import Mail, MailAddress, creation_time
+from ..queue import MailQueue
+from ..stores.records import DestinationNote, DomainBounce
+from .client import Reply, send
+from .connections import Connections
+from .dsn import Failed, build_dsn
+from .routes import RouteFailure, Router
+from .schedule import RetrySchedule
+
+log = logging.getLogger("mailq_runtime.relay")
+CONTROLS_READ = 1.0  # seconds between reads of the suspended and bounced domains
+
+
+@dataclass(frozen=True)
+class Outcome:
+    sent: tuple[str, ...]
+    deferred: tuple[str, ...]
+    bounced: tuple[Failed, ...]
+
+
+class RemoteDelivery:
+    """Delivers to other domains through `router`, retries on `schedule`, and enqueues the notifications
+    of bounced mail to `queue` as `hostname`'s mailer daemon. Used by one worker thread at a time, which
+    `close()`s it when it stops (the sessions kept for the next mail)."""
+
+    def __init__(
+        self, queue: MailQueue, router: Router, schedule: RetrySchedule, hostname: str, clock: Clock
+    ) -> None:
+        self.queue = queue
+        self.router = router
+        self.schedule = schedule
+        self.hostname = hostname
+        self.clock = clock
+        self._suspended: set[str] = set()
+        self._bounced: dict[str, DomainBounce] = {}
+        self._controls_read_at = 0.0  # time.monotonic() of the next read
+        self.connections = Connections()
+
+    def close(self) -> None:
+        """Close the sessions kept for the next mail (the worker stops)."""
+        self.connections.close()
+
+    def deliver(self, enqueue_id: str, mail: Mail, recipients: Sequence[MailAddress]) -> Outcome:
+        """Send `mail` to `recipients`, one transaction per domain; what became of each."""
+        started = time.monotonic()
+        replies: dict[str, Reply] = {}
+        age = self.clock() - (creation_time(enqueue_id) or self.clock())
+        suspended, bounced = self._controls()
+        enqueued = creation_time(enqueue_id) or 0
+        for domain, group in _by_domain(recipients).items():
+            bounce = bounced.get(domain)
+            if bounce is not None and enqueued <= bounce.until:
+                text = f"550 5.0.0 returned by the operator: {bounce.reason}"
+                replies.update(dict.fromkeys(group, Reply(550, "5.0.0", text, "none")))
+                continue
+            if domain in suspended:
+                text = f"delivery to {domain} suspended by the operator"
+                replies.update(dict.fromkeys(group, Reply(450, "4.3.2", text, "none")))
+                continue
+            try:
+                targets = self.router.route(domain)
+            except RouteFailure as failure:
+                code = 550 if failure.permanent else 450
+                sent = dict.fromkeys(group, Reply(code, failure.status, failure.text, "none"))
+            else:
+                sent = send(targets, mail.sender, group, mail.message, self.hostname, self.connections)
+            replies.update(sent)
+            self._note(domain, list(sent.values()), age)
+        return self._sorted(enqueue_id, replies, age, time.monotonic() - started)
+
+    def _controls(self) -> tuple[set[str], dict[str, DomainBounce]]:
+        """The domains suspended now and those bounced, read again at most every CONTROLS_READ seconds:
+        an operator's control takes effect within that, for the cost of reads a second rather than a
+        mail."""
+        if time.monotonic() >= self._controls_read_at:
+            self._suspended = set(self.queue.suspended())
+            self._bounced = self.queue.bounced_domains()
+            self._controls_read_at = time.monotonic() + CONTROLS_READ
+        return self._suspended, self._bounced
+
+    def _note(self, domain: str, replies: list[Reply], age: int) -> None:
+        """Record the domain's failure, if any, and its next attempt (none when every failure bounces),
+        for `mailq queues --by-domain`."""
+        failed = [reply for reply in replies if not reply.delivered]
+        if not failed:
+            return
+        now = self.clock()
+        retried = not self.schedule.expired(age) and any(not reply.permanent for reply in failed)
+        due = now + self.schedule.delay(age) if retried else None
+        self.queue.note_destination(DestinationNote(domain, failed[0].text, now, due))
+
+    def retry_delay(self, enqueue_id: str) -> int:
+        """Microseconds until the next attempt of the mail `enqueue_id`, from its age."""
+        return self.schedule.delay(self.clock() - (creation_time(enqueue_id) or self.clock()))
+
+    def notify(self, enqueue_id: str, mail: Mail, bounced: Sequence[Failed]) -> None:
+        """Enqueue the notification of `bounced` to the mail's sender; none for a null sender, whose mail
+        is itself a notification (RFC 5321 6.1: no loops of bounces)."""
+        if not bounced or mail.sender is None:
+            return
+        arrival = datetime.fromtimestamp((creation_time(enqueue_id) or 0) / MICROS_PER_SECOND, UTC)
+        report = build_dsn(self.hostname, enqueue_id, mail.sender, mail.message, arrival, bounced)
+        notice = self.queue.enqueue(Mail((mail.sender,), report, sender=None))
+        log.info("%s: sender non-delivery notification: %s", enqueue_id, notice)
+
+    def _sorted(self, enqueue_id: str, replies: dict[str, Reply], age: int, spent: float) -> Outcome:
+        expired = self.schedule.expired(age)
+        sent, deferred, bounced = [], [], []
+        for recipient, reply in replies.items():
+            if reply.delivered:
+                sent.append(recipient)
+                status = "sent"
+            elif reply.permanent or expired:
+                bounced.append(Failed(recipient, _final(reply, expired), reply.text, reply.relay))
+                status = "bounced"
+            else:
+                deferred.append(recipient)
+                status = "deferred"
+            log.info(
+                "%s: to=<%s>, relay=%s, delay=%.1f, delays=%.2f, dsn=%s, status=%s (%s)",
+                enqueue_id,
+                recipient,
+                reply.relay,
+                age / MICROS_PER_SECOND,
+                spent,
+                reply.status,
+                status,
+                reply.text if not expired or reply.delivered else f"message expired: {reply.text}",
+            )
+        return Outcome(tuple(sent), tuple(deferred), tuple(bounced))
+
+
+def _final(reply: Reply, expired: bool) -> str:
+    """The status of a bounce: the server's, or 4.4.7 (delivery time expired) for a passing failure
+    that outlived the maximum age."""
+    return "4.4.7" if expired and not reply.permanent else reply.status
+
+
+def _by_domain(recipients: Sequence[MailAddress]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for recipient in dict.fromkeys(recipients):
+        groups.setdefault(recipient.domain, []).append(str(recipient))
+    return groups

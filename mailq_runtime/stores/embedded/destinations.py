@@ -1,0 +1,71 @@
+"""Destination counters and notes on the embedded store (the `Destinations` protocol of
+stores/protocols.py); a count that reaches 0 is dropped in the transaction that changed it, so the table
+holds only slots with mails."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..records import DestinationCount, DestinationNote, DomainBounce, Suspension
+from .store import EmbeddedStore
+
+
+class EmbeddedDestinations:
+    def __init__(self, store: EmbeddedStore) -> None:
+        self.store = store
+
+    def count(self, queue: str, changes: Sequence[DestinationCount]) -> None:
+        with self.store.transaction() as db:
+            keys = [(queue, c.domain, c.state, c.slot) for c in changes]
+            db.executemany(
+                "INSERT INTO destination_counters (queue, domain, state, slot, mails) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (queue, domain, state, slot) DO UPDATE SET mails = mails + excluded.mails",
+                [(*key, c.mails) for key, c in zip(keys, changes, strict=True)],
+            )
+            db.executemany(
+                "DELETE FROM destination_counters "
+                "WHERE queue = ? AND domain = ? AND state = ? AND slot = ? AND mails = 0",
+                keys,
+            )
+
+    def counts(self, queue: str) -> list[DestinationCount]:
+        rows = self.store.read(
+            "SELECT domain, state, slot, mails FROM destination_counters WHERE queue = ? "
+            "ORDER BY domain, state, slot",
+            (queue,),
+        )
+        return [DestinationCount(*row) for row in rows]
+
+    def note(self, queue: str, note: DestinationNote) -> None:
+        with self.store.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO destination_notes VALUES (?, ?, ?, ?, ?)", (queue, *note))
+
+    def notes(self, queue: str) -> list[DestinationNote]:
+        rows = self.store.read(
+            "SELECT domain, error, noted_at, next_attempt FROM destination_notes WHERE queue = ?", (queue,)
+        )
+        return [DestinationNote(*row) for row in rows]
+
+    def suspend(self, queue: str, suspension: Suspension) -> None:
+        with self.store.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO destination_suspensions VALUES (?, ?, ?)", (queue, *suspension)
+            )
+
+    def resume(self, queue: str, domain: str) -> None:
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM destination_suspensions WHERE queue = ? AND domain = ?", (queue, domain))
+
+    def suspensions(self, queue: str) -> list[Suspension]:
+        rows = self.store.read("SELECT domain, until FROM destination_suspensions WHERE queue = ?", (queue,))
+        return [Suspension(*row) for row in rows]
+
+    def bounce(self, queue: str, bounce: DomainBounce) -> None:
+        with self.store.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO destination_bounces VALUES (?, ?, ?, ?)", (queue, *bounce))
+
+    def bounces(self, queue: str) -> list[DomainBounce]:
+        rows = self.store.read(
+            "SELECT domain, reason, until FROM destination_bounces WHERE queue = ?", (queue,)
+        )
+        return [DomainBounce(*row) for row in rows]
