@@ -11,6 +11,7 @@ from mailq_runtime.runtime import Runtime
 from mailq_runtime.worker import run_worker
 
 from .arguments import count_argument, duration_argument
+from .log_lines import logging_to_stderr
 from .output import Report
 
 
@@ -24,7 +25,9 @@ def _worker(args: argparse.Namespace) -> Report:
     # configuration as James's queue does at start-up.
     with Runtime.open(args.url) as existing:
         existing.queue(args.queue, create=False)
-    with Runtime.open(args.url, create=True) as runtime:
+    # Every line of the runtime's, not only the worker's: the queue's notes on a broker away are the
+    # operator's too.
+    with Runtime.open(args.url, create=True) as runtime, logging_to_stderr("mailq_runtime", "worker"):
         stats = run_worker(
             runtime,
             args.queue,

@@ -394,12 +394,21 @@ def test_progress_bar_only_on_a_terminal():
 
 
 def test_worker_delivers_local_recipients_and_dead_letters_the_rest(mailq, mailq_json, eml, url):
-    enqueue(mailq, eml, rcpt=(BOB, DAVE))
-    enqueue(mailq, eml, rcpt=(CAROL,))
+    delivered = enqueue(mailq, eml, rcpt=(BOB, DAVE))
+    dead_lettered = enqueue(mailq, eml, rcpt=(CAROL,))
 
-    stats = mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    status, out, err = mailq("--json", "worker", "--domain", "example.org", "--idle-exit", "0.3")
 
-    assert stats == {"delivered": 1, "retried": 0, "dead_lettered": 1, "appended": 2, "lease_expired": 0}
+    assert (status, json.loads(out)) == (
+        0,
+        {"delivered": 1, "retried": 0, "dead_lettered": 1, "appended": 2, "lease_expired": 0},
+    )
+    # The log on stderr, one line per mail as Postfix's, the JSON document alone on stdout.
+    sent, dead = err.splitlines()
+    assert f"mailq/worker[{os.getpid()}]: {delivered}: to=<{BOB}>,<{DAVE}>, delay=" in sent
+    assert sent.endswith(", attempts=1, status=sent (delivered to INBOX)")
+    assert f": {dead_lettered}: to=<{CAROL}>, " in dead
+    assert dead.endswith(f"status=dead-letter (unknown recipients: {CAROL})")
     assert mailq_json("size", "spool")["size"] == 0
     with Runtime.open(url) as runtime:
         inboxes = {m.user: runtime.mailboxes.counters(m.id).count for m in runtime.mailboxes.list()}
