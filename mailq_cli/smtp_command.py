@@ -75,7 +75,7 @@ async def _serve(server: SmtpServer, address: Address) -> None:
 
 
 def _smtp(args: argparse.Namespace) -> Report:
-    from mailq_runtime.smtp.server import SmtpServer
+    from mailq_runtime.smtp.server import SmtpServer, run
 
     address = parse_listen(args.listen)
     options = _options(args)
@@ -83,7 +83,7 @@ def _smtp(args: argparse.Namespace) -> Report:
     with Runtime.open(args.url) as runtime:
         server = SmtpServer(runtime, options)
         with logging_to_stderr("mailq_runtime.smtp", "smtpd"):
-            asyncio.run(_serve(server, address))
+            run(_serve(server, address))
     data = {"queue": args.queue, "sessions": server.sessions_served, "accepted": server.handler.accepted}
     return Report(
         data,
