@@ -1,14 +1,14 @@
 """Mail in by SMTP and out into mailboxes, end to end: `mailq smtp` + `mailq worker` against a private
 Postfix on loopback delivering to Maildir, with the same load in the same run (issue 24, item 4).
 
-    .venv/bin/python benchmarks/smtp_end_to_end.py [--url URL] [--mails N] [--sessions N] [--size BYTES]
-                                                   [--processes N] [--no-postfix]
+    .venv/bin/python benchmarks/smtp_end_to_end.py [--url URL] [--mails N] [--url-mails N] [--sessions N]
+                                                   [--size BYTES] [--processes N] [--no-postfix]
 
 Postfix first, then mailq on a fresh embedded data dir next to the repository (same disk), at the store's
 default durability; with --url, then also on that deployment (a distributed one: Cassandra + S3 + its
-broker), which must not exist yet and is removed at the end (benchmarks/deployments.py). Each mailq
-deployment is measured twice in a row on one store and one `mailq worker`: one `mailq smtp` process, then
---processes of them (default: one per core) sharing the port with SO_REUSEPORT. Each measure is
+broker; --url-mails a measure), which must not exist yet and is removed at the end (deployments.py). Each
+mailq deployment is measured twice in a row on one store and one `mailq worker`: one `mailq smtp`
+process, then --processes of them (default: one per core) sharing the port with SO_REUSEPORT. Each measure is
 `smtp-source -s SESSIONS -m MAILS -l SIZE` (Postfix's load generator) while one smtplib client sends mails
 one after the other and times each end-of-DATA reply; the time runs from the first connection to the
 last mail in a mailbox (mailq: the INBOX's counter; Postfix: the files of the Maildir's new/). Also the
@@ -286,6 +286,10 @@ def bench_postfix(args: argparse.Namespace) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def replace_mails(args: argparse.Namespace, mails: int) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), "mails": mails})
+
+
 def mailq_ratios(result: dict) -> dict[str, float]:
     """Each mailq measure's end-to-end rate over Postfix's."""
     postfix = result["postfix"]["end_to_end_per_s"]
@@ -301,6 +305,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a distributed deployment that does not exist yet, measured as well")
     parser.add_argument("--mails", type=int, default=5000)
+    parser.add_argument(
+        "--url-mails",
+        type=int,
+        default=300,
+        help="mails of each measure on --url (a network round trip a call)",
+    )
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--size", type=int, default=10240)
     parser.add_argument(
@@ -320,7 +330,7 @@ def main() -> None:
     print(f"mailq, embedded: {json.dumps(result['embedded'])}", flush=True)
     if args.url is not None:
         with fresh_deployment("smtp", args.url) as deployment:
-            result["distributed"] = bench_mailq(deployment.url, args)
+            result["distributed"] = bench_mailq(deployment.url, replace_mails(args, args.url_mails))
         print(f"mailq, {args.url.split(':')[0]}: {json.dumps(result['distributed'])}", flush=True)
     if not args.no_postfix:
         result["end_to_end_ratio"] = mailq_ratios(result)
