@@ -65,6 +65,13 @@ def mailq_json(mailq):
     return run
 
 
+def worker(mailq, idle_exit: str = "0.3") -> dict:
+    """`mailq --json worker` for example.org until idle; its stats. Its stderr holds only its log lines."""
+    status, out, err = mailq("--json", "worker", "--domain", "example.org", "--idle-exit", idle_exit)
+    assert status == 0 and all(" mailq/worker[" in line for line in err.splitlines()), err
+    return json.loads(out)
+
+
 def enqueue(mailq, eml: Path, *extra: str, sender: str = ALICE, rcpt: tuple[str, ...] = (BOB,)) -> str:
     """Enqueue `eml` in the queue 'spool'; returns the enqueue id."""
     recipients = [arg for address in rcpt for arg in ("--rcpt", address)]
@@ -614,7 +621,7 @@ def test_enqueue_keeps_accepting_real_world_mail(mailq, mailq_json, tmp_path):
     path = tmp_path / "lf.eml"
     path.write_bytes(b"Subject: bare LF\nContent-Transfer-Encoding: 8bit\n\nd\xc3\xa9j\xc3\xa0 vu \xff\n")
     enqueue(mailq, path)
-    stats = mailq_json("worker", "--domain", "example.org", "--idle-exit", "300ms")
+    stats = worker(mailq, "300ms")
     assert stats == {"delivered": 1, "retried": 0, "dead_lettered": 0, "appended": 1, "lease_expired": 0}
 
 
@@ -706,7 +713,7 @@ def test_a_store_whose_deletions_name_no_owner_gains_the_column_at_schema_create
 
 def test_dead_letters_list_show_requeue_and_purge(mailq, mailq_json, eml, url):
     dead = enqueue(mailq, eml, rcpt=(CAROL,))
-    mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    worker(mailq)
     (entry,) = mailq_json("dead-letters", "list", "spool")
     assert (entry["enqueue_id"], entry["sender"], entry["recipients"]) == (dead, ALICE, [CAROL])
     assert entry["name"].startswith("mail-")
@@ -723,9 +730,9 @@ def test_dead_letters_list_show_requeue_and_purge(mailq, mailq_json, eml, url):
     assert mailq_json("dead-letters", "list", "spool") == []
     assert [m["enqueue_id"] for m in mailq_json("browse", "spool")] == [requeued]
 
-    mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    worker(mailq)
     assert mailq_json("dead-letters", "requeue", "spool", "--all")["requeued"] != []
-    mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    worker(mailq)
     assert mailq_json("dead-letters", "purge", "spool", "--older-than", "0s") == {
         "queue": "spool",
         "purged": 1,
