@@ -1,16 +1,19 @@
 """Mail in by SMTP and out into mailboxes, end to end: `mailq smtp` + `mailq worker` against a private
 Postfix on loopback delivering to Maildir, with the same load in the same run (issue 24, item 4).
 
-    .venv/bin/python benchmarks/smtp_end_to_end.py [--url URL] [--mails N] [--sessions N] [--size BYTES]
-                                                   [--no-postfix]
+    .venv/bin/python benchmarks/smtp_end_to_end.py [--url URL] [--mails N] [--url-mails N] [--sessions N]
+                                                   [--size BYTES] [--processes N] [--no-postfix]
 
-Without --url, a fresh embedded data dir next to the repository (same disk), at the store's default
-durability. With --url, a deployment that must not exist yet (the run creates its schema and leaves it).
-Each side gets `smtp-source -s SESSIONS -m MAILS -l SIZE` (Postfix's load generator) while one smtplib
-client sends mails one after the other and times each end-of-DATA reply; the time runs from the first
-connection to the last mail in a mailbox (mailq: the INBOX's counter; Postfix: the files of the Maildir's
-new/). Also the RSS of `mailq smtp` holding 200 concurrent sessions. Needs Postfix installed with debconf's
-"No configuration" (no system daemon is set up: the run starts its own instance in a temporary directory
+Postfix first, then mailq on a fresh embedded data dir next to the repository (same disk), at the store's
+default durability; with --url, then also on that deployment (a distributed one: Cassandra + S3 + its
+broker; --url-mails a measure), which must not exist yet and is removed at the end (deployments.py). Each
+mailq deployment is measured twice in a row on one store and one `mailq worker`: one `mailq smtp`
+process, then --processes of them (default: one per core) sharing the port with SO_REUSEPORT. Each measure is
+`smtp-source -s SESSIONS -m MAILS -l SIZE` (Postfix's load generator) while one smtplib client sends mails
+one after the other and times each end-of-DATA reply; the time runs from the first connection to the
+last mail in a mailbox (mailq: the INBOX's counter; Postfix: the files of the Maildir's new/). Also the
+RSS of one `mailq smtp` holding 200 concurrent sessions. Needs Postfix installed with debconf's "No
+configuration" (no system daemon is set up: the run starts its own instance in a temporary directory
 and stops it). Prints one line per measure, then one JSON object as the last line.
 """
 
@@ -35,6 +38,8 @@ from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
+
+from deployments import fresh_deployment  # noqa: E402
 
 from mailq_runtime import Runtime  # noqa: E402
 
@@ -152,17 +157,35 @@ def held_sessions_rss(pid: int, port: int) -> int:
             connection.close()
 
 
+def start_servers(url: str, port: int, processes: int) -> list[subprocess.Popen]:
+    """`processes` `mailq smtp` sharing `port` (SO_REUSEPORT: the kernel spreads the connections), each
+    room for the held sessions."""
+    command = ["smtp", "--listen", f"127.0.0.1:{port}", "--domain", DOMAIN, "--reuse-port"]
+    return [mailq(url, *command, "--max-sessions", str(HELD_SESSIONS + 10)) for _ in range(processes)]
+
+
+def wait_for_listeners(port: int, count: int, seconds: float = 60) -> None:
+    """Until `count` sockets listen on `port` (the kernel's table: a connection reaches only one)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+        fields = (line.split() for line in lines)
+        if sum(1 for f in fields if f[1].endswith(f":{port:04X}") and f[3] == "0A") >= count:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"fewer than {count} processes listen on 127.0.0.1:{port}")
+
+
 def bench_mailq(url: str, args: argparse.Namespace) -> dict:
+    """The load into one `mailq smtp` process, then into `args.processes` sharing the port, on one store
+    and one `mailq worker`; the RSS of one process holding 200 sessions."""
     with Runtime.open(url, create=True) as runtime:
         runtime.mailboxes.create(USER, "INBOX")
     port = free_port()
-    sessions = str(max(args.sessions + 10, HELD_SESSIONS + 10))
-    server = mailq(
-        url, "smtp", "--listen", f"127.0.0.1:{port}", "--domain", DOMAIN, "--max-sessions", sessions
-    )
+    servers = start_servers(url, port, 1)
     worker = None
     try:
-        wait_for_port(port)
+        wait_for_listeners(port, 1)
         with smtplib.SMTP("127.0.0.1", port) as smtp:  # the first mail creates the queue the worker serves
             smtp.sendmail(SENDER, [USER], b"Subject: first\r\n\r\nfirst\r\n")
         worker = mailq(url, "worker", "--domain", DOMAIN)
@@ -174,11 +197,16 @@ def bench_mailq(url: str, args: argparse.Namespace) -> dict:
 
             while delivered() < 1:
                 time.sleep(0.05)
-            figures = run_load(port, args, delivered, 1)
-        figures["rss_kib_200_sessions"] = held_sessions_rss(server.pid, port)
+            figures = {"1 process": run_load(port, args, delivered, delivered())}
+            figures["rss_kib_200_sessions"] = held_sessions_rss(servers[0].pid, port)
+            # The others join the port: the first keeps serving, so none of the load misses a listener.
+            servers += start_servers(url, port, args.processes - 1)
+            wait_for_listeners(port, args.processes)
+            figures[f"{args.processes} processes"] = run_load(port, args, delivered, delivered())
         return figures
     finally:
-        stop(server)
+        for server in servers:
+            stop(server)
         if worker is not None:
             stop(worker)
 
@@ -258,32 +286,56 @@ def bench_postfix(args: argparse.Namespace) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def replace_mails(args: argparse.Namespace, mails: int) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), "mails": mails})
+
+
+def mailq_ratios(result: dict) -> dict[str, float]:
+    """Each mailq measure's end-to-end rate over Postfix's."""
+    postfix = result["postfix"]["end_to_end_per_s"]
+    return {
+        f"{deployment} {measure}": round(figures["end_to_end_per_s"] / postfix, 2)
+        for deployment in ("embedded", "distributed")
+        for measure, figures in result.get(deployment, {}).items()
+        if isinstance(figures, dict)
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a deployment that does not exist yet (default: a fresh embedded one)")
+    parser.add_argument("--url", help="a distributed deployment that does not exist yet, measured as well")
     parser.add_argument("--mails", type=int, default=5000)
+    parser.add_argument(
+        "--url-mails",
+        type=int,
+        default=300,
+        help="mails of each measure on --url (a network round trip a call)",
+    )
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--size", type=int, default=10240)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="mailq smtp processes sharing the port",
+    )
     parser.add_argument("--no-postfix", action="store_true", help="measure mailq only")
     args = parser.parse_args()
-    data_dir = None
-    url = args.url
-    if url is None:
-        data_dir = Path(tempfile.mkdtemp(prefix="smtp-bench-", dir=REPOSITORY))
-        url = f"embedded://{data_dir / 'data'}"
-    try:
-        result = {"mailq": bench_mailq(url, args)}
-    finally:
-        if data_dir is not None:
-            shutil.rmtree(data_dir, ignore_errors=True)
-    print(f"mailq:   {json.dumps(result['mailq'])}")
+    result = {}
     if not args.no_postfix:
         result["postfix"] = bench_postfix(args)
-        print(f"postfix: {json.dumps(result['postfix'])}")
-        result["end_to_end_ratio"] = round(
-            result["mailq"]["end_to_end_per_s"] / result["postfix"]["end_to_end_per_s"], 2
-        )
-        print(f"end to end, mailq over Postfix: {result['end_to_end_ratio']}x")
+        print(f"postfix: {json.dumps(result['postfix'])}", flush=True)
+    with fresh_deployment("smtp", None) as deployment:
+        result["embedded"] = bench_mailq(deployment.url, args)
+    print(f"mailq, embedded: {json.dumps(result['embedded'])}", flush=True)
+    if args.url is not None:
+        with fresh_deployment("smtp", args.url) as deployment:
+            result["distributed"] = bench_mailq(deployment.url, replace_mails(args, args.url_mails))
+        print(f"mailq, {args.url.split(':')[0]}: {json.dumps(result['distributed'])}", flush=True)
+    if not args.no_postfix:
+        result["end_to_end_ratio"] = mailq_ratios(result)
+        for measure, ratio in result["end_to_end_ratio"].items():
+            print(f"end to end, mailq ({measure}) over Postfix: {ratio}x")
     print(json.dumps(result))
 
 

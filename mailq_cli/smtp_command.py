@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,13 +17,11 @@ from mailq_runtime.smtp.defaults import COMMAND_TIMEOUT, DEFAULT_NETWORKS
 from mailq_runtime.worker import normalise_domains
 
 from .arguments import checked_argument, count_argument
+from .log_lines import logging_to_stderr
 from .output import Report
 
 if TYPE_CHECKING:
     from mailq_runtime.smtp.server import Address, ServerOptions, SmtpServer
-
-# As Postfix's `maillog`: one line per event, with the time and the process.
-LOG_FORMAT = "%(asctime)s mailq/smtpd[%(process)d]: %(message)s"
 
 
 def parse_listen(text: str) -> Address:
@@ -71,20 +65,6 @@ def _options(args: argparse.Namespace) -> ServerOptions:
     )
 
 
-@contextmanager
-def _logging_to_stderr() -> Iterator[None]:
-    """The server's log lines on stderr while it serves."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT, "%b %d %H:%M:%S"))
-    logger = logging.getLogger("mailq_runtime.smtp")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-
-
 async def _serve(server: SmtpServer, address: Address) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -95,15 +75,15 @@ async def _serve(server: SmtpServer, address: Address) -> None:
 
 
 def _smtp(args: argparse.Namespace) -> Report:
-    from mailq_runtime.smtp.server import SmtpServer
+    from mailq_runtime.smtp.server import SmtpServer, run
 
     address = parse_listen(args.listen)
     options = _options(args)
     # The store must exist: a mistyped URL never starts an empty one. The queue is made by its first mail.
     with Runtime.open(args.url) as runtime:
         server = SmtpServer(runtime, options)
-        with _logging_to_stderr():
-            asyncio.run(_serve(server, address))
+        with logging_to_stderr("mailq_runtime.smtp", "smtpd"):
+            run(_serve(server, address))
     data = {"queue": args.queue, "sessions": server.sessions_served, "accepted": server.handler.accepted}
     return Report(
         data,

@@ -19,6 +19,7 @@ from mailq_runtime.runtime import Runtime
 from mailq_runtime.worker import run_worker
 
 from .arguments import checked_argument, count_argument, duration_argument
+from .log_lines import logging_to_stderr
 from .output import Report
 
 
@@ -27,27 +28,6 @@ def _transport_entry(text: str) -> tuple[str, str]:
     if not separator:
         raise InvalidInput(f"invalid transport entry {text!r}: DOMAIN=HOST:PORT")
     return domain, target
-
-
-# Postfix's smtp(8) lines: `<date> mailq/smtp[pid]: <enqueue id>: to=<...>, relay=..., status=...`.
-LOG_FORMAT = "%(asctime)s mailq/smtp[%(process)d]: %(message)s"
-
-
-@contextmanager
-def _relay_log(enabled: bool) -> Iterator[None]:
-    """Remote delivery's log lines on stderr while the worker runs with it."""
-    if not enabled:
-        yield
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT, "%b %d %H:%M:%S"))
-    logger = logging.getLogger("mailq_runtime.relay")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
 
 
 def _relay(args: argparse.Namespace) -> Callable[[Runtime], RemoteDelivery | None]:
@@ -72,7 +52,9 @@ def _worker(args: argparse.Namespace) -> Report:
     # configuration as James's queue does at start-up.
     with Runtime.open(args.url) as existing:
         existing.queue(args.queue, create=False)
-    with Runtime.open(args.url, create=True) as runtime, _relay_log(args.relay):
+    # Every line of the runtime's, not only the worker's: the queue's notes on a broker away and remote
+    # delivery's lines are the operator's too.
+    with Runtime.open(args.url, create=True) as runtime, logging_to_stderr("mailq_runtime", "worker"):
         remote = relay(runtime)
         try:
             stats = run_worker(

@@ -27,7 +27,15 @@ from .clock import MICROS_PER_SECOND
 from .errors import BACKEND_FAILURES, BrokerRefused, InvalidInput, LeaseExpired, shown
 from .mailbox import INBOX
 from .mailboxes import Mailboxes
-from .model import Mail, MailAddress, MessageId, check_message, parse_count, parse_duration
+from .model import (
+    Mail,
+    MailAddress,
+    MessageId,
+    check_message,
+    creation_time,
+    parse_count,
+    parse_duration,
+)
 from .queue import MailQueueItem
 from .relay import Outcome, RemoteDelivery
 
@@ -241,10 +249,11 @@ def handle(
     leases: LeaseKeeper | None = None,
     relay: RemoteDelivery | None = None,
 ) -> None:
-    """Deliver one dequeued mail and settle it as `run_worker` does, counting the outcome in `stats`.
-    `domains` are normalised (`normalise_domains`); the caller that drives its own dequeues (the demo, on
-    simulated time) gets exactly the worker's behaviour. `leases` keeps the mail's lease while it is
-    delivered. A backend away gives the mail back untried and is raised, for the caller to wait."""
+    """Deliver one dequeued mail and settle it as `run_worker` does, counting the outcome in `stats` and
+    logging it in one line that names the mail by its enqueue id (`delivery_line`). `domains` are
+    normalised (`normalise_domains`); the caller that drives its own dequeues (the demo, on simulated
+    time) gets exactly the worker's behaviour. `leases` keeps the mail's lease while it is delivered. A
+    backend away gives the mail back untried and is raised, for the caller to wait."""
     try:
         with nullcontext() if leases is None else leases.keeping(item):
             report = deliver(mailboxes, item.enqueue_id, item.mail, domains)
@@ -253,39 +262,51 @@ def handle(
                 outcome = relay.deliver(item.enqueue_id, item.mail, remote)
                 relay.notify(item.enqueue_id, item.mail, outcome.bounced)
     except InvalidInput as error:
-        reason = f"undeliverable: {error}"
-        if _settle(item, lambda: item.reject(reason), stats):
-            stats.dead_lettered += 1
+        _dead_letter(item, f"undeliverable: {error}", stats)
         return
     except BACKEND_FAILURES as error:
         # Not the mail's fault: it goes back untried and uncounted, and the caller waits for the backend.
-        log.warning("delivery of %s waits for a backend: %s", item.enqueue_id, error)
+        log.warning(delivery_line(item, "deferred", f"a backend is away: {error}"))
         _settle(item, item.release, stats)
         raise
     except Exception as error:
-        log.warning(
-            "delivery of %s failed (attempt %d of %d)",
-            item.enqueue_id,
-            item.attempts,
-            max_attempts,
-            exc_info=True,
-        )
+        failure = f"{type(error).__name__}: {error}"
         if item.attempts >= max_attempts:
-            reason = f"gave up after {item.attempts} attempts: {type(error).__name__}: {error}"
-            if _settle(item, lambda: item.reject(reason), stats):
-                stats.dead_lettered += 1
+            _dead_letter(item, f"gave up after {item.attempts} attempts: {failure}", stats)
         elif _settle(item, lambda: item.retry(retry_delay), stats):
             stats.retried += 1
+            # The traceback too: a failure that is neither the mail's nor a backend's is a fault to find.
+            log.warning(
+                delivery_line(item, "deferred", f"attempt {item.attempts} of {max_attempts}: {failure}"),
+                exc_info=True,
+            )
         return
     stats.appended += report.appended
     if relay is not None and report.unknown_recipients:
         _settle_remote(item, relay, outcome, stats)
     elif report.unknown_recipients:
-        reason = f"unknown recipients: {', '.join(report.unknown_recipients)}"
-        if _settle(item, lambda: item.reject(reason), stats):
-            stats.dead_lettered += 1
+        _dead_letter(item, f"unknown recipients: {', '.join(report.unknown_recipients)}", stats)
     elif _settle(item, item.done, stats):
         stats.delivered += 1
+        log.info(delivery_line(item, "sent", f"delivered to {INBOX}"))
+
+
+def delivery_line(item: MailQueueItem, status: str, detail: str) -> str:
+    """The log line of a mail's delivery attempt, as Postfix's: its enqueue id (the one `mailq smtp`
+    logged and answered with), its recipients, the seconds since it was enqueued, and its status."""
+    enqueued = creation_time(item.enqueue_id)
+    delay = 0.0 if enqueued is None else max(time.time() - enqueued / MICROS_PER_SECOND, 0.0)
+    recipients = ",".join(f"<{recipient}>" for recipient in item.mail.recipients)
+    return (
+        f"{item.enqueue_id}: to={recipients}, delay={delay:.2f}, attempts={item.attempts}, "
+        f"status={status} ({detail})"
+    )
+
+
+def _dead_letter(item: MailQueueItem, reason: str, stats: WorkerStats) -> None:
+    if _settle(item, lambda: item.reject(reason), stats):
+        stats.dead_lettered += 1
+        log.info(delivery_line(item, "dead-letter", reason))
 
 
 def _settle_remote(item: MailQueueItem, relay: RemoteDelivery, outcome: Outcome, stats: WorkerStats) -> None:

@@ -14,7 +14,7 @@ import collections
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aiosmtpd.smtp import SMTP, TLSSetupException
 
@@ -186,7 +186,8 @@ class Refusal(asyncio.Protocol):
         self.hostname = hostname
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream's transport; uvloop's does not derive from asyncio.Transport, so no isinstance check.
+        transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         log.warning("reject: connect from unknown[%s]: too many connections", peer[0] if peer else "?")
         transport.write(f"421 4.7.0 {self.hostname} Error: too many connections\r\n".encode())

@@ -7,9 +7,12 @@ import asyncio
 import logging
 import socket
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+import uvloop
 
 from ..errors import InvalidInput
 from ..runtime import Runtime
@@ -21,6 +24,7 @@ from .protocol import Refusal, SmtpSession
 log = logging.getLogger("mailq_runtime.smtp")
 
 Address = tuple[str, int]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,12 @@ class ServerOptions:
 
 def default_hostname() -> str:
     return socket.getfqdn()
+
+
+def run(main: Awaitable[T]) -> T:
+    """Run the server's coroutine on uvloop (libuv's loop): the session's work is mostly the event
+    loop's, accepting, reading and writing, which it does in C at about half the stdlib loop's cost."""
+    return uvloop.run(main)
 
 
 class SmtpServer:

@@ -65,6 +65,13 @@ def mailq_json(mailq):
     return run
 
 
+def worker(mailq, idle_exit: str = "0.3") -> dict:
+    """`mailq --json worker` for example.org until idle; its stats. Its stderr holds only its log lines."""
+    status, out, err = mailq("--json", "worker", "--domain", "example.org", "--idle-exit", idle_exit)
+    assert status == 0 and all(" mailq/worker[" in line for line in err.splitlines()), err
+    return json.loads(out)
+
+
 def enqueue(mailq, eml: Path, *extra: str, sender: str = ALICE, rcpt: tuple[str, ...] = (BOB,)) -> str:
     """Enqueue `eml` in the queue 'spool'; returns the enqueue id."""
     recipients = [arg for address in rcpt for arg in ("--rcpt", address)]
@@ -394,19 +401,21 @@ def test_progress_bar_only_on_a_terminal():
 
 
 def test_worker_delivers_local_recipients_and_dead_letters_the_rest(mailq, mailq_json, eml, url):
-    enqueue(mailq, eml, rcpt=(BOB, DAVE))
-    enqueue(mailq, eml, rcpt=(CAROL,))
+    delivered = enqueue(mailq, eml, rcpt=(BOB, DAVE))
+    dead_lettered = enqueue(mailq, eml, rcpt=(CAROL,))
 
-    stats = mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    status, out, err = mailq("--json", "worker", "--domain", "example.org", "--idle-exit", "0.3")
 
-    assert stats == {
-        "delivered": 1,
-        "retried": 0,
-        "dead_lettered": 1,
-        "appended": 2,
-        "lease_expired": 0,
-        "bounced": 0,
-    }
+    assert (status, json.loads(out)) == (
+        0,
+        {"delivered": 1, "retried": 0, "dead_lettered": 1, "appended": 2, "lease_expired": 0, "bounced": 0},
+    )
+    # The log on stderr, one line per mail as Postfix's, the JSON document alone on stdout.
+    sent, dead = err.splitlines()
+    assert f"mailq/worker[{os.getpid()}]: {delivered}: to=<{BOB}>,<{DAVE}>, delay=" in sent
+    assert sent.endswith(", attempts=1, status=sent (delivered to INBOX)")
+    assert f": {dead_lettered}: to=<{CAROL}>, " in dead
+    assert dead.endswith(f"status=dead-letter (unknown recipients: {CAROL})")
     assert mailq_json("size", "spool")["size"] == 0
     with Runtime.open(url) as runtime:
         inboxes = {m.user: runtime.mailboxes.counters(m.id).count for m in runtime.mailboxes.list()}
@@ -612,7 +621,7 @@ def test_enqueue_keeps_accepting_real_world_mail(mailq, mailq_json, tmp_path):
     path = tmp_path / "lf.eml"
     path.write_bytes(b"Subject: bare LF\nContent-Transfer-Encoding: 8bit\n\nd\xc3\xa9j\xc3\xa0 vu \xff\n")
     enqueue(mailq, path)
-    stats = mailq_json("worker", "--domain", "example.org", "--idle-exit", "300ms")
+    stats = worker(mailq, "300ms")
     assert stats == {
         "delivered": 1,
         "retried": 0,
@@ -711,7 +720,7 @@ def test_a_store_whose_deletions_name_no_owner_gains_the_column_at_schema_create
 
 def test_dead_letters_list_show_requeue_and_purge(mailq, mailq_json, eml, url):
     dead = enqueue(mailq, eml, rcpt=(CAROL,))
-    mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    worker(mailq)
     (entry,) = mailq_json("dead-letters", "list", "spool")
     assert (entry["enqueue_id"], entry["sender"], entry["recipients"]) == (dead, ALICE, [CAROL])
     assert entry["name"].startswith("mail-")
@@ -728,9 +737,9 @@ def test_dead_letters_list_show_requeue_and_purge(mailq, mailq_json, eml, url):
     assert mailq_json("dead-letters", "list", "spool") == []
     assert [m["enqueue_id"] for m in mailq_json("browse", "spool")] == [requeued]
 
-    mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    worker(mailq)
     assert mailq_json("dead-letters", "requeue", "spool", "--all")["requeued"] != []
-    mailq_json("worker", "--domain", "example.org", "--idle-exit", "0.3")
+    worker(mailq)
     assert mailq_json("dead-letters", "purge", "spool", "--older-than", "0s") == {
         "queue": "spool",
         "purged": 1,

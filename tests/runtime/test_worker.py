@@ -136,7 +136,7 @@ def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(
 
 
 def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, backend: Backend
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
     flaky, broken = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
     append = runtime.mailboxes.append
@@ -150,9 +150,22 @@ def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
         return append(mailbox, raw, flags, message_id=message_id)
 
     monkeypatch.setattr(runtime.mailboxes, "append", failing_append)
-    (stats,) = run_threads(runtime, 1, idle_timeout=0.5, retry_delay=0, max_attempts=3)
+    with caplog.at_level(logging.INFO, logger="mailq_runtime.worker"):
+        (stats,) = run_threads(runtime, 1, idle_timeout=0.5, retry_delay=0, max_attempts=3)
 
     assert stats == WorkerStats(delivered=1, retried=1 + 2, dead_lettered=1, appended=1)
+    # One line per attempt, each naming the mail by its enqueue id, as Postfix's delivery lines do.
+    lines = [record.getMessage() for record in caplog.records if record.name == "mailq_runtime.worker"]
+    assert [line.split(", status=")[1] for line in lines if line.startswith(broken)] == [
+        "deferred (attempt 1 of 3: OSError: disk hiccup)",
+        "deferred (attempt 2 of 3: OSError: disk hiccup)",
+        "dead-letter (gave up after 3 attempts: OSError: disk hiccup)",
+    ]
+    assert [line.split(", status=")[1] for line in lines if line.startswith(flaky)] == [
+        "deferred (attempt 1 of 3: OSError: disk hiccup)",
+        "sent (delivered to INBOX)",
+    ]
+    assert all(": to=<" in line and ", delay=" in line for line in lines)
     (letter,) = runtime.queue(QUEUE).dead_letters()
     assert letter.enqueue_id == broken
     assert letter.reason == "gave up after 3 attempts: OSError: disk hiccup"

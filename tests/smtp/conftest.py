@@ -18,7 +18,7 @@ from mailq_runtime.queue import MailQueue
 from mailq_runtime.smtp.access import parse_networks
 from mailq_runtime.smtp.defaults import DEFAULT_NETWORKS
 from mailq_runtime.smtp.handler import Policy
-from mailq_runtime.smtp.server import ServerOptions, SmtpServer
+from mailq_runtime.smtp.server import ServerOptions, SmtpServer, run
 from tests.runtime.backends import Backend, open_backend
 
 USER = "alice@example.org"
@@ -74,14 +74,14 @@ def serving(url: str, **changes: object) -> Iterator[Running]:
 
     failure: list[BaseException] = []
 
-    def run() -> None:
+    def serve_in_thread() -> None:
         try:
-            asyncio.run(main())
+            run(main())
         except BaseException as error:  # shown by the test, not lost in the thread
             failure.append(error)
             ready.set()
 
-    thread = threading.Thread(target=run, name="mailq-smtp-test", daemon=True)
+    thread = threading.Thread(target=serve_in_thread, name="mailq-smtp-test", daemon=True)
     thread.start()
     assert ready.wait(30) and not failure, failure
     try:
