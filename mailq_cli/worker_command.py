@@ -4,13 +4,10 @@ with `--relay`, the other recipients' by SMTP (remote delivery, `mailq_runtime.r
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import socket
-import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict
 
 from mailq_runtime.errors import InvalidInput
