@@ -11,6 +11,7 @@ from mailq_runtime.runtime import Runtime
 from mailq_runtime.worker import run_worker
 
 from .arguments import count_argument, duration_argument
+from .metrics_serving import add_metrics_argument, serving_metrics
 from .output import Report
 
 
@@ -24,7 +25,7 @@ def _worker(args: argparse.Namespace) -> Report:
     # configuration as James's queue does at start-up.
     with Runtime.open(args.url) as existing:
         existing.queue(args.queue, create=False)
-    with Runtime.open(args.url, create=True) as runtime:
+    with Runtime.open(args.url, create=True) as runtime, serving_metrics(args.metrics, runtime):
         stats = run_worker(
             runtime,
             args.queue,
@@ -66,4 +67,5 @@ def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-attempts", type=count_argument("max_attempts"), default=5, metavar="N", help="then dead-letter"
     )
+    add_metrics_argument(parser)
     parser.set_defaults(handler=_worker)

@@ -12,6 +12,7 @@ from ..clock import Clock
 from ..config import ConfigurationStore, QueueViewConfiguration
 from ..errors import UnknownQueue
 from ..faults import FaultInjector
+from ..metrics import queue_metrics
 from ..model import Mail, QueueName
 from ..stores.protocols import DeadLetters, DelayedMails, QueueView
 from ..stores.records import EnqueuedMail
@@ -76,6 +77,7 @@ class QueuePart:
         self.delayed = backends.delayed
         self.work = backends.work
         self.faults = backends.faults
+        self.metrics = queue_metrics(context.name)
 
 
 def slice_of(moment: int, window: int) -> int:
