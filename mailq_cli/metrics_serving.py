@@ -32,11 +32,13 @@ def add_metrics_argument(parser: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def serving_metrics(address: tuple[str, int] | None, runtime: Runtime) -> Iterator[None]:
-    """Serve the metrics on `address` (port 0: any free one, said on stderr) while inside; nothing when
-    None."""
+def serving_metrics(
+    address: tuple[str, int] | None, runtime: Runtime
+) -> Iterator[tuple[str, int] | None]:
+    """Serve the metrics on `address` (port 0: any free one, said on stderr) while inside, giving the
+    address bound; nothing when None."""
     if address is None:
-        yield
+        yield None
         return
     host, port = address
     try:
@@ -48,7 +50,7 @@ def serving_metrics(address: tuple[str, int] | None, runtime: Runtime) -> Iterat
     bound_host, bound_port = server.server_address[:2]
     print(f"metrics at http://{bound_host}:{bound_port}/metrics", file=sys.stderr, flush=True)
     try:
-        yield
+        yield bound_host, bound_port
     finally:
         server.shutdown()
         server.server_close()
