@@ -8,7 +8,8 @@ messaging names where one fits: enqueued is `messaging.client.sent.messages`, de
 `messaging.client.operation.duration`, with the queue as `messaging.destination.name`.
 
 The hot path pays a bound child's `inc()` or `observe()`: each queue, listener and backend call kind
-binds its children once (`queue_metrics`, `SmtpMetrics`, `counted`), so no label lookup is made per mail.
+binds its children once (`queue_metrics`, `SmtpMetrics`, `count_calls`), so no label lookup is made per
+mail.
 """
 
 from __future__ import annotations
