@@ -15,6 +15,7 @@ mail.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ from .errors import BACKEND_FAILURES
 
 if TYPE_CHECKING:
     from .runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 # Seconds: an enqueue or a dequeue takes from a fraction of a millisecond (embedded) to tens (Cassandra,
 # S3, RabbitMQ with confirms); a mail stays in the queue from milliseconds to the days of its retries.
@@ -156,12 +159,20 @@ class QueueSizes(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = self._family()
-        for name in self.runtime.queues():
-            counts = self.runtime.queue(name).counts()
-            for state in STATES:
-                value = getattr(counts, state)
-                if value is not None:
-                    family.add_metric([name, state], value)
+        try:
+            # The store's turn, as a queue operation takes it: a scrape never reads another thread's
+            # transaction half done.
+            with self.runtime.work.turn():
+                for name in self.runtime.queues():
+                    counts = self.runtime.queue(name).counts()
+                    for state in STATES:
+                        value = getattr(counts, state)
+                        if value is not None:
+                            family.add_metric([name, state], value)
+        except BACKEND_FAILURES as error:
+            # The counters still go out: they are what tells an operator how the backends fail.
+            log.warning("the queue sizes are left out of this scrape: %s", error)
+            return
         yield family
 
     @staticmethod

@@ -120,6 +120,28 @@ def test_smtp_sessions_replies_and_bytes(tmp_path: Path) -> None:
     assert delta(before, after, "mailq_queue_enqueued_mails_total", queue="spool") >= 2
 
 
+def test_smtp_refused_session(tmp_path: Path) -> None:
+    """A connection past --max-sessions is a session too, and its 421 a 4xx reply."""
+    url = f"embedded://{tmp_path / 'data'}"
+    make_store(url)
+    with serving(url, max_sessions=1) as running, serving_metrics(LOOPBACK, running.runtime) as address:
+        assert address is not None
+        listener = f"127.0.0.1:{running.port}"
+        before = scrape(address)
+        held = Raw(running.port)
+        assert held.reply().startswith("220 ")
+        refused = Raw(running.port)
+        assert refused.reply().startswith("421 4.7.0")
+        after = scrape(address)
+        held.sock.close()
+        refused.sock.close()
+    assert delta(before, after, "mailq_smtp_sessions_total", listener=listener) == 2
+    assert {
+        code_class: delta(before, after, "mailq_smtp_replies_total", listener=listener, code_class=code_class)
+        for code_class in ("2xx", "4xx")
+    } == {"2xx": 1, "4xx": 1}
+
+
 def test_backend_calls_by_kind(runtime: Runtime) -> None:
     name = f"metrics-{secrets.token_hex(4)}"
     with serving_metrics(LOOPBACK, runtime) as address:
