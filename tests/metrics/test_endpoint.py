@@ -21,6 +21,7 @@ from mailq_runtime.metrics import count_calls
 from mailq_runtime.model import BlobId
 from mailq_servers.s3 import S3Server
 from tests.metrics.helpers import delta, scrape, value
+from tests.runtime.backends import Backend, EmbeddedBackend, open_backend
 from tests.runtime.helpers import make_mail
 from tests.smtp.conftest import USER, make_store, serving
 from tests.smtp.helpers import Raw
@@ -142,18 +143,53 @@ def test_smtp_refused_session(tmp_path: Path) -> None:
     } == {"2xx": 1, "4xx": 1}
 
 
-def test_backend_calls_by_kind(runtime: Runtime) -> None:
+@pytest.fixture(params=("embedded", "rabbitmq"))
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Backend]:
+    with open_backend(request, tmp_path, monkeypatch) as opened:
+        yield opened
+
+
+def test_backend_calls_by_backend_and_kind(backend: Backend) -> None:
+    """Each call counted under the backend it goes to: SQLite for all of the embedded deployment;
+    Cassandra, S3 and RabbitMQ for the distributed one."""
+    embedded = isinstance(backend, EmbeddedBackend)
+    metadata, content, broker = ("sqlite",) * 3 if embedded else ("cassandra", "s3", "rabbitmq")
     name = f"metrics-{secrets.token_hex(4)}"
-    with serving_metrics(LOOPBACK, runtime) as address:
+    with backend.open() as runtime, serving_metrics(LOOPBACK, runtime) as address:
         assert address is not None
         before = scrape(address)
-        runtime.queue(name).enqueue(make_mail())
+        queue = runtime.queue(name)
+        queue.enqueue(make_mail())
+        item = queue.dequeue(timeout=30)
+        assert item is not None
+        item.done()
         after = scrape(address)
     calls = {
-        kind: delta(before, after, "mailq_backend_calls_total", backend="sqlite", kind=kind)
-        for kind in ("view.insert", "broker.publish", "content.put", "blob_tables.add_references")
+        (label, kind): delta(before, after, "mailq_backend_calls_total", backend=label, kind=kind)
+        for label, kind in (
+            (metadata, "view.insert"),
+            (metadata, "view.mark_done"),
+            (content, "content.put"),
+            (content, "content.get"),
+            (broker, "broker.publish"),
+            (broker, "broker.ack"),
+        )
     }
-    assert calls == {"view.insert": 1, "broker.publish": 1, "content.put": 2, "blob_tables.add_references": 1}
+    assert calls == {
+        (metadata, "view.insert"): 1,
+        (metadata, "view.mark_done"): 1,
+        (content, "content.put"): 2,  # the headers and the body
+        (content, "content.get"): 2,
+        (broker, "broker.publish"): 1,
+        (broker, "broker.ack"): 1,
+    }
+    # The sizes, the broker's counts included, read at the scrape.
+    assert {
+        state: after.get(("mailq_queue_mails", frozenset({("queue", name), ("state", state)})))
+        for state in ("ready", "in_flight", "delayed", "dead_letters")
+    } == {"ready": 0, "in_flight": 0, "delayed": 0, "dead_letters": 0}
 
 
 def test_backend_errors_by_kind(
