@@ -32,9 +32,7 @@ def add_metrics_argument(parser: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def serving_metrics(
-    address: tuple[str, int] | None, runtime: Runtime
-) -> Iterator[tuple[str, int] | None]:
+def serving_metrics(address: tuple[str, int] | None, runtime: Runtime) -> Iterator[tuple[str, int] | None]:
     """Serve the metrics on `address` (port 0: any free one, said on stderr) while inside, giving the
     address bound; nothing when None."""
     if address is None:
