@@ -51,6 +51,9 @@ Vhosts
 _.web_ui_url
 _.cores
 debian_program
+# The Prometheus server's controls the metrics tests use.
+_.scraping
+_.await_value
 
 # aiosmtpd's hooks and settings: its SMTP class calls the handler's handle_* methods and its
 # authenticator with (server, session, envelope, mechanism, data), and reads the limits set on the session.

@@ -166,14 +166,16 @@ def timed_calls(runtime: Runtime, timings: Timings) -> Iterator[None]:
     for attribute, protocol in TIMED.items():
         backend = getattr(runtime, attribute)
         for name in vars(protocol):
-            if not name.startswith("_") and callable(getattr(backend, name, None)):
-                setattr(backend, name, timer(f"{attribute}.{name}", getattr(backend, name)))
-                wrapped.append((backend, name))
+            method = getattr(backend, name, None)
+            if not name.startswith("_") and callable(method):
+                setattr(backend, name, timer(f"{attribute}.{name}", method))
+                wrapped.append((backend, name, method))
     try:
         yield
     finally:
-        for backend, name in wrapped:
-            delattr(backend, name)
+        # The method as it was, the metrics' counting wrapper (runtime.py's `_count_calls`) included.
+        for backend, name, method in wrapped:
+            setattr(backend, name, method)
 
 
 def check_emptied(runtime: Runtime, name: str) -> None:

@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from mailq_runtime.errors import InvalidInput
+from mailq_runtime.errors import InvalidInput, shown
 from mailq_runtime.model import EnqueueId, QueueName, check_priority, parse_count, parse_duration
 
 AddParser = Callable[[argparse._SubParsersAction], None]
@@ -67,3 +67,12 @@ def _text_priority(text: str) -> int:
 
 
 priority_argument = checked_argument(_text_priority)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """host:port, or [ipv6]:port."""
+    host, colon, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidInput(f"invalid listen address {shown(text)}: expected host:port, e.g. 127.0.0.1:2525")
+    return host, int(port)

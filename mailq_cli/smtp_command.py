@@ -10,27 +10,19 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mailq_runtime.errors import InvalidInput, shown
+from mailq_runtime.errors import InvalidInput
 from mailq_runtime.model import QueueName, parse_duration
 from mailq_runtime.runtime import Runtime
 from mailq_runtime.smtp.defaults import COMMAND_TIMEOUT, DEFAULT_NETWORKS
 from mailq_runtime.worker import normalise_domains
 
-from .arguments import checked_argument, count_argument
+from .arguments import checked_argument, count_argument, parse_listen
 from .log_lines import logging_to_stderr
+from .metrics_serving import add_metrics_argument, serving_metrics
 from .output import Report
 
 if TYPE_CHECKING:
-    from mailq_runtime.smtp.server import Address, ServerOptions, SmtpServer
-
-
-def parse_listen(text: str) -> Address:
-    """host:port, or [ipv6]:port."""
-    host, colon, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InvalidInput(f"invalid listen address {shown(text)}: expected host:port, e.g. 127.0.0.1:2525")
-    return host, int(port)
+    from mailq_runtime.smtp.server import ServerOptions, SmtpServer
 
 
 def _options(args: argparse.Namespace) -> ServerOptions:
@@ -65,7 +57,7 @@ def _options(args: argparse.Namespace) -> ServerOptions:
     )
 
 
-async def _serve(server: SmtpServer, address: Address) -> None:
+async def _serve(server: SmtpServer, address: tuple[str, int]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # SIGTERM and Ctrl-C stop accepting; the sessions in DATA finish, then the command returns.
@@ -80,7 +72,7 @@ def _smtp(args: argparse.Namespace) -> Report:
     address = parse_listen(args.listen)
     options = _options(args)
     # The store must exist: a mistyped URL never starts an empty one. The queue is made by its first mail.
-    with Runtime.open(args.url) as runtime:
+    with Runtime.open(args.url) as runtime, serving_metrics(args.metrics, runtime):
         server = SmtpServer(runtime, options)
         with logging_to_stderr("mailq_runtime.smtp", "smtpd"):
             run(_serve(server, address))
@@ -157,4 +149,5 @@ def add_smtp_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--reuse-port", action="store_true", help="share the port with other processes (SO_REUSEPORT)"
     )
+    add_metrics_argument(parser)
     parser.set_defaults(handler=_smtp)

@@ -17,6 +17,7 @@ from mailq_runtime.worker import run_worker
 
 from .arguments import checked_argument, count_argument, duration_argument
 from .log_lines import logging_to_stderr
+from .metrics_serving import add_metrics_argument, serving_metrics
 from .output import Report
 
 
@@ -51,7 +52,11 @@ def _worker(args: argparse.Namespace) -> Report:
         existing.queue(args.queue, create=False)
     # Every line of the runtime's, not only the worker's: the queue's notes on a broker away and remote
     # delivery's lines are the operator's too.
-    with Runtime.open(args.url, create=True) as runtime, logging_to_stderr("mailq_runtime", "worker"):
+    with (
+        Runtime.open(args.url, create=True) as runtime,
+        logging_to_stderr("mailq_runtime", "worker"),
+        serving_metrics(args.metrics, runtime),
+    ):
         remote = relay(runtime)
         try:
             stats = run_worker(
@@ -136,4 +141,5 @@ def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
         help="then a deferred mail is returned to its sender (default: 5d)",
     )
     relay.add_argument("--hostname", help="this host's name in EHLO and notifications (default: FQDN)")
+    add_metrics_argument(parser)
     parser.set_defaults(handler=_worker)

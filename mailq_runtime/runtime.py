@@ -33,6 +33,7 @@ from .config import ConfigurationStore
 from .errors import InvalidInput, NoStore, UnknownQueue
 from .faults import FaultInjector
 from .mailboxes import Mailboxes
+from .metrics import count_calls
 from .model import QueueName
 from .queue import MailQueue, QueueBackends, QueueContext
 from .settings import CASSANDRA, Settings
@@ -88,8 +89,25 @@ def build(settings: Settings, clock: Clock = system_clock, *, create: bool = Fal
     """The backends of `settings`' deployment. With `create`, what is missing of the store and its
     schema is made; without, nothing is written and a missing store is NoStore."""
     if settings.backend == CASSANDRA:
-        return _distributed(settings, clock, create)
-    return _embedded(settings, clock, create)
+        deployment = _distributed(settings, clock, create)
+    else:
+        deployment = _embedded(settings, clock, create)
+    _count_calls(deployment)
+    return deployment
+
+
+def _count_calls(deployment: Deployment) -> None:
+    """Each backend call counted in `mailq_backend_calls_total` by backend and kind (`view.insert` ...)."""
+    for attribute, protocol in (
+        ("view", QueueView),
+        ("broker", Broker),
+        ("blob_tables", BlobTables),
+        ("content", BlobStore),
+        ("mailbox_tables", MailboxTables),
+        ("dead_letters", DeadLetters),
+        ("delayed_mails", DelayedMails),
+    ):
+        count_calls(getattr(deployment, attribute), protocol, attribute)
 
 
 def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:

@@ -1,6 +1,7 @@
 """The project's harness for the real servers of the distributed deployment: Cassandra, an S3 endpoint
-(versitygw), RabbitMQ and a Spark standalone cluster, installed into a cache outside the repository
-(`MAILQ_SERVERS_CACHE`, default ~/.cache/mailq-servers) and started on loopback.
+(versitygw), RabbitMQ and a Spark standalone cluster, and the Prometheus server of the metrics tests,
+installed into a cache outside the repository (`MAILQ_SERVERS_CACHE`, default ~/.cache/mailq-servers)
+or from Debian, and started on loopback.
 
 `python -m mailq_servers up|down|status|env [server ...]` drives them from a shell (`make servers`, the
 distributed demo); `ensure()` drives them from Python through the same code, for the test suite's
@@ -12,6 +13,7 @@ from __future__ import annotations
 from .base import ServerError, cache_root
 from .cassandra import Cassandra, CassandraServer
 from .cassandra_cluster import CassandraCluster, CassandraClusterServer
+from .prometheus import Prometheus, PrometheusServer
 from .rabbitmq import RabbitMQ, RabbitMQServer
 from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
 from .s3 import S3Endpoint, S3Server
@@ -25,6 +27,7 @@ SERVERS = {
     "spark": SparkStandalone,
     "cassandra-cluster": CassandraCluster,
     "rabbitmq-cluster": RabbitMQCluster,
+    "prometheus": Prometheus,
 }
 FACTS = {
     "cassandra": CassandraServer,
@@ -33,16 +36,18 @@ FACTS = {
     "spark": SparkCluster,
     "cassandra-cluster": CassandraClusterServer,
     "rabbitmq-cluster": RabbitMQClusterServer,
+    "prometheus": PrometheusServer,
 }
 #: Started only when named (`up cassandra-cluster`) or by the fixtures of the tests that need them: the
 #: rest of the suite does not run beside their nodes.
-ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster"}
+ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster", "prometheus"}
 
 __all__ = [
     "ON_DEMAND",
     "SERVERS",
     "CassandraClusterServer",
     "CassandraServer",
+    "PrometheusServer",
     "RabbitMQClusterServer",
     "RabbitMQServer",
     "S3Server",

@@ -12,6 +12,7 @@ from ..clock import Clock
 from ..config import ConfigurationStore, QueueViewConfiguration
 from ..errors import UnknownQueue
 from ..faults import FaultInjector
+from ..metrics import queue_metrics
 from ..model import Mail, QueueName
 from ..stores.protocols import DeadLetters, DelayedMails, Destinations, HeldMails, QueueView
 from ..stores.records import EnqueuedMail
@@ -80,6 +81,7 @@ class QueuePart:
         self.destinations = backends.destinations
         self.work = backends.work
         self.faults = backends.faults
+        self.metrics = queue_metrics(context.name)
 
 
 def slice_of(moment: int, window: int) -> int:

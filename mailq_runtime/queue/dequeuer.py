@@ -11,6 +11,7 @@ from types import TracebackType
 from ..brokers.base import Delivery
 from ..clock import MICROS_PER_SECOND
 from ..errors import BlobNotFound, InvalidInput, LeaseExpired, shown
+from ..metrics import seconds_since
 from ..model import Mail, MailAddress, delivery_time, parse_duration
 from ..stores.records import EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
@@ -147,9 +148,12 @@ class Dequeuer(QueuePart):
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
+            started = time.perf_counter()
             with self.settlement.giving_back(delivery), self.work.turn():
                 item = self._deliverable(delivery)
             if item is not None:
+                self.metrics.dequeued.inc()
+                self.metrics.dequeue_seconds.observe(seconds_since(started))
                 return item
 
     def _deliverable(self, delivery: Delivery) -> MailQueueItem | None:

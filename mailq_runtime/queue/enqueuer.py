@@ -4,11 +4,13 @@ it waits for a delay, to the delayed mails."""
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from collections.abc import Callable
 
 from ..errors import BrokerRefused, BrokerUnavailable, InvalidInput
 from ..faults import ENQUEUE_AFTER_REFERENCES, ENQUEUE_AFTER_VIEW_ROW
+from ..metrics import seconds_since
 from ..model import EnqueueId, Mail, check_message, check_priority, delivery_time
 from ..stores.records import DelayedMail, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
@@ -59,6 +61,7 @@ class Enqueuer(QueuePart):
         whose owner exists nowhere, which the orphan sweep releases; after 3, a mail that browse and size
         show but that no broker holds, which republish sends (or delays again).
         """
+        started = time.perf_counter()
         context = self.context
         priority = check_enqueue(mail, delay, priority, context.max_message_size, context.clock())
         with self.work.turn():
@@ -89,6 +92,8 @@ class Enqueuer(QueuePart):
                 self.faults.reached(ENQUEUE_AFTER_VIEW_ROW)
                 self.send(row, next_delivery, now)
         self._exists = True
+        self.metrics.enqueued.inc()
+        self.metrics.enqueue_seconds.observe(seconds_since(started))
         return enqueue_id
 
     def send(self, row: EnqueuedMail, due: int, now: int) -> None:

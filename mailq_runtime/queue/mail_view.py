@@ -148,6 +148,7 @@ class MailQueueView(QueuePart):
                         )
                     deleted += 1
         if deleted:
+            self.metrics.removed.inc(deleted)
             self.maybe_update_browse_start()
         return deleted
 

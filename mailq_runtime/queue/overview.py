@@ -60,8 +60,9 @@ class QueueOverview:
     unknown: tuple[str, ...] = ()  # the figures this deployment cannot tell now
 
 
-def overview(context: QueueContext, held: int, parked: int) -> QueueOverview:
-    """`held` mails an operator holds, `parked` of them out of the broker and the delayed mails."""
+def overview(context: QueueContext, held: int, parked: int, *, read_oldest: bool = True) -> QueueOverview:
+    """`held` mails an operator holds, `parked` of them out of the broker and the delayed mails. Without
+    `read_oldest` no mail is read: the oldest ready and in-flight mails are then `unknown`."""
     name = context.name
     now = context.clock()
     backends = context.backends
@@ -97,29 +98,37 @@ def overview(context: QueueContext, held: int, parked: int) -> QueueOverview:
             oldest_in_flight=None,
             unknown=("ready", "in_flight", "oldest_ready", "oldest_in_flight"),
         )
+    ready, in_flight = _split(broker, deliverable, delayed.fallen_due)
+    counts = {**common, "ready": ready, "in_flight": in_flight}
+    if not read_oldest:
+        return QueueOverview(
+            **counts, oldest_ready=None, oldest_in_flight=None, unknown=("oldest_ready", "oldest_in_flight")
+        )
     if broker.leased is not None:
-        in_flight = len(broker.leased)
-        ready = max(deliverable - in_flight, 0)
         leased_times = [t for t in map(creation_time, broker.leased) if t is not None]
         return QueueOverview(
-            **common,
-            ready=ready,
-            in_flight=in_flight,
+            **counts,
             oldest_ready=_time(_oldest_deliverable(context, sizes, now, broker.leased)) if ready else None,
             oldest_in_flight=_time(min(leased_times, default=None)),
         )
-    ready = (broker.ready or 0) + delayed.fallen_due
-    in_flight = max(deliverable - ready, 0)
     oldest = _time(_oldest_deliverable(context, sizes, now, frozenset())) if deliverable else None
     unknown = ("oldest_ready", "oldest_in_flight") if ready and in_flight else ()
     return QueueOverview(
-        **common,
-        ready=ready,
-        in_flight=in_flight,
+        **counts,
         oldest_ready=oldest if not in_flight else None,
         oldest_in_flight=oldest if not ready else None,
         unknown=unknown,
     )
+
+
+def _split(broker: BrokerCounts, deliverable: int, fallen_due: int) -> tuple[int, int]:
+    """(ready, in flight) of the deliverable mails: on a broker that knows its leases, in flight exactly;
+    on RabbitMQ, ready is what it holds ready plus the delays fallen due."""
+    if broker.leased is not None:
+        in_flight = len(broker.leased)
+        return max(deliverable - in_flight, 0), in_flight
+    ready = (broker.ready or 0) + fallen_due
+    return ready, max(deliverable - ready, 0)
 
 
 def _oldest_deliverable(

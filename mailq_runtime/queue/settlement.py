@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from ..brokers.base import Delivery
-from ..clock import LATEST
+from ..clock import LATEST, MICROS_PER_SECOND
 from ..errors import BACKEND_FAILURES, BrokerUnavailable, LeaseExpired
 from ..faults import (
     DONE_AFTER_DELETION_MARK,
@@ -87,6 +87,8 @@ class Settlement(QueuePart):
             self.blobs.release_saved(row.enqueue_id, (row.header_blob_id, row.body_blob_id))
             self.faults.reached(DONE_AFTER_RELEASE)
             acked = self.ack_settled(delivery)
+        self.metrics.delivered.inc()
+        self.metrics.time_in_queue.observe(max(self.clock() - row.enqueued_time, 0) / MICROS_PER_SECOND)
         # Raised once the writes are done, and not undone: the mail was delivered even with the lease
         # lost, and the mark keeps a consumer that has not loaded it yet from delivering it again.
         self.maybe_update_browse_start()
@@ -126,9 +128,10 @@ class Settlement(QueuePart):
                 log.info(
                     "queue %s: mail %s given back with the connection: %s", self.name, row.enqueue_id, error
                 )
-                return
+                requeued = True
             if not requeued:
                 raise lost(row, "retried")
+            self.metrics.retried.inc()
             return
         later = replace(row, next_delivery=deliver_at)
         delayed = DelayedMail(self.name, row.enqueue_id, deliver_at, row.priority, later.to_payload(attempts))
@@ -149,6 +152,7 @@ class Settlement(QueuePart):
                 self.delayed.remove(delayed)
         if not acked:
             raise lost(row, "retried")
+        self.metrics.retried.inc()
 
     def release(self, delivery: Delivery, row: EnqueuedMail) -> None:
         try:
@@ -189,6 +193,7 @@ class Settlement(QueuePart):
         self.letters.entomb(delivery.enqueue_id, delivery.payload, row, reason, self.clock())
         if row is not None:
             self.destinations.count(self.name, moves(row, -1))
+        self.metrics.dead_lettered.inc()
         # An ack that finds the lease lost is no failure: the letter is written, and the consumer that
         # took the mail acks it as not live.
         self.ack_settled(delivery)

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from aiosmtpd.smtp import SMTP, TLSSetupException
 
+from ..metrics import SmtpMetrics
 from .defaults import COMMAND_TIMEOUT, DATA_TERMINATION_TIMEOUT
 from .handler import client_name
 
@@ -70,7 +71,7 @@ class _CommandReader(asyncio.StreamReader):
 class SmtpSession(SMTP):
     """A client's session; `sessions` is the server's register of the live ones (for its limit and its
     shutdown), which the server adds it to and it leaves when its connection is lost; `stopping` tells
-    whether the server is shutting down."""
+    whether the server is shutting down; `metrics` counts its replies and the bytes it receives."""
 
     local_part_limit = 64  # RFC 5321 4.5.3.1.1
 
@@ -79,6 +80,7 @@ class SmtpSession(SMTP):
         handler: Any,
         sessions: set[SmtpSession],
         stopping: Callable[[], bool],
+        metrics: SmtpMetrics,
         timeout: float = COMMAND_TIMEOUT,
         **options: Any,
     ) -> None:
@@ -88,6 +90,7 @@ class SmtpSession(SMTP):
         self.credentials_known = bool(options.get("authenticator"))
         self.sessions = sessions
         self.stopping = stopping
+        self.metrics = metrics
         self.in_data = False
         self.mails = 0
 
@@ -109,6 +112,7 @@ class SmtpSession(SMTP):
         super().connection_lost(error)
 
     def data_received(self, data: bytes) -> None:
+        self.metrics.received.inc(len(data))
         if self.in_data:
             # A DATA block may take 3 minutes (RFC 5321 4.5.3.2.5): the clock runs from the last one.
             self._reset_timeout()
@@ -148,6 +152,7 @@ class SmtpSession(SMTP):
                 enhanced = _ENHANCED.get(code, f"{code[0]}.0.0")
                 status = f"{code} {enhanced} {text}".rstrip()
             log.info("NOQUEUE: reject: %s: %s; %s", client_name(self.session), status, _sender(self))
+        self.metrics.reply(status)
         await super().push(status)
 
     async def handle_exception(self, error: Exception) -> str:
@@ -182,8 +187,9 @@ def _sender(session: SmtpSession) -> str:
 class Refusal(asyncio.Protocol):
     """A connection over the session limit: 421 4.7.0 and closed, before any command is read."""
 
-    def __init__(self, hostname: str) -> None:
+    def __init__(self, hostname: str, metrics: SmtpMetrics) -> None:
         self.hostname = hostname
+        self.metrics = metrics
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream's transport; uvloop's does not derive from asyncio.Transport, so no isinstance check.
@@ -191,4 +197,5 @@ class Refusal(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         log.warning("reject: connect from unknown[%s]: too many connections", peer[0] if peer else "?")
         transport.write(f"421 4.7.0 {self.hostname} Error: too many connections\r\n".encode())
+        self.metrics.reply("421")
         transport.close()

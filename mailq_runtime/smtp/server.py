@@ -15,6 +15,7 @@ from typing import TypeVar
 import uvloop
 
 from ..errors import InvalidInput
+from ..metrics import SmtpMetrics
 from ..runtime import Runtime
 from .access import Authenticator
 from .defaults import COMMAND_TIMEOUT
@@ -65,16 +66,20 @@ class SmtpServer:
         self.sessions: set[SmtpSession] = set()
         self.stopping = False
         self.sessions_served = 0
+        # Named by the address bound, so set by `serve` before any session.
+        self.metrics: SmtpMetrics
 
     def _protocol(self) -> asyncio.Protocol:
         hostname = self.options.policy.hostname
+        self.metrics.sessions.inc()
         if self.stopping or len(self.sessions) >= self.options.max_sessions:
-            return Refusal(hostname)
+            return Refusal(hostname, self.metrics)
         credentials = self.options.credentials
         session = SmtpSession(
             self.handler,
             self.sessions,
             lambda: self.stopping,
+            self.metrics,
             timeout=self.options.timeout,
             hostname=hostname,
             ident="mailq ESMTP",
@@ -102,6 +107,9 @@ class SmtpServer:
             self.pool.shutdown()
             raise InvalidInput(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
         bound = server.sockets[0].getsockname()[:2]
+        self.metrics = SmtpMetrics(
+            f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
+        )
         log.info("listening on %s:%d, queue %s", bound[0], bound[1], self.options.queue)
         ready((bound[0], bound[1]))
         try:

@@ -25,6 +25,7 @@ from mailq_servers import SERVERS, ServerError, ensure
 from mailq_servers.base import UNSAFE_VARIABLE
 from mailq_servers.cassandra import CassandraServer
 from mailq_servers.cassandra_cluster import CassandraCluster, CassandraClusterServer
+from mailq_servers.prometheus import Prometheus, PrometheusServer
 from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from mailq_servers.s3 import S3Server, remove_bucket
 from mailq_servers.spark import SparkCluster
@@ -79,6 +80,20 @@ def cassandra_cluster() -> Iterator[CassandraClusterServer]:
     yield CassandraClusterServer(**running.facts)
     if did.startswith(("started", "installed")):
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus_server() -> Iterator[PrometheusServer]:
+    """The Prometheus server, for this module's tests, stopped after them unless it ran before."""
+    server = Prometheus()
+    try:
+        with _untimed():
+            running, did = server.ensure()
+    except ServerError as error:
+        pytest.fail(f"prometheus could not start: {error}", pytrace=False)
+    yield PrometheusServer(**running.facts)
+    if did.startswith(("started", "installed")):
+        server.stop()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
