@@ -8,12 +8,13 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from mailq_runtime.errors import InvalidInput
 from mailq_runtime.relay import RemoteDelivery, RetrySchedule, Router
 from mailq_runtime.runtime import Runtime
-from mailq_runtime.worker import run_worker
+from mailq_runtime.worker import WorkerStats, run_worker
 
 from .arguments import checked_argument, count_argument, duration_argument
 from .log_lines import logging_to_stderr
@@ -57,21 +58,33 @@ def _worker(args: argparse.Namespace) -> Report:
         logging_to_stderr("mailq_runtime", "worker"),
         serving_metrics(args.metrics, runtime),
     ):
-        remote = relay(runtime)
-        try:
-            stats = run_worker(
-                runtime,
-                args.queue,
-                local_domains=args.domain,
-                stop=stop,
-                idle_timeout=args.idle_exit,
-                retry_delay=args.retry_delay,
-                max_attempts=args.max_attempts,
-                relay=remote,
-            )
-        finally:
-            if remote is not None:
-                remote.close()
+
+        def serve() -> WorkerStats:
+            remote = relay(runtime)  # one per thread: its sessions are the thread's own
+            try:
+                return run_worker(
+                    runtime,
+                    args.queue,
+                    local_domains=args.domain,
+                    stop=stop,
+                    idle_timeout=args.idle_exit,
+                    retry_delay=args.retry_delay,
+                    max_attempts=args.max_attempts,
+                    relay=remote,
+                )
+            except BaseException:
+                stop.set()  # the others finish their mail in hand and return: the command fails whole
+                raise
+            finally:
+                if remote is not None:
+                    remote.close()
+
+        if args.threads == 1:
+            stats = serve()
+        else:
+            with ThreadPoolExecutor(args.threads, thread_name_prefix="worker") as pool:
+                served = [pool.submit(serve) for _ in range(args.threads)]
+            stats = WorkerStats.total([each.result() for each in served])
     data = asdict(stats)
     return Report(
         data, [f"{args.queue}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in data.items())]
@@ -141,5 +154,13 @@ def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
         help="then a deferred mail is returned to its sender (default: 5d)",
     )
     relay.add_argument("--hostname", help="this host's name in EHLO and notifications (default: FQDN)")
+    parser.add_argument(
+        "--threads",
+        type=count_argument("threads"),
+        default=1,
+        metavar="N",
+        help="deliver N mails at a time (default: 1, in queue order); their commits are shared on the "
+        "embedded store",
+    )
     add_metrics_argument(parser)
     parser.set_defaults(handler=_worker)

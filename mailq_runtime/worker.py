@@ -60,6 +60,11 @@ class WorkerStats:
     lease_expired: int = 0  # mails not settled here: their lease was lost, another worker settles them
     bounced: int = 0  # recipients in other domains whose mail was returned to its sender (remote delivery)
 
+    @classmethod
+    def total(cls, each: list[WorkerStats]) -> WorkerStats:
+        """The stats of several workers together."""
+        return cls(**{name: sum(getattr(stats, name) for stats in each) for name in cls.__dataclass_fields__})
+
 
 @dataclass(frozen=True)
 class DeliveryReport:

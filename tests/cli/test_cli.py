@@ -424,8 +424,34 @@ def test_worker_delivers_local_recipients_and_dead_letters_the_rest(mailq, mailq
         assert CAROL in dead.reason
 
 
+def test_worker_threads_deliver_every_mail_once_and_add_up_their_stats(mailq, eml, url):
+    ids = {enqueue(mailq, eml, rcpt=(BOB,)) for _ in range(12)}
+
+    status, out, err = mailq(
+        "--json", "worker", "--domain", "example.org", "--idle-exit", "0.5", "--threads", "4"
+    )
+
+    assert status == 0, err
+    assert json.loads(out) == {
+        "delivered": 12,
+        "retried": 0,
+        "dead_lettered": 0,
+        "appended": 12,
+        "lease_expired": 0,
+        "bounced": 0,
+    }
+    assert {line.split(": ")[1] for line in err.splitlines()} == ids  # one delivery line per mail
+    with Runtime.open(url) as runtime:
+        (inbox,) = runtime.mailboxes.list()
+        assert runtime.mailboxes.counters(inbox.id).count == 12
+
+
 def test_worker_needs_a_local_domain(mailq):
     assert_bad_input(mailq("worker"), "--domain")
+
+
+def test_worker_refuses_no_threads(mailq):
+    assert_bad_input(mailq("worker", "--domain", "example.org", "--threads", "0"), "threads")
 
 
 def test_commands_on_existing_data_create_no_data_dir(mailq, mailq_json, tmp_path):
