@@ -188,7 +188,7 @@ def bench_mailq(url: str, args: argparse.Namespace) -> dict:
         wait_for_listeners(port, 1)
         with smtplib.SMTP("127.0.0.1", port) as smtp:  # the first mail creates the queue the worker serves
             smtp.sendmail(SENDER, [USER], b"Subject: first\r\n\r\nfirst\r\n")
-        worker = mailq(url, "worker", "--domain", DOMAIN)
+        worker = mailq(url, "worker", "--domain", DOMAIN, "--threads", str(args.worker_threads))
         with Runtime.open(url) as runtime:
             inbox = runtime.mailboxes.get(USER, "INBOX")
 
@@ -318,6 +318,12 @@ def main() -> None:
         type=int,
         default=os.cpu_count() or 2,
         help="mailq smtp processes sharing the port",
+    )
+    parser.add_argument(
+        "--worker-threads",
+        type=int,
+        default=4,
+        help="deliveries at a time in `mailq worker` (their commits shared on the embedded store)",
     )
     parser.add_argument("--no-postfix", action="store_true", help="measure mailq only")
     args = parser.parse_args()
