@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -66,6 +66,14 @@ SMTP_RECEIVED = Counter("mailq_smtp_received_bytes", "Bytes received from SMTP c
 BACKEND_CALLS = Counter("mailq_backend_calls", "Calls to a backend, by call kind", ["backend", "kind"])
 BACKEND_ERRORS = Counter(
     "mailq_backend_errors", "Backend calls that failed with the backend away or failing", ["backend", "kind"]
+)
+RELAY_ATTEMPTS = Counter(
+    "mailq_relay_attempts",
+    "Remote delivery attempts, one per recipient, by destination domain and outcome: sent, deferred, bounced",
+    ["domain", "outcome"],
+)
+RELAY_CONNECTIONS = Gauge(
+    "mailq_relay_connections", "SMTP sessions open to mail exchangers, by exchanger", ["destination"]
 )
 
 OUTCOMES = ("delivered", "retried", "dead_lettered", "removed")
@@ -148,37 +156,57 @@ def _counting(method: Callable[..., Any], backend: str, kind: str) -> Callable[.
 
 class QueueSizes(Collector):
     """`mailq_queue_mails{queue, state}` read at scrape time from the runtime's counters (each queue's
-    `counts()`, which reads no mail); a state the deployment cannot tell now (RabbitMQ away) is left out."""
+    `counts()`, which reads no mail); a state the deployment cannot tell now (RabbitMQ away) is left out.
+    Per destination domain, from the counters kept as mail moves (`by_domain()`, no browse either):
+    `mailq_destination_mails{queue, domain, state}` and the age of its oldest mail waiting (to the start
+    of its enqueue slot, five minutes wide)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         # Registering a collector without it would run a scrape's reads at once.
-        yield self._family()
+        yield from self._families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = self._family()
+        sizes, destinations, oldest = self._families()
         try:
             # The store's turn, as a queue operation takes it: a scrape never reads another thread's
             # transaction half done.
             with self.runtime.work.turn():
+                now = time.time()
                 for name in self.runtime.queues():
-                    counts = self.runtime.queue(name).counts()
+                    queue = self.runtime.queue(name)
+                    counts = queue.counts()
                     for state in STATES:
                         value = getattr(counts, state)
                         if value is not None:
-                            family.add_metric([name, state], value)
+                            sizes.add_metric([name, state], value)
+                    for shape in queue.by_domain():
+                        for state in shape.buckets:
+                            destinations.add_metric([name, shape.domain, state], shape.total(state))
+                        if shape.oldest is not None:
+                            oldest.add_metric([name, shape.domain], max(now - shape.oldest.timestamp(), 0.0))
         except BACKEND_FAILURES as error:
             # The counters still go out: they are what tells an operator how the backends fail.
             log.warning("the queue sizes are left out of this scrape: %s", error)
             return
-        yield family
+        yield from (sizes, destinations, oldest)
 
     @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "mailq_queue_mails", "Mails in the queue, by state", labels=["queue", "state"]
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("mailq_queue_mails", "Mails in the queue, by state", labels=["queue", "state"]),
+            GaugeMetricFamily(
+                "mailq_destination_mails",
+                "Mails with a recipient at a destination domain, by state: queued, deferred",
+                labels=["queue", "domain", "state"],
+            ),
+            GaugeMetricFamily(
+                "mailq_destination_oldest_mail_age_seconds",
+                "Age of the oldest mail waiting for a destination domain",
+                labels=["queue", "domain"],
+            ),
         )
 
 

@@ -43,6 +43,7 @@ class DomainShape:
     last_error_at: datetime | None
     next_attempt: datetime | None
     suspended_until: datetime | None  # while an operator suspends it
+    oldest: datetime | None  # the start of the enqueue-time slot of its oldest mail waiting
 
     def total(self, state: str) -> int:
         return sum(self.buckets.get(state, ()))
@@ -62,9 +63,15 @@ def moves(row: EnqueuedMail, mails: int) -> list[DestinationCount]:
 def by_domain(context: QueueContext, now: int) -> list[DomainShape]:
     destinations = context.backends.destinations
     counted: dict[str, dict[str, list[int]]] = {}
+    in_slots: dict[tuple[str, int], int] = {}
     for count in destinations.counts(context.name):
         buckets = counted.setdefault(count.domain, {}).setdefault(count.state, [0] * len(BUCKET_NAMES))
         buckets[_bucket(now - count.slot)] += count.mails
+        in_slots[count.domain, count.slot] = in_slots.get((count.domain, count.slot), 0) + count.mails
+    oldest: dict[str, int] = {}
+    for (domain, slot), mails in in_slots.items():
+        if mails > 0 and slot < oldest.get(domain, slot + 1):
+            oldest[domain] = slot
     notes = {note.domain: note for note in destinations.notes(context.name)}
     suspended = {s.domain: s.until for s in destinations.suspensions(context.name) if s.until > now}
     shapes = []
@@ -81,6 +88,7 @@ def by_domain(context: QueueContext, now: int) -> list[DomainShape]:
                 None if note is None else to_datetime(note.noted_at),
                 None if note is None or note.next_attempt is None else to_datetime(note.next_attempt),
                 None if domain not in suspended else to_datetime(suspended[domain]),
+                None if domain not in oldest else to_datetime(oldest[domain]),
             )
         )
     return shapes

@@ -13,7 +13,7 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .connections import Connections, close
+from .connections import Connections, close, opened
 from .routes import Target
 
 # Seconds for the connection and each reply (RFC 5321 4.5.3.2 allows minutes; a worker holds one
@@ -75,11 +75,12 @@ def send(
                 text = f"connect to {target}: {error or type(error).__name__}"
                 failure = Reply(0, "4.4.1", text, str(target))
                 continue
+            opened(target)
         replies, clean = _transaction(client, str(target), sender, recipients, message)
         if clean:
             connections.keep(target, client)
         else:
-            close(client)
+            close(client, target)
         return replies
     return dict.fromkeys(recipients, failure)
 

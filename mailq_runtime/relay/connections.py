@@ -10,6 +10,7 @@ from __future__ import annotations
 import smtplib
 import time
 
+from ..metrics import RELAY_CONNECTIONS
 from .routes import Target
 
 # Seconds an idle session is kept, as Postfix's default.
@@ -33,32 +34,38 @@ class Connections:
                 return client
         except (OSError, smtplib.SMTPException):
             pass
-        close(client)
+        close(client, target)
         return None
 
     def keep(self, target: Target, client: smtplib.SMTP) -> None:
         """Keep `client`, whose last transaction ended cleanly, for the next mail to `target`."""
         previous = self._idle.pop(target, None)
         if previous is not None:
-            close(previous[0])
+            close(previous[0], target)
         self._idle[target] = (client, time.monotonic() + self.idle_limit)
         self._close_expired()
 
     def close(self) -> None:
         """QUIT every kept session (the worker stops)."""
-        for client, _ in self._idle.values():
-            close(client)
+        for target, (client, _) in self._idle.items():
+            close(client, target)
         self._idle.clear()
 
     def _close_expired(self) -> None:
         now = time.monotonic()
         for target in [t for t, (_, expires) in self._idle.items() if expires <= now]:
-            close(self._idle.pop(target)[0])
+            close(self._idle.pop(target)[0], target)
 
 
-def close(client: smtplib.SMTP) -> None:
+def opened(target: Target) -> None:
+    """Count a new session to `target`, open until it is `close`d."""
+    RELAY_CONNECTIONS.labels(str(target)).inc()
+
+
+def close(client: smtplib.SMTP, target: Target) -> None:
     """QUIT, whose failure changes nothing: the replies that matter are in."""
     try:
         client.quit()
     except (OSError, smtplib.SMTPException):
         client.close()
+    RELAY_CONNECTIONS.labels(str(target)).dec()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from ..clock import MICROS_PER_SECOND, Clock
+from ..metrics import RELAY_ATTEMPTS
 from ..model import Mail, MailAddress, creation_time
 from ..queue import MailQueue
 from ..stores.records import DestinationNote, DomainBounce
@@ -133,6 +134,7 @@ class RemoteDelivery:
             else:
                 deferred.append(recipient)
                 status = "deferred"
+            RELAY_ATTEMPTS.labels(recipient.rpartition("@")[2].lower(), status).inc()
             log.info(
                 "%s: to=<%s>, relay=%s, delay=%.1f, delays=%.2f, dsn=%s, status=%s (%s)",
                 enqueue_id,
