@@ -4,6 +4,7 @@ its job there, with table metadata, and the webserver re-executes it."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -115,6 +116,8 @@ def test_every_asset_check_and_job_says_what_it_does() -> None:
         assert graph.get_check_spec(check).description, check
     for name in JOBS:
         assert defs.resolve_job_def(name).description, name
+    for sensor in defs.sensors:
+        assert sensor.description == inspect.cleandoc(sensor._raw_fn.__doc__), sensor.name
 
 
 QUERY = """
