@@ -23,6 +23,7 @@ from .jobs import (
     queue_cleanup_job,
     rotate_generation_job,
 )
+from .metadata import micros_of
 from .notify import notify
 
 
@@ -52,7 +53,7 @@ def _last_gc(instance: dg.DagsterInstance) -> dict:
         return {"generation": 0, "deleted_at": 0}
     return {
         "generation": metadata["examined_generation"].value,
-        "deleted_at": metadata["examined_through"].value,
+        "deleted_at": micros_of(metadata["examined_through"]),
     }
 
 

@@ -40,6 +40,13 @@ PLAN_SCHEMA = (
     "false_positive_probability double, planned_at long"
 )
 
+# A run record's columns (gc_mark.record_run), given when it is read: Spark may write no part file, and so
+# no schema, for an empty one.
+RUN_SCHEMA = (
+    "record_id string, run_id string, plan_id string, blob_id string, generation long, outcome string, "
+    "detail string, bytes long, at long"
+)
+
 
 def new_id(run_id: str, started: int) -> str:
     """The id of a plan or record of the run `run_id` that started at `started` (runtime micros)."""
@@ -81,6 +88,32 @@ def _ids(base: str, kind: str) -> list[str]:
     return [e.base_name for e in entries if e.type == pafs.FileType.Directory and _ID.fullmatch(e.base_name)]
 
 
+def _dataset(base: str, kind: str, record_id: str) -> ds.Dataset | None:
+    """A whole record as a pyarrow dataset; None for one not written whole, or with no part file (Spark
+    may write none for an empty one)."""
+    if not exists(base, kind, record_id):
+        return None
+    fs, where = _filesystem(path(base, kind, record_id))
+    dataset = ds.dataset(where, filesystem=fs, format="parquet")
+    return dataset if "blob_id" in dataset.schema.names else None
+
+
+def newest_unapplied_plan(base: str) -> str | None:
+    """The newest plan with blobs that no application has recorded: what gc_apply_job applies when its
+    config names none. Every blob of an applied plan has a row in the application's record, so a record
+    of a plan with blobs is never empty."""
+    applied = set()
+    for record_id in _ids(base, RUNS):
+        dataset = _dataset(base, RUNS, record_id)
+        if dataset is not None:
+            applied.update(dataset.to_table(columns=["plan_id"]).column("plan_id").unique().to_pylist())
+    for plan_id in sorted(_ids(base, PLANS), reverse=True):
+        dataset = _dataset(base, PLANS, plan_id)
+        if plan_id not in applied and dataset is not None and dataset.count_rows():
+            return plan_id
+    return None
+
+
 def latest_about(base: str, blob_id: str) -> tuple[str, dict] | None:
     """The newest plan or run record that names the blob: (PLANS or RUNS, its row), or None. Records are
     read newest first, each by its blob_id column, until one names it. A record that found the blob gone
@@ -91,12 +124,9 @@ def latest_about(base: str, blob_id: str) -> tuple[str, dict] | None:
     )
     gone = None
     for record_id, kind in found:
-        if not exists(base, kind, record_id):
-            continue  # a write that did not finish
-        fs, where = _filesystem(path(base, kind, record_id))
-        dataset = ds.dataset(where, filesystem=fs, format="parquet")
-        if "blob_id" not in dataset.schema.names:
-            continue  # an empty plan or record: Spark may write no part file at all
+        dataset = _dataset(base, kind, record_id)
+        if dataset is None:
+            continue
         rows = dataset.to_table(filter=ds.field("blob_id") == blob_id)
         if not rows.num_rows:
             continue
