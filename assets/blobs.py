@@ -52,7 +52,7 @@ from .spark.table_source import read_table
 GROUP = "blob_gc"
 
 
-@dg.asset(group_name=GROUP, kinds={"python"})
+@dg.asset(group_name=GROUP, kinds={"python"}, io_manager_key="spark_parquet")
 def reference_generations(mailq: MailqRuntime) -> dg.Output[dict]:
     """The reference generations and GC iterations, and which generations this iteration may collect."""
     generations = mailq.runtime.generations

@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 
 from mailq_runtime.clock import to_datetime
 from mailq_runtime.errors import InvalidInput, shown
+from resources.parquet_io import filesystem
 
 PLANS = "gc_plans"
 RUNS = "gc_runs"
@@ -67,21 +68,14 @@ def path(base: str, kind: str, record_id: str) -> str:
     return f"{base.rstrip('/')}/{kind}/{record_id}"
 
 
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    """pyarrow's file system of a path or URI; Hadoop's s3a:// is S3 to pyarrow."""
-    if "://" not in location:
-        return pafs.LocalFileSystem(), location
-    return pafs.FileSystem.from_uri(re.sub(r"^s3a://", "s3://", location))
-
-
 def exists(base: str, kind: str, record_id: str) -> bool:
     """Whether the record was written whole: Spark's _SUCCESS marks a committed write."""
-    fs, where = _filesystem(path(base, kind, record_id) + "/_SUCCESS")
+    fs, where = filesystem(path(base, kind, record_id) + "/_SUCCESS")
     return fs.get_file_info(where).type == pafs.FileType.File
 
 
 def _ids(base: str, kind: str) -> list[str]:
-    fs, where = _filesystem(f"{base.rstrip('/')}/{kind}")
+    fs, where = filesystem(f"{base.rstrip('/')}/{kind}")
     if fs.get_file_info(where).type != pafs.FileType.Directory:
         return []
     entries = fs.get_file_info(pafs.FileSelector(where))
@@ -93,7 +87,7 @@ def _dataset(base: str, kind: str, record_id: str) -> ds.Dataset | None:
     may write none for an empty one)."""
     if not exists(base, kind, record_id):
         return None
-    fs, where = _filesystem(path(base, kind, record_id))
+    fs, where = filesystem(path(base, kind, record_id))
     dataset = ds.dataset(where, filesystem=fs, format="parquet")
     return dataset if "blob_id" in dataset.schema.names else None
 
