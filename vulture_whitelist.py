@@ -8,6 +8,7 @@ every_reference_finds_its_blob
 counters_match_source_of_truth
 slice_counters_match_recount
 browse_start_not_ahead_of_live_mail
+no_live_blob_deleted_by_the_plan
 
 # Dagster's IOManager and ConfigurableResource hooks: Dagster calls them.
 _.handle_output

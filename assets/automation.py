@@ -4,10 +4,13 @@ Sensors read the live runtime cheaply (indexed queries, a small sample) and requ
 never do the work themselves. Thresholds come from the environment so an operator tunes them without code.
 """
 
+import inspect
 import json
 import os
+from collections.abc import Callable
 
 import dagster as dg
+from dagster._core.definitions.sensor_definition import ExecutableDefinition
 
 from mailq_runtime.clock import MICROS_PER_SECOND
 from mailq_runtime.model import parse_count, parse_duration
@@ -20,11 +23,24 @@ from .jobs import (
     queue_cleanup_job,
     rotate_generation_job,
 )
+from .metadata import micros_of
 from .notify import notify
 
 
 def _setting(name: str, default: str) -> str:
     return os.environ.get(name, default)
+
+
+def _sensor(job: ExecutableDefinition, interval: int) -> Callable:
+    """A sensor of `job` ticking every `interval` seconds, described in the UI by its docstring (Dagster's
+    sensor decorator does not read it)."""
+
+    def define(evaluate: Callable) -> dg.SensorDefinition:
+        return dg.sensor(
+            job=job, minimum_interval_seconds=interval, description=inspect.cleandoc(evaluate.__doc__)
+        )(evaluate)
+
+    return define
 
 
 def _last_gc(instance: dg.DagsterInstance) -> dict:
@@ -37,11 +53,11 @@ def _last_gc(instance: dg.DagsterInstance) -> dict:
         return {"generation": 0, "deleted_at": 0}
     return {
         "generation": metadata["examined_generation"].value,
-        "deleted_at": metadata["examined_through"].value,
+        "deleted_at": micros_of(metadata["examined_through"]),
     }
 
 
-@dg.sensor(job=blob_gc_job, minimum_interval_seconds=60)
+@_sensor(blob_gc_job, 60)
 def deletions_waiting_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
     """Deletions that no GC run has examined yet, in an eligible generation, beyond a count
     (MAILQ_GC_MIN_DELETIONS, default 1000) or an age (MAILQ_GC_MAX_WAIT, default 1d), start a GC
@@ -78,23 +94,28 @@ def deletions_waiting_sensor(context: dg.SensorEvaluationContext, mailq: MailqRu
     )
 
 
-@dg.sensor(job=queue_cleanup_job, minimum_interval_seconds=60)
+@_sensor(queue_cleanup_job, 60)
 def queue_cleanup_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
-    """A queue whose browse_start is ahead of content_start (a clean-up to finish), or whose browse_start
-    lags the current slice by more than two slices (a browse_start update to make), gets cleaned."""
+    """A queue whose clean-up is unfinished (browse_start ahead of content_start), or whose browse_start
+    can advance by two slices or more (no live mail in them), gets cleaned. A browse_start that a live
+    mail holds back starts no run: the clean-up could not move it."""
     with mailq.session() as runtime:
-        due = [name for name in runtime.queues() if runtime.queue(name).maintenance_due()]
+        names = runtime.queues()
+        due = [name for name in names if runtime.queue(name).maintenance_due()]
         states = [
             (name, runtime.queue(name).browse_start(), runtime.queue(name).content_start()) for name in due
         ]
     if not due:
-        return dg.SensorResult(skip_reason="every queue's browse_start and content_start are current")
+        return dg.SensorResult(
+            skip_reason=f"nothing to clean in {len(names)} queue(s): no clean-up left unfinished, no "
+            "browse_start that can advance by two slices"
+        )
     return dg.SensorResult(
         run_requests=[dg.RunRequest(run_key=f"cleanup-{json.dumps(states)}", tags={"queues": ",".join(due)})]
     )
 
 
-@dg.sensor(job=mailbox_counters_job, minimum_interval_seconds=300)
+@_sensor(mailbox_counters_job, 300)
 def counter_drift_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
     """Recounts a random sample of mailboxes (MAILQ_COUNTER_SAMPLE, default 50) from the source of truth;
     drift starts the full recomputation. The same drift asks again only after MAILQ_COUNTER_RETRY (default
@@ -115,7 +136,7 @@ def counter_drift_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntim
     )
 
 
-@dg.sensor(job=dead_letters_job, minimum_interval_seconds=60)
+@_sensor(dead_letters_job, 60)
 def dead_letters_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
     """Counts every queue's dead letters (as `mailq queues` does); when there are more than at the
     previous tick, it logs them, notifies the hook of MAILQ_DEAD_LETTER_NOTIFY (a command or a webhook

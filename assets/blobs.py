@@ -34,16 +34,25 @@ from mailq_runtime.model import parse_duration
 from resources import MailqRuntime
 from resources.parquet_io import SparkParquetIOManager
 
-from .gc_mark import FILTER_SCHEMA, Marked, collect_totals, generation_filters, mark, record_run
+from .gc_mark import (
+    FILTER_SCHEMA,
+    LOOKUP_LIMIT,
+    Marked,
+    collect_totals,
+    generation_filters,
+    mark,
+    no_live_blob_among,
+    record_run,
+)
 from .gc_records import DELETED, KEPT_DELETE_FAILED, KEPT_FALSE_POSITIVE, KEPT_REFERENCED, new_id
-from .metadata import human_bytes, table, when
-from .spark.collect import collect_blobs, lookup_references, retire_deletions
+from .metadata import DATETIME, table, timestamp, when
+from .spark.collect import collect_blobs, retire_deletions
 from .spark.table_source import read_table
 
 GROUP = "blob_gc"
 
 
-@dg.asset(group_name=GROUP, kinds={"python"})
+@dg.asset(group_name=GROUP, kinds={"python"}, io_manager_key="spark_parquet")
 def reference_generations(mailq: MailqRuntime) -> dg.Output[dict]:
     """The reference generations and GC iterations, and which generations this iteration may collect."""
     generations = mailq.runtime.generations
@@ -72,7 +81,7 @@ def reference_generations(mailq: MailqRuntime) -> dg.Output[dict]:
                 "generations",
                 [
                     ("generation", "string", "reference generation"),
-                    ("started", "string", "when it became the current generation"),
+                    ("started", DATETIME, "when it became the current generation"),
                     (
                         "state",
                         "string",
@@ -138,11 +147,6 @@ def deletion_sets(
             ),
         },
     )
-
-
-# Up to this many blobs, looking each one's references up by blob id (exact) is cheaper than reading
-# every reference.
-LOOKUP_LIMIT = 50_000
 
 
 class BloomFilterConfig(dg.Config):
@@ -261,7 +265,7 @@ def collected_blobs(
     # eligible when `examined_generation` was the current one.
     examined = {
         "examined_generation": reference_generations["current"],
-        "examined_through": read["newest"] or 0,
+        "examined_through": timestamp(read["newest"] or 0),
     }
     if not concerned:  # nothing to examine: the references are not read
         return dg.Output(
@@ -363,37 +367,15 @@ def _collect_figures(mode: str, concerned: int, figures: dict, started: float) -
         "retired_deletions": figures.get("retired", 0),
         "retire_errors": figures.get("retire_errors", 0),
         "bytes_reclaimed": reclaimed,
-        "size_reclaimed": human_bytes(reclaimed),
         "delete_errors": errors,
         "seconds": round(time.monotonic() - started, 3),
     }
 
 
 @dg.asset_check(asset=collected_blobs, blocking=True)
-def no_live_blob_collected(
-    collected_blobs: DataFrame, mailq: MailqRuntime, pyspark: LazyPySparkResource
-) -> dg.AssetCheckResult:
+def no_live_blob_collected(collected_blobs: DataFrame, mailq: MailqRuntime) -> dg.AssetCheckResult:
     """No blob this run collected has a reference. Its cost follows the run's: up to LOOKUP_LIMIT blobs,
     their references are looked up by blob id; past it, one read of the references is joined with them.
     The comparison of every reference with the blobs is the orphan sweep's check,
     `every_reference_finds_its_blob`."""
-    taken = collected_blobs.where(F.col("error").isNull()).select("blob_id", "generation").cache()
-    checked = taken.count()
-    if not checked:
-        referenced = taken
-    elif checked <= LOOKUP_LIMIT:
-        referenced = lookup_references(taken, mailq.settings).where(F.col("referenced"))
-    else:
-        references = read_table(pyspark.spark_session, mailq.settings, "blob_references", columns=["blob_id"])
-        referenced = taken.join(references, "blob_id", "left_semi")
-    count = referenced.count()
-    sample = [r["blob_id"] for r in referenced.select("blob_id").limit(10).collect()]
-    taken.unpersist()
-    return dg.AssetCheckResult(
-        passed=count == 0,
-        metadata={
-            "collected_blobs_checked": checked,
-            "collected_yet_referenced": count,
-            "sample": dg.MetadataValue.json(sample),
-        },
-    )
+    return no_live_blob_among(collected_blobs.where(F.col("error").isNull()), mailq.settings)

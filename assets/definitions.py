@@ -14,7 +14,7 @@ from resources.parquet_io import SparkParquetIOManager
 from . import automation, blobs, gc_plan, jobs, mailboxes, orphan_sweep, queue, queue_overview
 
 ASSETS = dg.load_assets_from_modules([blobs, gc_plan, mailboxes, orphan_sweep, queue, queue_overview])
-CHECKS = dg.load_asset_checks_from_modules([blobs, mailboxes, orphan_sweep, queue])
+CHECKS = dg.load_asset_checks_from_modules([blobs, gc_plan, mailboxes, orphan_sweep, queue])
 PIPELINE_DIR_VARIABLE = "MAILQ_PIPELINE_DIR"
 
 

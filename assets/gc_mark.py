@@ -6,6 +6,7 @@ collecting assets keep of a run: its record (gc_records.py) and its totals.
 
 from dataclasses import dataclass
 
+import dagster as dg
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -25,6 +26,10 @@ from .spark.bloom import (
 )
 from .spark.collect import lookup_references
 from .spark.table_source import read_table, rows_upper_bound
+
+# Up to this many blobs, looking each one's references up by blob id (exact) is cheaper than reading
+# every reference.
+LOOKUP_LIMIT = 50_000
 
 
 def generation_filters(
@@ -171,3 +176,29 @@ def collect_totals(collected: DataFrame):
         F.coalesce(F.sum("bytes"), F.lit(0)).alias("bytes"),
         F.count(F.col("error")).alias("errors"),
     ).first()
+
+
+def no_live_blob_among(deleted: DataFrame, settings: Settings) -> dg.AssetCheckResult:
+    """The check that none of the blobs a run deleted (`deleted`: blob_id, generation) has a reference.
+    Its cost follows the run's: up to LOOKUP_LIMIT blobs, their references are looked up by blob id;
+    past it, one read of the references is joined with them."""
+    taken = deleted.select("blob_id", "generation").cache()
+    checked = taken.count()
+    if not checked:
+        referenced = taken
+    elif checked <= LOOKUP_LIMIT:
+        referenced = lookup_references(taken, settings).where(F.col("referenced"))
+    else:
+        references = read_table(taken.sparkSession, settings, "blob_references", columns=["blob_id"])
+        referenced = taken.join(references, "blob_id", "left_semi")
+    count = referenced.count()
+    sample = [r["blob_id"] for r in referenced.select("blob_id").limit(10).collect()]
+    taken.unpersist()
+    return dg.AssetCheckResult(
+        passed=count == 0,
+        metadata={
+            "collected_blobs_checked": checked,
+            "collected_yet_referenced": count,
+            "sample": dg.MetadataValue.json(sample),
+        },
+    )

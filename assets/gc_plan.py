@@ -13,6 +13,7 @@ before two rotations), which the lookup catches.
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -21,8 +22,8 @@ from resources.parquet_io import SparkParquetIOManager
 
 from . import gc_records
 from .blobs import GROUP
-from .gc_mark import mark, record_run
-from .metadata import human_bytes, table, when
+from .gc_mark import mark, no_live_blob_among, record_run
+from .metadata import DATETIME, table, when
 from .spark.collect import collect_blobs, lookup_references, lookup_rows
 
 # The plan's blobs shown in the UI; the plan itself holds them all.
@@ -105,7 +106,6 @@ def gc_plan(
             "concerned_blobs": concerned,
             "blobs_to_delete": blobs,
             "bytes_to_reclaim": size,
-            "size_to_reclaim": human_bytes(size),
             "kept_still_referenced": kept_live,
             "kept_by_filter_false_positive": concerned - blobs - kept_live,
             **table(
@@ -114,14 +114,12 @@ def gc_plan(
                     ("generation", "string", "eligible reference generation"),
                     ("blobs", "int", "blobs the plan would delete"),
                     ("bytes", "int", "their size"),
-                    ("size", "string", "their size in human units"),
                 ],
                 [
                     {
                         "generation": f"rg{r['generation']}",
                         "blobs": r["blobs"],
                         "bytes": r["bytes"],
-                        "size": human_bytes(r["bytes"]),
                     }
                     for r in per_generation
                 ],
@@ -133,7 +131,7 @@ def gc_plan(
                     ("blob_id", "string", "the blob"),
                     ("bytes", "int", "its size"),
                     ("deletions", "int", "its deletion rows"),
-                    ("last_deleted", "string", "the newest of them"),
+                    ("last_deleted", DATETIME, "the newest of them"),
                     ("owners", "string", "the owners whose releases wrote them"),
                     ("found_by", "string", "how it was found unreferenced"),
                 ],
@@ -155,7 +153,11 @@ def gc_plan(
 
 
 class ApplyConfig(dg.Config):
-    plan_id: str  # as gc_plan's materialisation and `mailq gc --dry-run` show it
+    plan_id: str | None = Field(
+        default=None,
+        description="the plan to apply, as gc_plan's materialisation and `mailq gc --dry-run` show it "
+        "(default: the newest plan with blobs that is not applied yet)",
+    )
 
 
 @dg.asset(group_name=GROUP, kinds={"spark"}, deps=[gc_plan])
@@ -166,14 +168,12 @@ def applied_gc_plan(
     pyspark: LazyPySparkResource,
     spark_parquet: dg.ResourceParam[SparkParquetIOManager],
 ) -> dg.MaterializeResult:
-    """Applies the plan `plan_id`: deletes exactly its blobs that are still collectable, and keeps the
-    others with the reason (`kept`). Applying a plan again deletes nothing: its blobs are gone already."""
-    plan_id = gc_records.check_plan_id(config.plan_id)
+    """Applies the plan `plan_id` (by default the newest plan with blobs not applied yet): deletes exactly
+    its blobs that are still collectable, and keeps the others with the reason (`kept`); the first
+    blobs deleted are listed with their owners (`deleted`). Applying a plan again deletes nothing: its
+    blobs are gone already."""
     base = spark_parquet.base_path
-    if not gc_records.exists(base, gc_records.PLANS, plan_id):
-        raise dg.Failure(
-            f"unknown GC plan {plan_id}: none at {gc_records.path(base, gc_records.PLANS, plan_id)}"
-        )
+    plan_id = _chosen_plan(config.plan_id, base)
     spark = pyspark.spark_session
     now = mailq.runtime.clock()
     plan = spark.read.parquet(gc_records.path(base, gc_records.PLANS, plan_id))
@@ -188,7 +188,9 @@ def applied_gc_plan(
     outcomes = _apply_outcomes(planned, rows, present, eligible, looked, collected)
     record_id = gc_records.new_id(context.run.run_id, now)
     record_run(base, record_id, context.run.run_id, plan_id, now, outcomes)
-    written = spark.read.parquet(gc_records.path(base, gc_records.RUNS, record_id))
+    written = spark.read.schema(gc_records.RUN_SCHEMA).parquet(
+        gc_records.path(base, gc_records.RUNS, record_id)
+    )
     counts = {r["outcome"]: (r["blobs"], r["bytes"] or 0) for r in _by_outcome(written)}
     deleted, reclaimed = counts.pop(gc_records.DELETED, (0, 0))
     total = planned.count()
@@ -201,7 +203,6 @@ def applied_gc_plan(
         "planned_blobs": total,
         "deleted_blobs": deleted,
         "bytes_reclaimed": reclaimed,
-        "size_reclaimed": human_bytes(reclaimed),
         "kept_blobs": total - deleted,
         **table(
             "kept",
@@ -209,6 +210,7 @@ def applied_gc_plan(
             kept,
             "none kept: every blob of the plan was deleted",
         ),
+        **_deleted_table(written, plan),
     }
     gone = counts.get(gc_records.KEPT_GONE, (0, 0))[0]
     if not deleted:
@@ -220,6 +222,72 @@ def applied_gc_plan(
         )
     planned.unpersist()
     return dg.MaterializeResult(metadata=metadata)
+
+
+def _chosen_plan(configured: str | None, base: str) -> str:
+    """The plan a run applies: the one its config names, which must exist, or else the newest one with
+    blobs that is not applied yet."""
+    if configured is None:
+        newest = gc_records.newest_unapplied_plan(base)
+        if newest is None:
+            raise dg.Failure(
+                f"no GC plan to apply: every plan with blobs under {base}/{gc_records.PLANS} is applied "
+                "(gc_plan_job, or `mailq gc --dry-run`, makes a new one)"
+            )
+        return newest
+    plan_id = gc_records.check_plan_id(configured)
+    if not gc_records.exists(base, gc_records.PLANS, plan_id):
+        raise dg.Failure(
+            f"unknown GC plan {plan_id}: none at {gc_records.path(base, gc_records.PLANS, plan_id)}"
+        )
+    return plan_id
+
+
+def _deleted_table(written: DataFrame, plan: DataFrame) -> dict[str, dg.MetadataValue]:
+    """The first blobs an application deleted, with the owners whose releases made them garbage."""
+    shown = (
+        written.where(F.col("outcome") == gc_records.DELETED)
+        .join(plan.select("blob_id", "generation", "owners"), ["blob_id", "generation"], "left")
+        .orderBy("generation", "blob_id")
+        .limit(BLOBS_SHOWN)
+        .collect()
+    )
+    return table(
+        "deleted",
+        [
+            ("blob_id", "string", f"a blob deleted (the first {BLOBS_SHOWN}: deleted_blobs counts them all)"),
+            ("generation", "string", "its reference generation"),
+            ("bytes", "int", "its size"),
+            ("owners", "string", "the owners whose releases made it garbage"),
+        ],
+        [
+            {
+                "blob_id": r["blob_id"],
+                "generation": f"rg{r['generation']}",
+                "bytes": r["bytes"],
+                "owners": ", ".join(r["owners"] or []) or "not recorded",
+            }
+            for r in shown
+        ],
+        "nothing deleted",
+    )
+
+
+@dg.asset_check(asset=applied_gc_plan, name="no_live_blob_collected", blocking=True)
+def no_live_blob_deleted_by_the_plan(
+    context: dg.AssetCheckExecutionContext,
+    mailq: MailqRuntime,
+    pyspark: LazyPySparkResource,
+    spark_parquet: dg.ResourceParam[SparkParquetIOManager],
+) -> dg.AssetCheckResult:
+    """No blob the application deleted has a reference: the blobs its record lists as deleted, looked up
+    by blob id (past LOOKUP_LIMIT of them, joined with one read of the references)."""
+    event = context.instance.get_latest_materialization_event(applied_gc_plan.key)
+    record_id = event.asset_materialization.metadata["record_id"].value
+    record = pyspark.spark_session.read.schema(gc_records.RUN_SCHEMA).parquet(
+        gc_records.path(spark_parquet.base_path, gc_records.RUNS, record_id)
+    )
+    return no_live_blob_among(record.where(F.col("outcome") == gc_records.DELETED), mailq.settings)
 
 
 def _apply_outcomes(

@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 
 from mailq_runtime.clock import to_datetime
 from mailq_runtime.errors import InvalidInput, shown
+from resources.parquet_io import filesystem
 
 PLANS = "gc_plans"
 RUNS = "gc_runs"
@@ -38,6 +39,13 @@ PLAN_SCHEMA = (
     "plan_id string, blob_id string, generation long, bytes long, deletions long, "
     "deletion_times array<long>, owners array<string>, found_by string, salt string, "
     "false_positive_probability double, planned_at long"
+)
+
+# A run record's columns (gc_mark.record_run), given when it is read: Spark may write no part file, and so
+# no schema, for an empty one.
+RUN_SCHEMA = (
+    "record_id string, run_id string, plan_id string, blob_id string, generation long, outcome string, "
+    "detail string, bytes long, at long"
 )
 
 
@@ -60,25 +68,44 @@ def path(base: str, kind: str, record_id: str) -> str:
     return f"{base.rstrip('/')}/{kind}/{record_id}"
 
 
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    """pyarrow's file system of a path or URI; Hadoop's s3a:// is S3 to pyarrow."""
-    if "://" not in location:
-        return pafs.LocalFileSystem(), location
-    return pafs.FileSystem.from_uri(re.sub(r"^s3a://", "s3://", location))
-
-
 def exists(base: str, kind: str, record_id: str) -> bool:
     """Whether the record was written whole: Spark's _SUCCESS marks a committed write."""
-    fs, where = _filesystem(path(base, kind, record_id) + "/_SUCCESS")
+    fs, where = filesystem(path(base, kind, record_id) + "/_SUCCESS")
     return fs.get_file_info(where).type == pafs.FileType.File
 
 
 def _ids(base: str, kind: str) -> list[str]:
-    fs, where = _filesystem(f"{base.rstrip('/')}/{kind}")
+    fs, where = filesystem(f"{base.rstrip('/')}/{kind}")
     if fs.get_file_info(where).type != pafs.FileType.Directory:
         return []
     entries = fs.get_file_info(pafs.FileSelector(where))
     return [e.base_name for e in entries if e.type == pafs.FileType.Directory and _ID.fullmatch(e.base_name)]
+
+
+def _dataset(base: str, kind: str, record_id: str) -> ds.Dataset | None:
+    """A whole record as a pyarrow dataset; None for one not written whole, or with no part file (Spark
+    may write none for an empty one)."""
+    if not exists(base, kind, record_id):
+        return None
+    fs, where = filesystem(path(base, kind, record_id))
+    dataset = ds.dataset(where, filesystem=fs, format="parquet")
+    return dataset if "blob_id" in dataset.schema.names else None
+
+
+def newest_unapplied_plan(base: str) -> str | None:
+    """The newest plan with blobs that no application has recorded: what gc_apply_job applies when its
+    config names none. Every blob of an applied plan has a row in the application's record, so a record
+    of a plan with blobs is never empty."""
+    applied = set()
+    for record_id in _ids(base, RUNS):
+        dataset = _dataset(base, RUNS, record_id)
+        if dataset is not None:
+            applied.update(dataset.to_table(columns=["plan_id"]).column("plan_id").unique().to_pylist())
+    for plan_id in sorted(_ids(base, PLANS), reverse=True):
+        dataset = _dataset(base, PLANS, plan_id)
+        if plan_id not in applied and dataset is not None and dataset.count_rows():
+            return plan_id
+    return None
 
 
 def latest_about(base: str, blob_id: str) -> tuple[str, dict] | None:
@@ -91,12 +118,9 @@ def latest_about(base: str, blob_id: str) -> tuple[str, dict] | None:
     )
     gone = None
     for record_id, kind in found:
-        if not exists(base, kind, record_id):
-            continue  # a write that did not finish
-        fs, where = _filesystem(path(base, kind, record_id))
-        dataset = ds.dataset(where, filesystem=fs, format="parquet")
-        if "blob_id" not in dataset.schema.names:
-            continue  # an empty plan or record: Spark may write no part file at all
+        dataset = _dataset(base, kind, record_id)
+        if dataset is None:
+            continue
         rows = dataset.to_table(filter=ds.field("blob_id") == blob_id)
         if not rows.num_rows:
             continue

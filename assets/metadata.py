@@ -1,25 +1,32 @@
-"""Materialisation metadata a person reads in the UI: tables with a schema, sizes in human units too,
-times with their date."""
+"""Materialisation metadata a person reads in the UI, as Dagster types: tables with a schema, sizes as
+integers in bytes, times as timestamps (in a table, a column of type `datetime`), so that the UI plots
+every numeric figure across materialisations on a scale that means something."""
 
 import dagster as dg
 
-from mailq_runtime.clock import to_datetime
+from mailq_runtime.clock import MICROS_PER_SECOND, to_datetime
 
-Column = tuple[str, str, str]  # name, type (string, int, float, bool), what it holds
-
-
-def human_bytes(count: int) -> str:
-    size = float(count)
-    for unit in ("bytes", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{count} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
+Column = tuple[str, str, str]  # name, type (string, int, float, bool, datetime), what it holds
+DATETIME = "datetime"  # a table column of times, each as `when` writes it
 
 
 def when(micros: int) -> str:
-    """A runtime timestamp (microseconds since the epoch, UTC) as a date and time."""
+    """A runtime timestamp (microseconds since the epoch, UTC) as a date and time, for a table's cell
+    (a table's values are text or numbers)."""
     return f"{to_datetime(micros):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def timestamp(micros: int) -> dg.TimestampMetadataValue:
+    """A runtime timestamp as Dagster's timestamp, which the UI shows as a date in the viewer's zone."""
+    return dg.MetadataValue.timestamp(micros / MICROS_PER_SECOND)
+
+
+def micros_of(value: dg.MetadataValue) -> int:
+    """The runtime timestamp that `timestamp` recorded (exact: a double holds today's microseconds to a
+    fraction of one). A materialisation of before these types holds the microseconds as an integer."""
+    if isinstance(value, dg.TimestampMetadataValue):
+        return round(value.value * MICROS_PER_SECOND)
+    return value.value
 
 
 def table(key: str, columns: list[Column], records: list[dict], empty: str) -> dict[str, dg.MetadataValue]:

@@ -13,7 +13,6 @@ from resources import MailqRuntime
 
 from .blobs import GROUP
 from .gc_mark import collect_totals
-from .metadata import human_bytes
 from .spark.collect import collect_blobs
 from .spark.orphans import orphan_content, orphan_owners, release_owners
 from .spark.table_source import read_table
@@ -67,12 +66,11 @@ def orphan_blobs(
             "orphan_references": found["references"] or 0,
             "references_released": released["references"],
             "release_errors": released["errors"],
-            "orphans": totals["deleted"] + totals["errors"],
+            "orphans_found": totals["deleted"] + totals["errors"],
             "orphan_content": content_count,
-            "deleted": 0 if config.dry_run else totals["deleted"],
+            "deleted_blobs": 0 if config.dry_run else totals["deleted"],
             "bytes_reclaimed": 0 if config.dry_run else totals["bytes"],
-            "size_reclaimed": human_bytes(0 if config.dry_run else totals["bytes"]),
-            "errors": totals["errors"],
+            "delete_errors": totals["errors"],
         },
     )
 

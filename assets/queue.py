@@ -8,7 +8,7 @@ from pyspark.sql import functions as F
 from mailq_runtime.settings import Settings
 from resources import MailqRuntime
 
-from .metadata import table, when
+from .metadata import DATETIME, table, when
 from .spark.table_source import read_table
 
 GROUP = "mail_queue"
@@ -80,8 +80,8 @@ def mail_queue_slices(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.O
                     ("slices", "int", "time slices holding enqueued_mails rows"),
                     ("enqueued", "int", "mails enqueued in those slices"),
                     ("live", "int", "enqueued mails not yet deleted"),
-                    ("browse_start", "string", "where browsing starts: older slices hold no live mail"),
-                    ("content_start", "string", "where the stored rows and content start"),
+                    ("browse_start", DATETIME, "where browsing starts: older slices hold no live mail"),
+                    ("content_start", DATETIME, "where the stored rows and content start"),
                 ],
                 rows,
                 "no mail queue yet",
@@ -141,12 +141,12 @@ def mail_queue_cleanup(mailq: MailqRuntime) -> dg.MaterializeResult:
                 "cleanup",
                 [
                     ("queue", "string", "mail queue"),
-                    ("browse_start_before", "string", "browse_start before the clean-up"),
-                    ("browse_start_after", "string", "browse_start after it"),
-                    ("content_start_before", "string", "content_start before the clean-up"),
+                    ("browse_start_before", DATETIME, "browse_start before the clean-up"),
+                    ("browse_start_after", DATETIME, "browse_start after it"),
+                    ("content_start_before", DATETIME, "content_start before the clean-up"),
                     (
                         "content_start_after",
-                        "string",
+                        DATETIME,
                         "content_start after it: rows and content before it are gone",
                     ),
                 ],

@@ -12,7 +12,7 @@ from mailq_runtime.clock import MICROS_PER_SECOND, from_datetime
 from mailq_runtime.settings import Settings
 from resources import MailqRuntime
 
-from .metadata import table, when
+from .metadata import DATETIME, table, when
 from .spark.table_source import read_table
 
 GROUP = "mail_queue"
@@ -73,11 +73,11 @@ def mail_queue_overview(mailq: MailqRuntime) -> dg.MaterializeResult:
                     ("in_flight", "int", "handed to a consumer, not settled yet (-1: the broker is away)"),
                     ("delayed", "int", "waiting for their delay to end"),
                     ("dead_letters", "int", "mails the queue will not deliver"),
-                    ("oldest_ready", "string", "enqueue time of the oldest ready mail"),
-                    ("oldest_in_flight", "string", "enqueue time of the oldest mail in flight"),
-                    ("oldest_delayed", "string", "enqueue time of the oldest delayed mail"),
-                    ("next_due", "string", "when the next delayed mail falls due"),
-                    ("oldest_dead_letter", "string", "when the longest-kept dead letter died"),
+                    ("oldest_ready", DATETIME, "enqueue time of the oldest ready mail"),
+                    ("oldest_in_flight", DATETIME, "enqueue time of the oldest mail in flight"),
+                    ("oldest_delayed", DATETIME, "enqueue time of the oldest delayed mail"),
+                    ("next_due", DATETIME, "when the next delayed mail falls due"),
+                    ("oldest_dead_letter", DATETIME, "when the longest-kept dead letter died"),
                 ],
                 rows,
                 "no mail queue yet",
@@ -133,7 +133,7 @@ def mail_queue_domains(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.
                     ("domain", "string", "recipient domain, in lower case"),
                     ("live_mails", "int", "live mails with at least one recipient in the domain"),
                     ("recipients", "int", "their recipients in the domain"),
-                    ("oldest", "string", "enqueue time of the oldest of them"),
+                    ("oldest", DATETIME, "enqueue time of the oldest of them"),
                 ],
                 [
                     {
@@ -201,7 +201,7 @@ def mail_queue_dead_letters(context: dg.AssetExecutionContext, mailq: MailqRunti
                     ("reason", "string", "why the mail will not be delivered"),
                     ("letters", "int", "dead letters of the queue with this reason"),
                     *[(column, "int", text) for column, _, text in AGES],
-                    ("oldest", "string", "when the longest-kept of them died"),
+                    ("oldest", DATETIME, "when the longest-kept of them died"),
                 ],
                 rows,
                 "no dead letter in any queue",

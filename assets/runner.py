@@ -33,11 +33,12 @@ def _remote_origin(job_name: str) -> RemoteJobOrigin:
 
 
 def run_job(
-    job_name: str, url: str, run_config: dict | None = None, *, tags: dict[str, str] | None = None
+    job_name: str, url: str, run_config: dict | None = None, *, command: str | None = None
 ) -> ExecutionResult:
     """Run the code location's job `job_name` in this process on the runtime at `url`, recorded in
     `instance()` as a run of that job (with its code location), so the UI lists it under the job and can
-    re-execute it. The store is in the run's config; the job's failures are in the result, not raised."""
+    re-execute it. The store is in the run's config; the job's failures are in the result, not raised.
+    `command`, the mailq command that started the run, is the first line of the run's event log."""
     recon_job = ReconstructableRepository.for_module(
         definitions.__name__, "defs", working_directory=str(ROOT)
     ).get_reconstructable_job(job_name)
@@ -47,10 +48,14 @@ def run_job(
     run = recorded.create_run_for_job(
         job_def,
         run_config=config,
-        tags={**job_def.run_tags, **(tags or {})},
+        tags=job_def.run_tags,
         remote_job_origin=_remote_origin(job_name),
         job_code_origin=recon_job.get_python_origin(),
     )
+    if command is not None:
+        # An event, not a tag: a re-execution from the UI copies the parent run's tags, and it was not
+        # started by the command.
+        recorded.report_engine_event(f"started by `mailq {command}`", run)
     return execute_run(recon_job, run, recorded)
 
 

@@ -30,7 +30,6 @@ from typing import Any
 
 from assets import jobs
 from assets.definitions import pipeline_dir
-from assets.metadata import human_bytes
 from mailq_demo import traffic
 from mailq_demo.mailboxes import deliver_and_maintain, inject_counter_faults
 from mailq_runtime.clock import MICROS_PER_SECOND, to_datetime
@@ -41,7 +40,7 @@ from mailq_runtime.settings import CASSANDRA, EMBEDDED, Settings, redact
 from mailq_runtime.tables import TableRead, chosen
 
 from .output import progress_bar
-from .pipeline_output import describe_run
+from .pipeline_output import describe_run, human_bytes
 from .pipeline_run import run_pipeline
 
 PHASES = 5
@@ -204,11 +203,11 @@ def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say
         "generations": generations,
         "pipeline": pipeline,
         "collected": {
-            "blobs": collected.get("deleted_blobs", 0) + orphans.get("deleted", 0),
+            "blobs": collected.get("deleted_blobs", 0) + orphans.get("deleted_blobs", 0),
             "bytes": collected.get("bytes_reclaimed", 0) + orphans.get("bytes_reclaimed", 0),
             "kept_still_referenced": collected.get("kept_still_referenced", 0),
             "kept_by_filter_false_positive": collected.get("kept_by_filter_false_positive", 0),
-            "orphans": orphans.get("deleted", 0),
+            "orphans": orphans.get("deleted_blobs", 0),
         },
         "repaired": {
             "mailboxes": counters.get("processed_mailboxes", 0),

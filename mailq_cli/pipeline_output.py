@@ -5,6 +5,16 @@ from .output import Report
 from .pipeline_run import EXIT_RUN_FAILED
 
 
+def human_bytes(count: int) -> str:
+    """A size in bytes in human units (powers of 1000), as a person reads it on the console."""
+    size = float(count)
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{count} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
 def _text_table(records: list[dict], indent: str = "    ") -> list[str]:
     """A table of the run's metadata (its records) as aligned text."""
     if not records:
@@ -41,21 +51,23 @@ def _filter(f: dict) -> list[str]:
 
 
 def _collected(f: dict) -> list[str]:
+    reclaimed = human_bytes(f["bytes_reclaimed"])
     return [
         f"collected    {f['deleted_blobs']} of {f['concerned_blobs']} blob(s) deleted, "
-        f"{f['size_reclaimed']} reclaimed; kept {f['kept_still_referenced']} still referenced, "
+        f"{reclaimed} reclaimed; kept {f['kept_still_referenced']} still referenced, "
         f"{f['kept_by_filter_false_positive']} by a false positive of the filter; {f['retired_deletions']} "
         f"deletion row(s) of live blobs retired; {f['delete_errors']} error(s); {f['mode']}"
     ]
 
 
 def _plan(f: dict) -> list[str]:
+    to_reclaim = human_bytes(f["bytes_to_reclaim"])
     lines = [
         f"plan         {f['plan_id']}: would delete {f['blobs_to_delete']} of {f['concerned_blobs']} "
-        f"blob(s), {f['size_to_reclaim']}; kept {f['kept_still_referenced']} still referenced, "
+        f"blob(s), {to_reclaim}; kept {f['kept_still_referenced']} still referenced, "
         f"{f['kept_by_filter_false_positive']} by a false positive of the filter; {f['mode']}",
         f"plan         salt {f['salt']}, false positive probability {f['false_positive_probability']}",
-        *_text_table(f["per_generation"]),
+        *_text_table([{**row, "size": human_bytes(row["bytes"])} for row in f["per_generation"]]),
     ]
     if f["blobs_to_delete"]:
         lines.append(f"plan         review it, then: {f['apply_with']}")
@@ -66,7 +78,7 @@ def _applied(f: dict) -> list[str]:
     kept = "; ".join(f"{row['blobs']} {row['reason']}" for row in f["kept"]) or "none kept"
     lines = [
         f"applied      plan {f['plan_id']}: {f['deleted_blobs']} of {f['planned_blobs']} blob(s) deleted, "
-        f"{f['size_reclaimed']} reclaimed; {kept}"
+        f"{human_bytes(f['bytes_reclaimed'])} reclaimed; {kept}"
     ]
     if "note" in f:
         lines.append(f"applied      {f['note']}")
@@ -77,12 +89,12 @@ def _orphans(f: dict) -> list[str]:
     owners = f"{f['orphan_owners']} owner(s) found nowhere, holding {f['orphan_references']} reference(s)"
     if f["dry_run"]:
         return [
-            f"orphans      dry run: {f['orphans']} orphan blob(s) would be deleted",
+            f"orphans      dry run: {f['orphans_found']} orphan blob(s) would be deleted",
             f"orphans      dry run: {owners}, would be released",
         ]
     return [
-        f"orphans      {f['orphans']} orphan blob(s), {f['deleted']} deleted, "
-        f"{f['size_reclaimed']} reclaimed",
+        f"orphans      {f['orphans_found']} orphan blob(s), {f['deleted_blobs']} deleted, "
+        f"{human_bytes(f['bytes_reclaimed'])} reclaimed",
         f"orphans      {owners}: {f['references_released']} released for the next GC iteration",
     ]
 

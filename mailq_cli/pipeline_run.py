@@ -39,7 +39,7 @@ def run_pipeline(job: str, settings: Settings, command: str, run_config: dict | 
     check_dagster_home()
     started = time.monotonic()
     result = runner.run_job(
-        job, settings.url, {**runner.QUIET_CONSOLE, **(run_config or {})}, tags={"mailq/command": command}
+        job, settings.url, {**runner.QUIET_CONSOLE, **(run_config or {})}, command=command
     )
     summary = {"job": job, **runner.summarise(result)}
     summary["seconds"] = round(time.monotonic() - started, 1)

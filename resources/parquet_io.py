@@ -1,12 +1,23 @@
-"""Hands Spark DataFrames between assets as Parquet, so each asset's output is data a person can inspect
-and a downstream asset (or a rerun of one) reads without recomputing the upstream work."""
+"""Hands the assets' outputs to each other under one base path (MAILQ_PIPELINE_DIR): a Spark DataFrame as
+Parquet, so each output is data a person can inspect and a downstream asset (or a rerun of one) reads
+without recomputing the upstream work; a plain value (reference_generations' generations) as JSON."""
 
+import json
 import os
+import re
 from pathlib import Path
 
 import dagster as dg
+import pyarrow.fs as pafs
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
+
+
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's file system of a path or URI; Hadoop's s3a:// is S3 to pyarrow."""
+    if "://" not in location:
+        return pafs.LocalFileSystem(), location
+    return pafs.FileSystem.from_uri(re.sub(r"^s3a://", "s3://", location))
 
 
 class SparkParquetIOManager(dg.ConfigurableIOManager):
@@ -16,10 +27,32 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
     def _path(self, context: dg.OutputContext | dg.InputContext) -> str:
         return str(Path(self.base_path, *context.asset_key.path))
 
-    def handle_output(self, context: dg.OutputContext, obj: DataFrame) -> None:
+    def handle_output(self, context: dg.OutputContext, obj: DataFrame | dict) -> None:
         path = self._path(context)
-        obj.write.mode("overwrite").parquet(path)
+        if isinstance(obj, DataFrame):
+            obj.write.mode("overwrite").parquet(path)
+        else:
+            # Written without Spark: an asset with no Spark work never starts a session.
+            _write_private(path + ".json", json.dumps(obj).encode())
         context.add_output_metadata({"path": dg.MetadataValue.path(path)})
 
-    def load_input(self, context: dg.InputContext) -> DataFrame:
-        return self.pyspark.spark_session.read.parquet(self._path(context))
+    def load_input(self, context: dg.InputContext) -> DataFrame | dict:
+        path = self._path(context)
+        if context.dagster_type.typing_type is dict:
+            fs, where = filesystem(path + ".json")
+            with fs.open_input_stream(where) as stream:
+                return json.loads(stream.read())
+        return self.pyspark.spark_session.read.parquet(path)
+
+
+def _write_private(path: str, data: bytes) -> None:
+    """Private to its owner whatever the umask, as Spark's outputs are (resources/spark.py); object storage
+    has no modes."""
+    fs, where = filesystem(path)
+    if not isinstance(fs, pafs.LocalFileSystem):
+        with fs.open_output_stream(where) as stream:
+            stream.write(data)
+        return
+    os.makedirs(os.path.dirname(where), mode=0o700, exist_ok=True)
+    with os.fdopen(os.open(where, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as output:
+        output.write(data)

@@ -25,13 +25,12 @@ class BrowseStart(QueuePart):
         return self.context.created(self.view.content_start(self.name))
 
     def maintenance_due(self) -> bool:
-        """A clean-up is unfinished, or browse_start lags the newest slice it may reach by two slices."""
+        """An update has work: a clean-up left unfinished, or browse_start can advance by two slices or
+        more. A lag that a live mail holds back is not due: an update could not move browse_start past
+        it, and a run asked for again and again would clean nothing."""
         browse_start = self.browse_start()
-        lag = self.limit() - browse_start
-        return (
-            self.content_start() < browse_start
-            or lag >= 2 * self.context.configurations.widest_slice_window()
-        )
+        worth_a_run = 2 * self.context.configurations.widest_slice_window()
+        return self.content_start() < browse_start or self.next_start() - browse_start >= worth_a_run
 
     def maybe_update(self) -> None:
         # Random piggy-backing (record 31): no coordination between nodes, and liveness on average.
@@ -57,22 +56,25 @@ class BrowseStart(QueuePart):
         window = max(context.configurations.widest_slice_window(), context.configuration.slice_window)
         return slice_of(context.clock() - context.clock_skew_grace, window)
 
+    def next_start(self) -> int:
+        """Where an update would move browse_start: the first slice from it that holds a live mail, or the
+        limit when none before it does."""
+        limit = self.limit()
+        for slice_start in self.view.slices_from(self.name, self.browse_start()):
+            if slice_start >= limit:
+                break
+            if self.view.live_mails(self.name, slice_start):
+                return slice_start
+        return limit
+
     def update(self) -> int:
         """Advance browse_start to the first slice holding a live mail (never past the current slice minus
         the clock-skew grace), then clean content_start .. browse_start. Returns the new browse_start.
 
         Crash-safe order: 1. advance browse_start; 2. the clean-up (`clean_content`). A crash after 1
         leaves content_start behind, and the next update or clean-up does the work."""
-        current = self.browse_start()
-        limit = self.limit()
-        new_start = limit
-        for slice_start in self.view.slices_from(self.name, current):
-            if slice_start >= limit:
-                break
-            if self.view.live_mails(self.name, slice_start):
-                new_start = slice_start
-                break
-        if new_start > current:
+        new_start = self.next_start()
+        if new_start > self.browse_start():
             self.view.advance_browse_start(self.name, new_start)
         self.faults.reached(CLEAN_AFTER_BROWSE_START)
         self.clean_up.clean_content()

@@ -172,7 +172,7 @@ def test_exact_gc_with_orphans_and_a_failed_check_exits_1(url, mailq, capsys):
     assert status == 1 and report["success"] is False
     assert report["assets"]["collected_blobs"]["mode"] == "exact anti-join"
     # The row nothing names (the content whose row went is still referenced: not an orphan).
-    assert report["assets"]["orphan_blobs"]["orphans"] == 1
+    assert report["assets"]["orphan_blobs"]["orphans_found"] == 1
     assert report["checks"]["no_live_blob_collected"]["passed"] is True  # it took no referenced blob
     check = report["checks"]["every_reference_finds_its_blob"]
     assert check["passed"] is False and check["metadata"]["dangling_references"] == 1

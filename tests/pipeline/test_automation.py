@@ -166,6 +166,36 @@ def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(
     assert runtime.queue("other").browse_start() == runtime.queue("other").content_start() >= reachable - HOUR
 
 
+def test_queue_cleanup_sensor_asks_for_no_run_that_a_live_mail_holds_back(
+    runtime: Runtime, backend: Backend
+) -> None:
+    # A mail enqueued two hours ago and still live: browse_start cannot pass its slice, however far the
+    # queue lags; the sensor asked for a run that cleaned nothing at every tick before.
+    enqueued_at = system_clock() - 2 * HOUR
+    held_at = slice_of(enqueued_at, HOUR)
+    past = backend.open(clock=lambda: enqueued_at)
+    past.queue("spool").enqueue(Mail(recipients=(USER,), message=b"Subject: x\r\n\r\nold\r\n"))
+    past.close()
+
+    def starts(browse: int) -> Callable[[int], None]:
+        def arrange(reachable: int) -> None:
+            start = held_at + browse * HOUR
+            backend.move_starts("spool", browse_start=start, content_start=start)
+
+        return arrange
+
+    held = evaluate_at(runtime, starts(-1))  # one slice to gain before the live mail: not worth a run
+    assert skipped_because(held) == (
+        "nothing to clean in 1 queue(s): no clean-up left unfinished, no browse_start that can advance by "
+        "two slices"
+    )
+    assert requested(evaluate_at(runtime, starts(-2)))
+    assert dg.materialize([queue.mail_queue_cleanup], resources=resources(runtime)).success
+    assert runtime.queue("spool").browse_start() == held_at
+    # Two slices behind the current one, and held there by the live mail: no run.
+    assert not requested(evaluate(automation.queue_cleanup_sensor, runtime))
+
+
 # counter drift
 def test_counter_drift_sensor_requests_a_recompute_only_on_drift(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch

@@ -4,6 +4,7 @@ its job there, with table metadata, and the webserver re-executes it."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -42,6 +43,7 @@ ASSETS = {
 }
 CHECKS = {
     "collected_blobs": {"no_live_blob_collected"},
+    "applied_gc_plan": {"no_live_blob_collected"},
     "orphan_blobs": {"every_reference_finds_its_blob"},
     "mailbox_counters": {"counters_match_source_of_truth"},
     "mail_queue_slices": {"slice_counters_match_recount", "browse_start_not_ahead_of_live_mail"},
@@ -115,6 +117,8 @@ def test_every_asset_check_and_job_says_what_it_does() -> None:
         assert graph.get_check_spec(check).description, check
     for name in JOBS:
         assert defs.resolve_job_def(name).description, name
+    for sensor in defs.sensors:
+        assert sensor.description == inspect.cleandoc(sensor._raw_fn.__doc__), sensor.name
 
 
 QUERY = """
@@ -131,9 +135,12 @@ QUERY = """
         assetNodes {
           assetKey { path }
           assetChecksOrError { ... on AssetChecks { checks { name } } }
+          configField {
+            configType { ... on CompositeConfigType { fields { name isRequired description } } }
+          }
         }
         jobs { name }
-        sensors { name }
+        sensors { name description }
         schedules { name }
       }
     }
@@ -215,6 +222,7 @@ def test_the_webserver_serves_the_code_location(tmp_path: Path) -> None:
     assert "errors" not in answer, answer["errors"]
     (location,) = answer["data"]["workspaceOrError"]["locationEntries"]
     assert location["locationOrLoadError"]["__typename"] == "RepositoryLocation", location
+    assert location["name"] == "mailq"
     (repository,) = answer["data"]["repositoriesOrError"]["nodes"]
     served_checks: dict[str, set[str]] = {}
     for node in repository["assetNodes"]:
@@ -225,7 +233,14 @@ def test_the_webserver_serves_the_code_location(tmp_path: Path) -> None:
     assert served_checks == CHECKS
     assert JOBS <= {job["name"] for job in repository["jobs"]}
     assert {sensor["name"] for sensor in repository["sensors"]} == SENSORS
+    for sensor in repository["sensors"]:
+        assert sensor["description"] == defs.resolve_sensor_def(sensor["name"]).description, sensor
     assert {schedule["name"] for schedule in repository["schedules"]} == SCHEDULES
+    # gc_apply_job launched as the launchpad scaffolds it, with no plan id, applies the newest plan.
+    (apply,) = [n for n in repository["assetNodes"] if n["assetKey"]["path"] == ["applied_gc_plan"]]
+    (plan_id,) = apply["configField"]["configType"]["fields"]
+    assert (plan_id["name"], plan_id["isRequired"]) == ("plan_id", False)
+    assert "default: the newest plan with blobs that is not applied yet" in plan_id["description"]
 
 
 MATERIALIZATIONS = """
@@ -235,6 +250,7 @@ query ($path: [String!]!) {
       assetMaterializations(limit: 1) {
         runId
         metadataEntries {
+          __typename
           label
           ... on TableMetadataEntry { table { records schema { columns { name type description } } } }
         }
@@ -252,7 +268,9 @@ mutation ($parent: String!) {
   }
 }
 """
-RUN = "query ($id: ID!) { runOrError(runId: $id) { ... on Run { status pipelineName parentRunId } } }"
+RUN = """
+query ($id: ID!) { runOrError(runId: $id) { ... on Run { status pipelineName parentRunId tags { key } } } }
+"""
 
 
 @pytest.fixture
@@ -290,11 +308,15 @@ def test_a_command_line_run_is_a_run_of_the_job_that_the_webserver_reexecutes(
 
     (run,) = dg.DagsterInstance.get().get_runs(filters=dg.RunsFilter(job_name="queue_cleanup_job"))
     assert (run.run_id, run.is_success, report["job"]) == (report["run_id"], True, "queue_cleanup_job")
-    assert run.tags["mailq/command"] == "queue cleanup"
+    assert "started by `mailq queue cleanup`" in [
+        e.message for e in dg.DagsterInstance.get().all_logs(run.run_id)
+    ]
     assert report["assets"]["mail_queue_slices"]["per_queue"][0]["queue"] == "spool"
+    assert main(["--url", url, "gc"]) == 0
 
     with webserver(tmp_path, recorded) as base:
         slices = graphql(base, MATERIALIZATIONS, {"path": ["mail_queue_slices"]})["assetOrError"]
+        collected = graphql(base, MATERIALIZATIONS, {"path": ["collected_blobs"]})["assetOrError"]
         launched = graphql(base, REEXECUTE, {"parent": run.run_id})["launchPipelineReexecution"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         child = launched["run"]["runId"]
@@ -319,10 +341,27 @@ def test_a_command_line_run_is_a_run_of_the_job_that_the_webserver_reexecutes(
         "content_start",
     ]
     assert all(c["description"] for c in per_queue["schema"]["columns"])
+    types = {c["name"]: c["type"] for c in per_queue["schema"]["columns"]}
+    assert (types["live"], types["browse_start"], types["content_start"]) == ("int", "datetime", "datetime")
     (record,) = [json.loads(r) for r in per_queue["records"]]
     assert (record["queue"], record["enqueued"], record["live"]) == ("spool", 1, 1)
     assert record["browse_start"].endswith(" UTC") and record["browse_start"][:2] == "20"
-    assert status == {"status": "SUCCESS", "pipelineName": "queue_cleanup_job", "parentRunId": run.run_id}
+    # A re-execution from the UI was not started by the command.
+    assert all(tag["key"].startswith("dagster/") for tag in status.pop("tags")), status
+    assert status == {
+        "status": "SUCCESS",
+        "pipelineName": "queue_cleanup_job",
+        "parentRunId": run.run_id,
+    }
+    # Figures as Dagster types, which the UI plots across materialisations: a time as a timestamp, sizes
+    # and counts as integers in bytes and blobs, no second copy of a size as text.
+    (gc,) = collected["assetMaterializations"]
+    kinds = {e["label"]: e["__typename"] for e in gc["metadataEntries"]}
+    assert kinds["examined_through"] == "TimestampMetadataEntry"
+    assert (
+        kinds["bytes_reclaimed"] == kinds["deleted_blobs"] == kinds["concerned_blobs"] == "IntMetadataEntry"
+    )
+    assert not [label for label in kinds if label.startswith("size")]
     assert (
         dg.DagsterInstance.get().get_run_by_id(child).run_config["resources"]["mailq"]["config"]["url"] == url
     )

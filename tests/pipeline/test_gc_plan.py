@@ -13,7 +13,7 @@ from mailq_runtime import Runtime
 from mailq_runtime.model import BlobId
 from tests.runtime.backends import Backend
 
-from .pipeline import materialized
+from .pipeline import checks_passed, materialized
 
 # Several runs a test on a machine other work shares.
 pytestmark = pytest.mark.timeout(900)
@@ -30,11 +30,26 @@ def make_plan(resources: dict, **filter_config: object) -> dict:
     return materialized(result, "gc_plan")
 
 
-def apply(resources: dict, plan_id: str) -> dict:
-    run_config = {"ops": {"applied_gc_plan": {"config": {"plan_id": plan_id}}}}
-    result = dg.materialize([gc_plan.applied_gc_plan], resources=resources, run_config=run_config)
+APPLY_ASSETS = [gc_plan.applied_gc_plan, gc_plan.no_live_blob_deleted_by_the_plan]
+
+
+def apply_run(resources: dict, plan_id: str | None) -> dg.ExecuteInProcessResult:
+    """gc_apply_job's asset and check; with no plan_id, as launched from the UI with its default config."""
+    run_config = {"ops": {"applied_gc_plan": {"config": {"plan_id": plan_id}}}} if plan_id else None
+    return dg.materialize(APPLY_ASSETS, resources=resources, run_config=run_config, raise_on_error=False)
+
+
+def apply(resources: dict, plan_id: str | None = None) -> dict:
+    result = apply_run(resources, plan_id)
     assert result.success
+    assert checks_passed(result) == {"no_live_blob_collected": True}
     return materialized(result, "applied_gc_plan")
+
+
+def failure_of(result: dg.ExecuteInProcessResult) -> str:
+    assert not result.success
+    (failure,) = result.get_step_failure_events()
+    return str(failure.step_failure_data.error)
 
 
 def plan_rows(spark: SparkSession, figures: dict) -> dict[str, dict]:
@@ -100,8 +115,20 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
 
         # A reference to the first garbage blob comes back (the case record 39's n-2 rule leaves open).
         runtime.blob_tables.add_references("late-owner", [garbage[0]])
-        applied = apply(resources, looked_up["plan_id"])
+        # Applied with the default config: the newest plan not applied yet, the Bloom filter's.
+        applied = apply(resources)
+        assert applied["plan_id"] == bloomed["plan_id"]
         assert (applied["planned_blobs"], applied["deleted_blobs"], applied["kept_blobs"]) == (3, 2, 1)
+        leavers = sorted((1, 2), key=lambda n: str(garbage[n]))  # listed by blob id
+        assert [row.data for row in applied["deleted"].records] == [
+            {
+                "blob_id": str(garbage[n]),
+                "generation": "rg1",
+                "bytes": len(GARBAGE[n]),
+                "owners": f"leaver-{n}",
+            }
+            for n in leavers
+        ]
         assert applied["bytes_reclaimed"] == len(GARBAGE[1]) + len(GARBAGE[2])
         assert kept(applied) == {gc_records.KEPT_REFERENCED_AGAIN: 1}
         assert runtime.blobs.read(garbage[0]) == GARBAGE[0] and runtime.blobs.read(live) == LIVE
@@ -109,16 +136,18 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
         assert set(backend.blob_state().blobs) == {str(garbage[0]), str(live)}
 
         # The other plan, and the first again: nothing left to delete.
-        for plan_id in (bloomed["plan_id"], looked_up["plan_id"]):
+        for plan_id in (looked_up["plan_id"], bloomed["plan_id"]):
             again = apply(resources, plan_id)
             assert (again["deleted_blobs"], again["note"]) == (0, "nothing deleted")
+            assert (again["deleted"].records, again["deleted_note"]) == ([], "nothing deleted")
             assert kept(again) == {gc_records.KEPT_GONE: 2, gc_records.KEPT_REFERENCED_AGAIN: 1}
         assert runtime.blobs.read(garbage[0]) == GARBAGE[0]
+        assert "no GC plan to apply: every plan with blobs" in failure_of(apply_run(resources, None))
 
         runtime.blobs.release("late-owner")
         last = make_plan(resources)
         assert set(plan_rows(spark, last)) == {str(garbage[0])}
-        assert apply(resources, last["plan_id"])["deleted_blobs"] == 1
+        assert apply(resources)["deleted_blobs"] == 1
         twice = apply(resources, last["plan_id"])
         assert (twice["deleted_blobs"], kept(twice)) == (0, {gc_records.KEPT_GONE: 1})
         assert twice["note"].startswith("nothing deleted: the plan's 1 blob(s) are all gone already")
@@ -139,16 +168,7 @@ def test_an_unknown_plan_fails_the_run_and_changes_nothing(
             ("20260101T000000Z-0badc0de", "unknown GC plan"),
             ("../etc", "invalid GC plan id"),
         ):
-            run_config = {"ops": {"applied_gc_plan": {"config": {"plan_id": plan_id}}}}
-            result = dg.materialize(
-                [gc_plan.applied_gc_plan],
-                resources=deployment_resources,
-                run_config=run_config,
-                raise_on_error=False,
-            )
-            assert not result.success
-            (failure,) = result.get_step_failure_events()
-            assert words in str(failure.step_failure_data.error)
+            assert words in failure_of(apply_run(deployment_resources, plan_id))
         state = backend.blob_state()
         assert (state.blobs, state.contents) == before
     finally:

@@ -247,7 +247,9 @@ def test_dry_run_exact_mode_and_orphan_sweep(backend: Backend, deployment_resour
     result = dg.materialize([blobs.reference_generations, orphan_sweep.orphan_blobs], resources=resources)
     assert result.success
     sweep = materialized(result, "orphan_blobs")
-    expect_figures(sweep, dry_run=False, orphans=1, deleted=1, errors=0, bytes_reclaimed=len(ORPHAN))
+    expect_figures(
+        sweep, dry_run=False, orphans_found=1, deleted_blobs=1, delete_errors=0, bytes_reclaimed=len(ORPHAN)
+    )
     assert not runtime.content.exists(orphan)
     after_sweep = _blob_rows(backend)
     assert after_sweep == {

@@ -93,11 +93,13 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(
         "orphan_references": 8,
         "references_released": 8,
     }
-    assert {key: figures[key] for key in ("orphans", "orphan_content", "deleted", "errors")} == {
-        "orphans": 2,
+    assert {
+        key: figures[key] for key in ("orphans_found", "orphan_content", "deleted_blobs", "delete_errors")
+    } == {
+        "orphans_found": 2,
         "orphan_content": 1,
-        "deleted": 2,
-        "errors": 0,
+        "deleted_blobs": 2,
+        "delete_errors": 0,
     }
     for owner in orphans:
         assert runtime.blobs.references_of(owner) == []
