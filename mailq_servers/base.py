@@ -213,13 +213,18 @@ def run_logged(
         out.write(f"\n$ {' '.join(argv)}\n")
         out.flush()
         try:
-            result = subprocess.run(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, **kwargs
-            )
+            if "input" not in kwargs:
+                kwargs["stdin"] = subprocess.DEVNULL
+            result = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, **kwargs)
         except FileNotFoundError as missing:
             raise ServerError(f"{what}: {missing.filename} not found") from None
     if result.returncode != 0:
         raise ServerError(f"{what} failed (exit {result.returncode}); {log_tail(log)}")
+
+
+# Answers given before installing: Postfix as a package only, with no system instance configured or
+# started (the tests and benchmarks run private instances on loopback).
+_PRESEEDS = {"postfix": b"postfix postfix/main_mailer_type select No configuration\n"}
 
 
 def apt_install(package: str, *, log: Path) -> None:
@@ -233,6 +238,9 @@ def apt_install(package: str, *, log: Path) -> None:
     if apt is None:
         raise ServerError(f"{package} is not installed and this is no Debian system (no apt-get)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    preseed = _PRESEEDS.get(package)
+    if preseed is not None:
+        run_logged(["debconf-set-selections"], log=log, what="debconf-set-selections", env=env, input=preseed)
     run_logged([apt, "update"], log=log, what="apt-get update", env=env)
     run_logged(
         [apt, "install", "-y", "--no-install-recommends", package],
