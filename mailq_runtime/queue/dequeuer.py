@@ -15,6 +15,7 @@ from ..model import Mail, delivery_time, parse_duration
 from ..stores.records import EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DelayedMailPublisher
+from .enqueuer import FailedEnqueues
 from .settlement import Settlement
 
 log = logging.getLogger(__name__)
@@ -111,11 +112,13 @@ class Dequeuer(QueuePart):
         publisher: DelayedMailPublisher,
         settlement: Settlement,
         recount: Callable[[], int],
+        failed: FailedEnqueues,
     ) -> None:
         super().__init__(context)
         self.publisher = publisher
         self.settlement = settlement
         self.recount = recount
+        self.failed = failed
         self._recount_at = 0.0  # time.monotonic() of the next idle recount
         self._widest_window: int | None = None  # see `_current_slice`
 
@@ -136,6 +139,8 @@ class Dequeuer(QueuePart):
                 wait = min(wait, max(0.0, deadline - time.monotonic()))
             delivery = self.broker.receive(self.name, wait)
             if delivery is None:
+                # Side tasks of an idle consumer: the process's producers may have stopped meanwhile.
+                self.failed.withdraw()
                 self._recount_if_idle()
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
