@@ -104,7 +104,13 @@ def deliver(
             continue
         message_id = delivery_message_id(enqueue_id, recipient)
         # Anywhere, not only in the INBOX: the user may have moved the first copy before the redelivery.
-        if mailboxes.locate(message_id):
+        placements = mailboxes.locate(message_id)
+        if placements:
+            # A backend that failed the first append after the source of truth left the copy out of
+            # the projection, which lists the mailbox: written again here (an idempotent copy of the
+            # source of truth) rather than left unlisted until the next counter recomputation.
+            for mailbox_id in placements:
+                mailboxes.heal_projection(mailbox_id, message_id)
             already += 1
             continue
         inbox = mailboxes.get_or_create(recipient, INBOX)

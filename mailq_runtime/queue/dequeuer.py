@@ -16,6 +16,7 @@ from ..model import Mail, MailAddress, delivery_time, parse_duration
 from ..stores.records import EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DelayedMailPublisher
+from .enqueuer import FailedEnqueues
 from .holds import Holds
 from .settlement import Settlement
 
@@ -118,12 +119,14 @@ class Dequeuer(QueuePart):
         settlement: Settlement,
         recount: Callable[[], int],
         holds: Holds,
+        failed: FailedEnqueues,
     ) -> None:
         super().__init__(context)
         self.holds = holds
         self.publisher = publisher
         self.settlement = settlement
         self.recount = recount
+        self.failed = failed
         self._recount_at = 0.0  # time.monotonic() of the next idle recount
         self._widest_window: int | None = None  # see `_current_slice`
 
@@ -144,6 +147,8 @@ class Dequeuer(QueuePart):
                 wait = min(wait, max(0.0, deadline - time.monotonic()))
             delivery = self.broker.receive(self.name, wait)
             if delivery is None:
+                # Side tasks of an idle consumer: the process's producers may have stopped meanwhile.
+                self.failed.withdraw()
                 self._recount_if_idle()
                 if deadline is not None and time.monotonic() >= deadline:
                     return None

@@ -4,11 +4,12 @@ it waits for a delay, to the delayed mails."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import zlib
 from collections.abc import Callable
 
-from ..errors import BrokerRefused, BrokerUnavailable, InvalidInput
+from ..errors import BACKEND_FAILURES, BrokerRefused, BrokerUnavailable, InvalidInput
 from ..faults import ENQUEUE_AFTER_REFERENCES, ENQUEUE_AFTER_VIEW_ROW
 from ..metrics import seconds_since
 from ..model import EnqueueId, Mail, check_message, check_priority, delivery_time
@@ -41,13 +42,61 @@ def check_enqueue(mail: Mail, delay: Delay, priority: int | None, max_message_si
     return check_priority(priority)
 
 
+class FailedEnqueues(QueuePart):
+    """The enqueues of this process that a backend failed once their view row may have been written: a
+    store that applied the row and lost its answer with the connection, or a broker and delayed mails
+    that could take the mail nowhere. Such a row is live, counted and published nowhere: its producer,
+    told the enqueue failed, sends the mail again, while the row would wait in the queue's size for ever
+    (or for a `republish`). So each is withdrawn once the store answers again: marked deleted, its
+    content released, and its slice recounted, as its row or its count may never have been written.
+    The next enqueue and an idle consumer's wait try; a process that dies first leaves them to
+    `republish`, as a crash does."""
+
+    def __init__(self, context: QueueContext) -> None:
+        super().__init__(context)
+        self._lock = threading.Lock()
+        self._rows: list[tuple[EnqueuedMail, bool]] = []
+
+    def add(self, row: EnqueuedMail, counted: bool) -> None:
+        """`counted`: its destination domains' counts were written (destinations.py)."""
+        with self._lock:
+            self._rows.append((row, counted))
+
+    def withdraw(self) -> None:
+        """Withdraw the failed enqueues, in order, until the store fails again (the rest wait for the
+        next call)."""
+        if not self._rows:  # the usual case, read without the lock
+            return
+        with self._lock:
+            rows, self._rows = self._rows, []
+        for done, (row, counted) in enumerate(rows):
+            try:
+                with self.work.writes():
+                    self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
+                    self.blobs.release_saved(row.enqueue_id, (row.header_blob_id, row.body_blob_id))
+                    if counted:
+                        self.destinations.count(self.name, moves(row, -1))
+                self.view.recount(self.name, row.slice_start)
+            except BACKEND_FAILURES as error:
+                log.info("queue %s: failed enqueues wait to be withdrawn: %s", self.name, error)
+                with self._lock:
+                    self._rows[:0] = rows[done:]
+                return
+            log.info("queue %s: mail %s withdrawn, its enqueue failed", self.name, row.enqueue_id)
+
+
 class Enqueuer(QueuePart):
     def __init__(
-        self, context: QueueContext, schedule: DueSchedule, browse_start_limit: Callable[[], int]
+        self,
+        context: QueueContext,
+        schedule: DueSchedule,
+        browse_start_limit: Callable[[], int],
+        failed: FailedEnqueues,
     ) -> None:
         super().__init__(context)
         self.schedule = schedule
         self.browse_start_limit = browse_start_limit
+        self.failed = failed
         self._exists = False  # created by an enqueue of this process: no need to create it again
 
     def enqueue(self, mail: Mail, delay: Delay = None, priority: int | None = None) -> EnqueueId:
@@ -59,11 +108,13 @@ class Enqueuer(QueuePart):
         or with a delay the delayed row. Every step is idempotent, and a mail is only delivered through
         what step 4 writes, so a crash never delivers part of a mail. A crash after 2 leaves references
         whose owner exists nowhere, which the orphan sweep releases; after 3, a mail that browse and size
-        show but that no broker holds, which republish sends (or delays again).
+        show but that no broker holds, which republish sends (or delays again). A backend failing 3 or 4
+        leaves the same, which this process withdraws once the store answers (`FailedEnqueues`).
         """
         started = time.perf_counter()
         context = self.context
         priority = check_enqueue(mail, delay, priority, context.max_message_size, context.clock())
+        self.failed.withdraw()
         with self.work.turn():
             now = context.clock()
             next_delivery = delivery_time(now, delay)
@@ -87,10 +138,16 @@ class Enqueuer(QueuePart):
                     bucket,
                     *blob_ids,
                 )
-                self.view.insert(row)
-                self.destinations.count(self.name, moves(row, 1))
-                self.faults.reached(ENQUEUE_AFTER_VIEW_ROW)
-                self.send(row, next_delivery, now)
+                counted = False
+                try:
+                    self.view.insert(row)
+                    self.destinations.count(self.name, moves(row, 1))
+                    counted = True
+                    self.faults.reached(ENQUEUE_AFTER_VIEW_ROW)
+                    self.send(row, next_delivery, now)
+                except BACKEND_FAILURES:
+                    self.failed.add(row, counted)
+                    raise
         self._exists = True
         self.metrics.enqueued.inc()
         self.metrics.enqueue_seconds.observe(seconds_since(started))
@@ -106,7 +163,7 @@ class Enqueuer(QueuePart):
                 self.broker.publish(self.name, row.enqueue_id, payload, row.priority)
                 return
             except BrokerRefused:
-                raise  # its configuration is wrong: the caller must know, and republish sends it later
+                raise  # its configuration is wrong: the caller must know (an enqueue then withdraws it)
             except BrokerUnavailable as error:
                 # The broker link logs the outage once; a line per mail would flood the log meanwhile.
                 log.info("queue %s: mail %s waits for the broker: %s", self.name, row.enqueue_id, error)

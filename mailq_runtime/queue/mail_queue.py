@@ -14,7 +14,7 @@ from .dead_letters import DeadLetterItem, DeadLetterOffice
 from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
 from .destinations import DomainShape, by_domain
-from .enqueuer import Enqueuer
+from .enqueuer import Enqueuer, FailedEnqueues
 from .holds import HeldItem, Holds
 from .mail_view import BrowseItem, MailQueueView
 from .overview import QueueOverview, overview
@@ -31,14 +31,15 @@ class MailQueue(QueuePart):
         self.clean_up = ContentCleanUp(context)
         self.browse_starts = BrowseStart(context, self.clean_up)
         schedule = DueSchedule()
-        self.enqueuer = Enqueuer(context, schedule, self.browse_starts.limit)
+        failed = FailedEnqueues(context)
+        self.enqueuer = Enqueuer(context, schedule, self.browse_starts.limit, failed)
         self.letters = DeadLetterOffice(context, self.enqueuer.enqueue)
         self.publisher = DelayedMailPublisher(context, schedule, self.letters.drain)
         self.mails = MailQueueView(context, self.enqueuer.send, self.browse_starts.maybe_update)
         settlement = Settlement(context, schedule, self.letters, self.browse_starts.maybe_update)
         self.holds = Holds(context, schedule)
         self.suspensions = Suspensions(context, self.publisher.flush_domain)
-        self.dequeuer = Dequeuer(context, self.publisher, settlement, self.mails.recount, self.holds)
+        self.dequeuer = Dequeuer(context, self.publisher, settlement, self.mails.recount, self.holds, failed)
 
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"

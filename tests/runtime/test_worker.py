@@ -13,6 +13,7 @@ import pytest
 
 from mailq_demo.mailboxes import deliver_and_maintain
 from mailq_runtime import Counters, InvalidInput, Mail, Runtime, WorkerStats, run_worker
+from mailq_runtime.faults import APPEND_AFTER_SOURCE_OF_TRUTH, InjectedFault
 from mailq_runtime.mailbox import INBOX
 from mailq_runtime.worker import deliver, delivery_message_id
 
@@ -133,6 +134,26 @@ def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(
     assert runtime.mailboxes.counters(inbox_of(runtime, "bob@example.org")) == Counters(1, 1)
     assert len(backend.mailbox_state().messages) == 2
     assert_delivered_state(runtime, backend, [enqueue_id], [])
+
+
+def test_a_mail_whose_append_failed_after_the_source_of_truth_is_listed_once_redelivered(
+    runtime: Runtime,
+) -> None:
+    # A backend away between the source of truth and the projection: the redelivery finds the copy in
+    # the source of truth, and must not leave it out of the INBOX's listing until a recomputation.
+    enqueue_id = enqueue(runtime, "alice@example.org")
+    item = runtime.queue(QUEUE).dequeue(timeout=5)
+    runtime.faults.arm(APPEND_AFTER_SOURCE_OF_TRUTH)
+    with pytest.raises(InjectedFault):
+        deliver(runtime.mailboxes, item.enqueue_id, item.mail, [DOMAIN])
+    item.release()
+
+    (stats,) = run_threads(runtime, 1, idle_timeout=0.5)
+
+    assert stats == WorkerStats(delivered=1, retried=0, dead_lettered=0, appended=0)
+    listed = runtime.mailboxes.list_messages(inbox_of(runtime, "alice@example.org"))
+    assert [entry.message_id for entry in listed] == [delivery_message_id(enqueue_id, "alice@example.org")]
+    assert runtime.queue(QUEUE).size() == 0
 
 
 def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
