@@ -14,7 +14,8 @@ from pathlib import Path
 import dns.exception
 import dns.resolver
 
-from .base import HOST, ServerError, debian_program, log_tail, wait_for
+from .base import HOST, ServerError, log_tail, wait_for
+from .debian import debian_program
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .base import HOST, ServerError, debian_program, port_answers, wait_for
+from .base import HOST, ServerError, port_answers, wait_for
+from .debian import debian_program
 
 _MAIN = """compatibility_level = 3.6
 queue_directory = {root}/queue

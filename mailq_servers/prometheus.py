@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .base import HOST, Proc, Server, ServerError, apt_install, fresh_log, spawn, wait_for
+from .base import HOST, Proc, Server, ServerError, fresh_log, spawn, wait_for
+from .debian import apt_install
 
 SCRAPE_INTERVAL = "1s"
 CONFIG = """\

@@ -22,13 +22,13 @@ from .base import (
     Proc,
     Server,
     ServerError,
-    apt_install,
     log_tails,
     port_answers,
     port_setting,
     say,
     wait_for,
 )
+from .debian import apt_install
 
 if TYPE_CHECKING:
     import pika

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from email.parser import BytesHeaderParser
 from pathlib import Path
 
-from .base import HOST, debian_program, port_answers, wait_for
+from .base import HOST, port_answers, wait_for
+from .debian import debian_program
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import subprocess
 from functools import cache
 
 from mailq_runtime.worker import run_worker
-from mailq_servers.base import debian_program
+from mailq_servers.debian import debian_program
 
 from .conftest import DOMAIN, QUEUE, USER, make_store
 from .helpers import MESSAGE, SENDER, SmtpProcess, client, free_port, mailq_command

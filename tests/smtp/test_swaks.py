@@ -8,7 +8,7 @@ import subprocess
 from functools import cache
 
 from mailq_runtime.smtp.access import tls_context
-from mailq_servers.base import debian_program
+from mailq_servers.debian import debian_program
 
 from .conftest import USER
 from .helpers import SENDER
