@@ -22,14 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pwd
-import shutil
 import smtplib
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +39,7 @@ sys.path.insert(0, str(REPOSITORY))
 from deployments import fresh_deployment  # noqa: E402
 
 from mailq_runtime import Runtime  # noqa: E402
+from mailq_servers.postfix import PrivatePostfix  # noqa: E402
 
 USER, DOMAIN, SENDER = "alice@example.org", "example.org", "bench@sender.example"
 HELD_SESSIONS = 200
@@ -51,17 +49,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def wait_for_port(port: int, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
 
 
 def mailq(url: str, *argv: str) -> subprocess.Popen:
@@ -211,79 +198,16 @@ def bench_mailq(url: str, args: argparse.Namespace) -> dict:
             stop(worker)
 
 
-POSTFIX_MAIN = """compatibility_level = 3.6
-queue_directory = {root}/queue
-data_directory = {root}/data
-command_directory = /usr/sbin
-daemon_directory = /usr/lib/postfix/sbin
-meta_directory = /etc/postfix
-shlib_directory = /usr/lib/postfix
-mail_owner = postfix
-setgid_group = postdrop
-inet_interfaces = 127.0.0.1
-inet_protocols = ipv4
-myhostname = postfix-bench.example
-mydestination =
-mynetworks = 127.0.0.0/8
-virtual_mailbox_domains = {domain}
-virtual_mailbox_base = {root}/mail
-virtual_mailbox_maps = inline:{{ {user}=alice/ }}
-virtual_uid_maps = static:{uid}
-virtual_gid_maps = static:{gid}
-maillog_file = {root}/maillog
-maillog_file_prefixes = {root}
-smtpd_recipient_restrictions = permit_mynetworks, reject_unauth_destination
-default_process_limit = {processes}
-"""
-
-
-def postfix_config(root: Path, port: int, sessions: int) -> Path:
-    """A private instance's configuration: smtpd on `port` only, no chroot, delivery to one Maildir."""
-    account = pwd.getpwnam("postfix")
-    for directory in ("etc", "queue", "data", "mail"):
-        (root / directory).mkdir()
-    for directory in ("data", "mail"):
-        shutil.chown(root / directory, "postfix", "postfix")
-    (root / "etc" / "main.cf").write_text(
-        POSTFIX_MAIN.format(
-            root=root,
-            domain=DOMAIN,
-            user=USER,
-            uid=account.pw_uid,
-            gid=account.pw_gid,
-            processes=sessions + 20,
-        )
-    )
-    lines = []
-    for line in Path("/etc/postfix/master.cf").read_text().splitlines():
-        fields = line.split()
-        if line[:1] not in ("#", " ", "\t", "") and len(fields) >= 8:
-            if fields[0] == "smtp" and fields[1] == "inet":
-                fields[0] = f"127.0.0.1:{port}"
-            fields[4] = "n"  # no chroot: the queue is a temporary directory
-            line = " ".join(fields)
-        lines.append(line)
-    (root / "etc" / "master.cf").write_text("\n".join(lines) + "\n")
-    return root / "etc"
-
-
 def bench_postfix(args: argparse.Namespace) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="postfix-bench-"))
-    root.chmod(0o755)  # Postfix's own processes, as the user postfix, reach their queue through it
     port = free_port()
-    config = postfix_config(root, port, args.sessions)
-    try:
-        subprocess.run(["postfix", "-c", str(config), "start"], check=True)
-        wait_for_port(port)
-        new = root / "mail" / "alice" / "new"
+    # Processes enough for every session, as mailq gets a thread per session.
+    with PrivatePostfix(port, [USER], process_limit=args.sessions + 20) as postfix:
+        new = postfix.maildir(USER)
 
         def delivered() -> int:
             return len(os.listdir(new)) if new.exists() else 0
 
         return run_load(port, args, delivered, 0)
-    finally:
-        subprocess.run(["postfix", "-c", str(config), "stop"], check=False)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def replace_mails(args: argparse.Namespace, mails: int) -> argparse.Namespace:

@@ -49,7 +49,13 @@ class PrivatePostfix:
     ended."""
 
     def __init__(
-        self, port: int, users: Sequence[str], *, host: str = HOST, tls: tuple[Path, Path] | None = None
+        self,
+        port: int,
+        users: Sequence[str],
+        *,
+        host: str = HOST,
+        tls: tuple[Path, Path] | None = None,
+        process_limit: int | None = None,
     ) -> None:
         domains = {user.rpartition("@")[2] for user in users}
         if len(domains) != 1:
@@ -59,6 +65,7 @@ class PrivatePostfix:
         self.users = tuple(users)
         self.domain = domains.pop()
         self.tls = tls
+        self.process_limit = process_limit  # Postfix's default_process_limit, 100 unless given
         self.root: Path | None = None
 
     def __enter__(self) -> PrivatePostfix:
@@ -84,10 +91,14 @@ class PrivatePostfix:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
 
+    def maildir(self, user: str) -> Path:
+        """Where `user`'s delivered mails appear (the Maildir's new/), made at the first."""
+        assert self.root is not None, "the private Postfix is not running"
+        return self.root / "mail" / _mailbox(user) / "new"
+
     def delivered(self, user: str) -> list[bytes]:
         """The mails in `user`'s Maildir (new/), oldest first."""
-        assert self.root is not None, "the private Postfix is not running"
-        new = self.root / "mail" / _mailbox(user) / "new"
+        new = self.maildir(user)
         if not new.exists():
             return []
         return [path.read_bytes() for path in sorted(new.iterdir(), key=lambda p: p.stat().st_mtime)]
@@ -109,13 +120,15 @@ class PrivatePostfix:
         for directory in ("data", "mail"):
             shutil.chown(root / directory, "postfix", "postfix")
         mailboxes = " ".join(f"{user}={_mailbox(user)}/" for user in self.users)
-        tls = ""
+        options = ""
         if self.tls is not None:
             cert, key = self.tls
-            tls = f"smtpd_tls_security_level = may\nsmtpd_tls_cert_file = {cert}\n"
-            tls += f"smtpd_tls_key_file = {key}\n"
+            options = f"smtpd_tls_security_level = may\nsmtpd_tls_cert_file = {cert}\n"
+            options += f"smtpd_tls_key_file = {key}\n"
+        if self.process_limit is not None:
+            options += f"default_process_limit = {self.process_limit}\n"
         (root / "etc" / "main.cf").write_text(
-            tls
+            options
             + _MAIN.format(
                 root=root,
                 host=self.host,
