@@ -316,6 +316,9 @@ def test_two_nodes_down_callers_get_store_unavailable_and_work_resumes_when_one_
         nodes.kill(2)
         nodes.kill(3)
         first_error = _wait(lambda: work.first_error_after(down) is not None, 60)
+        # Down until an enqueue is refused too: the calls in flight at the kill wait out their request
+        # timeouts and the store's retries first, so a short outage can end before any caller is told.
+        _wait(lambda: len(work.refused) > 0, 60)
         time.sleep(max(0.0, 6 - (time.monotonic() - down)))
         refused_while_down = len(work.refused)
         errors_while_down = len(work.errors)
