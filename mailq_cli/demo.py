@@ -289,6 +289,6 @@ def describe(summary: dict[str, Any]) -> list[str]:
         f"checks       {passed} of {len(checks)} passed"
         + ("" if pipeline["success"] else "; the run FAILED"),
         "",
-        f"next: {_ui(summary)}, then open http://127.0.0.1:3000 (Assets > lineage, each materialisation's "
-        "metadata, checks, sensors)",
+        f"next: {_ui(summary)}, then open http://127.0.0.1:3000 (Lineage, then the Catalog: each "
+        "materialisation's metadata, checks, sensors)",
     ]
