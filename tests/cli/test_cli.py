@@ -20,49 +20,11 @@ from mailq_runtime import Runtime
 from mailq_runtime.clock import to_datetime
 from tests.runtime.backends import EmbeddedBackend
 
+from .conftest import MESSAGE
+
 ALICE, BOB, CAROL, DAVE = "alice@example.com", "bob@example.org", "carol@example.net", "dave@example.org"
 HUGE = "1" * 310  # past a float's range, in any unit
 LONG = "x" * 10_000
-MESSAGE = (
-    b"From: Alice <alice@example.com>\r\nTo: bob@example.org\r\nSubject: Lunch\r\n"
-    b"Message-ID: <1@example.com>\r\n\r\nTomorrow at noon?\r\n"
-)
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"embedded://{tmp_path / 'data'}"
-
-
-@pytest.fixture
-def eml(tmp_path: Path) -> Path:
-    path = tmp_path / "lunch.eml"
-    path.write_bytes(MESSAGE)
-    return path
-
-
-@pytest.fixture
-def mailq(url: str, capsys: pytest.CaptureFixture[str]):
-    """Run `mailq --url <tmp> ...`; returns (exit status, stdout, stderr)."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        status = main(["--url", url, *args])
-        captured = capsys.readouterr()
-        return status, captured.out, captured.err
-
-    return run
-
-
-@pytest.fixture
-def mailq_json(mailq):
-    """Run `mailq --url <tmp> --json ...`, check it succeeded, and parse its one JSON document."""
-
-    def run(*args: str):
-        status, out, err = mailq("--json", *args)
-        assert (status, err) == (0, "")
-        return json.loads(out)
-
-    return run
 
 
 def worker(mailq, idle_exit: str = "0.3") -> dict:

@@ -3,43 +3,9 @@ temporary data dir: one-line refusals that change nothing."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from mailq_cli.main import main
-
-from .test_cli import MESSAGE, assert_bad_input, enqueue
-
-
-@pytest.fixture
-def eml(tmp_path: Path) -> Path:
-    path = tmp_path / "lunch.eml"
-    path.write_bytes(MESSAGE)
-    return path
-
-
-@pytest.fixture
-def mailq(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    """Run `mailq --url <tmp> ...`; returns (exit status, stdout, stderr)."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        status = main(["--url", f"embedded://{tmp_path / 'data'}", *args])
-        captured = capsys.readouterr()
-        return status, captured.out, captured.err
-
-    return run
-
-
-@pytest.fixture
-def mailq_json(mailq):
-    def run(*args: str):
-        status, out, err = mailq("--json", *args)
-        assert (status, err) == (0, "")
-        return json.loads(out)
-
-    return run
+from .test_cli import assert_bad_input, enqueue
 
 
 def test_hold_release_and_held(mailq, mailq_json, eml):

@@ -5,7 +5,6 @@ each run reports, what it changes, its JSON shape, its errors."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -72,24 +71,9 @@ def tables(url: str) -> tuple[int, int]:
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"embedded://{tmp_path / 'data'}"
-
-
-@pytest.fixture
-def mailq(url: str, capsys: pytest.CaptureFixture[str]):
-    """Run `mailq --url <tmp> ...`; returns (exit status, stdout, stderr)."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        status = main(["--url", url, *args])
-        captured = capsys.readouterr()
-        return status, captured.out, captured.err
-
-    return run
-
-
-@pytest.fixture
 def mailq_json(mailq):
+    """As the package's, but a pipeline command may note things on stderr."""
+
     def run(*args: str) -> dict:
         status, out, err = mailq("--json", *args)
         assert status == 0, (out, err)
