@@ -68,9 +68,8 @@ def test_bad_options_and_a_missing_store_are_one_line(tmp_path, certificate):
         assert_one_line(mailq(*smtp, "--listen", f"127.0.0.1:{port}"), f"cannot listen on 127.0.0.1:{port}")
 
 
-def test_sigterm_stops_accepting_lets_the_session_in_data_finish_and_exits(tmp_path):
-    url = f"embedded://{tmp_path / 'data'}"
-    make_store(url)
+def test_sigterm_stops_accepting_lets_the_session_in_data_finish_and_exits(embedded_url):
+    url = embedded_url
     port = free_port()
     command = mailq_command(url, "--json", "smtp", "--listen", f"127.0.0.1:{port}", "--domain", DOMAIN)
     server = SmtpProcess(command, port, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -98,9 +97,8 @@ def test_sigterm_stops_accepting_lets_the_session_in_data_finish_and_exits(tmp_p
         assert item.recipients == [USER]
 
 
-def test_the_log_follows_each_session_as_postfix_does(tmp_path):
-    url = f"embedded://{tmp_path / 'data'}"
-    make_store(url)
+def test_the_log_follows_each_session_as_postfix_does(embedded_url):
+    url = embedded_url
     port = free_port()
     server = SmtpProcess(
         mailq_command(url, "smtp", "--listen", f"127.0.0.1:{port}", "--domain", DOMAIN), port
@@ -121,9 +119,8 @@ def test_the_log_follows_each_session_as_postfix_does(tmp_path):
     assert "disconnect from unknown[127.0.0.1] mails=1" in log
 
 
-def test_two_processes_with_reuse_port_share_the_port_and_both_accept(tmp_path):
-    url = f"embedded://{tmp_path / 'data'}"
-    make_store(url)
+def test_two_processes_with_reuse_port_share_the_port_and_both_accept(embedded_url):
+    url = embedded_url
     port = free_port()
     command = mailq_command(url, "smtp", "--listen", f"127.0.0.1:{port}", "--domain", DOMAIN, "--reuse-port")
     servers = [SmtpProcess(command, port) for _ in range(2)]

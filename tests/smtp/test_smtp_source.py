@@ -11,7 +11,7 @@ from functools import cache
 from mailq_runtime.worker import run_worker
 from mailq_servers.debian import debian_program
 
-from .conftest import DOMAIN, QUEUE, USER, make_store
+from .conftest import DOMAIN, QUEUE, USER
 from .helpers import MESSAGE, SENDER, SmtpProcess, client, free_port, mailq_command
 
 
@@ -51,9 +51,8 @@ def test_smtp_source_to_a_user_that_does_not_exist_enqueues_nothing(running):
     assert running.size() == 0
 
 
-def test_the_enqueue_id_of_the_server_log_is_in_the_worker_delivery_line(tmp_path):
-    url = f"embedded://{tmp_path / 'data'}"
-    make_store(url)
+def test_the_enqueue_id_of_the_server_log_is_in_the_worker_delivery_line(embedded_url):
+    url = embedded_url
     port = free_port()
     server = SmtpProcess(
         mailq_command(url, "smtp", "--listen", f"127.0.0.1:{port}", "--domain", DOMAIN), port
