@@ -1,3 +1,22 @@
-"""Suite-wide: the real-server fixtures of the harness (tests/servers), one instance of each per session."""
+"""Suite-wide: the real-server fixtures of the harness (tests/servers), one instance of each per session, and
+the tests' files in memory."""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["tests.servers.fixtures"]
+
+# Every embedded commit syncs (the default durability), which a virtual disk makes the suite's largest cost;
+# in memory a sync is nearly free and the suite runs about twice as fast. A run given --basetemp keeps its own.
+MEMORY = Path("/dev/shm")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None and MEMORY.is_dir():
+        base = Path(tempfile.mkdtemp(prefix="mailq-tests-", dir=MEMORY))
+        config.option.basetemp = base
+        config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
