@@ -116,8 +116,9 @@ def test_two_workers_keep_to_the_rate(limits_url, mx_port, tmp_path):
         wait_until(lambda: len(sink.recipients) == mails, timeout=120)
         _stop(workers, log)
     arrivals = sink.arrivals
-    # Four windows at least: 16 mails at 4 a second cannot arrive within less than three seconds.
-    assert arrivals[-1] - arrivals[0] >= mails / rate - 1 - 0.1
+    # Four windows (seconds) at least, from anywhere in the first to the start of the last.
+    assert len({int(arrival) for arrival in arrivals}) >= mails / rate
+    assert arrivals[-1] - arrivals[0] > mails / rate - 2
     # A window's mails arrive in its second, but for one sent at its very end and arriving in the next.
     assert sink.most_in_a_second() <= rate + 1
 
