@@ -74,7 +74,9 @@ def send(
         if session is None:
             slot = connections.slot(destination.name, destination.limit)
             if slot is None:
-                return Throttled(SLOT_DELAY, f"{destination.limit.concurrency} connections open")
+                return Throttled(
+                    SLOT_DELAY, "connections", f"{destination.limit.concurrency} connections open"
+                )
             try:
                 client = smtplib.SMTP(target.address, target.port, local_hostname=helo, timeout=TIMEOUT)
             except (OSError, smtplib.SMTPException) as error:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from ..clock import MICROS_PER_SECOND, Clock
-from ..metrics import RELAY_ATTEMPTS
+from ..metrics import RELAY_ATTEMPTS, RELAY_THROTTLED
 from ..model import Mail, MailAddress, creation_time
 from ..queue import MailQueue
 from ..stores.records import DestinationNote, DomainBounce
@@ -119,6 +119,7 @@ class RemoteDelivery:
         destination = self._destination(domain)
         sent = send(targets, destination, mail.sender, group, mail.message, self.hostname, self.connections)
         if isinstance(sent, Throttled):
+            RELAY_THROTTLED.labels(destination.name, sent.limit).inc()
             for recipient in group:
                 log.info(
                     "%s: to=<%s>, status=throttled (%s: %s)",

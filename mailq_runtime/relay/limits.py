@@ -139,9 +139,11 @@ class Slot:
 
 @dataclass(frozen=True)
 class Throttled:
-    """No slot or no mail of the rate was had in time: try again after `delay` microseconds."""
+    """No slot or no mail of the rate was had in time (the `limit`, "connections" or "rate"): try again
+    after `delay` microseconds."""
 
     delay: int
+    limit: str
     reason: str
 
 
@@ -221,7 +223,7 @@ class Limiter:
                 return None
             wait = window + rate.window - now
             if wait > WAIT * MICROS_PER_SECOND:
-                return Throttled(wait, f"rate {rate} reached")
+                return Throttled(wait, "rate", f"rate {rate} reached")
             time.sleep(wait / MICROS_PER_SECOND)
 
     def close(self) -> None:

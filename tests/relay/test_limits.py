@@ -145,3 +145,22 @@ def test_a_killed_workers_slot_comes_back(limits_url, mx_port, tmp_path):
     # The dead worker's slot held the second one off until its lease ran out.
     assert "status=throttled ([127.0.0.1]" in log.read_text()
     assert came_back >= LEASE / 1e6 - 2
+
+
+@pytest.mark.parametrize(
+    ("option", "complaint"),
+    [
+        (["--destination-rate", "1.5"], "invalid rate '1.5'"),
+        (["--destination-rate", "5/d"], "invalid rate '5/d'"),
+        (["--destination-concurrency", "-2"], "invalid concurrency '-2'"),
+        (["--domain-rate", "example.net"], "invalid rate entry 'example.net': DOMAIN=RATE"),
+        (["--domain-concurrency", "bad_domain=3"], "invalid domain 'bad_domain'"),
+    ],
+)
+def test_bad_limits_are_refused_in_one_line(option, complaint, tmp_path):
+    url = f"embedded://{tmp_path / 'data'}"
+    command = mailq_command(url, "worker", "--domain", LOCAL, "--relay", *option)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert complaint in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "data").exists()  # nothing made
