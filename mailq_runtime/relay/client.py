@@ -84,12 +84,21 @@ def send(
                 text = f"connect to {target}: {error or type(error).__name__}"
                 failure = Reply(0, "4.4.1", text, str(target))
                 continue
+            except BaseException:
+                connections.free(slot)
+                raise
             session = opened(client, target, slot)
-        throttled = destination.send()
+        try:
+            throttled = destination.send()
+            if throttled is None:
+                replies, clean = _transaction(session.client, str(target), sender, recipients, message)
+        except BaseException:
+            # The store away while counting the rate: the session and its slot are not left open.
+            connections.close_session(session)
+            raise
         if throttled is not None:
             connections.keep(destination.name, session)
             return throttled
-        replies, clean = _transaction(session.client, str(target), sender, recipients, message)
         if clean:
             connections.keep(destination.name, session)
         else:

@@ -211,18 +211,20 @@ class Limiter:
             return slot.holder not in self._lost
 
     def send(self, destination: str, limit: Limit) -> Throttled | None:
-        """Count one mail to `destination` in its rate's window, waiting for the next window when it
-        starts within WAIT; a Throttled when the rate allows none."""
+        """Count one mail to `destination` in its rate's window, waiting for the next windows while they
+        start within WAIT; a Throttled when the rate allows none by then."""
         rate = limit.rate
         if rate is None:
             return None
+        deadline = time.monotonic() + WAIT
         while True:
             now = self.clock()
             window = now - now % rate.window
             if self.destinations.take_send(destination, window, rate.window, rate.mails):
                 return None
             wait = window + rate.window - now
-            if wait > WAIT * MICROS_PER_SECOND:
+            # Bounded, as other workers may take every next window's mails before this one.
+            if time.monotonic() + wait / MICROS_PER_SECOND > deadline:
                 return Throttled(wait, "rate", f"rate {rate} reached")
             time.sleep(wait / MICROS_PER_SECOND)
 
