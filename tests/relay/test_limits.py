@@ -8,14 +8,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 import pytest
 
 from mailq_runtime import Runtime
 from mailq_runtime.model import Mail
-from mailq_runtime.relay.limits import LEASE
+from mailq_runtime.relay.limits import LEASE, WAIT, DestinationLimits, Limit, Limiter, Rate, Throttled
 from mailq_servers.counting_sink import counting_sink
 from mailq_servers.s3 import remove_bucket
 from mailq_servers.urls import distributed_url
@@ -164,3 +164,25 @@ def test_bad_limits_are_refused_in_one_line(option, complaint, tmp_path):
     assert done.returncode == 2
     assert complaint in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "data").exists()  # nothing made
+
+
+def test_a_domains_own_limits_on_the_store(tmp_path):
+    limits = DestinationLimits.of(concurrency=3, rate="2/h", domains={"Small.test": {"concurrency": 1}})
+    small = limits.of_domain("small.test")
+    assert small == Limit(1, Rate(2, 3600 * 1_000_000)) and limits.of_domain("big.test").concurrency == 3
+    with (
+        Runtime.open(f"embedded://{tmp_path / 'data'}", create=True) as runtime,
+        closing(Limiter(runtime.queue_backends.destinations, limits, runtime.clock)) as limiter,
+    ):
+        first = limiter.slot("small.test", small)
+        assert first is not None and first.number == 0
+        started = time.monotonic()
+        assert limiter.slot("small.test", small) is None  # after waiting for one to come free
+        assert time.monotonic() - started >= WAIT - 0.2
+        limiter.free(first)
+        again = limiter.slot("small.test", small)
+        assert again is not None and again.number == 0
+        assert [limiter.send("small.test", small) for _ in range(2)] == [None, None]
+        third = limiter.send("small.test", small)  # the hour's window is full: no wait for the next
+        assert isinstance(third, Throttled) and third.limit == "rate"
+        assert 0 < third.delay <= 3600 * 1_000_000
