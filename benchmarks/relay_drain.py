@@ -9,11 +9,13 @@ rate measured at the destination.
 `--processes` `mailq worker --relay` processes of `--threads` threads each serve a fresh embedded data dir
 next to the repository (or the deployment --url names, which must not exist yet), with a transport entry
 to the destination, `--destination-concurrency C --destination-rate R/s`, and the retry schedule shrunk
-to 2 s doubling up to 8 s. The destination is an SMTP sink on loopback (mailq_servers.counting_sink)
-that counts the sessions open at once and when each mail arrived. The outage lasts until every mail has
-been tried and deferred once; then the sink starts, and the clock runs until the queue is empty. Fails
-(exit 1) if the sink saw more sessions than C or more than R mails in one second (+1: a mail sent at a
-window's very end arrives in the next). Prints one line per phase, then one JSON object as the last line.
+to 30 s doubling up to 60 s (any shorter, the workers spend the outage retrying the first mails
+deferred, as the queue gives due retries before mails never tried). The destination is an SMTP sink on
+loopback (mailq_servers.counting_sink) that counts the sessions open at once and when each mail
+arrived. The outage lasts until every mail has been tried and deferred once; then the sink starts, and
+the clock runs until the queue is empty. Fails (exit 1) if the sink saw more sessions than C or more
+than R mails in one second (+1: a mail sent at a window's very end arrives in the next). Prints one
+line per phase, then one JSON object as the last line.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def deferred(runtime: Runtime) -> int:
 def workers(url: str, args: argparse.Namespace, port: int, log: Path) -> list[subprocess.Popen]:
     command = [sys.executable, "-m", "mailq_cli", "--url", url, "--json", "worker", "--queue", QUEUE]
     command += ["--domain", "example.org", "--relay", "--transport", f"{DOMAIN}=127.0.0.1:{port}"]
-    command += ["--retry-first", "2s", "--retry-longest", "8s", "--hostname", "bench.example.org"]
+    command += ["--retry-first", "30s", "--retry-longest", "60s", "--hostname", "bench.example.org"]
     command += ["--threads", str(args.threads), "--destination-concurrency", str(args.concurrency)]
     command += ["--destination-rate", f"{args.rate}/s"]
     with log.open("ab") as out:
