@@ -10,12 +10,12 @@ rate measured at the destination.
 next to the repository (or the deployment --url names, which must not exist yet), with a transport entry
 to the destination, `--destination-concurrency C --destination-rate R/s`, and the retry schedule shrunk
 to 30 s doubling up to 60 s (any shorter, the workers spend the outage retrying the first mails
-deferred: the embedded broker serves the oldest mails first, due retries included). The destination is an SMTP sink on
-loopback (mailq_servers.counting_sink) that counts the sessions open at once and when each mail
-arrived. The outage lasts until every mail has been tried and deferred once; then the sink starts, and
-the clock runs until the queue is empty. Fails (exit 1) if the sink saw more sessions than C or more
-than R mails in one second (+1: a mail sent at a window's very end arrives in the next). Prints one
-line per phase, then one JSON object as the last line.
+deferred: the embedded broker serves the oldest mails first, due retries included). The destination is
+an SMTP sink on loopback (mailq_servers.counting_sink) that counts the sessions open at once and when
+each mail arrived. The outage lasts until every mail has been tried and deferred once; then the sink
+starts, and the clock runs until the queue is empty. Fails (exit 1) if the sink saw more sessions than
+C or more than R mails in one second (+1: a mail sent at a window's very end arrives in the next).
+Prints one line per phase, then one JSON object as the last line.
 """
 
 from __future__ import annotations
