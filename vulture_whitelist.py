@@ -63,6 +63,7 @@ _.handle_MAIL
 _.handle_RCPT
 _.handle_DATA
 _.handle_exception
+_.factory  # its Controller makes each session's SMTP instance by calling factory()
 mechanism
 _.local_part_limit
 _.command_size_limits

@@ -9,10 +9,18 @@ import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import asdict
 
 from mailq_runtime.errors import InvalidInput
 from mailq_runtime.relay import RemoteDelivery, RetrySchedule, Router
+from mailq_runtime.relay.limits import (
+    DEFAULT_CONCURRENCY,
+    DestinationLimits,
+    Limiter,
+    Rate,
+    parse_concurrency,
+)
 from mailq_runtime.runtime import Runtime
 from mailq_runtime.worker import WorkerStats, run_worker
 
@@ -29,19 +37,55 @@ def _transport_entry(text: str) -> tuple[str, str]:
     return domain, target
 
 
-def _relay(args: argparse.Namespace) -> Callable[[Runtime], RemoteDelivery | None]:
-    """Remote delivery on a runtime, its options checked before any runtime opens."""
+def _checked(check: Callable[[str], object]) -> Callable[[str], str]:
+    """Checks a limit while parsing and keeps its text, which the API reads the same way."""
+
+    def keep(text: str) -> str:
+        check(text)
+        return text
+
+    return checked_argument(keep)
+
+
+def _domain_entry(kind: str, check: Callable[[str], object]) -> Callable[[str], tuple[str, str]]:
+    """DOMAIN=VALUE, the value checked as `check` reads it."""
+
+    def parse(text: str) -> tuple[str, str]:
+        domain, separator, value = text.partition("=")
+        if not separator:
+            raise InvalidInput(f"invalid {kind} entry {text!r}: DOMAIN={kind.upper()}")
+        check(value)
+        return domain, value
+
+    return checked_argument(parse)
+
+
+def _limits(args: argparse.Namespace) -> DestinationLimits:
+    domains: dict[str, dict[str, str]] = {}
+    for domain, value in args.domain_concurrency or ():
+        domains.setdefault(domain, {})["concurrency"] = value
+    for domain, value in args.domain_rate or ():
+        domains.setdefault(domain, {})["rate"] = value
+    return DestinationLimits.of(args.destination_concurrency, args.destination_rate, domains)
+
+
+def _relay(args: argparse.Namespace) -> Callable[[Runtime, Limiter], RemoteDelivery] | None:
+    """Remote delivery on a runtime and its process's limiter, its options checked before any runtime
+    opens."""
     if not args.relay:
-        return lambda runtime: None
+        return None
     router = Router(dict(args.transport or ()), args.resolver, args.mx_port)
     schedule = RetrySchedule.of(args.retry_first, args.retry_longest, args.max_age)
     hostname = args.hostname or socket.getfqdn()
     queue = args.queue
-    return lambda runtime: RemoteDelivery(runtime.queue(queue), router, schedule, hostname, runtime.clock)
+    return lambda runtime, limiter: RemoteDelivery(
+        runtime.queue(queue), router, schedule, hostname, runtime.clock, limiter
+    )
 
 
 def _worker(args: argparse.Namespace) -> Report:
     relay = _relay(args)
+    limits = _limits(args)
     stop = threading.Event()
     # SIGTERM and Ctrl-C ask for a graceful stop: the mail in hand is finished, then the worker returns.
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -57,10 +101,12 @@ def _worker(args: argparse.Namespace) -> Report:
         Runtime.open(args.url, create=True) as runtime,
         logging_to_stderr("mailq_runtime", "worker"),
         serving_metrics(args.metrics, runtime),
+        closing(Limiter(runtime.queue_backends.destinations, limits, runtime.clock)) as limiter,
     ):
 
         def serve() -> WorkerStats:
-            remote = relay(runtime)  # one per thread: its sessions are the thread's own
+            # One per thread, its sessions the thread's own; the limiter is the process's.
+            remote = None if relay is None else relay(runtime, limiter)
             try:
                 return run_worker(
                     runtime,
@@ -154,6 +200,35 @@ def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
         help="then a deferred mail is returned to its sender (default: 5d)",
     )
     relay.add_argument("--hostname", help="this host's name in EHLO and notifications (default: FQDN)")
+    relay.add_argument(
+        "--destination-concurrency",
+        default=DEFAULT_CONCURRENCY,
+        type=_checked(parse_concurrency),
+        metavar="N",
+        help="connections open at a time per destination, across every worker of the deployment "
+        f"(default: {DEFAULT_CONCURRENCY}, as Postfix; 0: no limit)",
+    )
+    relay.add_argument(
+        "--destination-rate",
+        type=_checked(Rate.parse),
+        metavar="RATE",
+        help="mails per destination and second (N or N/s), minute (N/m) or hour (N/h), across every "
+        "worker of the deployment (default: no limit)",
+    )
+    relay.add_argument(
+        "--domain-concurrency",
+        action="append",
+        type=_domain_entry("concurrency", parse_concurrency),
+        metavar="DOMAIN=N",
+        help="a domain's own --destination-concurrency; repeat it",
+    )
+    relay.add_argument(
+        "--domain-rate",
+        action="append",
+        type=_domain_entry("rate", Rate.parse),
+        metavar="DOMAIN=RATE",
+        help="a domain's own --destination-rate; repeat it",
+    )
     parser.add_argument(
         "--threads",
         type=count_argument("threads"),

@@ -75,6 +75,11 @@ RELAY_ATTEMPTS = Counter(
 RELAY_CONNECTIONS = Gauge(
     "mailq_relay_connections", "SMTP sessions open to mail exchangers, by exchanger", ["destination"]
 )
+RELAY_THROTTLED = Counter(
+    "mailq_relay_throttled",
+    "Mails given back untried by a destination's limit, by destination and limit: connections, rate",
+    ["destination", "limit"],
+)
 
 OUTCOMES = ("delivered", "retried", "dead_lettered", "removed")
 STATES = ("ready", "in_flight", "delayed", "dead_letters", "held")

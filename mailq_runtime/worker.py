@@ -59,6 +59,7 @@ class WorkerStats:
     appended: int = 0  # messages appended to mailboxes (a redelivered copy already there is not counted)
     lease_expired: int = 0  # mails not settled here: their lease was lost, another worker settles them
     bounced: int = 0  # recipients in other domains whose mail was returned to its sender (remote delivery)
+    throttled: int = 0  # mails given back untried for a destination's limit (remote delivery)
 
     @classmethod
     def total(cls, each: list[WorkerStats]) -> WorkerStats:
@@ -172,6 +173,8 @@ def run_worker(
                 wait = min(wait, remaining)
             try:
                 item = queue.dequeue(timeout=wait)
+                if item is None and relay is not None:
+                    relay.idle()
                 if item is not None:
                     handle(runtime.mailboxes, item, domains, retry_delay, max_attempts, stats, leases, relay)
                     idle_since = time.monotonic()
@@ -321,15 +324,23 @@ def _dead_letter(item: MailQueueItem, reason: str, stats: WorkerStats) -> None:
 
 
 def _settle_remote(item: MailQueueItem, relay: RemoteDelivery, outcome: Outcome, stats: WorkerStats) -> None:
-    """Done when no recipient is deferred; else retried, to the deferred ones only, after the delay the
-    relay's schedule gives the mail's age (its notification of any bounce is enqueued already)."""
+    """Done when no recipient is deferred or throttled; else retried, to those only, after the delay the
+    relay's schedule gives the mail's age (its notification of any bounce is enqueued already), or after
+    the short delay of a limit when every recipient left was throttled."""
     stats.bounced += len(outcome.bounced)
-    if not outcome.deferred:
+    if not outcome.deferred and not outcome.throttled:
         if _settle(item, item.done, stats):
             stats.delivered += 1
         return
+    if not outcome.deferred:
+        # Only throttled by a destination's limit: again soon, and not an attempt of the mail's.
+        delay = timedelta(microseconds=outcome.throttle_delay)
+        if _settle(item, lambda: item.retry(delay, recipients=outcome.throttled, counted=False), stats):
+            stats.throttled += 1
+        return
     delay = timedelta(microseconds=relay.retry_delay(item.enqueue_id))
-    if _settle(item, lambda: item.retry(delay, recipients=outcome.deferred), stats):
+    remaining = outcome.deferred + outcome.throttled
+    if _settle(item, lambda: item.retry(delay, recipients=remaining), stats):
         stats.retried += 1
 
 

@@ -57,17 +57,21 @@ class MailQueueItem:
         self._settle()
         self._settlement.done(self._delivery, self._row)
 
-    def retry(self, delay: Delay = None, *, recipients: Sequence[str] | None = None) -> None:
+    def retry(
+        self, delay: Delay = None, *, recipients: Sequence[str] | None = None, counted: bool = True
+    ) -> None:
         """Not delivered this time: deliver it again, after `delay` if given; with `recipients`, to those
-        only (the others are done: remote delivery's partial success). With the lease lost it changes
-        nothing and raises LeaseExpired."""
+        only (the others are done: remote delivery's partial success). Not `counted`, this delivery is
+        not one of the mail's attempts (remote delivery's limits let it try none). With the lease lost it
+        changes nothing and raises LeaseExpired."""
         # A malformed delay or recipient leaves the item unsettled.
         deliver_at = delivery_time(self._settlement.clock(), delay)
         remaining = None if recipients is None else [MailAddress(r) for r in recipients]
         if remaining == []:
             raise InvalidInput(f"mail {self.enqueue_id} retried to no recipient: it is done")
         self._settle()
-        self._settlement.retry(self._delivery, self._row, deliver_at, self.attempts, remaining)
+        attempts = self.attempts if counted else self.attempts - 1
+        self._settlement.retry(self._delivery, self._row, deliver_at, attempts, remaining)
 
     def release(self) -> None:
         """Not tried: a backend the delivery needs is away. Give the mail back, deliverable again at once,

@@ -13,7 +13,8 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .connections import Connections, close, opened
+from .connections import Connections, opened
+from .limits import SLOT_DELAY, Destination, Throttled
 from .routes import Target
 
 # Seconds for the connection and each reply (RFC 5321 4.5.3.2 allows minutes; a worker holds one
@@ -54,33 +55,54 @@ class Reply:
 
 def send(
     targets: Sequence[Target],
+    destination: Destination,
     sender: str | None,
     recipients: Sequence[str],
     message: bytes,
     helo: str,
     connections: Connections,
-) -> dict[str, Reply]:
+) -> dict[str, Reply] | Throttled:
     """Send `message` to `recipients` through the first target that answers; a reply per recipient.
     A target that cannot be reached, or answers the connection with a failure, passes to the next; if
     none will talk, every recipient gets a passing failure (4.4.1) naming the last error. A session
     `connections` keeps to a target is used first, and the session is kept there after a clean
-    transaction."""
+    transaction. A new session needs a slot of the destination's connection limit and the transaction
+    a mail of its rate: Throttled, and nothing sent, when either is not had in time."""
     failure = Reply(0, "4.4.1", "no mail exchanger to connect to", "none")
     for target in targets:
-        client = connections.take(target)
-        if client is None:
+        session = connections.take(destination.name, target)
+        if session is None:
+            slot = connections.slot(destination.name, destination.limit)
+            if slot is None:
+                return Throttled(
+                    SLOT_DELAY, "connections", f"{destination.limit.concurrency} connections open"
+                )
             try:
                 client = smtplib.SMTP(target.address, target.port, local_hostname=helo, timeout=TIMEOUT)
             except (OSError, smtplib.SMTPException) as error:
+                connections.free(slot)
                 text = f"connect to {target}: {error or type(error).__name__}"
                 failure = Reply(0, "4.4.1", text, str(target))
                 continue
-            opened(target)
-        replies, clean = _transaction(client, str(target), sender, recipients, message)
+            except BaseException:
+                connections.free(slot)
+                raise
+            session = opened(client, target, slot)
+        try:
+            throttled = destination.send()
+            if throttled is None:
+                replies, clean = _transaction(session.client, str(target), sender, recipients, message)
+        except BaseException:
+            # The store away while counting the rate: the session and its slot are not left open.
+            connections.close_session(session)
+            raise
+        if throttled is not None:
+            connections.keep(destination.name, session)
+            return throttled
         if clean:
-            connections.keep(target, client)
+            connections.keep(destination.name, session)
         else:
-            close(client, target)
+            connections.close_session(session)
         return replies
     return dict.fromkeys(recipients, failure)
 

@@ -3,69 +3,105 @@ connection cache (`smtp_connection_cache_on_demand`, kept `smtp_connection_cache
 
 A worker delivers one mail per dequeue; when the next mail goes to the same destination, as in a burst,
 it reuses the session (after an RSET that proves it alive) instead of a new TCP, EHLO and STARTTLS.
-One cache per worker thread: a session is used by one transaction at a time."""
+One cache per worker thread: a session is used by one transaction at a time. Each session holds a slot
+of its destination's connection limit (limits.py) from its opening to its close, kept idle or not; a
+session is kept for its destination only, so another domain at the same exchanger opens its own."""
 
 from __future__ import annotations
 
 import smtplib
 import time
+from dataclasses import dataclass
 
 from ..metrics import RELAY_CONNECTIONS
+from .limits import Limit, Limiter, Slot
 from .routes import Target
 
 # Seconds an idle session is kept, as Postfix's default.
 IDLE_LIMIT = 2.0
 
 
-class Connections:
-    def __init__(self, idle_limit: float = IDLE_LIMIT) -> None:
-        self.idle_limit = idle_limit
-        self._idle: dict[Target, tuple[smtplib.SMTP, float]] = {}
+@dataclass(frozen=True)
+class Session:
+    """An SMTP session to `target`, holding `slot` of its destination."""
 
-    def take(self, target: Target) -> smtplib.SMTP | None:
-        """The idle session to `target`, if one is kept and still answers; it is the caller's now."""
-        self._close_expired()
-        kept = self._idle.pop(target, None)
+    client: smtplib.SMTP
+    target: Target
+    slot: Slot
+
+
+class Connections:
+    """The sessions of one worker thread, their slots taken from `limiter` (None: no limits)."""
+
+    def __init__(self, limiter: Limiter | None = None, idle_limit: float = IDLE_LIMIT) -> None:
+        self.limiter = limiter
+        self.idle_limit = idle_limit
+        self._idle: dict[tuple[str, Target], tuple[Session, float]] = {}
+
+    def take(self, destination: str, target: Target) -> Session | None:
+        """The idle session to `target` for `destination`, if one is kept and still answers; it is the
+        caller's now."""
+        self.close_expired()
+        kept = self._idle.pop((destination, target), None)
         if kept is None:
             return None
-        client = kept[0]
+        session = kept[0]
         try:
-            if client.rset()[0] == 250:
-                return client
+            if session.client.rset()[0] == 250:
+                return session
         except (OSError, smtplib.SMTPException):
             pass
-        close(client, target)
+        self.close_session(session)
         return None
 
-    def keep(self, target: Target, client: smtplib.SMTP) -> None:
-        """Keep `client`, whose last transaction ended cleanly, for the next mail to `target`."""
-        previous = self._idle.pop(target, None)
+    def slot(self, destination: str, limit: Limit) -> Slot | None:
+        """A slot for a new session to `destination`, None if none came free in time. This worker's own
+        idle sessions are closed first, past their idle limit: one of them may hold the slot wanted."""
+        self.close_expired()
+        if self.limiter is None:
+            return Slot(destination)
+        return self.limiter.slot(destination, limit)
+
+    def free(self, slot: Slot) -> None:
+        """Give back a slot whose session never opened."""
+        if self.limiter is not None:
+            self.limiter.free(slot)
+
+    def keep(self, destination: str, session: Session) -> None:
+        """Keep `session`, whose last transaction ended cleanly, for the next mail to its target; one
+        whose slot's lease ran out is closed instead."""
+        previous = self._idle.pop((destination, session.target), None)
         if previous is not None:
-            close(previous[0], target)
-        self._idle[target] = (client, time.monotonic() + self.idle_limit)
-        self._close_expired()
+            self.close_session(previous[0])
+        if self.limiter is not None and not self.limiter.holds(session.slot):
+            self.close_session(session)
+        else:
+            self._idle[destination, session.target] = (session, time.monotonic() + self.idle_limit)
+        self.close_expired()
 
     def close(self) -> None:
         """QUIT every kept session (the worker stops)."""
-        for target, (client, _) in self._idle.items():
-            close(client, target)
+        for session, _ in self._idle.values():
+            self.close_session(session)
         self._idle.clear()
 
-    def _close_expired(self) -> None:
+    def close_expired(self) -> None:
+        """Close the sessions idle past the idle limit, freeing their slots."""
         now = time.monotonic()
-        for target in [t for t, (_, expires) in self._idle.items() if expires <= now]:
-            close(self._idle.pop(target)[0], target)
+        for key in [key for key, (_, expires) in self._idle.items() if expires <= now]:
+            self.close_session(self._idle.pop(key)[0])
+
+    def close_session(self, session: Session) -> None:
+        """QUIT, whose failure changes nothing: the replies that matter are in; then the slot is free."""
+        try:
+            session.client.quit()
+        except (OSError, smtplib.SMTPException):
+            session.client.close()
+        RELAY_CONNECTIONS.labels(str(session.target)).dec()
+        self.free(session.slot)
 
 
-def opened(target: Target) -> None:
-    """Count a new session to `target`, open until it is `close`d."""
+def opened(client: smtplib.SMTP, target: Target, slot: Slot) -> Session:
+    """Count a new session to `target`, open until it is closed."""
     RELAY_CONNECTIONS.labels(str(target)).inc()
-
-
-def close(client: smtplib.SMTP, target: Target) -> None:
-    """QUIT, whose failure changes nothing: the replies that matter are in."""
-    try:
-        client.quit()
-    except (OSError, smtplib.SMTPException):
-        client.close()
-    RELAY_CONNECTIONS.labels(str(target)).dec()
+    return Session(client, target, slot)

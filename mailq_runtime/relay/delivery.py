@@ -11,17 +11,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from ..clock import MICROS_PER_SECOND, Clock
-from ..metrics import RELAY_ATTEMPTS
+from ..metrics import RELAY_ATTEMPTS, RELAY_THROTTLED
 from ..model import Mail, MailAddress, creation_time
 from ..queue import MailQueue
 from ..stores.records import DestinationNote, DomainBounce
 from .client import Reply, send
 from .connections import Connections
 from .dsn import Failed, build_dsn
+from .limits import Destination, Limit, Limiter, Throttled
 from .routes import RouteFailure, Router
 from .schedule import RetrySchedule
 
@@ -31,18 +32,30 @@ CONTROLS_READ = 1.0  # seconds between reads of the suspended and bounced domain
 
 @dataclass(frozen=True)
 class Outcome:
+    """What became of each recipient; `throttled` ones were not tried (a limit of their destination),
+    and are tried again after `throttle_delay` microseconds without counting as an attempt."""
+
     sent: tuple[str, ...]
     deferred: tuple[str, ...]
     bounced: tuple[Failed, ...]
+    throttled: tuple[str, ...] = ()
+    throttle_delay: int = 0
 
 
 class RemoteDelivery:
     """Delivers to other domains through `router`, retries on `schedule`, and enqueues the notifications
-    of bounced mail to `queue` as `hostname`'s mailer daemon. Used by one worker thread at a time, which
-    `close()`s it when it stops (the sessions kept for the next mail)."""
+    of bounced mail to `queue` as `hostname`'s mailer daemon; `limiter` keeps the per-destination limits
+    (None: none). Used by one worker thread at a time, which `close()`s it when it stops (the sessions
+    kept for the next mail)."""
 
     def __init__(
-        self, queue: MailQueue, router: Router, schedule: RetrySchedule, hostname: str, clock: Clock
+        self,
+        queue: MailQueue,
+        router: Router,
+        schedule: RetrySchedule,
+        hostname: str,
+        clock: Clock,
+        limiter: Limiter | None = None,
     ) -> None:
         self.queue = queue
         self.router = router
@@ -52,16 +65,23 @@ class RemoteDelivery:
         self._suspended: set[str] = set()
         self._bounced: dict[str, DomainBounce] = {}
         self._controls_read_at = 0.0  # time.monotonic() of the next read
-        self.connections = Connections()
+        self.limiter = limiter
+        self.connections = Connections(limiter)
 
     def close(self) -> None:
         """Close the sessions kept for the next mail (the worker stops)."""
         self.connections.close()
 
+    def idle(self) -> None:
+        """Close the sessions idle past their limit, freeing their slots for other workers: called while
+        the worker waits for mail, when no delivery would."""
+        self.connections.close_expired()
+
     def deliver(self, enqueue_id: str, mail: Mail, recipients: Sequence[MailAddress]) -> Outcome:
         """Send `mail` to `recipients`, one transaction per domain; what became of each."""
         started = time.monotonic()
         replies: dict[str, Reply] = {}
+        throttled: dict[str, Throttled] = {}
         age = self.clock() - (creation_time(enqueue_id) or self.clock())
         suspended, bounced = self._controls()
         enqueued = creation_time(enqueue_id) or 0
@@ -75,16 +95,45 @@ class RemoteDelivery:
                 text = f"delivery to {domain} suspended by the operator"
                 replies.update(dict.fromkeys(group, Reply(450, "4.3.2", text, "none")))
                 continue
-            try:
-                targets = self.router.route(domain)
-            except RouteFailure as failure:
-                code = 550 if failure.permanent else 450
-                sent = dict.fromkeys(group, Reply(code, failure.status, failure.text, "none"))
-            else:
-                sent = send(targets, mail.sender, group, mail.message, self.hostname, self.connections)
+            sent = self._send(enqueue_id, mail, domain, group)
+            if isinstance(sent, Throttled):
+                throttled.update(dict.fromkeys(group, sent))
+                continue
             replies.update(sent)
             self._note(domain, list(sent.values()), age)
-        return self._sorted(enqueue_id, replies, age, time.monotonic() - started)
+        outcome = self._sorted(enqueue_id, replies, age, time.monotonic() - started)
+        if not throttled:
+            return outcome
+        delay = max(t.delay for t in throttled.values())
+        return replace(outcome, throttled=tuple(throttled), throttle_delay=delay)
+
+    def _send(
+        self, enqueue_id: str, mail: Mail, domain: str, group: list[str]
+    ) -> dict[str, Reply] | Throttled:
+        """One transaction to `domain`'s exchangers, or the route's failure for each of `group`."""
+        try:
+            targets = self.router.route(domain)
+        except RouteFailure as failure:
+            code = 550 if failure.permanent else 450
+            return dict.fromkeys(group, Reply(code, failure.status, failure.text, "none"))
+        destination = self._destination(domain)
+        sent = send(targets, destination, mail.sender, group, mail.message, self.hostname, self.connections)
+        if isinstance(sent, Throttled):
+            RELAY_THROTTLED.labels(destination.name, sent.limit).inc()
+            for recipient in group:
+                log.info(
+                    "%s: to=<%s>, status=throttled (%s: %s)",
+                    enqueue_id,
+                    recipient,
+                    destination.name,
+                    sent.reason,
+                )
+        return sent
+
+    def _destination(self, domain: str) -> Destination:
+        name = self.router.destination(domain)
+        limit = Limit(None) if self.limiter is None else self.limiter.limits.of_domain(domain)
+        return Destination(name, limit, self.limiter)
 
     def _controls(self) -> tuple[set[str], dict[str, DomainBounce]]:
         """The domains suspended now and those bounced, read again at most every CONTROLS_READ seconds:

@@ -87,6 +87,14 @@ class Router:
             self.resolver.port = port
         self.resolver.lifetime = _LIFETIME
 
+    def destination(self, domain: str) -> str:
+        """The destination the limits count `domain`'s mail at: the target of its transport entry (as
+        Postfix's nexthop), which domains sent to one smart host share, else the domain."""
+        if domain in self.transport:
+            host, port = self.transport[domain]
+            return f"[{host}]:{port}"
+        return domain
+
     def route(self, domain: str) -> list[Target]:
         """The targets for `domain` in the order to try them; raises RouteFailure."""
         if domain in self.transport:

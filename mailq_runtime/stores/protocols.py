@@ -166,8 +166,8 @@ class Destinations(Protocol):
     """Per destination domain (destination_counters, destination_notes): a queue's mails by state and
     enqueue-time slot, counted as they move (never read from the mails), and remote delivery's last
     failure there, and the domains an operator suspended or bounced (destination_suspensions,
-    destination_bounces). Counts are changed
-    by adding; a count that reaches 0 may be dropped."""
+    destination_bounces). Counts are changed by adding; a count that reaches 0 may be dropped. Beside
+    them, the slots and send windows of remote delivery's per-destination limits."""
 
     def count(self, queue: str, changes: Sequence[DestinationCount]) -> None: ...
     def counts(self, queue: str) -> list[DestinationCount]: ...
@@ -178,6 +178,22 @@ class Destinations(Protocol):
     def suspensions(self, queue: str) -> list[Suspension]: ...
     def bounce(self, queue: str, bounce: DomainBounce) -> None: ...
     def bounces(self, queue: str) -> list[DomainBounce]: ...
+    # Remote delivery's limits (relay/limits.py), per destination whatever the queue: connection slots
+    # (destination_slots) and mails per window (destination_sends), each taken by a conditional write.
+    def take_slot(self, destination: str, slots: int, holder: str, now: int, lease: int) -> int | None:
+        """One of the destination's slots 0..`slots`-1 that no one holds (or whose lease ended), now
+        `holder`'s until `now` + `lease`; None when all are held."""
+        ...
+
+    def renew_slot(self, destination: str, slot: int, holder: str, now: int, lease: int) -> bool:
+        """Extend `holder`'s lease of the slot to `now` + `lease`; False if it is no longer `holder`'s."""
+        ...
+
+    def free_slot(self, destination: str, slot: int, holder: str) -> None: ...
+    def take_send(self, destination: str, window: int, length: int, mails: int) -> bool:
+        """Count one more mail in the destination's window starting at `window` (`length` long), only
+        while it counts fewer than `mails`."""
+        ...
 
 
 class BlobTables(Protocol):

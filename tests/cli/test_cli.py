@@ -370,7 +370,15 @@ def test_worker_delivers_local_recipients_and_dead_letters_the_rest(mailq, mailq
 
     assert (status, json.loads(out)) == (
         0,
-        {"delivered": 1, "retried": 0, "dead_lettered": 1, "appended": 2, "lease_expired": 0, "bounced": 0},
+        {
+            "delivered": 1,
+            "retried": 0,
+            "dead_lettered": 1,
+            "appended": 2,
+            "lease_expired": 0,
+            "bounced": 0,
+            "throttled": 0,
+        },
     )
     # The log on stderr, one line per mail as Postfix's, the JSON document alone on stdout.
     sent, dead = err.splitlines()
@@ -401,6 +409,7 @@ def test_worker_threads_deliver_every_mail_once_and_add_up_their_stats(mailq, em
         "appended": 12,
         "lease_expired": 0,
         "bounced": 0,
+        "throttled": 0,
     }
     assert {line.split(": ")[1] for line in err.splitlines()} == ids  # one delivery line per mail
     with Runtime.open(url) as runtime:
@@ -617,6 +626,7 @@ def test_enqueue_keeps_accepting_real_world_mail(mailq, mailq_json, tmp_path):
         "appended": 1,
         "lease_expired": 0,
         "bounced": 0,
+        "throttled": 0,
     }
 
 

@@ -63,6 +63,8 @@ TABLES = (
     "destination_notes",
     "destination_suspensions",
     "destination_bounces",
+    "destination_slots",
+    "destination_sends",
     "blobs",
     "blob_references",
     "blob_deletions",

@@ -362,6 +362,7 @@ def test_the_demo_delivers_then_flags_archives_expunges_and_rotates(
         "appended": 9,
         "lease_expired": 0,
         "bounced": 0,
+        "throttled": 0,
     }
     assert (figures["seen"], figures["flagged"], figures["archived"], figures["expunged"]) == (3, 3, 3, 3)
     assert (figures["reference_generation"], figures["gc_iteration"]) == (2, 2)

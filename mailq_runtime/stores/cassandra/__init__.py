@@ -8,12 +8,14 @@ tables (the queue view, the mailboxes) it reads and writes them through small DA
 - blobs: record 39's generations, blobs, references and deletions
 - mailboxes: record 23's mailboxes, projections and counters
 - dead_letters, delayed_mails, held_mails: the mails the queue keeps out of the broker
-- destinations: per destination domain, the mails by state and age, and the last failure
+- destinations: per destination domain, the mails by state and age, and the last failure; remote
+  delivery's connection slots and send windows
 
 Lightweight transactions are used only where a race needs one, and each module says why: creating a
 queue and marking a mail deleted (queue_view), appending a configuration event (configuration),
-emitting a generation (blobs), allocating a uid and claiming a mailbox's name (mailboxes). Everything
-else is plain writes, ordered so that a crash leaves only what a later step heals.
+emitting a generation (blobs), allocating a uid and claiming a mailbox's name (mailboxes), holding a
+mail (held_mails), and taking a destination's connection slot or a mail of its rate (destinations).
+Everything else is plain writes, ordered so that a crash leaves only what a later step heals.
 """
 
 from .blobs import CassandraBlobTables

@@ -1,7 +1,10 @@
 """Destination counters and notes on Cassandra (the `Destinations` protocol of stores/protocols.py): one
 partition a queue in each table, so the per-domain view is two partition reads. The counters are
 Cassandra counters, changed concurrently (a counter cannot share an unlogged batch); a counter at 0
-cannot be dropped without losing a concurrent change, so its row stays and reads as 0."""
+cannot be dropped without losing a concurrent change, so its row stays and reads as 0.
+
+Remote delivery's slots and send windows are lightweight transactions: two workers must never both take
+a slot, nor both count the last mail of a window."""
 
 from __future__ import annotations
 
@@ -69,3 +72,71 @@ class CassandraDestinations:
             "SELECT domain, reason, until FROM destination_bounces WHERE queue = ?", (queue,)
         )
         return [DomainBounce(*row) for row in rows]
+
+    def take_slot(self, destination: str, slots: int, holder: str, now: int, lease: int) -> int | None:
+        """The slots held are read plainly, and each free one tried with a lightweight transaction, which
+        alone decides: a stale read costs a failed try, never a slot held twice."""
+        held = {
+            row.slot
+            for row in self.store.execute(
+                "SELECT slot FROM destination_slots WHERE destination = ?", (destination,)
+            )
+        }
+        for slot in range(slots):
+            if slot in held:
+                continue
+            taken = self.store.applied(
+                "INSERT INTO destination_slots (destination, slot, holder) VALUES (?, ?, ?) "
+                "IF NOT EXISTS USING TTL ?",
+                (destination, slot, holder, _seconds(lease)),
+            )
+            # A try the driver ran again after a timeout finds the row its first run wrote.
+            if taken.applied or getattr(taken, "holder", None) == holder:
+                return slot
+        return None
+
+    def renew_slot(self, destination: str, slot: int, holder: str, now: int, lease: int) -> bool:
+        return self.store.applied(
+            "UPDATE destination_slots USING TTL ? SET holder = ? WHERE destination = ? AND slot = ? "
+            "IF holder = ?",
+            (_seconds(lease), holder, destination, slot, holder),
+        ).applied
+
+    def free_slot(self, destination: str, slot: int, holder: str) -> None:
+        self.store.applied(
+            "DELETE FROM destination_slots WHERE destination = ? AND slot = ? IF holder = ?",
+            (destination, slot, holder),
+        )
+
+    def take_send(self, destination: str, window: int, length: int, mails: int) -> bool:
+        """A compare-and-set on the window's count: each one lost to another sender returns the count it
+        lost to, so it ends within `mails` tries. A row lives one window past its own (its TTL)."""
+        row = self.store.execute(
+            "SELECT mails FROM destination_sends WHERE destination = ? AND window_start = ?",
+            (destination, window),
+        ).one()
+        count = None if row is None else row.mails
+        for _ in range(mails + 1):
+            if count is not None and count >= mails:
+                return False
+            if count is None:
+                result = self.store.applied(
+                    "INSERT INTO destination_sends (destination, window_start, mails) VALUES (?, ?, 1) "
+                    "IF NOT EXISTS USING TTL ?",
+                    (destination, window, _seconds(2 * length)),
+                )
+            else:
+                result = self.store.applied(
+                    "UPDATE destination_sends USING TTL ? SET mails = ? "
+                    "WHERE destination = ? AND window_start = ? IF mails = ?",
+                    (_seconds(2 * length), count + 1, destination, window, count),
+                )
+            if result.applied:
+                return True
+            count = getattr(result, "mails", None)  # none: the row expired meanwhile
+        return False
+
+
+def _seconds(micros: int) -> int:
+    """A TTL: whole seconds, at least one, never shorter than `micros`."""
+    return max(1, -(-micros // 1_000_000))

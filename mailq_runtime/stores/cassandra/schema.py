@@ -100,6 +100,15 @@ TABLES = {
     "destination_bounces": """CREATE TABLE IF NOT EXISTS destination_bounces (
         queue text, domain text, reason text, until bigint, PRIMARY KEY ((queue), domain)
     )""",
+    # Remote delivery's limits per destination, whatever the queue: the slots its connections hold and
+    # the mails sent per window of its rate; every row is written with a TTL (a lease, a window), so a
+    # SIGKILLed worker's slot comes back by itself.
+    "destination_slots": f"""CREATE TABLE IF NOT EXISTS destination_slots (
+        destination text, slot int, holder text, PRIMARY KEY ((destination), slot)
+    ) WITH {_SHORT_GC_GRACE}""",
+    "destination_sends": f"""CREATE TABLE IF NOT EXISTS destination_sends (
+        destination text, window_start bigint, mails int, PRIMARY KEY ((destination), window_start)
+    ) WITH {_SHORT_GC_GRACE}""",
     # Record 39. Generations: each kind's numbers, newest first.
     "generations": """CREATE TABLE IF NOT EXISTS generations (
         kind text, number bigint, started_at bigint, PRIMARY KEY ((kind), number)

@@ -7,7 +7,8 @@ stores/cassandra/, each a class with the methods of its Cassandra counterpart.
 - blobs: record 39's generations, blobs, references and deletions
 - mailboxes: record 23's mailboxes, projections and counters
 - dead_letters, delayed_mails, held_mails: the mails the queue keeps out of the broker
-- destinations: per destination domain, the mails by state and age, and the last failure
+- destinations: per destination domain, the mails by state and age, and the last failure; remote
+  delivery's connection slots and send windows
 
 Each method is one SQLite transaction of its own, joining the caller's transaction if one is open.
 """

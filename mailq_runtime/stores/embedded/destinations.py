@@ -69,3 +69,54 @@ class EmbeddedDestinations:
             "SELECT domain, reason, until FROM destination_bounces WHERE queue = ?", (queue,)
         )
         return [DomainBounce(*row) for row in rows]
+
+    def take_slot(self, destination: str, slots: int, holder: str, now: int, lease: int) -> int | None:
+        # BEGIN IMMEDIATE: the read of the slots held and the write of the one taken are one writer's.
+        with self.store.transaction() as db:
+            held = {
+                row[0]
+                for row in db.execute(
+                    "SELECT slot FROM destination_slots WHERE destination = ? AND expires > ?",
+                    (destination, now),
+                )
+            }
+            free = next((slot for slot in range(slots) if slot not in held), None)
+            if free is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO destination_slots VALUES (?, ?, ?, ?)",
+                    (destination, free, holder, now + lease),
+                )
+            return free
+
+    def renew_slot(self, destination: str, slot: int, holder: str, now: int, lease: int) -> bool:
+        # A renewal come late still holds the slot if no one took it meanwhile: the row names its holder.
+        with self.store.transaction() as db:
+            return bool(
+                db.execute(
+                    "UPDATE destination_slots SET expires = ? "
+                    "WHERE destination = ? AND slot = ? AND holder = ?",
+                    (now + lease, destination, slot, holder),
+                ).rowcount
+            )
+
+    def free_slot(self, destination: str, slot: int, holder: str) -> None:
+        with self.store.transaction() as db:
+            db.execute(
+                "DELETE FROM destination_slots WHERE destination = ? AND slot = ? AND holder = ?",
+                (destination, slot, holder),
+            )
+
+    def take_send(self, destination: str, window: int, length: int, mails: int) -> bool:
+        with self.store.transaction() as db:
+            db.execute(
+                "DELETE FROM destination_sends WHERE destination = ? AND window_start < ?",
+                (destination, window),
+            )
+            return bool(
+                db.execute(
+                    "INSERT INTO destination_sends VALUES (?, ?, 1) "
+                    "ON CONFLICT (destination, window_start) DO UPDATE SET mails = mails + 1 "
+                    "WHERE mails < ?",
+                    (destination, window, mails),
+                ).rowcount
+            )

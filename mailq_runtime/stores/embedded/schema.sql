@@ -146,6 +146,24 @@ CREATE TABLE IF NOT EXISTS destination_bounces (
     PRIMARY KEY (queue, domain)
 ) WITHOUT ROWID;
 
+-- Remote delivery's limits per destination (a domain, or a transport entry's target), whatever the
+-- queue: a connection holds one of its slots until `expires` (renewed while it is open), and each
+-- window of its rate counts the mails sent in it (rows of past windows are dropped by the next send).
+CREATE TABLE IF NOT EXISTS destination_slots (
+    destination TEXT NOT NULL,
+    slot INTEGER NOT NULL,
+    holder TEXT NOT NULL,
+    expires INTEGER NOT NULL,
+    PRIMARY KEY (destination, slot)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS destination_sends (
+    destination TEXT NOT NULL,
+    window_start INTEGER NOT NULL,
+    mails INTEGER NOT NULL,
+    PRIMARY KEY (destination, window_start)
+) WITHOUT ROWID;
+
 -- Record 39: reference generations, blobs, references and deletions.
 CREATE TABLE IF NOT EXISTS generations (
     kind TEXT NOT NULL,                    -- 'reference_generation' | 'gc_iteration'
