@@ -9,6 +9,7 @@ counters_match_source_of_truth
 slice_counters_match_recount
 browse_start_not_ahead_of_live_mail
 no_live_blob_deleted_by_the_plan
+no_live_blob_collected
 
 # Dagster's IOManager and ConfigurableResource hooks: Dagster calls them.
 _.handle_output

@@ -22,8 +22,10 @@ With nothing to examine, a run reads no reference at all; with few concerned blo
 `lookup_limit`), it builds no filter and looks each one's references up by blob id instead, exactly.
 """
 
+import inspect
 import time
 import uuid
+from collections.abc import Iterator
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
@@ -34,6 +36,7 @@ from mailq_runtime.model import parse_duration
 from resources import MailqRuntime
 from resources.parquet_io import SparkParquetIOManager
 
+from . import reported
 from .gc_mark import (
     FILTER_SCHEMA,
     LOOKUP_LIMIT,
@@ -55,6 +58,11 @@ GROUP = "blob_gc"
 @dg.asset(group_name=GROUP, kinds={"python"}, io_manager_key="spark_parquet")
 def reference_generations(mailq: MailqRuntime) -> dg.Output[dict]:
     """The reference generations and GC iterations, and which generations this iteration may collect."""
+    return generations_output(mailq)
+
+
+def generations_output(mailq: MailqRuntime) -> dg.Output[dict]:
+    """reference_generations' output, also what the GC jobs' first op reports (mark_steps.py)."""
     generations = mailq.runtime.generations
     current = generations.current()
     eligible = generations.eligible()
@@ -103,6 +111,12 @@ def deletion_sets(
     """The concerned blobs: distinct blob ids of the deletions in eligible generations, each with the
     times of the deletion rows read (`deletion_times`), which name the rows a live blob's retirement drops,
     and the owners whose releases wrote them (`owners`)."""
+    return deletion_sets_output(reference_generations, mailq, pyspark)
+
+
+def deletion_sets_output(
+    reference_generations: dict, mailq: MailqRuntime, pyspark: LazyPySparkResource
+) -> dg.Output[DataFrame]:
     spark = pyspark.spark_session
     eligible = reference_generations["eligible"]
     deletions = read_table(spark, mailq.settings, "blob_deletions", generations=eligible)
@@ -167,6 +181,12 @@ def live_reference_filter(
     """Per eligible generation with deletions, a Bloom filter of its live references, salted for this run;
     none when there are no more concerned blobs than `lookup_limit`: collected_blobs then looks their
     references up one by one, and no filter means that to it."""
+    return filter_output(config, deletion_sets, mailq, pyspark)
+
+
+def filter_output(
+    config: BloomFilterConfig, deletion_sets: DataFrame, mailq: MailqRuntime, pyspark: LazyPySparkResource
+) -> dg.Output[DataFrame]:
     if config.lookup_limit < 0:
         raise ValueError(
             f"lookup_limit must be 0 (always the Bloom filter) or a count of blobs, not {config.lookup_limit}"
@@ -235,9 +255,26 @@ class CollectConfig(dg.Config):
 COLLECTED_SCHEMA = "blob_id string, generation long, bytes long, error string"
 
 
-@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
+COLLECTED_BLOBS = reported.spec(
+    "collected_blobs",
+    [reference_generations, deletion_sets, live_reference_filter],
+    GROUP,
+    "blob_gc_job",
+    inspect.cleandoc(
+        """The concerned blobs absent from the filter, deleted from the blob store, `blobs` and
+        `blob_deletions` (a dry run is `gc_plan`). Its figures: `concerned_blobs` examined; `deleted_blobs`;
+        `kept_still_referenced`, blobs a live reference still uses, whose settled deletion rows are retired
+        (`retired_deletions`); `kept_by_filter_false_positive`, garbage the Bloom filter kept back, left for
+        a later iteration; `delete_errors`, blobs whose deletion failed and that stay for the next run. What
+        it did with each blob examined goes to `gc_runs/<record_id>` (gc_records.py), for `mailq blobs
+        explain`."""
+    ),
+)
+
+
+@dg.op(out=reported.stored("collected_blobs"))
 def collected_blobs(
-    context: dg.AssetExecutionContext,
+    context: dg.OpExecutionContext,
     config: CollectConfig,
     reference_generations: dict,
     deletion_sets: DataFrame,
@@ -245,14 +282,36 @@ def collected_blobs(
     mailq: MailqRuntime,
     pyspark: LazyPySparkResource,
     spark_parquet: dg.ResourceParam[SparkParquetIOManager],
+) -> Iterator:
+    """One GC iteration (COLLECTED_BLOBS), then its check that no blob it collected has a reference."""
+    output = _collect(
+        context,
+        config,
+        reference_generations,
+        deletion_sets,
+        live_reference_filter,
+        mailq,
+        pyspark,
+        spark_parquet,
+    )
+    yield reported.materialization(COLLECTED_BLOBS, output)
+    collected = output.value.where(F.col("error").isNull())
+    yield reported.evaluation(
+        COLLECTED_BLOBS, NO_LIVE_BLOB_COLLECTED, no_live_blob_among(collected, mailq.settings)
+    )
+    yield dg.Output(output.value)
+
+
+def _collect(
+    context: dg.OpExecutionContext,
+    config: CollectConfig,
+    reference_generations: dict,
+    deletion_sets: DataFrame,
+    live_reference_filter: DataFrame,
+    mailq: MailqRuntime,
+    pyspark: LazyPySparkResource,
+    spark_parquet: SparkParquetIOManager,
 ) -> dg.Output[DataFrame]:
-    """The concerned blobs absent from the filter, deleted from the blob store, `blobs` and
-    `blob_deletions` (a dry run is `gc_plan`). Its figures: `concerned_blobs` examined; `deleted_blobs`;
-    `kept_still_referenced`, blobs a live reference still uses, whose settled deletion rows are retired
-    (`retired_deletions`); `kept_by_filter_false_positive`, garbage the Bloom filter kept back, left for
-    a later iteration; `delete_errors`, blobs whose deletion failed and that stay for the next run. What
-    it did with each blob examined goes to `gc_runs/<record_id>` (gc_records.py), for `mailq blobs
-    explain`."""
     spark = pyspark.spark_session
     started = time.monotonic()
     now = mailq.runtime.clock()
@@ -372,10 +431,18 @@ def _collect_figures(mode: str, concerned: int, figures: dict, started: float) -
     }
 
 
-@dg.asset_check(asset=collected_blobs, blocking=True)
-def no_live_blob_collected(collected_blobs: DataFrame, mailq: MailqRuntime) -> dg.AssetCheckResult:
-    """No blob this run collected has a reference. Its cost follows the run's: up to LOOKUP_LIMIT blobs,
+NO_LIVE_BLOB_COLLECTED = "no_live_blob_collected"
+
+
+@dg.asset_check(asset=COLLECTED_BLOBS.key, name=NO_LIVE_BLOB_COLLECTED, blocking=True)
+def no_live_blob_collected(
+    context: dg.AssetCheckExecutionContext,
+    mailq: MailqRuntime,
+    pyspark: LazyPySparkResource,
+    spark_parquet: dg.ResourceParam[SparkParquetIOManager],
+) -> dg.AssetCheckResult:
+    """No blob the GC collected has a reference. Its cost follows the run's: up to LOOKUP_LIMIT blobs,
     their references are looked up by blob id; past it, one read of the references is joined with them.
     The comparison of every reference with the blobs is the orphan sweep's check,
     `every_reference_finds_its_blob`."""
-    return no_live_blob_among(collected_blobs.where(F.col("error").isNull()), mailq.settings)
+    return reported.no_live_blob_in_latest_record(context, COLLECTED_BLOBS, mailq, pyspark, spark_parquet)

@@ -13,7 +13,15 @@ from resources.parquet_io import SparkParquetIOManager
 
 from . import automation, blobs, gc_plan, jobs, mailboxes, orphan_sweep, queue, queue_overview
 
-ASSETS = dg.load_assets_from_modules([blobs, gc_plan, mailboxes, orphan_sweep, queue, queue_overview])
+# The GC's destructive steps are asset specs (reported.py), which no "Materialize all" selects: their ops
+# run only in their jobs.
+ASSETS = [
+    *dg.load_assets_from_modules([blobs, mailboxes, queue, queue_overview]),
+    blobs.COLLECTED_BLOBS,
+    gc_plan.GC_PLAN,
+    gc_plan.APPLIED_GC_PLAN,
+    orphan_sweep.ORPHAN_BLOBS,
+]
 CHECKS = dg.load_asset_checks_from_modules([blobs, gc_plan, mailboxes, orphan_sweep, queue])
 PIPELINE_DIR_VARIABLE = "MAILQ_PIPELINE_DIR"
 

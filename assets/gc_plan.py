@@ -11,6 +11,8 @@ blob can only appear by the rare case record 39 leaves open (an operation that r
 before two rotations), which the lookup catches.
 """
 
+from collections.abc import Iterator
+
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
@@ -20,8 +22,8 @@ from pyspark.sql import functions as F
 from resources import MailqRuntime
 from resources.parquet_io import SparkParquetIOManager
 
-from . import gc_records
-from .blobs import GROUP
+from . import blobs, gc_records, reported
+from .blobs import GROUP, NO_LIVE_BLOB_COLLECTED
 from .gc_mark import mark, no_live_blob_among, record_run
 from .metadata import DATETIME, table, when
 from .spark.collect import collect_blobs, lookup_references, lookup_rows
@@ -34,21 +36,29 @@ class PlanConfig(dg.Config):
     exact: bool = False  # an anti-join against the references instead of the Bloom filter
 
 
-@dg.asset(group_name=GROUP, kinds={"spark"})
+GC_PLAN = reported.spec(
+    "gc_plan",
+    [blobs.deletion_sets, blobs.live_reference_filter],
+    GROUP,
+    "gc_plan_job",
+    "The GC's dry run: the blobs a real run would delete now, written as a plan (`plan_id`) that `mailq gc "
+    "--apply PLAN_ID` or gc_apply_job applies. Per blob: its generation, its deletion rows' dates and the "
+    "owners that released it, how it was found unreferenced (`found_by`; with the Bloom filter, its `salt` "
+    "and `false_positive_probability`) and its size. Nothing is deleted, no deletion row retired.",
+)
+
+
+@dg.op(out={})
 def gc_plan(
-    context: dg.AssetExecutionContext,
+    context: dg.OpExecutionContext,
     config: PlanConfig,
     deletion_sets: DataFrame,
     live_reference_filter: DataFrame,
     mailq: MailqRuntime,
     pyspark: LazyPySparkResource,
     spark_parquet: dg.ResourceParam[SparkParquetIOManager],
-) -> dg.MaterializeResult:
-    """The GC's dry run: the blobs a real run would delete now, written as a plan (`plan_id`) that
-    `mailq gc --apply PLAN_ID` or gc_apply_job applies. Per blob: its generation, its deletion rows'
-    dates and the owners that released it, how it was found unreferenced (`found_by`; with the Bloom
-    filter, its `salt` and `false_positive_probability`) and its size. Nothing is deleted, no deletion
-    row retired."""
+) -> Iterator[dg.AssetMaterialization]:
+    """Write a plan (GC_PLAN) from the mark of this run's deletion sets and filter."""
     now = mailq.runtime.clock()
     plan_id = gc_records.new_id(context.run.run_id, now)
     concerned = deletion_sets.count()
@@ -95,7 +105,8 @@ def gc_plan(
     fpps = planned.select("false_positive_probability").where(F.col("false_positive_probability").isNotNull())
     fpp = fpps.first()
     shown = planned.orderBy("generation", "blob_id").limit(BLOBS_SHOWN).collect()
-    return dg.MaterializeResult(
+    yield dg.AssetMaterialization(
+        asset_key=GC_PLAN.key,
         metadata={
             "plan_id": plan_id,
             "apply_with": f"mailq gc --apply {plan_id}",
@@ -148,7 +159,7 @@ def gc_plan(
                 ],
                 "the plan is empty: no concerned blob is unreferenced",
             ),
-        }
+        },
     )
 
 
@@ -160,18 +171,27 @@ class ApplyConfig(dg.Config):
     )
 
 
-@dg.asset(group_name=GROUP, kinds={"spark"}, deps=[gc_plan])
+APPLIED_GC_PLAN = reported.spec(
+    "applied_gc_plan",
+    [GC_PLAN],
+    GROUP,
+    "gc_apply_job",
+    "Applies the plan `plan_id` (by default the newest plan with blobs not applied yet): deletes exactly "
+    "its blobs that are still collectable, and keeps the others with the reason (`kept`); the first blobs "
+    "deleted are listed with their owners (`deleted`). Applying a plan again deletes nothing: its blobs "
+    "are gone already.",
+)
+
+
+@dg.op(out={})
 def applied_gc_plan(
-    context: dg.AssetExecutionContext,
+    context: dg.OpExecutionContext,
     config: ApplyConfig,
     mailq: MailqRuntime,
     pyspark: LazyPySparkResource,
     spark_parquet: dg.ResourceParam[SparkParquetIOManager],
-) -> dg.MaterializeResult:
-    """Applies the plan `plan_id` (by default the newest plan with blobs not applied yet): deletes exactly
-    its blobs that are still collectable, and keeps the others with the reason (`kept`); the first
-    blobs deleted are listed with their owners (`deleted`). Applying a plan again deletes nothing: its
-    blobs are gone already."""
+) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+    """Apply a plan (APPLIED_GC_PLAN), then check that no blob it deleted has a reference."""
     base = spark_parquet.base_path
     plan_id = _chosen_plan(config.plan_id, base)
     spark = pyspark.spark_session
@@ -221,7 +241,11 @@ def applied_gc_plan(
             else "nothing deleted"
         )
     planned.unpersist()
-    return dg.MaterializeResult(metadata=metadata)
+    yield dg.AssetMaterialization(asset_key=APPLIED_GC_PLAN.key, metadata=metadata)
+    deleted_now = written.where(F.col("outcome") == gc_records.DELETED)
+    yield reported.evaluation(
+        APPLIED_GC_PLAN, NO_LIVE_BLOB_COLLECTED, no_live_blob_among(deleted_now, mailq.settings)
+    )
 
 
 def _chosen_plan(configured: str | None, base: str) -> str:
@@ -273,7 +297,7 @@ def _deleted_table(written: DataFrame, plan: DataFrame) -> dict[str, dg.Metadata
     )
 
 
-@dg.asset_check(asset=applied_gc_plan, name="no_live_blob_collected", blocking=True)
+@dg.asset_check(asset=APPLIED_GC_PLAN.key, name=NO_LIVE_BLOB_COLLECTED, blocking=True)
 def no_live_blob_deleted_by_the_plan(
     context: dg.AssetCheckExecutionContext,
     mailq: MailqRuntime,
@@ -282,12 +306,7 @@ def no_live_blob_deleted_by_the_plan(
 ) -> dg.AssetCheckResult:
     """No blob the application deleted has a reference: the blobs its record lists as deleted, looked up
     by blob id (past LOOKUP_LIMIT of them, joined with one read of the references)."""
-    event = context.instance.get_latest_materialization_event(applied_gc_plan.key)
-    record_id = event.asset_materialization.metadata["record_id"].value
-    record = pyspark.spark_session.read.schema(gc_records.RUN_SCHEMA).parquet(
-        gc_records.path(spark_parquet.base_path, gc_records.RUNS, record_id)
-    )
-    return no_live_blob_among(record.where(F.col("outcome") == gc_records.DELETED), mailq.settings)
+    return reported.no_live_blob_in_latest_record(context, APPLIED_GC_PLAN, mailq, pyspark, spark_parquet)
 
 
 def _apply_outcomes(

@@ -5,44 +5,61 @@ import dagster as dg
 from resources import MailqRuntime
 
 from . import blobs, gc_plan, mailboxes, orphan_sweep, queue, queue_overview
+from .mark_steps import build_live_reference_filter, read_deletion_sets, read_reference_generations
 
-blob_gc_job = dg.define_asset_job(
-    "blob_gc_job",
-    selection=dg.AssetSelection.assets(
-        blobs.reference_generations, blobs.deletion_sets, blobs.live_reference_filter, blobs.collected_blobs
-    ),
-    description="One GC iteration of record 39 over the eligible generations.",
-)
-orphan_sweep_job = dg.define_asset_job(
-    "orphan_sweep_job",
-    selection=dg.AssetSelection.assets(orphan_sweep.orphan_blobs),
-    description="The full sweep of unreferenced blobs that no deletion names.",
-)
-blob_gc_and_orphan_sweep_job = dg.define_asset_job(
-    "blob_gc_and_orphan_sweep_job",
-    selection=blob_gc_job.selection | orphan_sweep_job.selection,
-    description="One GC iteration and the orphan sweep in one run (`mailq gc --orphans`).",
-)
-gc_plan_job = dg.define_asset_job(
-    "gc_plan_job",
-    selection=dg.AssetSelection.assets(
-        blobs.reference_generations, blobs.deletion_sets, blobs.live_reference_filter, gc_plan.gc_plan
-    ),
+# The GC's jobs are op-based: their destructive steps are ops that report materialisations of asset specs
+# (reported.py), which the UI's "Materialize all" never selects; these jobs are the only way to run them.
+
+
+@dg.job(description="One GC iteration of record 39 over the eligible generations.")
+def blob_gc_job() -> None:
+    generations = read_reference_generations()
+    deletions = read_deletion_sets(generations)
+    blobs.collected_blobs(generations, deletions, build_live_reference_filter(deletions))
+
+
+@dg.job(description="The full sweep of unreferenced blobs that no deletion names.")
+def orphan_sweep_job() -> None:
+    orphan_sweep.orphan_blobs(read_reference_generations())
+
+
+@dg.job(description="One GC iteration and the orphan sweep in one run (`mailq gc --orphans`).")
+def blob_gc_and_orphan_sweep_job() -> None:
+    generations = read_reference_generations()
+    deletions = read_deletion_sets(generations)
+    blobs.collected_blobs(generations, deletions, build_live_reference_filter(deletions))
+    orphan_sweep.orphan_blobs(generations)
+
+
+@dg.job(
     description="The GC's dry run (`mailq gc --dry-run`): one iteration's mark, written as a plan to review "
-    "and apply with gc_apply_job; deletes nothing.",
+    "and apply with gc_apply_job; deletes nothing."
 )
-gc_plan_and_orphan_sweep_job = dg.define_asset_job(
-    "gc_plan_and_orphan_sweep_job",
-    selection=gc_plan_job.selection | orphan_sweep_job.selection,
+def gc_plan_job() -> None:
+    deletions = read_deletion_sets(read_reference_generations())
+    gc_plan.gc_plan(deletions, build_live_reference_filter(deletions))
+
+
+@dg.job(
     config={"ops": {"orphan_blobs": {"config": {"dry_run": True}}}},
     description="A GC plan and the orphan sweep's dry run in one run (`mailq gc --dry-run --orphans`).",
 )
-gc_apply_job = dg.define_asset_job(
-    "gc_apply_job",
-    selection=dg.AssetSelection.assets(gc_plan.applied_gc_plan),
-    description="Apply a GC plan (`mailq gc --apply PLAN_ID`; its config names the plan): delete its "
-    "blobs that are still eligible, still have their row and no reference now; keep the others, with why.",
+def gc_plan_and_orphan_sweep_job() -> None:
+    generations = read_reference_generations()
+    deletions = read_deletion_sets(generations)
+    gc_plan.gc_plan(deletions, build_live_reference_filter(deletions))
+    orphan_sweep.orphan_blobs(generations)
+
+
+@dg.job(
+    description="Apply a GC plan (`mailq gc --apply PLAN_ID`): by default the newest plan not applied yet, "
+    "or the one its config names. It deletes the plan's blobs that are still eligible, still have their row "
+    "and no reference now, and keeps the others, with why."
 )
+def gc_apply_job() -> None:
+    gc_plan.applied_gc_plan()
+
+
 mailbox_counters_job = dg.define_asset_job(
     "mailbox_counters_job",
     selection=dg.AssetSelection.groups(mailboxes.GROUP),
@@ -69,13 +86,11 @@ dead_letters_job = dg.define_asset_job(
 )
 maintenance_job = dg.define_asset_job(
     "maintenance_job",
-    # The overviews only look: they run in their own jobs, and the demo's run stays the maintenance.
-    selection=dg.AssetSelection.all()
-    - queue_overview_job.selection
-    - dead_letters_job.selection
-    - dg.AssetSelection.assets(gc_plan.gc_plan, gc_plan.applied_gc_plan),
-    description="Every maintenance asset, in lineage order (the overviews of what the queues hold run "
-    "in queue_overview_job and dead_letters_job; GC plans in gc_plan_job and gc_apply_job).",
+    # The overviews only look: they run in their own jobs. The GC's steps are no assets (above).
+    selection=mailbox_counters_job.selection | queue_cleanup_job.selection,
+    description="The maintenance assets, in lineage order: the mailbox repair and the queue clean-up (the "
+    "blob GC and the orphan sweep run in blob_gc_and_orphan_sweep_job, the overviews in queue_overview_job "
+    "and dead_letters_job).",
 )
 
 

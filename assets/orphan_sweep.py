@@ -3,6 +3,8 @@ eligible generations, which no deletion set would ever name (see spark/orphans.p
 every reference still finds its blob.
 """
 
+from collections.abc import Iterator
+
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
@@ -11,6 +13,7 @@ from pyspark.sql import functions as F
 from mailq_runtime.model import parse_duration
 from resources import MailqRuntime
 
+from . import blobs, reported
 from .blobs import GROUP
 from .gc_mark import collect_totals
 from .spark.collect import collect_blobs
@@ -24,14 +27,35 @@ class OrphanSweepConfig(dg.Config):
     grace: str = "1d"
 
 
-@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
+ORPHAN_BLOBS = reported.spec(
+    "orphan_blobs",
+    [blobs.reference_generations],
+    GROUP,
+    "orphan_sweep_job",
+    "The full sweep of what writes that died half-way leave in eligible generations, which no deletion set "
+    "would ever name (see spark/orphans.py): references whose owner exists nowhere are released, for the "
+    "next GC iteration to collect their blobs; blobs with neither a reference nor a deletion, and content "
+    "with no blob row, are deleted.",
+)
+EVERY_REFERENCE_FINDS_ITS_BLOB = "every_reference_finds_its_blob"
+
+
+@dg.op(out=reported.stored("orphan_blobs"))
 def orphan_blobs(
     config: OrphanSweepConfig, reference_generations: dict, mailq: MailqRuntime, pyspark: LazyPySparkResource
+) -> Iterator:
+    """The sweep (ORPHAN_BLOBS), then its check that every reference still finds its blob."""
+    output = _sweep(config, reference_generations, mailq, pyspark)
+    yield reported.materialization(ORPHAN_BLOBS, output)
+    yield reported.evaluation(
+        ORPHAN_BLOBS, EVERY_REFERENCE_FINDS_ITS_BLOB, _references_find_blobs(mailq, pyspark)
+    )
+    yield dg.Output(output.value)
+
+
+def _sweep(
+    config: OrphanSweepConfig, reference_generations: dict, mailq: MailqRuntime, pyspark: LazyPySparkResource
 ) -> dg.Output[DataFrame]:
-    """The full sweep of what writes that died half-way leave in eligible generations, which no deletion
-    set would ever name (see spark/orphans.py): references whose owner exists nowhere are released, for
-    the next GC iteration to collect their blobs; blobs with neither a reference nor a deletion, and
-    content with no blob row, are deleted."""
     spark = pyspark.spark_session
     eligible = reference_generations["eligible"]
     settings = mailq.settings
@@ -75,12 +99,16 @@ def orphan_blobs(
     )
 
 
-@dg.asset_check(asset=orphan_blobs, blocking=True)
+@dg.asset_check(asset=ORPHAN_BLOBS.key, blocking=True)
 def every_reference_finds_its_blob(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.AssetCheckResult:
     """Every reference to a blob of a collectable generation still finds its blob: nothing, the
     collector or a hand, took a live one. A full read of both tables, as the sweep's own. Only eligible
     generations are compared: no reference to them can appear any more, so the two scans agree without a
     snapshot while traffic goes on in the current generations."""
+    return _references_find_blobs(mailq, pyspark)
+
+
+def _references_find_blobs(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.AssetCheckResult:
     spark = pyspark.spark_session
     eligible = mailq.runtime.generations.eligible()
     references = read_table(spark, mailq.settings, "blob_references", columns=["blob_id", "generation"])

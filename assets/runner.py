@@ -67,9 +67,10 @@ def plain(value: dg.MetadataValue) -> object:
 
 
 def figures(result: ExecutionResult, asset: str) -> dict:
-    """The metadata of the asset's materialisation in this run, as plain values."""
-    (event,) = result.asset_materializations_for_node(asset)
-    return {key: plain(value) for key, value in event.metadata.items()}
+    """The metadata of the asset's materialisation in this run, as plain values. By its key, not its op:
+    an op of the GC jobs reports an asset of another name (mark_steps.py)."""
+    (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == asset]
+    return {key: plain(value) for key, value in event.materialization.metadata.items()}
 
 
 def checks(result: ExecutionResult) -> dict[str, bool]:

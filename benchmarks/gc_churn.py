@@ -10,8 +10,8 @@ embedded store at local[2], three runs on the same store:
     .venv/bin/python benchmarks/gc_churn.py [--references 2_000_000] [--deletions 1_000_000] [--new 0.01]
 
 The data is benchmarks/gc.py's (`generate`: half the deletions name live blobs, 40% garbage), in a fresh
-data dir inside the repository, removed at the end. Each run is timed whole (`dg.materialize` of the GC
-assets and their check, the Spark session already started: the fixed cost of a Dagster run is in every
+data dir inside the repository, removed at the end. Each run is timed whole (`blob_gc_job`, in process, with
+its check, the Spark session already started: the fixed cost of a Dagster run is in every
 figure). Targets: run 2 <= 5% of run 1, run 3 <= 10% of run 1. Prints human lines, then one JSON object as
 the last line.
 """
@@ -27,11 +27,10 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from harness import data_dir, ratio, rounded, spark_session
 
-from assets import blobs
+from assets import jobs
 from mailq_runtime.stores.embedded import DATABASE_FILE
 from resources import MailqRuntime
 from resources.parquet_io import SparkParquetIOManager
@@ -42,13 +41,6 @@ gc_benchmark = sys.modules["gc_benchmark"] = importlib.util.module_from_spec(_sp
 _spec.loader.exec_module(gc_benchmark)
 GENERATION, generate = gc_benchmark.GENERATION, gc_benchmark.generate
 
-ASSETS = [
-    blobs.reference_generations,
-    blobs.deletion_sets,
-    blobs.live_reference_filter,
-    blobs.collected_blobs,
-    blobs.no_live_blob_collected,
-]
 FIGURES = {
     "deletion_sets": ("deletions", "concerned_blobs"),
     "live_reference_filter": ("live_check", "references_read"),
@@ -64,14 +56,14 @@ def gc_run(url: str, outputs: Path) -> tuple[float, dict]:
         "spark_parquet": SparkParquetIOManager(base_path=str(outputs), pyspark=pyspark),
     }
     started = time.perf_counter()
-    result = dg.materialize(ASSETS, resources=resources)
+    result = jobs.blob_gc_job.execute_in_process(resources=resources)
     seconds = time.perf_counter() - started
     if not result.success:
         raise SystemExit("benchmark: a GC run failed")
     figures = {}
-    for asset, names in FIGURES.items():
-        (event,) = result.asset_materializations_for_node(asset)
-        figures |= {name: event.metadata[name].value for name in names}
+    for event in result.get_asset_materialization_events():
+        names = FIGURES.get(event.asset_key.to_user_string(), ())
+        figures |= {name: event.materialization.metadata[name].value for name in names}
     return seconds, figures
 
 

@@ -7,7 +7,8 @@
 3. faults (`mailq_demo.mailboxes.inject_counter_faults`): a few mailbox operations die between their writes,
    leaving counters and projection entries for the recomputation to repair;
 4. a second rotation: the traffic's generation rg1 is now two behind the current one, so eligible (n-2);
-5. every asset of the maintenance job, in lineage order, in one Dagster run with its checks.
+5. the maintenance pipeline in two Dagster runs, with their checks: blob_gc_and_orphan_sweep_job (the GC's
+   destructive steps run only in their jobs), then every asset of maintenance_job, in lineage order.
 
 The report says what was collected (blobs, bytes), repaired (counters, projection entries) and cleaned
 (queues). With DAGSTER_HOME set (`make demo` sets it), the run is recorded there for `make ui`.
@@ -183,12 +184,21 @@ def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say
         )
         left = runtime.queue(traffic.QUEUE).size()
     say(
-        f"[5/{PHASES}] pipeline: every maintenance asset in lineage order, with its checks "
-        "(Spark starts first)"
+        f"[5/{PHASES}] pipeline: the GC and the orphan sweep, then every maintenance asset in lineage "
+        "order, with their checks (Spark starts first)"
     )
     queues_before, tables_before = _snapshot(settings)
-    pipeline = run_pipeline(jobs.maintenance_job.name, settings, "demo")
+    runs = [
+        run_pipeline(job.name, settings, "demo")
+        for job in (jobs.blob_gc_and_orphan_sweep_job, jobs.maintenance_job)
+    ]
     queues_after, tables_after = _snapshot(settings)
+    pipeline = {
+        "success": all(run["success"] for run in runs),
+        "assets": {name: figures for run in runs for name, figures in run["assets"].items()},
+        "checks": {name: check for run in runs for name, check in run["checks"].items()},
+        "runs": runs,
+    }
     assets = pipeline["assets"]
     collected, orphans = assets.get("collected_blobs", {}), assets.get("orphan_blobs", {})
     counters = assets.get("mailbox_counters", {})
@@ -277,8 +287,8 @@ def describe(summary: dict[str, Any]) -> list[str]:
         f"generations  rotated twice: current rg{g['current']}; eligible: "
         + (", ".join(f"rg{n}" for n in g["eligible"]) or "none"),
         "",
-        "pipeline (every asset of maintenance_job, in lineage order):",
-        *(f"  {line}" for line in describe_run(pipeline)),
+        "pipeline (blob_gc_and_orphan_sweep_job, then every asset of maintenance_job in lineage order):",
+        *(f"  {line}" for run in pipeline["runs"] for line in describe_run(run)),
         "",
         f"collected    {summary['collected']['blobs']} blobs, {human_bytes(summary['collected']['bytes'])} "
         f"(blobs {before['blobs']} -> {after['blobs']}, blob_deletions {before['blob_deletions']} -> "
@@ -286,8 +296,7 @@ def describe(summary: dict[str, Any]) -> list[str]:
         f"repaired     {repaired['counters']} counters, {repaired['projection_entries']} projection entries, "
         f"in {repaired['mailboxes']} mailboxes",
         f"cleaned      {'; '.join(cleaned) or 'no queue'}",
-        f"checks       {passed} of {len(checks)} passed"
-        + ("" if pipeline["success"] else "; the run FAILED"),
+        f"checks       {passed} of {len(checks)} passed" + ("" if pipeline["success"] else "; a run FAILED"),
         "",
         f"next: {_ui(summary)}, then open http://127.0.0.1:3000 (Lineage, then the Catalog: each "
         "materialisation's metadata, checks, sensors)",

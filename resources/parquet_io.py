@@ -20,12 +20,20 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(re.sub(r"^s3a://", "s3://", location))
 
 
+STORED_AS = "stored_as"
+
+
 class SparkParquetIOManager(dg.ConfigurableIOManager):
     base_path: str = os.path.abspath(".mailq/pipeline")
     pyspark: dg.ResourceDependency[LazyPySparkResource]
 
     def _path(self, context: dg.OutputContext | dg.InputContext) -> str:
-        return str(Path(self.base_path, *context.asset_key.path))
+        if context.has_asset_key:
+            return str(Path(self.base_path, *context.asset_key.path))
+        # An op of an op-based job (jobs.py) that runs an asset's computation stores its output where
+        # the asset's goes: its Out names the asset (`stored_as`).
+        output = context if isinstance(context, dg.OutputContext) else context.upstream_output
+        return str(Path(self.base_path, output.definition_metadata[STORED_AS]))
 
     def handle_output(self, context: dg.OutputContext, obj: DataFrame | dict) -> None:
         path = self._path(context)

@@ -378,6 +378,7 @@ def test_demo_end_to_end(tmp_path, capsys):
         "mail_queue_cleanup",
     }
     assert len(pipeline["checks"]) == 5 and all(c["passed"] for c in pipeline["checks"].values())
+    assert [run["job"] for run in pipeline["runs"]] == ["blob_gc_and_orphan_sweep_job", "maintenance_job"]
     tables = summary["tables"]
     assert tables["after"]["blobs"] == tables["before"]["blobs"] - summary["collected"]["blobs"]
     text = "\n".join(demo.describe(summary))

@@ -8,19 +8,11 @@ from pathlib import Path
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from assets import blobs
+from assets import jobs
 from mailq_runtime import Runtime
 from resources import MailqRuntime
 from resources.parquet_io import SparkParquetIOManager
 from tests.runtime.backends import EmbeddedBackend
-
-GC_ASSETS = [
-    blobs.reference_generations,
-    blobs.deletion_sets,
-    blobs.live_reference_filter,
-    blobs.collected_blobs,
-    blobs.no_live_blob_collected,
-]
 
 
 def resources_for(url: str, outputs: Path, spark_config: dict[str, str] | None = None) -> dict:
@@ -35,9 +27,10 @@ def resources_for(url: str, outputs: Path, spark_config: dict[str, str] | None =
 
 
 def materialized(result: dg.ExecuteInProcessResult, asset: str) -> dict:
-    """The metadata of the asset's materialization, as plain values."""
-    (event,) = result.asset_materializations_for_node(asset)
-    return {key: value.value for key, value in event.metadata.items()}
+    """The metadata of the asset's materialization, as plain values (by its key: the GC jobs' ops report
+    assets of other names)."""
+    (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key == dg.AssetKey(asset)]
+    return {key: value.value for key, value in event.materialization.metadata.items()}
 
 
 def checks_passed(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
@@ -47,7 +40,10 @@ def checks_passed(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
 def gc_run_config(filter_config: dict | None, collect_config: dict) -> dict | None:
     ops = {
         name: {"config": config}
-        for name, config in (("live_reference_filter", filter_config), ("collected_blobs", collect_config))
+        for name, config in (
+            ("build_live_reference_filter", filter_config),
+            ("collected_blobs", collect_config),
+        )
         if config
     }
     return {"ops": ops} if ops else None
@@ -56,7 +52,7 @@ def gc_run_config(filter_config: dict | None, collect_config: dict) -> dict | No
 def run_gc(resources: dict, filter_config: dict | None = None, **collect_config: object) -> dict:
     """One GC iteration; returns the figures of `collected_blobs`, after its check passed."""
     run_config = gc_run_config(filter_config, collect_config)
-    result = dg.materialize(GC_ASSETS, resources=resources, run_config=run_config)
+    result = jobs.blob_gc_job.execute_in_process(resources=resources, run_config=run_config)
     assert result.success
     assert checks_passed(result) == {"no_live_blob_collected": True}
     return materialized(result, "collected_blobs")

@@ -63,6 +63,18 @@ JOBS = {
     "maintenance_job",
     "rotate_generation_job",
 }
+# What the GC's op-based jobs run: the read-only steps report their assets, the others report the specs of
+# the destructive steps, which no asset job (and so no "Materialize all") selects.
+MARK = {"read_reference_generations", "read_deletion_sets", "build_live_reference_filter"}
+DESTRUCTIVE = {"collected_blobs", "gc_plan", "applied_gc_plan", "orphan_blobs"}
+OP_JOBS = {
+    "blob_gc_job": MARK | {"collected_blobs"},
+    "orphan_sweep_job": {"read_reference_generations", "orphan_blobs"},
+    "blob_gc_and_orphan_sweep_job": MARK | {"collected_blobs", "orphan_blobs"},
+    "gc_plan_job": MARK | {"gc_plan"},
+    "gc_plan_and_orphan_sweep_job": MARK | {"gc_plan", "orphan_blobs"},
+    "gc_apply_job": {"applied_gc_plan"},
+}
 SENSORS = {"deletions_waiting_sensor", "queue_cleanup_sensor", "counter_drift_sensor", "dead_letters_sensor"}
 SCHEDULES = {"rotate_generation_schedule"}
 SERVER_START_S = 90
@@ -82,31 +94,21 @@ def test_the_definitions_load_and_expose_everything_by_name() -> None:
     assert {sensor.name for sensor in defs.sensors} == SENSORS
     assert {schedule.name for schedule in defs.schedules} == SCHEDULES
     # The overviews only look: they run in jobs of their own, not in the clean-up or the maintenance;
-    # neither do a GC plan and its application, which an operator reviews between two runs.
-    overviews = {"mail_queue_overview", "mail_queue_domains", "mail_queue_dead_letters"}
-    plans = {"gc_plan", "applied_gc_plan"}
+    # the GC's steps run in its op-based jobs.
     for name, expected in (
-        ("maintenance_job", ASSETS - overviews - plans),
-        ("gc_plan_job", {"reference_generations", "deletion_sets", "live_reference_filter", "gc_plan"}),
-        (
-            "gc_plan_and_orphan_sweep_job",
-            {"reference_generations", "deletion_sets", "live_reference_filter", "gc_plan", "orphan_blobs"},
-        ),
-        ("gc_apply_job", {"applied_gc_plan"}),
+        ("maintenance_job", {"mailbox_counters", "mail_queue_slices", "mail_queue_cleanup"}),
         ("queue_cleanup_job", {"mail_queue_slices", "mail_queue_cleanup"}),
         ("queue_overview_job", {"mail_queue_overview", "mail_queue_domains"}),
         ("dead_letters_job", {"mail_queue_dead_letters"}),
     ):
         selected = defs.resolve_job_def(name).asset_layer.selected_asset_keys
         assert {key.to_user_string() for key in selected} == expected, name
-    # The GC job is one iteration of record 39, in lineage order; the sweep is a job of its own.
-    gc = defs.resolve_job_def("blob_gc_job").asset_layer.selected_asset_keys
-    assert {key.to_user_string() for key in gc} == {
-        "reference_generations",
-        "deletion_sets",
-        "live_reference_filter",
-        "collected_blobs",
-    }
+    for name, ops in OP_JOBS.items():
+        assert set(defs.resolve_job_def(name).graph.node_dict) == ops, name
+    # The destructive steps are in Lineage and the Catalog, but not executable: no asset job selects them.
+    assert {
+        key.to_user_string() for key in graph.get_all_asset_keys() if not graph.get(key).is_executable
+    } == (DESTRUCTIVE)
 
 
 def test_every_asset_check_and_job_says_what_it_does() -> None:
@@ -134,15 +136,31 @@ QUERY = """
         name
         assetNodes {
           assetKey { path }
+          isExecutable
+          isObservable
           assetChecksOrError { ... on AssetChecks { checks { name } } }
-          configField {
-            configType { ... on CompositeConfigType { fields { name isRequired description } } }
-          }
         }
         jobs { name }
         sensors { name description }
         schedules { name }
       }
+    }
+    ... on PythonError { message }
+  }
+}
+"""
+# What the Launchpad of gc_apply_job shows and launches.
+APPLY_CONFIG = """
+{
+  runConfigSchemaOrError(
+    selector: {
+      pipelineName: "gc_apply_job", repositoryName: "__repository__", repositoryLocationName: "mailq"
+    }
+  ) {
+    ... on RunConfigSchema {
+      rootDefaultYaml
+      isRunConfigValid(runConfigData: {}) { __typename }
+      allConfigTypes { ... on CompositeConfigType { fields { name isRequired description } } }
     }
     ... on PythonError { message }
   }
@@ -218,6 +236,7 @@ def test_the_webserver_serves_the_code_location(tmp_path: Path) -> None:
     environment = {**os.environ, "DAGSTER_HOME": str(home), "MAILQ_URL": f"embedded://{tmp_path / 'data'}"}
     with webserver(tmp_path, environment) as base:
         answer = json.loads(get(f"{base}/graphql", json.dumps({"query": QUERY}).encode()))
+        apply_config = graphql(base, APPLY_CONFIG)
 
     assert "errors" not in answer, answer["errors"]
     (location,) = answer["data"]["workspaceOrError"]["locationEntries"]
@@ -236,10 +255,19 @@ def test_the_webserver_serves_the_code_location(tmp_path: Path) -> None:
     for sensor in repository["sensors"]:
         assert sensor["description"] == defs.resolve_sensor_def(sensor["name"]).description, sensor
     assert {schedule["name"] for schedule in repository["schedules"]} == SCHEDULES
-    # gc_apply_job launched as the launchpad scaffolds it, with no plan id, applies the newest plan.
-    (apply,) = [n for n in repository["assetNodes"] if n["assetKey"]["path"] == ["applied_gc_plan"]]
-    (plan_id,) = apply["configField"]["configType"]["fields"]
-    assert (plan_id["name"], plan_id["isRequired"]) == ("plan_id", False)
+    # "Materialize all" (Lineage, the Catalog) selects the asset nodes that are executable and not
+    # observable: none of the destructive steps, which are in the graph all the same.
+    materializable = {
+        "/".join(n["assetKey"]["path"])
+        for n in repository["assetNodes"]
+        if n["isExecutable"] and not n["isObservable"]
+    }
+    assert materializable == ASSETS - DESTRUCTIVE
+    # gc_apply_job launched as the Launchpad scaffolds it, with no plan id, applies the newest plan.
+    schema = apply_config["runConfigSchemaOrError"]
+    assert schema["isRunConfigValid"]["__typename"] == "PipelineConfigValidationValid", schema
+    (plan_id,) = [f for t in schema["allConfigTypes"] for f in t.get("fields", []) if f["name"] == "plan_id"]
+    assert plan_id["isRequired"] is False
     assert "default: the newest plan with blobs that is not applied yet" in plan_id["description"]
 
 

@@ -7,15 +7,14 @@ import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
-from assets import automation, blobs, gc_plan
+from assets import automation, blobs, jobs
 from mailq_runtime import Runtime
 from mailq_runtime.model import BlobId
 from tests.runtime.backends import EmbeddedBackend
 
-from .pipeline import GC_ASSETS, checks_passed, gc_run_config, materialized
+from .pipeline import checks_passed, gc_run_config, materialized
 from .test_automation import evaluate, requested, skipped_because
 
-PLAN_ASSETS = [*GC_ASSETS[:3], gc_plan.gc_plan]
 # Several GC runs a test, each with its check, on a machine other work shares.
 pytestmark = pytest.mark.timeout(900)
 
@@ -31,7 +30,9 @@ def gc(
 ) -> dict[str, dict]:
     """One GC iteration (recorded in `instance` if given); every asset's figures, after the check passed."""
     run_config = gc_run_config(filter_config, collect_config)
-    result = dg.materialize(GC_ASSETS, resources=resources, run_config=run_config, instance=instance)
+    result = jobs.blob_gc_job.execute_in_process(
+        resources=resources, run_config=run_config, instance=instance
+    )
     assert result.success
     assert checks_passed(result) == {"no_live_blob_collected": True}
     return {
@@ -170,7 +171,7 @@ def test_the_lookups_and_the_bloom_filter_collect_the_same_blobs(
     def dry_run(filter_config: dict) -> tuple[dict, list[str]]:
         """A GC plan: the blobs a real run would delete."""
         run_config = gc_run_config(filter_config, {})
-        result = dg.materialize(PLAN_ASSETS, resources=resources, run_config=run_config)
+        result = jobs.gc_plan_job.execute_in_process(resources=resources, run_config=run_config)
         assert result.success
         figures = materialized(result, "gc_plan")
         planned = spark.read.parquet(figures["path"]).select("blob_id").collect()
@@ -188,11 +189,13 @@ def test_the_lookups_and_the_bloom_filter_collect_the_same_blobs(
     assert [runtime.content.exists(blob) for blob in blobs] == [True] * 4 + [False] * 4
 
 
-def check_alone(resources: dict) -> dict:
-    """`no_live_blob_collected` alone, on the last run's collected_blobs; its evaluation's metadata."""
+def check_alone(resources: dict, instance: dg.DagsterInstance) -> dict:
+    """`no_live_blob_collected` alone, as the UI runs it, on the last run's collected_blobs in `instance`;
+    its evaluation's metadata."""
     result = dg.materialize(
-        GC_ASSETS,
+        [blobs.COLLECTED_BLOBS, blobs.no_live_blob_collected],
         resources=resources,
+        instance=instance,
         selection=dg.AssetSelection.checks(blobs.no_live_blob_collected),
         raise_on_error=False,  # a blocking check that fails raises otherwise
     )
@@ -205,8 +208,9 @@ def test_the_check_looks_up_only_what_the_run_collected_and_fails_on_a_reference
 ) -> None:
     resources = pipeline_resources(runtime.settings.data_dir)
     _, garbage = eligible_live_and_garbage(runtime)
-    gc(resources, settle="0s")
-    assert check_alone(resources) == {
+    instance = dg.DagsterInstance.ephemeral()
+    gc(resources, instance, settle="0s")
+    assert check_alone(resources, instance) == {
         "passed": True,
         "collected_blobs_checked": 1,
         "collected_yet_referenced": 0,
@@ -215,7 +219,7 @@ def test_the_check_looks_up_only_what_the_run_collected_and_fails_on_a_reference
 
     # What a collector that took a live blob would leave: a reference to a collected blob.
     EmbeddedBackend(runtime.settings.data_dir).add_reference("late", str(garbage), 1)
-    assert check_alone(resources) == {
+    assert check_alone(resources, instance) == {
         "passed": False,
         "collected_blobs_checked": 1,
         "collected_yet_referenced": 1,

@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
-from assets import blobs, gc_plan, gc_records
+from assets import gc_records, jobs
 from mailq_runtime import Runtime
 from mailq_runtime.model import BlobId
 from tests.runtime.backends import Backend
@@ -18,25 +18,25 @@ from .pipeline import checks_passed, materialized
 # Several runs a test on a machine other work shares.
 pytestmark = pytest.mark.timeout(900)
 
-PLAN_ASSETS = [blobs.reference_generations, blobs.deletion_sets, blobs.live_reference_filter, gc_plan.gc_plan]
 GARBAGE = [b"Subject: gone %d\r\n\r\nreleased by its only owner" % n for n in range(3)]
 LIVE = b"Subject: kept\r\n\r\nstill held by one owner"
 
 
 def make_plan(resources: dict, **filter_config: object) -> dict:
-    run_config = {"ops": {"live_reference_filter": {"config": filter_config}}} if filter_config else None
-    result = dg.materialize(PLAN_ASSETS, resources=resources, run_config=run_config)
+    run_config = (
+        {"ops": {"build_live_reference_filter": {"config": filter_config}}} if filter_config else None
+    )
+    result = jobs.gc_plan_job.execute_in_process(resources=resources, run_config=run_config)
     assert result.success
     return materialized(result, "gc_plan")
 
 
-APPLY_ASSETS = [gc_plan.applied_gc_plan, gc_plan.no_live_blob_deleted_by_the_plan]
-
-
 def apply_run(resources: dict, plan_id: str | None) -> dg.ExecuteInProcessResult:
-    """gc_apply_job's asset and check; with no plan_id, as launched from the UI with its default config."""
+    """gc_apply_job; with no plan_id, as launched from the UI with its default config."""
     run_config = {"ops": {"applied_gc_plan": {"config": {"plan_id": plan_id}}}} if plan_id else None
-    return dg.materialize(APPLY_ASSETS, resources=resources, run_config=run_config, raise_on_error=False)
+    return jobs.gc_apply_job.execute_in_process(
+        resources=resources, run_config=run_config, raise_on_error=False
+    )
 
 
 def apply(resources: dict, plan_id: str | None = None) -> dict:

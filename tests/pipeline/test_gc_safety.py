@@ -13,10 +13,9 @@ import random
 import threading
 import time
 
-import dagster as dg
 import pytest
 
-from assets import blobs, gc_plan, orphan_sweep
+from assets import jobs
 from mailq_runtime import Runtime
 from mailq_runtime.faults import SAVE_AFTER_BLOB_ROWS, InjectedFault
 from mailq_runtime.model import BlobId
@@ -227,8 +226,7 @@ def test_dry_run_exact_mode_and_orphan_sweep(backend: Backend, deployment_resour
     runtime.generations.rotate()
     before = _blob_rows(backend)
 
-    planned = dg.materialize(
-        [blobs.reference_generations, blobs.deletion_sets, blobs.live_reference_filter, gc_plan.gc_plan],
+    planned = jobs.gc_plan_job.execute_in_process(
         resources=resources,
         run_config={"ops": {"gc_plan": {"config": {"exact": True}}}},
     )
@@ -244,7 +242,7 @@ def test_dry_run_exact_mode_and_orphan_sweep(backend: Backend, deployment_resour
     )
     assert _blob_rows(backend) == before
 
-    result = dg.materialize([blobs.reference_generations, orphan_sweep.orphan_blobs], resources=resources)
+    result = jobs.orphan_sweep_job.execute_in_process(resources=resources)
     assert result.success
     sweep = materialized(result, "orphan_blobs")
     expect_figures(

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import hashlib
 
-import dagster as dg
 import pytest
 
-from assets import blobs, orphan_sweep
+from assets import jobs
 from mailq_runtime import EnqueueId, InjectedFault, Mail, MessageId, Runtime, faults
 from mailq_runtime.clock import system_clock
 from mailq_runtime.model import BlobId
@@ -85,7 +84,7 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(
     assert len(orphan_blob_ids) == 8
 
     resources = deployment_resources
-    result = dg.materialize([blobs.reference_generations, orphan_sweep.orphan_blobs], resources=resources)
+    result = jobs.orphan_sweep_job.execute_in_process(resources=resources)
     assert result.success
     figures = materialized(result, "orphan_blobs")
     assert {key: figures[key] for key in ("orphan_owners", "orphan_references", "references_released")} == {

@@ -6,12 +6,9 @@ from __future__ import annotations
 import os
 import stat
 
-import dagster as dg
-
+from assets import jobs
 from mailq_runtime import Mail, Runtime
 from resources.spark import PRIVATE_OUTPUTS, spark_config
-
-from .pipeline import GC_ASSETS
 
 
 def test_a_gc_run_under_umask_022_writes_only_private_files(runtime: Runtime, pipeline_resources) -> None:
@@ -23,7 +20,7 @@ def test_a_gc_run_under_umask_022_writes_only_private_files(runtime: Runtime, pi
     runtime.generations.rotate()
     previous = os.umask(0o022)
     try:
-        result = dg.materialize(GC_ASSETS, resources=pipeline_resources(data_dir))
+        result = jobs.blob_gc_job.execute_in_process(resources=pipeline_resources(data_dir))
     finally:
         os.umask(previous)
     assert result.success
