@@ -2,7 +2,9 @@
 connection cache (`smtp_connection_cache_on_demand`, kept `smtp_connection_cache_time_limit` = 2 s).
 
 A worker delivers one mail per dequeue; when the next mail goes to the same destination, as in a burst,
-it reuses the session (after an RSET that proves it alive) instead of a new TCP, EHLO and STARTTLS.
+it reuses the session instead of a new TCP, EHLO and STARTTLS. The client pipelines an RSET ahead of the
+session's next transaction, which proves it alive without a round trip of its own; a session the
+server closed while it was idle fails that RSET, and the mail goes through a new one.
 One cache per worker thread: a session is used by one transaction at a time."""
 
 from __future__ import annotations
@@ -23,19 +25,10 @@ class Connections:
         self._idle: dict[Target, tuple[smtplib.SMTP, float]] = {}
 
     def take(self, target: Target) -> smtplib.SMTP | None:
-        """The idle session to `target`, if one is kept and still answers; it is the caller's now."""
+        """The idle session to `target`, if one is kept; it is the caller's now."""
         self._close_expired()
         kept = self._idle.pop(target, None)
-        if kept is None:
-            return None
-        client = kept[0]
-        try:
-            if client.rset()[0] == 250:
-                return client
-        except (OSError, smtplib.SMTPException):
-            pass
-        close(client, target)
-        return None
+        return None if kept is None else kept[0]
 
     def keep(self, target: Target, client: smtplib.SMTP) -> None:
         """Keep `client`, whose last transaction ended cleanly, for the next mail to `target`."""
@@ -68,4 +61,10 @@ def close(client: smtplib.SMTP, target: Target) -> None:
         client.quit()
     except (OSError, smtplib.SMTPException):
         client.close()
+    RELAY_CONNECTIONS.labels(str(target)).dec()
+
+
+def drop(client: smtplib.SMTP, target: Target) -> None:
+    """Close a session that stopped answering, without a QUIT that would wait for its reply."""
+    client.close()
     RELAY_CONNECTIONS.labels(str(target)).dec()
