@@ -80,8 +80,7 @@ def start_workers(url: str, args: argparse.Namespace, sink: SmtpSink) -> list[su
 
 def bench_mailq(url: str, args: argparse.Namespace, sink: SmtpSink) -> dict:
     """The load into `args.processes` `mailq smtp` sharing a port, relayed by `args.workers` workers."""
-    with Runtime.open(url, create=True):
-        pass
+    Runtime.open(url, create=True).close()  # `mailq smtp` serves a store that exists
     port = free_port()
     servers = start_servers(url, port, args.processes)
     workers: list[subprocess.Popen] = []
