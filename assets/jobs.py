@@ -76,8 +76,8 @@ queue_cleanup_job = dg.define_asset_job(
 queue_overview_job = dg.define_asset_job(
     "queue_overview_job",
     selection=dg.AssetSelection.assets(queue_overview.mail_queue_overview, queue_overview.mail_queue_domains),
-    description="What the mail queues hold: each queue's mails by state, and the live mails per "
-    "recipient domain.",
+    description="What the mail queues hold: each queue's mails by state, and the mails per destination "
+    "domain by state and age (qshape's view).",
 )
 dead_letters_job = dg.define_asset_job(
     "dead_letters_job",

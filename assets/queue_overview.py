@@ -1,22 +1,23 @@
-"""What the mail queues hold, at a glance: each queue's mails by state, the live mails per recipient domain,
-and the dead letters by reason and age, with a check that warns when the dead letters grow."""
+"""What the mail queues hold, at a glance: each queue's mails by state, the mails per destination domain
+as qshape shows them, and the dead letters by reason and age, with a check that warns when the dead
+letters grow."""
 
 from datetime import datetime
 
 import dagster as dg
-from dagster_pyspark import LazyPySparkResource
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from mailq_runtime.clock import MICROS_PER_SECOND, from_datetime
-from mailq_runtime.settings import Settings
+from mailq_runtime.queue import BUCKET_NAMES, STATES, DomainShape
 from resources import MailqRuntime
 
 from .metadata import DATETIME, table, when
-from .spark.table_source import read_table
 
 GROUP = "mail_queue"
-TOP_DOMAINS = 20
+TOP_DOMAINS = 20  # the by-domain table's rows: the domains with the most mails waiting
+PLOTTED_DOMAINS = 5  # the domains whose figures are numbers of their own, plotted over time
+# qshape's age buckets as the by-domain table's columns: (column, bucket).
+BUCKET_AGES = tuple(("min_" + name.replace("-", "_").replace("+", "_plus"), name) for name in BUCKET_NAMES)
+BUCKET_COLUMNS = tuple(column for column, _ in BUCKET_AGES)
 # The age classes of the dead letters: (column, upper bound in seconds, what it holds).
 AGES = (
     ("died_within_1h", 3600, "died in the last hour"),
@@ -86,68 +87,98 @@ def mail_queue_overview(mailq: MailqRuntime) -> dg.MaterializeResult:
     )
 
 
-def live_mails_by_domain(spark: SparkSession, settings: Settings) -> DataFrame:
-    """Per queue and recipient domain (in lower case): the live mails with a recipient there, those
-    recipients, and the oldest such mail's enqueue time. A live mail is an enqueued_mails row that
-    deleted_mails does not mark."""
-    enqueued = read_table(
-        spark, settings, "enqueued_mails", columns=("queue", "enqueue_id", "enqueued_time", "recipients")
-    )
-    deleted = read_table(spark, settings, "deleted_mails", columns=("queue", "enqueue_id"))
-    live = enqueued.join(deleted, ["queue", "enqueue_id"], "left_anti")
-    recipients = live.select(
-        "queue",
-        "enqueue_id",
-        "enqueued_time",
-        F.explode(F.from_json("recipients", "array<string>")).alias("recipient"),
-    )
-    # After the last '@': a quoted local part may hold one too.
-    return (
-        recipients.withColumn("domain", F.lower(F.substring_index("recipient", "@", -1)))
-        .groupBy("queue", "domain")
-        .agg(
-            F.countDistinct("enqueue_id").alias("live_mails"),
-            F.count("*").alias("recipients"),
-            F.min("enqueued_time").alias("oldest_enqueued_time"),
-        )
-        .orderBy(F.desc("live_mails"), "queue", "domain")
-    )
+def _domain_rows(queue: str, shape: DomainShape, now: int) -> list[dict]:
+    """The table's rows of one destination domain: one per state, as `mailq queues --by-domain`."""
+    return [
+        {
+            "queue": queue,
+            "domain": shape.domain,
+            "state": state,
+            "mails": shape.total(state),
+            **dict(zip(BUCKET_COLUMNS, shape.buckets.get(state, (0,) * len(BUCKET_NAMES)), strict=True)),
+            "oldest_minutes": _oldest_minutes(shape, now),
+            "suspended_until": _shown(shape.suspended_until),
+            "next_attempt": _shown(shape.next_attempt),
+            "last_error": shape.last_error or "",
+            "last_error_at": _shown(shape.last_error_at),
+        }
+        for state in STATES
+    ]
 
 
-@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
-def mail_queue_domains(mailq: MailqRuntime, pyspark: LazyPySparkResource) -> dg.Output[DataFrame]:
-    """Per queue and recipient domain: the live mails bound there and the oldest of them (what a sender
-    delivering by MX needs), the top domains in the metadata; every domain in the Parquet output."""
-    domains = live_mails_by_domain(pyspark.spark_session, mailq.settings).cache()
-    top = domains.limit(TOP_DOMAINS).collect()
-    totals = domains.agg(F.count("*").alias("domains"), F.max("live_mails").alias("most")).first()
-    return dg.Output(
-        domains,
+def _oldest_minutes(shape: DomainShape, now: int) -> int:
+    """The age of the domain's oldest mail waiting, from the start of its 5-minute slot; -1 if none."""
+    return -1 if shape.oldest is None else (now - from_datetime(shape.oldest)) // (60 * MICROS_PER_SECOND)
+
+
+def _waiting(shape: DomainShape) -> int:
+    return sum(shape.total(state) for state in STATES)
+
+
+def _retrying(shape: DomainShape, now: int) -> bool:
+    """Whether remote delivery failed at the domain and tries it again later (a note stays once due)."""
+    return shape.next_attempt is not None and from_datetime(shape.next_attempt) > now
+
+
+def _plotted(shapes: list[tuple[str, DomainShape]], now: int) -> dict[str, int]:
+    """The figures of the PLOTTED_DOMAINS domains with the most mails waiting (`shapes` sorted so), summed
+    over the queues: a number each, which the UI plots across materialisations."""
+    figures: dict[str, int] = {}
+    for _, shape in shapes:
+        if f"{shape.domain} waiting" not in figures and len(figures) == 3 * PLOTTED_DOMAINS:
+            break
+        for figure, value in (("waiting", _waiting(shape)), ("deferred", shape.total("deferred"))):
+            key = f"{shape.domain} {figure}"
+            figures[key] = figures.get(key, 0) + value
+        key = f"{shape.domain} oldest_minutes"
+        figures[key] = max(figures.get(key, -1), _oldest_minutes(shape, now))
+    return figures
+
+
+@dg.asset(group_name=GROUP, kinds={"python"})
+def mail_queue_domains(mailq: MailqRuntime) -> dg.MaterializeResult:
+    """Per queue and destination domain, as qshape and `mailq queues --by-domain` show it: the mails by
+    state (queued, deferred) in doubling age buckets, the oldest, remote delivery's last error there and
+    its next attempt, read from the counters kept as mail moves (never a browse of the queue). Totals
+    and the top domains' figures as numbers, to plot across materialisations; the top domains' rows as
+    a table."""
+    runtime = mailq.runtime
+    now = runtime.clock()
+    shapes = [
+        (name, shape) for name in runtime.queues() for shape in runtime.queue(name, create=False).by_domain()
+    ]
+    shapes.sort(key=lambda each: (-_waiting(each[1]), each[0], each[1].domain))
+    return dg.MaterializeResult(
         metadata={
-            "domains": totals["domains"],
-            "most_live_mails_to_one_domain": totals["most"] or 0,
+            "domains": len({shape.domain for _, shape in shapes}),
+            # A mail counts once per domain it has a recipient in, as in qshape.
+            "waiting": sum(_waiting(shape) for _, shape in shapes),
+            "deferred": sum(shape.total("deferred") for _, shape in shapes),
+            "domains_retrying": sum(1 for _, shape in shapes if _retrying(shape, now)),
+            "domains_suspended": sum(1 for _, shape in shapes if shape.suspended_until is not None),
+            "oldest_minutes": max((_oldest_minutes(shape, now) for _, shape in shapes), default=-1),
+            **_plotted(shapes, now),
             **table(
-                "top_domains",
+                "by_domain",
                 [
                     ("queue", "string", "mail queue"),
-                    ("domain", "string", "recipient domain, in lower case"),
-                    ("live_mails", "int", "live mails with at least one recipient in the domain"),
-                    ("recipients", "int", "their recipients in the domain"),
-                    ("oldest", DATETIME, "enqueue time of the oldest of them"),
+                    ("domain", "string", "destination domain, in lower case"),
+                    ("state", "string", "queued: never tried or due; deferred: waiting for a retry or delay"),
+                    ("mails", "int", "mails with a recipient in the domain, in this state"),
+                    *[
+                        (column, "int", f"of them, enqueued {name} minutes ago")
+                        for column, name in BUCKET_AGES
+                    ],
+                    ("oldest_minutes", "int", "age of the oldest mail waiting, to the 5 minutes (-1: none)"),
+                    ("suspended_until", DATETIME, "while an operator suspends the domain"),
+                    ("next_attempt", DATETIME, "when remote delivery tries the domain again"),
+                    ("last_error", "string", "remote delivery's last failure at the domain"),
+                    ("last_error_at", DATETIME, "when it failed"),
                 ],
-                [
-                    {
-                        "queue": r["queue"],
-                        "domain": r["domain"],
-                        "live_mails": r["live_mails"],
-                        "recipients": r["recipients"],
-                        "oldest": when(r["oldest_enqueued_time"]),
-                    }
-                    for r in top
-                ],
-                "no live mail in any queue",
+                [row for queue, shape in shapes[:TOP_DOMAINS] for row in _domain_rows(queue, shape, now)],
+                "no mail waiting for any domain",
             ),
-        },
+        }
     )
 
 

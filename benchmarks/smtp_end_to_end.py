@@ -67,11 +67,12 @@ def stop(process: subprocess.Popen) -> None:
 
 
 class LatencyProbe:
-    """One smtplib session sending mails one after the other while the load runs, timing each reply to
-    the end of DATA."""
+    """One smtplib session sending mails to `recipient` one after the other while the load runs, timing
+    each reply to the end of DATA."""
 
-    def __init__(self, port: int, size: int) -> None:
+    def __init__(self, port: int, size: int, recipient: str) -> None:
         self.port = port
+        self.recipient = recipient
         self.message = b"Subject: probe\r\n\r\n" + (b"p" * 78 + b"\r\n") * (size // 80)
         self.latencies: list[float] = []
         self.done = threading.Event()
@@ -82,7 +83,7 @@ class LatencyProbe:
             smtp.ehlo("probe.example")
             while not self.done.is_set():
                 smtp.mail(SENDER)
-                smtp.rcpt(USER)
+                smtp.rcpt(self.recipient)
                 started = time.perf_counter()
                 code, _ = smtp.data(self.message)
                 if code == 250:
@@ -102,14 +103,17 @@ class LatencyProbe:
         return {"p50_ms": round(cuts[49] * 1000, 2), "p99_ms": round(cuts[98] * 1000, 2)}
 
 
-def run_load(port: int, args: argparse.Namespace, delivered: Callable[[], int], before: int) -> dict:
-    """smtp-source's load and the latency probe on `port`; returns the rates once every mail is delivered."""
-    probe = LatencyProbe(port, args.size)
+def run_load(
+    port: int, args: argparse.Namespace, delivered: Callable[[], int], before: int, recipient: str = USER
+) -> dict:
+    """smtp-source's load and the latency probe on `port`, to `recipient`; returns the rates once every
+    mail is delivered."""
+    probe = LatencyProbe(port, args.size, recipient)
     started = time.perf_counter()
     with probe.running():
         subprocess.run(
             ["smtp-source", "-s", str(args.sessions), "-m", str(args.mails), "-l", str(args.size)]
-            + ["-f", SENDER, "-t", USER, f"127.0.0.1:{port}"],
+            + ["-f", SENDER, "-t", recipient, f"127.0.0.1:{port}"],
             check=True,
         )
     accepted_at = time.perf_counter()

@@ -11,7 +11,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .base import HOST, ServerError, port_answers, wait_for
@@ -44,7 +44,9 @@ smtpd_recipient_restrictions = permit_mynetworks, reject_unauth_destination
 
 class PrivatePostfix:
     """Postfix on `host`:`port` taking mail for `users` (addresses of one domain) into their Maildirs,
-    offering STARTTLS with `tls` (a PEM certificate and key) if given. A context manager;
+    offering STARTTLS with `tls` (a PEM certificate and key) if given, relaying the mail of the domains
+    `transport` names to their (host, port) (Postfix's transport_maps), as a relay for loopback clients
+    does. A context manager;
     `delivered(address)` reads the mails in that user's Maildir, `sessions()` lists the sessions that
     ended."""
 
@@ -56,6 +58,7 @@ class PrivatePostfix:
         host: str = HOST,
         tls: tuple[Path, Path] | None = None,
         process_limit: int | None = None,
+        transport: Mapping[str, tuple[str, int]] | None = None,
     ) -> None:
         domains = {user.rpartition("@")[2] for user in users}
         if len(domains) != 1:
@@ -66,6 +69,7 @@ class PrivatePostfix:
         self.domain = domains.pop()
         self.tls = tls
         self.process_limit = process_limit  # Postfix's default_process_limit, 100 unless given
+        self.transport = dict(transport or {})
         self.root: Path | None = None
 
     def __enter__(self) -> PrivatePostfix:
@@ -127,6 +131,12 @@ class PrivatePostfix:
             options += f"smtpd_tls_key_file = {key}\n"
         if self.process_limit is not None:
             options += f"default_process_limit = {self.process_limit}\n"
+        if self.transport:
+            # Brackets: the host itself, no MX look-up (Postfix's transport(5) syntax).
+            entries = " ".join(
+                f"{domain}=smtp:[{host}]:{port}" for domain, (host, port) in self.transport.items()
+            )
+            options += f"transport_maps = inline:{{ {entries} }}\n"
         (root / "etc" / "main.cf").write_text(
             options
             + _MAIN.format(

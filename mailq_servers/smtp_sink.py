@@ -29,7 +29,8 @@ class Dumped:
 
 class SmtpSink:
     """smtp-sink on `host`:`port` (a loopback address); `soft` and `hard` are commands answered 4xx and
-    5xx (e.g. "RCPT"), `data_wait` the seconds it waits before answering DATA. A context manager;
+    5xx (e.g. "RCPT"), `data_wait` the seconds it waits before answering DATA; without `pipelining` it
+    does not announce PIPELINING, so a client sends one command at a time. A context manager;
     `dumped()` reads what it took so far."""
 
     def __init__(
@@ -40,6 +41,7 @@ class SmtpSink:
         soft: Sequence[str] = (),
         hard: Sequence[str] = (),
         data_wait: int = 0,
+        pipelining: bool = True,
     ) -> None:
         self.host = host
         self.port = port
@@ -50,6 +52,8 @@ class SmtpSink:
             self.options += ["-f", ",".join(hard)]
         if data_wait:
             self.options += ["-w", str(data_wait)]
+        if not pipelining:
+            self.options.append("-p")
         self.directory: Path | None = None
         self._taken: list[Dumped] = []  # what a stopped sink took
         self._process: subprocess.Popen | None = None

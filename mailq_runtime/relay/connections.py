@@ -2,7 +2,9 @@
 connection cache (`smtp_connection_cache_on_demand`, kept `smtp_connection_cache_time_limit` = 2 s).
 
 A worker delivers one mail per dequeue; when the next mail goes to the same destination, as in a burst,
-it reuses the session (after an RSET that proves it alive) instead of a new TCP, EHLO and STARTTLS.
+it reuses the session instead of a new TCP, EHLO and STARTTLS. The client pipelines an RSET ahead of the
+session's next transaction, which proves it alive without a round trip of its own; a session the
+server closed while it was idle fails that RSET, and the mail goes through a new one.
 One cache per worker thread: a session is used by one transaction at a time. Each session holds a slot
 of its destination's connection limit (limits.py) from its opening to its close, kept idle or not; a
 session is kept for its destination only, so another domain at the same exchanger opens its own."""
@@ -39,20 +41,10 @@ class Connections:
         self._idle: dict[tuple[str, Target], tuple[Session, float]] = {}
 
     def take(self, destination: str, target: Target) -> Session | None:
-        """The idle session to `target` for `destination`, if one is kept and still answers; it is the
-        caller's now."""
+        """The idle session to `target` for `destination`, if one is kept; it is the caller's now."""
         self.close_expired()
         kept = self._idle.pop((destination, target), None)
-        if kept is None:
-            return None
-        session = kept[0]
-        try:
-            if session.client.rset()[0] == 250:
-                return session
-        except (OSError, smtplib.SMTPException):
-            pass
-        self.close_session(session)
-        return None
+        return None if kept is None else kept[0]
 
     def slot(self, destination: str, limit: Limit) -> Slot | None:
         """A slot for a new session to `destination`, None if none came free in time. This worker's own
@@ -97,6 +89,14 @@ class Connections:
             session.client.quit()
         except (OSError, smtplib.SMTPException):
             session.client.close()
+        self._closed(session)
+
+    def drop_session(self, session: Session) -> None:
+        """Close a session that stopped answering, without a QUIT that would wait for its reply."""
+        session.client.close()
+        self._closed(session)
+
+    def _closed(self, session: Session) -> None:
         RELAY_CONNECTIONS.labels(str(session.target)).dec()
         self.free(session.slot)
 
