@@ -162,7 +162,9 @@ class EmbeddedStore:
             self._closed = True
             self._connection.close()
             if self._syncs is not None:
-                self._syncs.close()  # every turn waited for its own commits' sync
+                # Every turn waited for its own commits' sync; this one has none to wait for.
+                syncs, self._syncs = self._syncs, None
+                syncs.close()
 
 
 class _Group:
