@@ -80,6 +80,9 @@ class EmbeddedStore:
             self._connection.execute("PRAGMA cache_size=-65536")
             if create:
                 _initialise(self._connection)
+                if self._syncs is not None:
+                    # Its schema statements change no rows, which is what the turns' syncs follow.
+                    self._syncs.wait(self._syncs.wrote())
             else:
                 _check_schema(self.path, self._connection, tables)
             make_private(self.path)
@@ -138,7 +141,10 @@ class EmbeddedStore:
         try:
             self._connection.execute("COMMIT")
             if self._syncs is not None:
-                group.commit = self._syncs.wrote()
+                # A group that changed no rows (a dequeue finding no delayed mail due) wrote nothing to
+                # sync, but may have read commits whose sync is under way.
+                changed = self._connection.total_changes != group.changes
+                group.commit = self._syncs.wrote() if changed else self._syncs.written
         except sqlite3.Error as error:
             _rollback(self._connection)
             group.error = error
@@ -170,9 +176,10 @@ class EmbeddedStore:
 class _Group:
     """The open transaction several turns share, and its outcome."""
 
-    __slots__ = ("members", "done", "error", "commit")
+    __slots__ = ("members", "done", "error", "commit", "changes")
 
-    def __init__(self) -> None:
+    def __init__(self, changes: int) -> None:
+        self.changes = changes  # the connection's total_changes when it began
         self.members = 0
         self.done: threading.Event | None = None  # made by the first member to wait
         self.error: sqlite3.Error | None = None
@@ -281,7 +288,7 @@ class _Transaction:
                     connection.execute("SAVEPOINT member")
                 else:
                     connection.execute("BEGIN IMMEDIATE")
-                    store._group = _Group()
+                    store._group = _Group(connection.total_changes)
         except sqlite3.Error as error:
             store._turn.__exit__(None, None, None)
             store.raise_failure(error)
