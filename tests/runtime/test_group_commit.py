@@ -4,7 +4,6 @@ returns at all when they are lost. Embedded-only, on the store itself."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
@@ -120,25 +119,3 @@ def test_a_reader_in_a_group_returns_after_the_commit(store, tmp_path):
     outcomes = _while_others_wait(store, {"reader": read})
     assert outcomes == {"held": None, "reader": None}
     assert seen == [1, 1]
-
-
-def test_a_turn_returns_only_once_its_commit_is_synced(store, tmp_path):
-    # At durability fsync the sync comes after the turn: the caller still hears back only after it.
-    syncs = store._syncs
-    _insert(store, "a")
-    assert syncs.written >= 1 and syncs.synced == syncs.written
-    assert store.read_one("PRAGMA synchronous")[0] == 1  # NORMAL: SQLite leaves the commit's sync to WalSyncs
-
-
-def test_a_failed_sync_fails_its_turn_and_every_later_one(store, tmp_path):
-    # The WAL's descriptor made a pipe's under the store: fdatasync fails for real (EINVAL), as a disk's
-    # error would.
-    reading, writing = os.pipe()
-    os.dup2(reading, store._syncs._descriptor)
-    os.close(reading)
-    os.close(writing)
-    with pytest.raises(StoreUnusable, match="sync of its commits failed"):
-        _insert(store, "a")
-    # Written pages may have been dropped by the failed sync: nothing later is acknowledged either.
-    with pytest.raises(StoreUnusable, match="sync of its commits failed"):
-        store.read("SELECT name FROM rows")

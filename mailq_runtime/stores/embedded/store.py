@@ -13,9 +13,7 @@ one. A thread that ends its turn while others wait for it leaves its writes in t
 waits; the last of the group commits once for all of them (each thread's transaction is a savepoint, so
 one failing rolls back only its own writes). No call returns before its writes are committed, and a
 failed commit is every member's failure: the acknowledgement a caller gets means what the durability
-says. Alone, a thread commits at the end of its turn, as it would without grouping. At durability `fsync`
-the sync comes after the turn (`syncs.py`): no turn returns before every commit written when it ended is
-durable, a reader's included, so nothing read is acted on before it would survive a power loss.
+says. Alone, a thread commits at the end of its turn, as it would without grouping.
 
 Opening writes nothing: with `create` the store is made when missing and its schema completed (every
 statement only adds what a store lacks, so an older store gains the tables of this version); without it
@@ -33,7 +31,6 @@ from typing import NoReturn
 
 from ...errors import StoreUnusable
 from .files import make_private, prepare, store_failure
-from .syncs import WalSyncs
 
 _BUSY_TIMEOUT_MS = 60_000
 # Tables every mailq store has had from the start: a database without them is something else's.
@@ -61,7 +58,6 @@ class EmbeddedStore:
         self._depth = 0
         self._group: _Group | None = None
         self._closed = False
-        self._syncs: WalSyncs | None = None
         self._connection = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
         )
@@ -70,19 +66,11 @@ class EmbeddedStore:
             tables = {name for (name,) in self._connection.execute("SELECT name FROM sqlite_master")}
             if not _MAILQ_TABLES <= tables:
                 raise StoreUnusable(f"mailq store {self.path} is an SQLite database, but not a mailq store")
-            if durability == "fsync":
-                # The same promise as FULL, with the sync made after the turn by WalSyncs.
-                self._connection.execute("PRAGMA synchronous=NORMAL")
-                self._syncs = WalSyncs(self.path)
-            else:
-                self._connection.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._connection.execute(f"PRAGMA synchronous={self.synchronous}")
             self._connection.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
             self._connection.execute("PRAGMA cache_size=-65536")
             if create:
                 _initialise(self._connection)
-                if self._syncs is not None:
-                    # Its schema statements change no rows, which is what the turns' syncs follow.
-                    self._syncs.wait(self._syncs.wrote())
             else:
                 _check_schema(self.path, self._connection, tables)
             make_private(self.path)
@@ -93,8 +81,6 @@ class EmbeddedStore:
             raise failure from error
         except BaseException:
             self._connection.close()
-            if self._syncs is not None:
-                self._syncs.close()
             raise
 
     def raise_failure(self, error: sqlite3.Error) -> NoReturn:
@@ -140,11 +126,6 @@ class EmbeddedStore:
         self._group = None
         try:
             self._connection.execute("COMMIT")
-            if self._syncs is not None:
-                # A group that changed no rows (a dequeue finding no delayed mail due) wrote nothing to
-                # sync, but may have read commits whose sync is under way.
-                changed = self._connection.total_changes != group.changes
-                group.commit = self._syncs.wrote() if changed else self._syncs.written
         except sqlite3.Error as error:
             _rollback(self._connection)
             group.error = error
@@ -167,23 +148,17 @@ class EmbeddedStore:
                 self._commit()
             self._closed = True
             self._connection.close()
-            if self._syncs is not None:
-                # Every turn waited for its own commits' sync; this one has none to wait for.
-                syncs, self._syncs = self._syncs, None
-                syncs.close()
 
 
 class _Group:
     """The open transaction several turns share, and its outcome."""
 
-    __slots__ = ("members", "done", "error", "commit", "changes")
+    __slots__ = ("members", "done", "error")
 
-    def __init__(self, changes: int) -> None:
-        self.changes = changes  # the connection's total_changes when it began
+    def __init__(self) -> None:
         self.members = 0
         self.done: threading.Event | None = None  # made by the first member to wait
         self.error: sqlite3.Error | None = None
-        self.commit = 0  # its number in WalSyncs, once committed
 
 
 class _Turn:
@@ -226,11 +201,8 @@ class _Turn:
         store = self.store
         group = store._group
         if group is None:
-            # A read, or writes undone: what it read must be durable before it answers.
-            seen = store._syncs.written if store._syncs is not None else 0
             self._owner = None
             self._lock.release()
-            _wait_durable(store, seen, kind)
             return
         if self.waiting and group.members < _GROUP_LIMIT:
             group.members += 1
@@ -249,19 +221,6 @@ class _Turn:
         # A failure of the body is the one to report; else a failed commit means these writes are lost.
         if group.error is not None and kind is None:
             store.raise_failure(group.error)
-        _wait_durable(store, group.commit, kind)
-
-
-def _wait_durable(store: EmbeddedStore, commit: int, kind: type | None) -> None:
-    """Wait, holding no turn, until `commit` is durable; a failed sync is this turn's failure unless its
-    body failed first."""
-    if store._syncs is None:
-        return
-    try:
-        store._syncs.wait(commit)
-    except StoreUnusable:
-        if kind is None:
-            raise
 
 
 class _Transaction:
@@ -288,7 +247,7 @@ class _Transaction:
                     connection.execute("SAVEPOINT member")
                 else:
                     connection.execute("BEGIN IMMEDIATE")
-                    store._group = _Group(connection.total_changes)
+                    store._group = _Group()
         except sqlite3.Error as error:
             store._turn.__exit__(None, None, None)
             store.raise_failure(error)
