@@ -11,8 +11,9 @@ mailq deployment is measured twice in a row on one store and one `mailq worker`:
 process, then --processes of them (default: one per core) sharing the port with SO_REUSEPORT. Each measure is
 `smtp-source -s SESSIONS -m MAILS -l SIZE` (Postfix's load generator) while one smtplib client sends mails
 one after the other and times each end-of-DATA reply; the time runs from the first connection to the
-last mail in a mailbox (mailq: the INBOX's counter; Postfix: the files of the Maildir's new/). Also the
-RSS of one `mailq smtp` holding 200 concurrent sessions. Needs Postfix installed with debconf's "No
+last mail in a mailbox (mailq: the INBOX's counter; Postfix: the files of the Maildir's new/), with the
+CPU per mail of mailq's `smtp` processes and of its worker. Also the RSS of one `mailq smtp` holding 200
+concurrent sessions. Needs Postfix installed with debconf's "No
 configuration" (no system daemon is set up: the run starts its own instance in a temporary directory
 and stops it). Prints one line per measure, then one JSON object as the last line.
 """
@@ -37,6 +38,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 
 from deployments import fresh_deployment  # noqa: E402
+from process_cpu import TICK_SECONDS, ticks  # noqa: E402
 
 from mailq_runtime import Runtime  # noqa: E402
 from mailq_servers.postfix import PrivatePostfix  # noqa: E402
@@ -130,6 +132,17 @@ def run_load(
     }
 
 
+def cpu_per_mail(load: Callable[[], dict], processes: dict[str, list[subprocess.Popen]]) -> dict:
+    """`load`'s figures and the CPU (ms per mail, utime + stime) each group of `processes` spent in it:
+    what bounds the rate on a machine of few cores."""
+    before = {name: sum(ticks(process.pid) for process in group) for name, group in processes.items()}
+    figures = load()
+    for name, group in processes.items():
+        spent = (sum(ticks(process.pid) for process in group) - before[name]) * TICK_SECONDS
+        figures[f"{name}_cpu_ms_per_mail"] = round(spent * 1000 / figures["mails"], 3)
+    return figures
+
+
 def held_sessions_rss(pid: int, port: int) -> int:
     """The RSS (KiB) of the process `pid` while HELD_SESSIONS sessions are open on `port`, each greeted."""
     sockets = []
@@ -188,12 +201,18 @@ def bench_mailq(url: str, args: argparse.Namespace) -> dict:
 
             while delivered() < 1:
                 time.sleep(0.05)
-            figures = {"1 process": run_load(port, args, delivered, delivered())}
+            processes = {"smtp": servers, "worker": [worker]}
+            figures = {
+                "1 process": cpu_per_mail(lambda: run_load(port, args, delivered, delivered()), processes)
+            }
             figures["rss_kib_200_sessions"] = held_sessions_rss(servers[0].pid, port)
             # The others join the port: the first keeps serving, so none of the load misses a listener.
             servers += start_servers(url, port, args.processes - 1)
             wait_for_listeners(port, args.processes)
-            figures[f"{args.processes} processes"] = run_load(port, args, delivered, delivered())
+            processes["smtp"] = servers
+            figures[f"{args.processes} processes"] = cpu_per_mail(
+                lambda: run_load(port, args, delivered, delivered()), processes
+            )
         return figures
     finally:
         for server in servers:

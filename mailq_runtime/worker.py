@@ -99,24 +99,28 @@ def deliver(
     message = check_message(mail.message)
     appended = already = 0
     unknown = []
-    for recipient in dict.fromkeys(MailAddress(r.lower()) for r in mail.recipients):
-        if recipient.domain not in domains:
-            unknown.append(recipient)
-            continue
-        message_id = delivery_message_id(enqueue_id, recipient)
-        # Anywhere, not only in the INBOX: the user may have moved the first copy before the redelivery.
-        placements = mailboxes.locate(message_id)
-        if placements:
-            # A backend that failed the first append after the source of truth left the copy out of
-            # the projection, which lists the mailbox: written again here (an idempotent copy of the
-            # source of truth) rather than left unlisted until the next counter recomputation.
-            for mailbox_id in placements:
-                mailboxes.heal_projection(mailbox_id, message_id)
-            already += 1
-            continue
-        inbox = mailboxes.get_or_create(recipient, INBOX)
-        mailboxes.append(inbox, message, message_id=message_id)
-        appended += 1
+    # The copies' writes (each one's source of truth, projection and counters) in one group on a store
+    # that groups writes: one commit, and on the embedded store one sync, per delivery instead of three
+    # per copy. Each append's order still holds if its group commits alone.
+    with mailboxes.writes.work.writes():
+        for recipient in dict.fromkeys(MailAddress(r.lower()) for r in mail.recipients):
+            if recipient.domain not in domains:
+                unknown.append(recipient)
+                continue
+            message_id = delivery_message_id(enqueue_id, recipient)
+            # Anywhere, not only in the INBOX: the user may have moved the first copy before the redelivery.
+            placements = mailboxes.locate(message_id)
+            if placements:
+                # A backend that failed the first append after the source of truth left the copy out of
+                # the projection, which lists the mailbox: written again here (an idempotent copy of the
+                # source of truth) rather than left unlisted until the next counter recomputation.
+                for mailbox_id in placements:
+                    mailboxes.heal_projection(mailbox_id, message_id)
+                already += 1
+                continue
+            inbox = mailboxes.get_or_create(recipient, INBOX)
+            mailboxes.append(inbox, message, message_id=message_id)
+            appended += 1
     return DeliveryReport(appended, already, tuple(unknown))
 
 

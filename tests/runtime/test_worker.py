@@ -139,10 +139,12 @@ def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(
 
 
 def test_a_mail_whose_append_failed_after_the_source_of_truth_is_listed_once_redelivered(
-    runtime: Runtime,
+    backend: Backend,
 ) -> None:
     # A backend away between the source of truth and the projection: the redelivery finds the copy in
-    # the source of truth, and must not leave it out of the INBOX's listing until a recomputation.
+    # the source of truth, and must not leave it out of the INBOX's listing until a recomputation. Each
+    # write commits alone, as on a store that cannot group them (Cassandra).
+    runtime = backend.open(group_writes=False)
     enqueue_id = enqueue(runtime, "alice@example.org")
     item = runtime.queue(QUEUE).dequeue(timeout=5)
     runtime.faults.arm(APPEND_AFTER_SOURCE_OF_TRUTH)
@@ -156,6 +158,29 @@ def test_a_mail_whose_append_failed_after_the_source_of_truth_is_listed_once_red
     listed = runtime.mailboxes.list_messages(inbox_of(runtime, "alice@example.org"))
     assert [entry.message_id for entry in listed] == [delivery_message_id(enqueue_id, "alice@example.org")]
     assert runtime.queue(QUEUE).size() == 0
+
+
+def test_a_delivery_that_fails_midway_leaves_all_of_it_or_none_on_a_grouping_store(
+    runtime: Runtime, backend: Backend
+) -> None:
+    # A store that groups writes (the embedded one) commits none of a delivery that fails after the source
+    # of truth, and the redelivery appends the copy anew; any other keeps the source of truth, which the
+    # redelivery finds. Either way the copy is listed once.
+    enqueue_id = enqueue(runtime, "alice@example.org")
+    item = runtime.queue(QUEUE).dequeue(timeout=5)
+    runtime.faults.arm(APPEND_AFTER_SOURCE_OF_TRUTH)
+    with pytest.raises(InjectedFault):
+        deliver(runtime.mailboxes, item.enqueue_id, item.mail, [DOMAIN])
+    item.release()
+    message_id = delivery_message_id(enqueue_id, "alice@example.org")
+    assert (not runtime.mailboxes.locate(message_id)) == backend.groups_writes
+
+    (stats,) = run_threads(runtime, 1, idle_timeout=0.5)
+
+    appended = 1 if backend.groups_writes else 0
+    assert stats == WorkerStats(delivered=1, retried=0, dead_lettered=0, appended=appended)
+    listed = runtime.mailboxes.list_messages(inbox_of(runtime, "alice@example.org"))
+    assert [entry.message_id for entry in listed] == [message_id]
 
 
 def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
