@@ -26,6 +26,7 @@ class _Counts:
         self.most = 0
         self.arrivals: list[float] = []  # time.time() of each mail taken
         self.recipients: list[str] = []
+        self.mail_options: list[list[str]] = []  # MAIL FROM's parameters, a list a mail
 
 
 class _CountingSMTP(SMTP):
@@ -56,16 +57,18 @@ class _Handler:
         with self.counts.lock:
             self.counts.arrivals.append(time.time())
             self.counts.recipients.extend(envelope.rcpt_tos)
+            self.counts.mail_options.append(list(envelope.mail_options))
         return "250 2.0.0 Ok: queued"
 
 
 class _Controller(Controller):
-    def __init__(self, counts: _Counts, handler: _Handler, host: str, port: int) -> None:
+    def __init__(self, counts: _Counts, handler: _Handler, host: str, port: int, smtputf8: bool) -> None:
         super().__init__(handler, hostname=host, port=port, ready_timeout=20)
         self.counts = counts
+        self.smtputf8 = smtputf8
 
     def factory(self) -> SMTP:
-        return _CountingSMTP(self.counts, self.handler, hostname="sink.test")
+        return _CountingSMTP(self.counts, self.handler, hostname="sink.test", enable_SMTPUTF8=self.smtputf8)
 
 
 class CountingSink:
@@ -89,6 +92,11 @@ class CountingSink:
         with self._counts.lock:
             return list(self._counts.recipients)
 
+    @property
+    def mail_options(self) -> list[list[str]]:
+        with self._counts.lock:
+            return list(self._counts.mail_options)
+
     def most_in_a_second(self) -> int:
         """The most mails that arrived within one second of the clock (as a rate's windows are cut)."""
         seconds: dict[int, int] = {}
@@ -98,10 +106,13 @@ class CountingSink:
 
 
 @contextmanager
-def counting_sink(port: int, *, host: str = HOST, data_wait: float = 0.0) -> Iterator[CountingSink]:
-    """The sink on `host`:`port` until the block ends; what it counted stays readable after."""
+def counting_sink(
+    port: int, *, host: str = HOST, data_wait: float = 0.0, smtputf8: bool = False
+) -> Iterator[CountingSink]:
+    """The sink on `host`:`port` until the block ends (announcing SMTPUTF8 if `smtputf8`); what it counted
+    stays readable after."""
     counts = _Counts()
-    controller = _Controller(counts, _Handler(counts, data_wait), host, port)
+    controller = _Controller(counts, _Handler(counts, data_wait), host, port, smtputf8)
     controller.start()
     # start() proves the server up with a session of its own: not one to count.
     deadline = time.monotonic() + 10

@@ -10,6 +10,7 @@ from mailq_runtime.relay.client import send
 from mailq_runtime.relay.connections import Connections
 from mailq_runtime.relay.limits import Destination, Limit
 from mailq_runtime.relay.routes import Target
+from mailq_servers.counting_sink import counting_sink
 from mailq_servers.smtp_sink import SmtpSink
 
 from .conftest import HOSTNAME, SENDER
@@ -52,3 +53,31 @@ def test_a_kept_session_the_server_closed_passes_the_mail_to_a_new_one(mx_port):
         dumped = sink.dumped()
     assert replies["carol@one.test"].code == 250
     assert [d.recipients for d in dumped] == [("<carol@one.test>",)]
+
+
+UTF8_MESSAGE = "Subject: café\r\n\r\nDéjà vu.\r\n".encode()
+
+
+def test_utf8_addresses_go_with_smtputf8_and_8bit_content_with_body_8bitmime(mx_port):
+    target, connections = Target("mx.one.test", "127.0.0.1", mx_port), Connections()
+    with counting_sink(mx_port, smtputf8=True) as sink:
+        replies = send([target], DESTINATION, SENDER, ["josé@one.test"], UTF8_MESSAGE, HOSTNAME, connections)
+        connections.close()
+    assert replies["josé@one.test"].code == 250
+    assert sink.recipients == ["josé@one.test"]
+    assert {"SMTPUTF8", "BODY=8BITMIME"} <= set(sink.mail_options[0])
+
+
+def test_utf8_addresses_bounce_at_a_server_without_smtputf8_and_it_receives_nothing(mx_port):
+    target, connections = Target("mx.one.test", "127.0.0.1", mx_port), Connections()
+    with SmtpSink(mx_port) as sink:  # smtp-sink announces 8BITMIME, not SMTPUTF8
+        replies = send([target], DESTINATION, SENDER, ["josé@one.test"], UTF8_MESSAGE, HOSTNAME, connections)
+        # The session stays usable: the next mail, in ASCII, goes through it.
+        ascii_replies = send([target], DESTINATION, SENDER, ["bob@one.test"], MESSAGE, HOSTNAME, connections)
+        connections.close()
+        dumped = sink.dumped()
+    refused = replies["josé@one.test"]
+    assert (refused.code, refused.status, refused.permanent) == (553, "5.6.7", True)
+    assert "SMTPUTF8 is required" in refused.text
+    assert ascii_replies["bob@one.test"].code == 250
+    assert [d.recipients for d in dumped] == [("<bob@one.test>",)]
