@@ -10,7 +10,7 @@ import pytest
 pytest_plugins = ["tests.servers.fixtures"]
 
 # Every embedded commit syncs (the default durability), which a virtual disk makes the suite's largest cost;
-# in memory a sync is nearly free and the suite runs about twice as fast. A run given --basetemp keeps its own.
+# in memory a sync is nearly free and the suite runs about twice as fast. A run given --basetemp keeps it.
 MEMORY = Path("/dev/shm")
 
 
