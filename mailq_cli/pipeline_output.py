@@ -66,12 +66,19 @@ def _plan(f: dict) -> list[str]:
         f"plan         {f['plan_id']}: would delete {f['blobs_to_delete']} of {f['concerned_blobs']} "
         f"blob(s), {to_reclaim}; kept {f['kept_still_referenced']} still referenced, "
         f"{f['kept_by_filter_false_positive']} by a false positive of the filter; {f['mode']}",
-        f"plan         salt {f['salt']}, false positive probability {f['false_positive_probability']}",
+        *_filter(f),
         *_text_table([{**row, "size": human_bytes(row["bytes"])} for row in f["per_generation"]]),
     ]
     if f["blobs_to_delete"]:
         lines.append(f"plan         review it, then: {f['apply_with']}")
     return lines
+
+
+def _filter(f: dict) -> list[str]:
+    """The Bloom filter a plan was marked with, if the mark built one (a few blobs are looked up instead)."""
+    if f["false_positive_probability"] is None:
+        return ["plan         no Bloom filter was built"]
+    return [f"plan         salt {f['salt']}, false positive probability {f['false_positive_probability']}"]
 
 
 def _applied(f: dict) -> list[str]:

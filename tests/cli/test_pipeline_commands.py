@@ -188,6 +188,7 @@ def test_gc_plan_reviewed_applied_and_its_blobs_explained(url, mailq, mailq_json
     text = describe_run(report)
     assert any(line.startswith(f"plan         {plan_id}: would delete 5 of ") for line in text)
     assert f"plan         review it, then: mailq gc --apply {plan_id}" in text
+    assert "plan         no Bloom filter was built" in text  # exact: the mark built none
     assert tables(url) == before
     planned = plan["blobs"][0]["blob_id"]
     status, out, _ = mailq("blobs", "explain", planned)
