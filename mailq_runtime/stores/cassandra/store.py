@@ -213,14 +213,17 @@ class CassandraStore:
         """Run one statement once per parameter set in one unlogged batch, one request: rows of one
         partition are applied as a single mutation, whole; a few rows of several partitions each on its
         own, no more atomic than separate writes. At least one parameter set."""
-        statement = self.statement(cql)
+        self.batch_of([(cql, parameters) for parameters in parameter_sets])
+
+    def batch_of(self, statements: Sequence[tuple[str, Sequence]]) -> None:
+        """Run the statements (CQL and parameters) in one unlogged batch, one request: see `batch`."""
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        for parameters in parameter_sets:
-            batch.add(statement, parameters)
+        for cql, parameters in statements:
+            batch.add(self.statement(cql), parameters)
         try:
             self.session.execute(batch)
         except _FAILURES as error:
-            raise self.failure(error, _doing(cql)) from error
+            raise self.failure(error, _doing(statements[0][0])) from error
 
     def applied(self, cql: str, parameters: Sequence = ()):
         """Run a lightweight transaction; its row (`.applied`, and the current values when not applied)."""
