@@ -12,10 +12,8 @@ from __future__ import annotations
 
 ENQUEUE = (
     "blob_tables.current",
-    "blob_tables.sizes",
     "content.put",
-    "blob_tables.add_blobs",
-    "blob_tables.add_references",
+    "blob_tables.add_referenced_blobs",
     "view.insert",
     "broker.publish",
 )
