@@ -13,7 +13,8 @@ from __future__ import annotations
 ENQUEUE = (
     "blob_tables.current",
     "content.put",
-    "blob_tables.add_referenced_blobs",
+    "blob_tables.add_blobs",
+    "blob_tables.add_references",
     "view.insert",
     "broker.publish",
 )

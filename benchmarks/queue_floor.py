@@ -7,8 +7,8 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
 
   enqueue         blob_tables.current            SELECT the current reference generation
                   content.put x2                 PutObject with a CRC32 checksum, one after the other
-                  blob_tables.add_referenced_blobs  INSERT INTO blobs x2 and INTO blob_references x2,
-                                                 one unlogged batch
+                  blob_tables.add_blobs          INSERT INTO blobs x2, one unlogged batch
+                  blob_tables.add_references     one unlogged batch of two INSERTs (one partition)
                   view.insert                    UPDATE the slice counter, then INSERT INTO enqueued_mails
                   (destinations.count)           UPDATE the destination domain's counter (untimed, as
                                                  mailq's)
@@ -357,14 +357,24 @@ class Floor:
         )
         self.put_contents(mail)
 
-        def add_referenced_blobs() -> None:
+        self._timed(
+            "blob_tables.add_blobs",
+            lambda: self._batch(
+                statements["add_blob"],
+                [
+                    (blob_id, 1, len(data), now)
+                    for blob_id, data in zip(mail.blob_ids, mail.contents, strict=True)
+                ],
+            ),
+        )
+
+        def add_references() -> None:
             batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-            for blob_id, data in zip(mail.blob_ids, mail.contents, strict=True):
-                batch.add(statements["add_blob"], (blob_id, 1, len(data), now))
+            for blob_id in mail.blob_ids:
                 batch.add(statements["add_reference"], (mail.enqueue_id, blob_id, 1))
             session.execute(batch)
 
-        self._timed("blob_tables.add_referenced_blobs", add_referenced_blobs)
+        self._timed("blob_tables.add_references", add_references)
 
         def insert() -> None:
             session.execute(statements["count_enqueued"], mail.row[:3])

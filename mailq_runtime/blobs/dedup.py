@@ -167,15 +167,6 @@ def validate_owner(owner: str) -> str:
     return owner
 
 
-def _checked(owner: str, contents: Sequence[bytes]) -> bool:
-    """Refuse a bad owner or content; whether there is any content to save."""
-    validate_owner(owner)
-    for data in contents:
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise InvalidInput(f"blob content must be bytes, not {type(data).__name__}")
-    return bool(contents)
-
-
 class DeduplicatingBlobStore:
     def __init__(
         self,
@@ -207,11 +198,29 @@ class DeduplicatingBlobStore:
         and the orphan sweep collects them once their generation is eligible. Two processes saving the
         same new content at once both write it, harmlessly, and each records its reference.
         """
-        if not _checked(owner, contents):
+        return self._save(owner, contents, skip_known=True)
+
+    def save_new(self, owner: str, contents: Sequence[bytes]) -> list[BlobId]:
+        """`save_all` for contents that are all but certainly stored nowhere yet (a mail just accepted,
+        whose header holds its own trace fields and Message-ID), without the read of which blobs have a
+        row: each content is put and its row written. One stored already gets the same bytes under the
+        same key and a row of the same size (its `created_at`, which nothing reads, moves), so it is
+        still stored once; what a crash leaves is `save_all`'s."""
+        return self._save(owner, contents, skip_known=False)
+
+    def _save(self, owner: str, contents: Sequence[bytes], skip_known: bool) -> list[BlobId]:
+        validate_owner(owner)
+        for data in contents:
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise InvalidInput(f"blob content must be bytes, not {type(data).__name__}")
+        if not contents:
             return []
+        digests = [hashlib.sha256(data).hexdigest() for data in contents]
         with self.work.writes():
-            distinct, blob_ids = self._identified(contents)
-            known = self.tables.sizes(distinct)
+            generation = self.generations.for_saving()
+            blob_ids = [BlobId.of_checked(generation, digest) for digest in digests]
+            distinct = dict(zip(blob_ids, contents, strict=True))  # the same content twice is one blob
+            known = self.tables.sizes(distinct) if skip_known else {}
             new = [(blob_id, data) for blob_id, data in distinct.items() if blob_id not in known]
             for blob_id, data in new:
                 self.content.put(blob_id, bytes(data))
@@ -221,35 +230,6 @@ class DeduplicatingBlobStore:
             self.faults.reached(SAVE_AFTER_BLOB_ROWS)
             self.tables.add_references(owner, list(distinct))
         return blob_ids
-
-    def save_new(self, owner: str, contents: Sequence[bytes]) -> list[BlobId]:
-        """`save_all` for contents all but certainly stored nowhere yet (a mail just accepted, whose
-        header holds its own trace fields and Message-ID), in two steps instead of four: without the read
-        of which blobs have a row, 1. each content is put; 2. its row and the owner's references are
-        written in one write, in no order between them. A content stored already gets the same bytes
-        under the same key and a row of the same size (its `created_at`, which nothing reads, moves), so
-        it is still stored once. A crash after 1 leaves what `save_all`'s does; during 2, blobs nobody
-        references, as `save_all` may, or references without their blob rows, whose owner exists nowhere
-        (the save failed): the orphan sweep releases them, and the GC collects their content.
-        """
-        if not _checked(owner, contents):
-            return []
-        with self.work.writes():
-            distinct, blob_ids = self._identified(contents)
-            for blob_id, data in distinct.items():
-                self.content.put(blob_id, bytes(data))
-            self.faults.reached(SAVE_AFTER_CONTENT)
-            sized = [(blob_id, len(data)) for blob_id, data in distinct.items()]
-            self.tables.add_referenced_blobs(owner, sized, self.clock())
-        return blob_ids
-
-    def _identified(self, contents: Sequence[bytes]) -> tuple[dict[BlobId, bytes], list[BlobId]]:
-        """The contents by blob id in the current generation (the same content twice is one blob), and
-        each content's blob id in order."""
-        digests = [hashlib.sha256(data).hexdigest() for data in contents]
-        generation = self.generations.for_saving()
-        blob_ids = [BlobId.of_checked(generation, digest) for digest in digests]
-        return dict(zip(blob_ids, contents, strict=True)), blob_ids
 
     def read(self, blob_id: BlobId | str) -> bytes:
         return self.content.get(BlobId.parse(blob_id))

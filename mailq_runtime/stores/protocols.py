@@ -212,11 +212,6 @@ class BlobTables(Protocol):
         """The owner's references to the blobs; those present already are kept."""
         ...
 
-    def add_referenced_blobs(self, owner: str, blobs: Sequence[SizedBlob], now: int) -> None:
-        """`add_blobs` and the owner's references to those blobs, in one write where the store can, with
-        no order between the two: a failure may leave references without their blob rows."""
-        ...
-
     def references_of(self, owner: str) -> list[BlobId]: ...
     def referenced(self, blob_ids: Sequence[BlobId]) -> set[BlobId]:
         """Those of the blobs that at least one reference names (looked up by blob id)."""

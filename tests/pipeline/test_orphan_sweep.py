@@ -72,12 +72,6 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(
     _die(runtime, faults.EXPUNGE_AFTER_COUNTERS, lambda: boxes.expunge(inbox, [expunged.uid]))
     _die(runtime, faults.SAVE_AFTER_CONTENT, lambda: runtime.blobs.save("saver", b"content without row"))
     _die(runtime, faults.SAVE_AFTER_BLOB_ROWS, lambda: runtime.blobs.save("saver", b"row without reference"))
-    # An enqueue's save_new whose one write of blob rows and references landed in part: references
-    # without their blob row, of an owner that never reached the queue.
-    unrowed = EnqueueId.generate(runtime.clock())
-    unrowed_blob = BlobId(runtime.generations.current(), hashlib.sha256(b"reference without row").hexdigest())
-    runtime.blobs.content.put(unrowed_blob, b"reference without row")
-    runtime.blobs.tables.add_references(unrowed, [unrowed_blob])
     # Leftovers the sweep must not touch yet: an owner younger than the grace period...
     young = MessageId.generate(system_clock())  # created now, by the sweep's clock
     runtime.blobs.save_all(young, [b"Subject: young\r\n\r\n", b"young\r\n"])
@@ -86,18 +80,18 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(
     # ... and one of a generation still protected (it may be in the middle of a write).
     protected = EnqueueId.generate(runtime.clock())
     runtime.blobs.save_all(protected, [b"Subject: protected\r\n\r\n", b"protected\r\n"])
-    orphans = {orphan_enqueue, after_content, after_row, expunged.message_id, unrowed}
+    orphans = {orphan_enqueue, after_content, after_row, expunged.message_id}
     orphan_blob_ids = {b for owner in orphans for b in runtime.blobs.references_of(owner)}
-    assert len(orphan_blob_ids) == 9
+    assert len(orphan_blob_ids) == 8
 
     resources = deployment_resources
     result = dg.materialize([blobs.reference_generations, orphan_sweep.orphan_blobs], resources=resources)
     assert result.success
     figures = materialized(result, "orphan_blobs")
     assert {key: figures[key] for key in ("orphan_owners", "orphan_references", "references_released")} == {
-        "orphan_owners": 5,
-        "orphan_references": 9,
-        "references_released": 9,
+        "orphan_owners": 4,
+        "orphan_references": 8,
+        "references_released": 8,
     }
     assert {
         key: figures[key] for key in ("orphans_found", "orphan_content", "deleted_blobs", "delete_errors")
@@ -118,10 +112,9 @@ def test_one_sweep_heals_every_leftover_and_keeps_what_lives(
 
     # The next GC iteration collects what the sweep released.
     collected = run_gc(resources)
-    assert (collected["concerned_blobs"], collected["deleted_blobs"]) == (9, 9)
+    assert (collected["concerned_blobs"], collected["deleted_blobs"]) == (8, 8)
     rows = set(backend.blob_state().blobs)
     assert not rows & {str(b) for b in orphan_blob_ids}
-    assert str(unrowed_blob) not in backend.blob_state().contents
     # What lives, and what the sweep had to leave, is whole.
     assert boxes.read(inbox, kept.uid) == message(1)
     item = runtime.queue("outbound").dequeue(timeout=0)

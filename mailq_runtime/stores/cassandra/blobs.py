@@ -16,12 +16,6 @@ on a collection), so that none needs another's transaction, which Cassandra does
   (a blob id is its content's hash) and the later `created_at`, which nothing reads. That is why it
   needs no IF NOT EXISTS.
 - add_references writes the owner's references in one batch, a single mutation of one partition.
-- add_referenced_blobs writes a save's blob rows and its owner's references as one unlogged batch (one
-  request for a mail's two blobs and its references): each partition applied on its own, in no order, so
-  a failure may leave references without their blob rows. Harmless: the save failed, so their owner
-  exists nowhere and the orphan sweep releases them, and the GC collects a released blob's content
-  whether it has a row or not (`collect`); a save of the same content meanwhile finds no row and writes
-  it again.
 - add_deletions appends a row a blob id, naming the owner that released it, the rows sent as one
   unlogged batch (one request; a crash may leave some, which the release run again appends). A repeated
   release (after a crash between its deletions and its references' removal) appends them again at its
@@ -56,10 +50,6 @@ def shard_of(blob_id: BlobId | str) -> int:
 def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-_ADD_BLOB = "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)"
-_ADD_REFERENCE = "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)"
 
 
 def _write_all(store: CassandraStore, cql: str, parameter_sets: list[tuple]) -> None:
@@ -107,7 +97,9 @@ class CassandraBlobTables:
     def add_blobs(self, blobs: Sequence[SizedBlob], now: int) -> None:
         """Rows in `blobs` (see the module's docstring for a row present already)."""
         _write_all(
-            self.store, _ADD_BLOB, [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs]
+            self.store,
+            "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
+            [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs],
         )
 
     def forget(self, blob_ids: Iterable[BlobId]) -> None:
@@ -127,13 +119,9 @@ class CassandraBlobTables:
         if not blob_ids:
             return  # Cassandra refuses an empty batch
         # One partition: the batch is a single mutation, applied whole.
-        self.store.batch(_ADD_REFERENCE, [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids])
-
-    def add_referenced_blobs(self, owner: str, blobs: Sequence[SizedBlob], now: int) -> None:
-        """The blob rows and the owner's references, one unlogged batch (see the module's docstring)."""
-        self.store.batch_of(
-            [(_ADD_BLOB, (str(blob_id), blob_id.generation, size, now)) for blob_id, size in blobs]
-            + [(_ADD_REFERENCE, (owner, str(blob_id), blob_id.generation)) for blob_id, _ in blobs]
+        self.store.batch(
+            "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
+            [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids],
         )
 
     def references_of(self, owner: str) -> list[BlobId]:

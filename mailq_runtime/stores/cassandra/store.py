@@ -217,17 +217,14 @@ class CassandraStore:
         """Run one statement once per parameter set in one unlogged batch, one request: rows of one
         partition are applied as a single mutation, whole; a few rows of several partitions each on its
         own, no more atomic than separate writes. At least one parameter set."""
-        self.batch_of([(cql, parameters) for parameters in parameter_sets])
-
-    def batch_of(self, statements: Sequence[tuple[str, Sequence]]) -> None:
-        """Run the statements (CQL and parameters) in one unlogged batch, one request: see `batch`."""
+        statement = self.statement(cql)
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        for cql, parameters in statements:
-            batch.add(self.statement(cql), parameters)
+        for parameters in parameter_sets:
+            batch.add(statement, parameters)
         try:
             self.session.execute(batch)
         except _FAILURES as error:
-            raise self.failure(error, _doing(statements[0][0])) from error
+            raise self.failure(error, _doing(cql)) from error
 
     def count_all(self, statements: Sequence[tuple[str, Sequence]]) -> None:
         """Run counter updates (CQL and parameters) in one counter batch, one request, each partition's

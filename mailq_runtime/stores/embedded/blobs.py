@@ -10,9 +10,6 @@ from ...model import BlobId
 from ..records import BlobDeletion, BlobReference, DeletionRow, DeletionSpan, GenerationStart, SizedBlob
 from .store import EmbeddedStore
 
-_ADD_BLOB = "INSERT OR IGNORE INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)"
-_ADD_REFERENCE = "INSERT OR IGNORE INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)"
-
 
 class EmbeddedBlobTables:
     def __init__(self, store: EmbeddedStore) -> None:
@@ -43,22 +40,15 @@ class EmbeddedBlobTables:
     def add_blobs(self, blobs: Sequence[SizedBlob], now: int) -> None:
         with self.store.transaction() as db:
             db.executemany(
-                _ADD_BLOB, [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs]
+                "INSERT OR IGNORE INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
+                [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs],
             )
 
     def add_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
         with self.store.transaction() as db:
             db.executemany(
-                _ADD_REFERENCE, [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids]
-            )
-
-    def add_referenced_blobs(self, owner: str, blobs: Sequence[SizedBlob], now: int) -> None:
-        with self.store.transaction() as db:
-            db.executemany(
-                _ADD_BLOB, [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs]
-            )
-            db.executemany(
-                _ADD_REFERENCE, [(owner, str(blob_id), blob_id.generation) for blob_id, _ in blobs]
+                "INSERT OR IGNORE INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
+                [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids],
             )
 
     def references_of(self, owner: str) -> list[BlobId]:
