@@ -12,7 +12,6 @@ from __future__ import annotations
 
 ENQUEUE = (
     "blob_tables.current",
-    "blob_tables.sizes",
     "content.put",
     "blob_tables.add_blobs",
     "blob_tables.add_references",

@@ -6,11 +6,12 @@ Not a benchmark itself; queue_throughput.py runs it beside mailq in the same run
 that their ratio says what mailq's own work costs. The calls, in mailq's order and with its concurrency:
 
   enqueue         blob_tables.current            SELECT the current reference generation
-                  blob_tables.sizes              SELECT the two blob ids' rows (one IN query)
                   content.put x2                 PutObject with a CRC32 checksum, one after the other
                   blob_tables.add_blobs          INSERT INTO blobs x2, one unlogged batch
                   blob_tables.add_references     one unlogged batch of two INSERTs (one partition)
                   view.insert                    UPDATE the slice counter, then INSERT INTO enqueued_mails
+                  (destinations.count)           UPDATE the destination domain's counter (untimed, as
+                                                 mailq's)
                   broker.publish                 a SQLite transaction: INSERT INTO broker_messages;
                                                  RabbitMQ: a publish, waiting for its confirmation
   dequeue + done  broker.receive                 a SQLite transaction: claim the next message;
@@ -18,7 +19,8 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
                   view.is_live                   SELECT the deletion mark and browse_start, concurrently
                                                  (mailq: the mark alone for a mail of the current slice)
                   content.get x2                 GetObject, checksum checked, one after the other
-                  view.mark_done                 INSERT INTO deleted_mails, then UPDATE the counter
+                  view.mark_done                 INSERT INTO deleted_mails, then UPDATE the slice's and
+                                                 the destination domain's counters, one counter batch
                   blob_tables.current            SELECT the current GC iteration (mailq: once a second)
                   blob_tables.add_deletions      INSERT INTO blob_deletions x2 (the blob ids the row
                                                  names), one unlogged batch
@@ -73,13 +75,13 @@ from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 from deployments import new_servers
 
+from mailq_runtime.queue.destinations import SLOT
 from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import SYNCHRONOUS
 from mailq_runtime.stores.records import EnqueuedMail
 
 _STATEMENTS = {
     "generation": "SELECT number FROM generations WHERE kind = ? LIMIT 1",
-    "sizes": "SELECT blob_id, size FROM blobs WHERE blob_id IN ?",
     "add_blob": "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
     "add_reference": "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
     "count_enqueued": "UPDATE slice_counters SET enqueued = enqueued + 1 "
@@ -92,6 +94,8 @@ _STATEMENTS = {
     "mark": "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)",
     "count_deleted": "UPDATE slice_counters SET deleted = deleted + 1 "
     "WHERE queue = ? AND slice_start = ? AND bucket = ?",
+    "count_destination": "UPDATE destination_counters SET mails = mails + ? "
+    "WHERE queue = ? AND domain = ? AND state = ? AND slot = ?",
     "add_deletion": "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration) "
     "VALUES (?, ?, ?, ?, ?)",
     "remove_references": "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
@@ -108,6 +112,13 @@ _CLAIM = (
 )
 _ACK = "DELETE FROM broker_messages WHERE id = ? AND lease = ?"
 _VISIBILITY_TIMEOUT = 300 * 1_000_000
+
+
+def _slot(enqueued_time: int) -> int:
+    """The destination counters' enqueue-time slot (queue/destinations.py)."""
+    return enqueued_time - enqueued_time % SLOT
+
+
 _TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
 _HISTORY = {
     "queue": "INSERT INTO queues (queue, created_at, first_slice_start) VALUES (?, ?, ?)",
@@ -344,10 +355,8 @@ class Floor:
             "blob_tables.current",
             lambda: session.execute(statements["generation"], ("reference_generation",)).one(),
         )
-        self._timed(
-            "blob_tables.sizes", lambda: list(session.execute(statements["sizes"], (list(mail.blob_ids),)))
-        )
         self.put_contents(mail)
+
         self._timed(
             "blob_tables.add_blobs",
             lambda: self._batch(
@@ -372,6 +381,9 @@ class Floor:
             session.execute(statements["insert"], mail.row)
 
         self._timed("view.insert", insert)
+        session.execute(
+            statements["count_destination"], (1, mail.row[0], "example.org", "queued", _slot(now))
+        )
         self._timed(
             "broker.publish", lambda: self.broker.publish(mail.row[0], mail.enqueue_id, mail.payload, 5)
         )
@@ -393,7 +405,12 @@ class Floor:
 
         def mark_done() -> None:
             session.execute(statements["mark"], (queue, mail.enqueue_id))
-            session.execute(statements["count_deleted"], mail.row[:3])
+            counts = BatchStatement(batch_type=BatchType.COUNTER)
+            counts.add(statements["count_deleted"], mail.row[:3])
+            counts.add(
+                statements["count_destination"], (-1, queue, "example.org", "queued", _slot(mail.row[4]))
+            )
+            session.execute(counts)
 
         self._timed("view.mark_done", mark_done)
         held = list(mail.blob_ids)  # the row names them

@@ -198,6 +198,17 @@ class DeduplicatingBlobStore:
         and the orphan sweep collects them once their generation is eligible. Two processes saving the
         same new content at once both write it, harmlessly, and each records its reference.
         """
+        return self._save(owner, contents, skip_known=True)
+
+    def save_new(self, owner: str, contents: Sequence[bytes]) -> list[BlobId]:
+        """`save_all` for contents that are all but certainly stored nowhere yet (a mail just accepted,
+        whose header holds its own trace fields and Message-ID), without the read of which blobs have a
+        row: each content is put and its row written. One stored already gets the same bytes under the
+        same key and a row of the same size (its `created_at`, which nothing reads, moves), so it is
+        still stored once; what a crash leaves is `save_all`'s."""
+        return self._save(owner, contents, skip_known=False)
+
+    def _save(self, owner: str, contents: Sequence[bytes], skip_known: bool) -> list[BlobId]:
         validate_owner(owner)
         for data in contents:
             if not isinstance(data, bytes | bytearray | memoryview):
@@ -209,7 +220,7 @@ class DeduplicatingBlobStore:
             generation = self.generations.for_saving()
             blob_ids = [BlobId.of_checked(generation, digest) for digest in digests]
             distinct = dict(zip(blob_ids, contents, strict=True))  # the same content twice is one blob
-            known = self.tables.sizes(distinct)
+            known = self.tables.sizes(distinct) if skip_known else {}
             new = [(blob_id, data) for blob_id, data in distinct.items() if blob_id not in known]
             for blob_id, data in new:
                 self.content.put(blob_id, bytes(data))

@@ -11,7 +11,8 @@ mails.
 
 The counts are eventually consistent as the per-slice counters were before their recount: each change is
 a write after the mail's own (the view row, the deletion mark, the delayed row), so a crash between the
-two, a mail settled twice (a lease lost), or a removal of a mail whose in-flight copy carries fewer
+two, a mail settled twice (a lease lost), a done()'s counter batch retried after a Cassandra node's
+failure (stores/cassandra/queue_view.py), or a removal of a mail whose in-flight copy carries fewer
 recipients than its view row, leaves a domain's count off until its mails are gone. A held mail counts in
 the state it was held in.
 """

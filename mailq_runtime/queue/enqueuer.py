@@ -125,7 +125,7 @@ class Enqueuer(QueuePart):
                 if not self._exists:
                     # Created by its first accepted mail, so refused input never leaves an empty queue.
                     self.view.create_queue(self.name, self.browse_start_limit(), now)
-                blob_ids = self.blobs.save_all(enqueue_id, [header, body])
+                blob_ids = self.blobs.save_new(enqueue_id, [header, body])
                 self.faults.reached(ENQUEUE_AFTER_REFERENCES)
                 row = EnqueuedMail.of(
                     mail,

@@ -7,10 +7,18 @@ costs no broker operation and works the same on every broker. A release hands a 
 through the delayed mails, due now, then drops the held row. A mail held while a consumer is delivering
 it is delivered (the delivery had started); its held row then names a mail no longer live, which the
 next release or listing drops.
+
+A consumer does not read a held row per delivery while the queue holds nothing: it looks whether the
+queue has any held row at most every HOLDS_SEEN_WITHIN seconds, and a hold returns only once that long
+has passed since its row was written. So every look made after the hold was written sees it, and every
+delivery that starts after the hold returned is parked: a delivery that started before is delivered, as
+one under way at the hold always was.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,6 +41,9 @@ from .delays import DueSchedule
 from .mail_view import live_rows
 
 Matcher = Callable[[EnqueuedMail], bool]
+
+# Seconds a consumer trusts its last look at whether the queue holds any mail (see the module's docstring).
+HOLDS_SEEN_WITHIN = 0.5
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,8 @@ class Holds(QueuePart):
     def __init__(self, context: QueueContext, schedule: DueSchedule) -> None:
         super().__init__(context)
         self.schedule = schedule
+        # (any held row found, time.monotonic() until which that look is trusted)
+        self._any_held: tuple[bool, float] = (True, -math.inf)
 
     def hold(self, enqueue_id: str | None = None, **criteria: str | None) -> int:
         """Hold one mail (refused if it is unknown or held already), or every live mail matching one
@@ -79,11 +92,21 @@ class Holds(QueuePart):
             row = self.live_row(enqueue_id)
             if not self.held.hold(self.name, row.enqueue_id, self.clock()):
                 raise InvalidInput(f"mail {enqueue_id} of queue {self.name!r} is held already")
+            self._until_seen()
             return 1
         matches = matcher(**criteria)
         now = self.clock()
         rows = [row for row in live_rows(self.context) if matches(row)]
-        return sum(self.held.hold(self.name, row.enqueue_id, now) for row in rows)
+        held = sum(self.held.hold(self.name, row.enqueue_id, now) for row in rows)
+        if held:
+            self._until_seen()
+        return held
+
+    def _until_seen(self) -> None:
+        """Wait until every consumer's look at whether the queue holds anything postdates the holds just
+        written (this process's consumers see them at once)."""
+        self._any_held = (True, time.monotonic() + HOLDS_SEEN_WITHIN)
+        time.sleep(HOLDS_SEEN_WITHIN)
 
     def release(self, enqueue_id: str | None = None, **criteria: str | None) -> int:
         """Release one held mail (refused if it is unknown or not held), or every held mail matching one
@@ -129,6 +152,8 @@ class Holds(QueuePart):
         message, delivered again once its lease expires and parked again. The compare-and-set fails when a
         release or another park got there first: the row is read again, and a mail no longer held is
         delivered."""
+        if not self._may_be_held():
+            return False
         held = self.held.get(self.name, row.enqueue_id)
         while held is not None:
             if self.held.park(held, delivery.payload):
@@ -136,6 +161,17 @@ class Holds(QueuePart):
                 return True
             held = self.held.get(self.name, row.enqueue_id)
         return False
+
+    def _may_be_held(self) -> bool:
+        """Whether a delivery must read its held row: not while this process's last look, started less
+        than HOLDS_SEEN_WITHIN ago, found no held row in the queue."""
+        any_held, trusted_until = self._any_held
+        if time.monotonic() < trusted_until:
+            return any_held
+        started = time.monotonic()  # a hold written after this look began waits it out
+        any_held = self.held.any_held(self.name)
+        self._any_held = (any_held, started + HOLDS_SEEN_WITHIN)
+        return any_held
 
     def _release(self, held: HeldMail) -> None:
         """Crash-safe order: 1. the parked payload, if any, to the delayed mails due now; 2. drop the held

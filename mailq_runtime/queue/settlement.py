@@ -66,9 +66,9 @@ class Settlement(QueuePart):
         return self.broker.extend(delivery, min(self.clock() + length, LATEST))
 
     def done(self, delivery: Delivery, row: EnqueuedMail) -> None:
-        """Crash-safe order: 1. mark the mail deleted, then count it (per slice, then per destination
-        domain); 2. release its references (those
-        its row names, not read again); 3. ack. A crash after 1 or 2 leaves the broker message, which the
+        """Crash-safe order: 1. mark the mail deleted, then count it (per slice and per destination
+        domain, in one request where the store can); 2. release its references (those its row names,
+        not read again); 3. ack. A crash after 1 or 2 leaves the broker message, which the
         next consumer acks as not live; after 1, also the references, which record 32's clean-up
         releases with the mail's slice; between the mark and the count, a counter `recount` corrects.
         A backend failing before the ack gives the delivery back (`giving_back`): after 1, its next
@@ -81,8 +81,8 @@ class Settlement(QueuePart):
                 row.slice_start,
                 row.bucket,
                 lambda: self.faults.reached(DONE_AFTER_DELETION_MARK),
+                moves(row, -1),
             )
-            self.destinations.count(self.name, moves(row, -1))
             self.faults.reached(DONE_AFTER_MARK)
             self.blobs.release_saved(row.enqueue_id, (row.header_blob_id, row.body_blob_id))
             self.faults.reached(DONE_AFTER_RELEASE)

@@ -52,10 +52,17 @@ class QueueView(Protocol):
     # The first insert into a queue creates it, browse_start and content_start at the mail's slice.
     def insert(self, mail: EnqueuedMail) -> None: ...
     def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int, bucket: int) -> bool: ...
-    # A delivered mail's mark and count, `after_mark` run between them; a store may mark it without a
-    # transaction and leave a double count or a missed one to `recount`.
+    # A delivered mail's mark and count, in its slice and by `destinations` (its destination counts'
+    # changes, destinations.py), `after_mark` run between them; a store may mark it without a transaction
+    # and leave a double count or a missed one (to `recount`, for the slice).
     def mark_done(
-        self, queue: str, enqueue_id: str, slice_start: int, bucket: int, after_mark: Callable[[], None]
+        self,
+        queue: str,
+        enqueue_id: str,
+        slice_start: int,
+        bucket: int,
+        after_mark: Callable[[], None],
+        destinations: Sequence[DestinationCount] = (),
     ) -> None: ...
     # Correct the slice's counters from its rows and marks; the sum of the corrections' sizes.
     def recount(self, queue: str, slice_start: int) -> int: ...
@@ -151,6 +158,10 @@ class HeldMails(Protocol):
         ...
 
     def get(self, queue: str, enqueue_id: str) -> HeldMail | None: ...
+    def any_held(self, queue: str) -> bool:
+        """Whether the queue has a held row at all."""
+        ...
+
     def park(self, held: HeldMail, payload: str) -> bool:
         """Keep `payload` in the held row, only if its `parks` is still `held.parks`."""
         ...

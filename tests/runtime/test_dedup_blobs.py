@@ -121,6 +121,22 @@ def test_dedup_within_a_generation_not_across(runtime: Runtime, backend: Backend
     assert runtime.blobs.references_of("owner-b") == [first]
 
 
+def test_a_save_of_new_contents_that_were_stored_already_keeps_one_blob(
+    runtime: Runtime, backend: Backend
+) -> None:
+    """save_new, which skips the read of the blob rows, writes a blob stored already again: still one
+    content and one row of its size, and each owner's reference."""
+    first = runtime.blobs.save_all("mail-1", [b"Subject: one\r\n\r\n", b"same body"])
+    again = runtime.blobs.save_new("mail-2", [b"Subject: two\r\n\r\n", b"same body"])
+    assert again[1] == first[1] and again[0] != first[0]
+    state = backend.blob_state()
+    assert sorted(state.blobs) == sorted(map(str, {*first, *again})) and len(state.contents) == 3
+    assert state.blobs[str(first[1])] == 1  # its generation, as every row's
+    assert runtime.blobs.sizes([first[1]]) == {first[1]: len(b"same body")}
+    assert runtime.blobs.references_of("mail-2") == sorted(again)
+    assert runtime.blobs.read(again[1]) == b"same body"
+
+
 def test_release_appends_one_deletion_per_released_reference(runtime: Runtime, backend: Backend) -> None:
     header = runtime.blobs.save("message-1", b"Subject: x\r\n\r\n")
     body = runtime.blobs.save("message-1", b"body")

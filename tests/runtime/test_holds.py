@@ -9,6 +9,7 @@ import pytest
 from mailq_runtime import InvalidInput
 from mailq_runtime.queue import MailQueue
 
+from .conftest import QUEUE
 from .helpers import make_mail
 
 
@@ -73,6 +74,20 @@ def test_hold_and_release_by_sender_recipient_and_domain(clocked):
     assert names(clocked) == ["a", "b"]
     assert clocked.release(domain="third.test") == 1
     assert names(clocked) == ["c"]
+
+
+def test_a_hold_by_another_process_is_honoured_once_it_returns(backend, queue):
+    """The consumer looked a moment ago and found nothing held; a hold placed meanwhile by another
+    process (the CLI's `mailq hold`) still keeps its mail from every delivery that starts after it."""
+    other = backend.open().queue(QUEUE)
+    queue.enqueue(make_mail("first"))
+    held = queue.enqueue(make_mail("held"))
+    free = queue.dequeue(timeout=5)
+    assert free is not None and free.mail.name == "first"  # its look found no held row
+    free.done()
+    assert other.hold(held) == 1
+    assert queue.dequeue(timeout=1) is None
+    assert held_ids(queue) == [held]
 
 
 def test_a_held_mail_removed_leaves_no_hold(clocked):

@@ -13,17 +13,23 @@ from collections.abc import Sequence
 from ..records import DestinationCount, DestinationNote, DomainBounce, Suspension
 from .store import CassandraStore
 
+# One change of a count; the queue view sends it in the counter batch of a delivered mail's count too.
+COUNT = (
+    "UPDATE destination_counters SET mails = mails + ? "
+    "WHERE queue = ? AND domain = ? AND state = ? AND slot = ?"
+)
+
+
+def count_parameters(queue: str, change: DestinationCount) -> tuple:
+    return (change.mails, queue, change.domain, change.state, change.slot)
+
 
 class CassandraDestinations:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
 
     def count(self, queue: str, changes: Sequence[DestinationCount]) -> None:
-        self.store.execute_all(
-            "UPDATE destination_counters SET mails = mails + ? "
-            "WHERE queue = ? AND domain = ? AND state = ? AND slot = ?",
-            [(c.mails, queue, c.domain, c.state, c.slot) for c in changes],
-        )
+        self.store.execute_all(COUNT, [count_parameters(queue, change) for change in changes])
 
     def counts(self, queue: str) -> list[DestinationCount]:
         rows = self.store.execute(

@@ -28,6 +28,12 @@ class CassandraHeldMails:
         ).one()
         return None if row is None else HeldMail(*row)
 
+    def any_held(self, queue: str) -> bool:
+        return (
+            self.store.execute("SELECT enqueue_id FROM held_mails WHERE queue = ? LIMIT 1", (queue,)).one()
+            is not None
+        )
+
     def park(self, held: HeldMail, payload: str) -> bool:
         return self.store.applied(
             "UPDATE held_mails SET payload = ?, parks = ? WHERE queue = ? AND enqueue_id = ? IF parks = ?",

@@ -12,10 +12,12 @@ Every method commits on its own; the order of the writes is what keeps a crash h
   another counts each mail once. A crash between the mark and the count leaves the deleted counter one
   short, which `recount` repairs.
 - mark_done (a consumer's done(), the hot path): a plain, idempotent INSERT marks the mail, then the
-  deleted counter counts it; no lightweight transaction. Two settlements of one mail at once (a lease
-  that expired while its consumer still worked, a done() racing a remove) count it twice; a crash (or
-  a failed write) between the mark and the count leaves it uncounted. Either leaves the slice's counter
-  wrong by one, which `recount` repairs.
+  deleted counter counts it, in one counter batch with its destination counts' changes
+  (destinations.py): one request, each partition applied on its own; no lightweight transaction. Two
+  settlements of one mail at once (a lease that expired while its consumer still worked, a done()
+  racing a remove) count it twice, as may the batch's retry after a node's failure (store.py's
+  `count_all`); a crash (or a failed write) between the mark and the count leaves it uncounted. Either
+  leaves the slice's counter wrong by one, which `recount` repairs.
 - recount: a slice's counters against its rows and marks, corrected by adding the difference (a
   counter cannot be set). The writers' orders make every in-flight operation err on one side only: an
   insert counts before its row lands, a done() marks before it counts. So `enqueued` is read after the
@@ -46,10 +48,11 @@ bucket, which is how the reads find the buckets that hold mails whatever bucketC
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from ..records import EnqueuedMail, SliceSize
+from ..records import DestinationCount, EnqueuedMail, SliceSize
+from .destinations import COUNT, count_parameters
 from .store import CassandraStore
 
 _FIELDS = (
@@ -58,6 +61,9 @@ _FIELDS = (
 )
 # Marks read with one IN query, so a slice of thousands of mails costs tens of requests, not thousands.
 _IN_CHUNK = 100
+_COUNT_DELETED = (
+    "UPDATE slice_counters SET deleted = deleted + 1 WHERE queue = ? AND slice_start = ? AND bucket = ?"
+)
 # Seconds between a recount's two looks at a slice: longer than any gap between an operation's two
 # writes (the next statement of the same call), so that one in flight at the first look has landed.
 RECOUNT_SETTLE = 1.0
@@ -193,11 +199,18 @@ class SliceCountersDAO:
             (queue, slice_start, bucket),
         )
 
-    def count_deleted(self, queue: str, slice_start: int, bucket: int) -> None:
-        self.store.execute(
-            "UPDATE slice_counters SET deleted = deleted + 1 "
-            "WHERE queue = ? AND slice_start = ? AND bucket = ?",
-            (queue, slice_start, bucket),
+    def count_deleted(
+        self, queue: str, slice_start: int, bucket: int, destinations: Sequence[DestinationCount] = ()
+    ) -> None:
+        """Count one deletion in the slice's bucket, and the destination counts' changes with it in one
+        counter batch (see the module's docstring)."""
+        counted = (queue, slice_start, bucket)
+        if not destinations:
+            self.store.execute(_COUNT_DELETED, counted)
+            return
+        self.store.count_all(
+            [(_COUNT_DELETED, counted)]
+            + [(COUNT, count_parameters(queue, change)) for change in destinations]
         )
 
     def correct(self, queue: str, slice_start: int, bucket: int, enqueued: int, deleted: int) -> None:
@@ -303,13 +316,20 @@ class CassandraQueueView:
         return True
 
     def mark_done(
-        self, queue: str, enqueue_id: str, slice_start: int, bucket: int, after_mark: Callable[[], None]
+        self,
+        queue: str,
+        enqueue_id: str,
+        slice_start: int,
+        bucket: int,
+        after_mark: Callable[[], None],
+        destinations: Sequence[DestinationCount] = (),
     ) -> None:
-        """Record a delivered mail as deleted and count it, with no transaction (see the module's
-        docstring); `after_mark` runs between the two writes (the fault seam)."""
+        """Record a delivered mail as deleted and count it, in its slice and by `destinations`, with no
+        transaction (see the module's docstring); `after_mark` runs between the two writes (the fault
+        seam)."""
         self.deleted_mails.put(queue, enqueue_id)
         after_mark()
-        self.slice_counters.count_deleted(queue, slice_start, bucket)
+        self.slice_counters.count_deleted(queue, slice_start, bucket, destinations)
 
     def recount(self, queue: str, slice_start: int) -> int:
         """Correct the slice's counters from its rows and marks (see the module's docstring); returns the

@@ -167,18 +167,22 @@ class CassandraStore:
     def execute(self, cql: str, parameters: Sequence = ()):
         """The statement's result set (rows, `.one()`). Run again after a failure `_worth_a_retry`."""
         try:
-            statement = self.statement(cql)
-            for tries_left in range(_RETRIES, -1, -1):
-                try:
-                    rows = self.session.execute(statement, parameters)
-                    break
-                except _FAILURES as error:
-                    if not tries_left or not _worth_a_retry(error):
-                        raise
-                    time.sleep(_RETRY_PAUSE)
+            rows = self._retried(self.statement(cql), parameters)
         except _FAILURES as error:
             raise self.failure(error, _doing(cql)) from error
         return _Pages(self, cql, rows) if rows.has_more_pages else rows
+
+    def _retried(self, statement, parameters: Sequence | None = None):
+        """The statement run, and run again after a failure `_worth_a_retry`."""
+        tries_left = _RETRIES
+        while True:
+            try:
+                return self.session.execute(statement, parameters)
+            except _FAILURES as error:
+                if not tries_left or not _worth_a_retry(error):
+                    raise
+            tries_left -= 1
+            time.sleep(_RETRY_PAUSE)
 
     def execute_async(self, cql: str, parameters: Sequence = ()) -> Pending:
         """The statement started; its `.result()` waits for the result set."""
@@ -221,6 +225,18 @@ class CassandraStore:
             self.session.execute(batch)
         except _FAILURES as error:
             raise self.failure(error, _doing(cql)) from error
+
+    def count_all(self, statements: Sequence[tuple[str, Sequence]]) -> None:
+        """Run counter updates (CQL and parameters) in one counter batch, one request, each partition's
+        applied on its own, and retried as a lone update is (`_worth_a_retry`, CounterLeaderRetryPolicy):
+        a retry after one partition's leader failed may count another partition's update twice."""
+        batch = BatchStatement(batch_type=BatchType.COUNTER)
+        for cql, parameters in statements:
+            batch.add(self.statement(cql), parameters)
+        try:
+            self._retried(batch)
+        except _FAILURES as error:
+            raise self.failure(error, _doing(statements[0][0])) from error
 
     def applied(self, cql: str, parameters: Sequence = ()):
         """Run a lightweight transaction; its row (`.applied`, and the current values when not applied)."""

@@ -31,6 +31,9 @@ class EmbeddedHeldMails:
         )
         return None if row is None else HeldMail(*row)
 
+    def any_held(self, queue: str) -> bool:
+        return self.store.read_one("SELECT 1 FROM held_mails WHERE queue = ? LIMIT 1", (queue,)) is not None
+
     def park(self, held: HeldMail, payload: str) -> bool:
         with self.store.transaction() as db:
             return bool(

@@ -4,9 +4,10 @@ group one operation's calls into one (the unit of work's `writes()`), which nest
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
-from ..records import EnqueuedMail, SliceSize
+from ..records import DestinationCount, EnqueuedMail, SliceSize
+from .destinations import EmbeddedDestinations
 from .store import EmbeddedStore
 
 _COLUMNS = (
@@ -18,6 +19,7 @@ _COLUMNS = (
 class EmbeddedQueueView:
     def __init__(self, store: EmbeddedStore) -> None:
         self.store = store
+        self.destinations = EmbeddedDestinations(store)  # a delivered mail's counts, in its transaction
 
     # queues
     def queue_names(self) -> list[str]:
@@ -63,10 +65,17 @@ class EmbeddedQueueView:
             return True
 
     def mark_done(
-        self, queue: str, enqueue_id: str, slice_start: int, bucket: int, after_mark: Callable[[], None]
+        self,
+        queue: str,
+        enqueue_id: str,
+        slice_start: int,
+        bucket: int,
+        after_mark: Callable[[], None],
+        destinations: Sequence[DestinationCount] = (),
     ) -> None:
-        """Record a delivered mail as deleted, counted once: the mark and the count are one transaction,
-        so `after_mark`, run between them (the fault seam), rolls both back if it raises."""
+        """Record a delivered mail as deleted, counted once in its slice and by `destinations`: the mark
+        and the counts are one transaction, so `after_mark`, run between them (the fault seam), rolls
+        them back if it raises."""
         with self.store.transaction() as db:
             marked = db.execute("INSERT OR IGNORE INTO deleted_mails VALUES (?, ?)", (queue, enqueue_id))
             after_mark()
@@ -75,6 +84,7 @@ class EmbeddedQueueView:
                     "UPDATE slice_counters SET deleted = deleted + 1 WHERE queue = ? AND slice_start = ?",
                     (queue, slice_start),
                 )
+                self.destinations.count(queue, destinations)
 
     def recount(self, queue: str, slice_start: int) -> int:
         """Set the slice's counters to its rows and marks, in one transaction; returns the sum of the
