@@ -73,3 +73,6 @@ _.__class__
 # dnspython's resolver settings: the resolver reads the attributes set on it.
 _.nameservers
 _.lifetime
+
+# smtplib reads the encoding of the commands it sends from its client.
+_.command_encoding
