@@ -104,14 +104,16 @@ def test_two_worker_threads_deliver_everything_once(runtime: Runtime, backend: B
 
 
 def test_two_worker_processes_deliver_everything_once(runtime: Runtime, backend: Backend) -> None:
-    # Enough mails that a process slow to start, or waiting on SQLite's lock while the other syncs its
-    # commits, still finds some left: on a loaded machine 100 went all to one process.
     users, mails = [f"user{n}@{DOMAIN}" for n in range(4)], 200
     ids = [enqueue(runtime, users[n % 4], subject=f"mail {n}") for n in range(mails)]
     processes = [agent(backend, "worker", QUEUE, DOMAIN, 1.0) for _ in range(2)]
     stats = [WorkerStats(**json.loads(out)) for out in results(processes, timeout=120)]
     assert total(stats) == WorkerStats(delivered=mails, retried=0, dead_lettered=0, appended=mails)
-    assert all(s.delivered for s in stats), f"one process did all the work: {stats}"
+    if backend.name != "embedded":
+        # Where the store is SQLite, its lock is not fair between processes: one that commits in a
+        # fraction of a millisecond takes it again before the other's busy handler wakes, and may do all
+        # the work (seen with the suite's files in memory). Elsewhere each process gets its share.
+        assert all(s.delivered for s in stats), f"one process did all the work: {stats}"
     for user in users:
         inbox = inbox_of(runtime, user)
         assert [m.uid for m in runtime.mailboxes.list_messages(inbox)] == list(range(1, mails // 4 + 1))
