@@ -140,6 +140,18 @@ def test_a_mail_redelivered_after_a_crash_before_done_is_not_duplicated(
     assert_delivered_state(runtime, backend, [enqueue_id], [])
 
 
+def failed_after_the_source_of_truth(runtime: Runtime) -> str:
+    """A mail to alice whose delivery failed between the source of truth and the projection, given back to
+    the queue; its enqueue id."""
+    enqueue_id = enqueue(runtime, "alice@example.org")
+    item = runtime.queue(QUEUE).dequeue(timeout=5)
+    runtime.faults.arm(APPEND_AFTER_SOURCE_OF_TRUTH)
+    with pytest.raises(InjectedFault):
+        deliver(runtime.mailboxes, item.enqueue_id, item.mail, [DOMAIN])
+    item.release()
+    return enqueue_id
+
+
 def test_a_mail_whose_append_failed_after_the_source_of_truth_is_listed_once_redelivered(
     backend: Backend,
 ) -> None:
@@ -147,12 +159,7 @@ def test_a_mail_whose_append_failed_after_the_source_of_truth_is_listed_once_red
     # the source of truth, and must not leave it out of the INBOX's listing until a recomputation. Each
     # write commits alone, as on a store that cannot group them (Cassandra).
     runtime = backend.open(group_writes=False)
-    enqueue_id = enqueue(runtime, "alice@example.org")
-    item = runtime.queue(QUEUE).dequeue(timeout=5)
-    runtime.faults.arm(APPEND_AFTER_SOURCE_OF_TRUTH)
-    with pytest.raises(InjectedFault):
-        deliver(runtime.mailboxes, item.enqueue_id, item.mail, [DOMAIN])
-    item.release()
+    enqueue_id = failed_after_the_source_of_truth(runtime)
 
     (stats,) = run_threads(runtime, 1, idle_timeout=0.5)
 
@@ -168,12 +175,7 @@ def test_a_delivery_that_fails_midway_leaves_all_of_it_or_none_on_a_grouping_sto
     # A store that groups writes (the embedded one) commits none of a delivery that fails after the source
     # of truth, and the redelivery appends the copy anew; any other keeps the source of truth, which the
     # redelivery finds. Either way the copy is listed once.
-    enqueue_id = enqueue(runtime, "alice@example.org")
-    item = runtime.queue(QUEUE).dequeue(timeout=5)
-    runtime.faults.arm(APPEND_AFTER_SOURCE_OF_TRUTH)
-    with pytest.raises(InjectedFault):
-        deliver(runtime.mailboxes, item.enqueue_id, item.mail, [DOMAIN])
-    item.release()
+    enqueue_id = failed_after_the_source_of_truth(runtime)
     message_id = delivery_message_id(enqueue_id, "alice@example.org")
     assert (not runtime.mailboxes.locate(message_id)) == backend.groups_writes
 
