@@ -272,9 +272,16 @@ def handle(
     normalised (`normalise_domains`); the caller that drives its own dequeues (the demo, on simulated
     time) gets exactly the worker's behaviour. `leases` keeps the mail's lease while it is delivered. A
     backend away gives the mail back untried and is raised, for the caller to wait."""
+    settled: bool | None = None  # whether done() counted, when it ran in the delivery's group
     try:
         with nullcontext() if leases is None else leases.keeping(item):
-            report = deliver(mailboxes, item.enqueue_id, item.mail, domains)
+            # A mail for local recipients only is acknowledged in the group of its copies' writes: one
+            # commit (one sync on the embedded store) for both. A done() that fails there is _settle's
+            # to report, and what it wrote before failing commits with the copies, as after a crash.
+            with mailboxes.writes.work.writes():
+                report = deliver(mailboxes, item.enqueue_id, item.mail, domains)
+                if not report.unknown_recipients:
+                    settled = _settle(item, item.done, stats)
             if relay is not None and report.unknown_recipients:
                 remote = [r for r in item.mail.recipients if r.domain not in domains]
                 outcome = relay.deliver(item.enqueue_id, item.mail, remote)
@@ -304,7 +311,7 @@ def handle(
         _settle_remote(item, relay, outcome, stats)
     elif report.unknown_recipients:
         _dead_letter(item, f"unknown recipients: {', '.join(report.unknown_recipients)}", stats)
-    elif _settle(item, item.done, stats):
+    elif settled:
         stats.delivered += 1
         log.info(delivery_line(item, "sent", f"delivered to {INBOX}"))
 
