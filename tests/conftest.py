@@ -20,3 +20,16 @@ def pytest_configure(config: pytest.Config) -> None:
         base = Path(tempfile.mkdtemp(prefix="mailq-tests-", dir=MEMORY))
         config.option.basetemp = base
         config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
+
+
+# `make test` runs the suite in two processes (pytest-xdist), then the tests of the three-node clusters
+# alone (`-m cluster`): started by the tests that need them, a cluster takes the machine's two cores, and
+# its fault tests time a node's loss and return.
+CLUSTER_FIXTURES = frozenset({"cassandra_cluster", "rabbitmq_cluster"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
