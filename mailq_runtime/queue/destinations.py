@@ -13,8 +13,9 @@ mails.
 The counts are eventually consistent as the per-slice counters were before their recount: each change is
 a write after the mail's own (the view row, the deletion mark, the delayed row, the held row), so a crash
 between the two, a mail settled twice (a lease lost), a done()'s counter batch retried after a Cassandra
-node's failure (stores/cassandra/queue_view.py), or a removal or hold of a mail whose in-flight copy
-carries fewer recipients than its view row, leaves a domain's count off. Unlike the slice counters these
+node's failure (stores/cassandra/queue_view.py), or a removal or hold of a partly delivered mail while
+its copy is in the broker (its view row keeps every recipient; holds.py's `counted` reads the copy in
+the delayed mails or the held row), leaves a domain's count off. Unlike the slice counters these
 have no recount (the view's `recount` corrects the slices' only), so such a count stays off, held counts
 included: holds.py says which crashes and races of a hold leave one.
 """

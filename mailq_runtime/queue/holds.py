@@ -102,47 +102,60 @@ class Holds(QueuePart):
         if enqueue_id is not None:
             if any(v is not None for v in criteria.values()):
                 raise InvalidInput("hold takes an enqueue id or one criterion, not both")
-            row = self.live_row(enqueue_id)
-            if not self._hold(row, self.clock()):
+            counted = self._hold(self.live_row(enqueue_id), self.clock())
+            if counted is None:
                 raise InvalidInput(f"mail {enqueue_id} of queue {self.name!r} is held already")
-            self._until_seen([row])
+            self._until_seen([counted])
             return 1
         matches = matcher(**criteria)
         now = self.clock()
         held = []
         for row in live_rows(self.context):
-            if matches(row) and self._hold(row, now):
-                held.append(row)
+            if matches(row) and (counted := self._hold(row, now)) is not None:
+                held.append(counted)
         if held:
             self._until_seen(held)
         return len(held)
 
-    def _hold(self, row: EnqueuedMail, now: int) -> bool:
-        """Crash-safe order: 1. the held row, unless the mail has one (then nothing is written); 2. its
-        counts from its state to held. A crash after 1 leaves the counts in its state, which its release
-        or leaving takes from held."""
+    def _hold(self, row: EnqueuedMail, now: int) -> EnqueuedMail | None:
+        """Crash-safe order: 1. the held row, unless the mail has one (then nothing is written: None); 2.
+        its counts from its state to held, by the copy they follow (`counted`), which is returned. A
+        crash after 1 leaves the counts in its state, which its release or leaving takes from held."""
         if not self.held.hold(self.name, row.enqueue_id, now):
-            return False
-        self.destinations.count(self.name, moves(row, -1) + moves(row, 1, HELD))
-        return True
+            return None
+        counted = self.counted(row)
+        self.destinations.count(self.name, moves(counted, -1) + moves(counted, 1, HELD))
+        return counted
 
     def _until_seen(self, rows: list[EnqueuedMail]) -> None:
         """Wait until every consumer's look at whether the queue holds anything postdates the holds just
-        written (this process's consumers see them at once); then a mail of `rows` that left the queue
-        meanwhile without dropping its held row was counted out of its state: its row is dropped and its
-        counts go back there."""
+        written (this process's consumers see them at once); then a mail of `rows` (as counted) that left
+        the queue meanwhile without dropping its held row was counted out of its state: its row is
+        dropped and its counts go back there."""
         self._any_held = (True, time.monotonic() + HOLDS_SEEN_WITHIN)
         time.sleep(HOLDS_SEEN_WITHIN)
-        for row in rows:
-            if not self.view.is_live(row) and self._drop(self.held.get(self.name, row.enqueue_id)):
-                self.destinations.count(self.name, moves(row, -1, HELD) + moves(row, 1))
+        for counted in rows:
+            if not self.view.is_live(counted) and self._drop(self.held.get(self.name, counted.enqueue_id)):
+                self.destinations.count(self.name, moves(counted, -1, HELD) + moves(counted, 1))
 
-    def leaving(self, row: EnqueuedMail) -> list[DestinationCount]:
+    def leaving(self, row: EnqueuedMail, *, from_view: bool = False) -> list[DestinationCount]:
         """The count changes of a mail leaving the queue (delivered, dead-lettered, removed): out of held
-        if this call drops its held row, else out of its state. The caller writes them next."""
-        if self._may_be_held() and self._drop(self.held.get(self.name, row.enqueue_id)):
-            return moves(row, -1, HELD)
-        return moves(row, -1)
+        if this call drops its held row, else out of its state. `row` is the copy the counts follow (a
+        delivery's), or its view row (`from_view`: a removal), whose `counted` copy is then looked up.
+        The caller writes them next."""
+        dropped = self._drop(self.held.get(self.name, row.enqueue_id)) if self._may_be_held() else None
+        counted = self.counted(row, dropped) if from_view else row
+        return moves(counted, -1, None if dropped is None else HELD)
+
+    def counted(self, row: EnqueuedMail, held: HeldMail | None = None) -> EnqueuedMail:
+        """The copy of a mail whose recipients its counts follow, from its view row: its parked payload
+        (`held`), else its delayed row's while it waits for a retry, else the view row. A retry to some
+        recipients counts those only, while the view row keeps every one (settlement.py's `retry`)."""
+        payload = None if held is None else held.payload
+        if payload is None and row.next_delivery > row.enqueued_time:
+            delayed = self.delayed.get(self.name, row.next_delivery, row.enqueue_id)
+            payload = None if delayed is None else delayed.payload
+        return row if payload is None else EnqueuedMail.from_payload(payload)[0]
 
     def retried(self, before: EnqueuedMail, after: EnqueuedMail) -> list[DestinationCount]:
         """The count changes of a retry from `before` to `after` (its next delivery, its recipients left):
@@ -151,14 +164,14 @@ class Holds(QueuePart):
         state = HELD if held else None
         return moves(before, -1, state) + moves(after, 1, state)
 
-    def _drop(self, held: HeldMail | None) -> bool:
+    def _drop(self, held: HeldMail | None) -> HeldMail | None:
         """Drop a held row (`held`: as last read) by compare-and-set, read again while a park or a release
-        changes it; whether this call dropped it."""
+        changes it; the row this call dropped, None if it dropped none."""
         while held is not None:
             if self.held.release(held):
-                return True
+                return held
             held = self.held.get(held.queue, held.enqueue_id)
-        return False
+        return None
 
     def release(self, enqueue_id: str | None = None, **criteria: str | None) -> int:
         """Release one held mail (refused if it is unknown or not held), or every held mail matching one
@@ -240,7 +253,8 @@ class Holds(QueuePart):
                 self.delayed.add(DelayedMail(self.name, held.enqueue_id, due, priority, held.payload))
                 self.faults.reached(RELEASE_AFTER_DELAYED_ROW)
             if self.held.release(held):
-                self.destinations.count(self.name, moves(row, -1, HELD) + moves(row, 1))
+                counted = self.counted(row, held)
+                self.destinations.count(self.name, moves(counted, -1, HELD) + moves(counted, 1))
                 return
             current = self.held.get(self.name, held.enqueue_id)
             if current is None:

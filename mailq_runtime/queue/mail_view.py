@@ -50,7 +50,7 @@ class MailQueueView(QueuePart):
         context: QueueContext,
         send: Callable[[EnqueuedMail, int, int], None],
         maybe_update_browse_start: Callable[[], None],
-        leaving: Callable[[EnqueuedMail], list[DestinationCount]],
+        leaving: Callable[..., list[DestinationCount]],
     ) -> None:
         super().__init__(context)
         self.send = send
@@ -141,7 +141,7 @@ class MailQueueView(QueuePart):
                 continue
             with self.work.writes():
                 if self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket):
-                    self.destinations.count(self.name, self.leaving(row))
+                    self.destinations.count(self.name, self.leaving(row, from_view=True))
                     self.faults.reached(REMOVE_AFTER_MARK)
                     self.blobs.release(row.enqueue_id)
                     self.faults.reached(REMOVE_AFTER_RELEASE)
