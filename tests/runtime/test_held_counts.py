@@ -5,6 +5,7 @@ from its state to "held", a release back, and every way a held mail leaves the q
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -123,8 +124,9 @@ def test_a_delivery_done_while_the_hold_is_placed_leaves_no_count(backend, queue
     holding = threading.Thread(target=operator.hold, args=(item.enqueue_id,))
     holding.start()
     try:
-        while counted(queue) != {"a.test": {"held": 1}}:
-            pass  # the held row is written: the hold sleeps out the looks made before it
+        deadline = time.monotonic() + 10
+        while counted(queue) != {"a.test": {"held": 1}}:  # then the hold sleeps out the earlier looks
+            assert time.monotonic() < deadline, "the hold wrote nothing"
         item.done()
     finally:
         holding.join()
