@@ -138,7 +138,7 @@ def _plotted(shapes: list[tuple[str, DomainShape]], now: int) -> dict[str, int]:
 @dg.asset(group_name=GROUP, kinds={"python"})
 def mail_queue_domains(mailq: MailqRuntime) -> dg.MaterializeResult:
     """Per queue and destination domain, as qshape and `mailq queues --by-domain` show it: the mails by
-    state (queued, deferred) in doubling age buckets, the oldest, remote delivery's last error there and
+    state (queued, deferred, held) in doubling age buckets, the oldest, remote delivery's last error there and
     its next attempt, read from the counters kept as mail moves (never a browse of the queue). Totals
     and the top domains' figures as numbers, to plot across materialisations; the top domains' rows as
     a table."""
@@ -154,6 +154,7 @@ def mail_queue_domains(mailq: MailqRuntime) -> dg.MaterializeResult:
             # A mail counts once per domain it has a recipient in, as in qshape.
             "waiting": sum(_waiting(shape) for _, shape in shapes),
             "deferred": sum(shape.total("deferred") for _, shape in shapes),
+            "held": sum(shape.total("held") for _, shape in shapes),
             "domains_retrying": sum(1 for _, shape in shapes if _retrying(shape, now)),
             "domains_suspended": sum(1 for _, shape in shapes if shape.suspended_until is not None),
             "oldest_minutes": max((_oldest_minutes(shape, now) for _, shape in shapes), default=-1),
@@ -163,7 +164,12 @@ def mail_queue_domains(mailq: MailqRuntime) -> dg.MaterializeResult:
                 [
                     ("queue", "string", "mail queue"),
                     ("domain", "string", "destination domain, in lower case"),
-                    ("state", "string", "queued: never tried or due; deferred: waiting for a retry or delay"),
+                    (
+                        "state",
+                        "string",
+                        "queued: never tried or due; deferred: waiting for a retry or delay; held: by an "
+                        "operator until released",
+                    ),
                     ("mails", "int", "mails with a recipient in the domain, in this state"),
                     *[
                         (column, "int", f"of them, enqueued {name} minutes ago")

@@ -204,7 +204,7 @@ class QueueSizes(Collector):
             GaugeMetricFamily("mailq_queue_mails", "Mails in the queue, by state", labels=["queue", "state"]),
             GaugeMetricFamily(
                 "mailq_destination_mails",
-                "Mails with a recipient at a destination domain, by state: queued, deferred",
+                "Mails with a recipient at a destination domain, by state: queued, deferred, held",
                 labels=["queue", "domain", "state"],
             ),
             GaugeMetricFamily(

@@ -19,7 +19,7 @@ from ..faults import (
     REQUEUE_AFTER_REMOVE,
 )
 from ..model import EnqueueId, Mail, parse_duration
-from ..stores.records import DeadLetter, EnqueuedMail
+from ..stores.records import DeadLetter, DestinationCount, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,16 @@ def _readable(payload: str) -> EnqueuedMail | None:
 
 
 class DeadLetterOffice(QueuePart):
-    def __init__(self, context: QueueContext, enqueue: Callable[..., EnqueueId]) -> None:
+    def __init__(
+        self,
+        context: QueueContext,
+        enqueue: Callable[..., EnqueueId],
+        leaving: Callable[[EnqueuedMail], list[DestinationCount]],
+    ) -> None:
         super().__init__(context)
         self.records = context.backends.dead_letters
         self.enqueue = enqueue
+        self.leaving = leaving  # a leaving mail's count changes per destination domain (holds.py)
 
     def dead_letters(self) -> list[DeadLetterItem]:
         """The queue's dead letters, in enqueue order (those the broker gave up on moved in first)."""
@@ -158,12 +164,16 @@ class DeadLetterOffice(QueuePart):
     def entomb(
         self, enqueue_id: str, payload: str, row: EnqueuedMail | None, reason: str, died_at: int
     ) -> None:
-        """The dead letter, then the deletion mark of its mail (if its payload could be read)."""
+        """The dead letter, then the deletion mark of its mail (if its payload could be read), then, the
+        first time it is marked, its counts per destination domain (out of held if it was held: a crash
+        before them leaves its domains counting it)."""
         self.records.add(DeadLetter(self.name, enqueue_id, reason, died_at, payload))
         self.faults.reached(REJECT_AFTER_DEAD_LETTER)
         if row is not None:
-            self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
+            marked = self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket)
             self.faults.reached(REJECT_AFTER_MARK)
+            if marked:
+                self.destinations.count(self.name, self.leaving(row))
 
     def drain(self) -> int:
         """Move the mails the broker gave up on by itself (RabbitMQ's delivery limit: every consumer died

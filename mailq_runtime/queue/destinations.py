@@ -3,18 +3,21 @@ in doubling age buckets, with remote delivery's last failure there and its next 
 
 Read from counters kept as mail moves (the `Destinations` store protocol), never from the mails: each
 (domain, state, enqueue-time slot of SLOT minutes) counts the mails with a recipient there, +1 when a mail
-is enqueued, moved from one state to the other when it is retried after a delay, -1 when it is settled
-(done, dead-lettered, removed). A mail's state comes from its row: "deferred" once its next delivery lies
-after its enqueue time (retried, or enqueued with a delay), else "queued"; its age is that of its slot,
+is enqueued, moved from one state to another when it is retried after a delay, held or released, -1 when
+it is settled (done, dead-lettered, removed). A mail's state comes from its row: "deferred" once its next
+delivery lies after its enqueue time (retried, or enqueued with a delay), else "queued"; "held" from its
+hold to its release or its leaving, whichever drops its held row (holds.py). Its age is that of its slot,
 summed into buckets at read time, so the cost grows with the domains and slots in the queue, not with its
 mails.
 
 The counts are eventually consistent as the per-slice counters were before their recount: each change is
-a write after the mail's own (the view row, the deletion mark, the delayed row), so a crash between the
-two, a mail settled twice (a lease lost), a done()'s counter batch retried after a Cassandra node's
-failure (stores/cassandra/queue_view.py), or a removal of a mail whose in-flight copy carries fewer
-recipients than its view row, leaves a domain's count off until its mails are gone. A held mail counts in
-the state it was held in.
+a write after the mail's own (the view row, the deletion mark, the delayed row, the held row), so a crash
+between the two, a mail settled twice (a lease lost), a done()'s counter batch retried after a Cassandra
+node's failure (stores/cassandra/queue_view.py), or a removal or hold of a partly delivered mail while
+its copy is in the broker (its view row keeps every recipient; holds.py's `counted` reads the copy in
+the delayed mails or the held row), leaves a domain's count off. Unlike the slice counters these
+have no recount (the view's `recount` corrects the slices' only), so such a count stays off, held counts
+included: holds.py says which crashes and races of a hold leave one.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ SLOT = 300 * MICROS_PER_SECOND  # five minutes, qshape's smallest bucket
 # qshape's bucket edges, in minutes; the last bucket holds every mail older than the last edge.
 BUCKET_EDGES = (5, 10, 20, 40, 80, 160)
 BUCKET_NAMES = ("0-5", "5-10", "10-20", "20-40", "40-80", "80-160", "160+")
-STATES = ("queued", "deferred")
+HELD = "held"
+STATES = ("queued", "deferred", HELD)
 
 
 @dataclass(frozen=True)
@@ -54,11 +58,13 @@ def state_of(row: EnqueuedMail) -> str:
     return "deferred" if row.next_delivery > row.enqueued_time else "queued"
 
 
-def moves(row: EnqueuedMail, mails: int) -> list[DestinationCount]:
-    """The changes of the counts that adding `mails` (1 or -1) of `row` makes: one per recipient domain."""
+def moves(row: EnqueuedMail, mails: int, state: str | None = None) -> list[DestinationCount]:
+    """The changes of the counts that adding `mails` (1 or -1) of `row` in `state` (by default its own,
+    `state_of`) makes: one per recipient domain."""
     slot = row.enqueued_time - row.enqueued_time % SLOT
     domains = sorted({address_key(recipient)[1] for recipient in row.recipient_list})
-    return [DestinationCount(domain, state_of(row), slot, mails) for domain in domains]
+    counted = state or state_of(row)
+    return [DestinationCount(domain, counted, slot, mails) for domain in domains]
 
 
 def by_domain(context: QueueContext, now: int) -> list[DomainShape]:

@@ -33,11 +33,12 @@ class MailQueue(QueuePart):
         schedule = DueSchedule()
         failed = FailedEnqueues(context)
         self.enqueuer = Enqueuer(context, schedule, self.browse_starts.limit, failed)
-        self.letters = DeadLetterOffice(context, self.enqueuer.enqueue)
-        self.publisher = DelayedMailPublisher(context, schedule, self.letters.drain)
-        self.mails = MailQueueView(context, self.enqueuer.send, self.browse_starts.maybe_update)
-        settlement = Settlement(context, schedule, self.letters, self.browse_starts.maybe_update)
         self.holds = Holds(context, schedule)
+        self.letters = DeadLetterOffice(context, self.enqueuer.enqueue, self.holds.leaving)
+        self.publisher = DelayedMailPublisher(context, schedule, self.letters.drain)
+        update = self.browse_starts.maybe_update
+        self.mails = MailQueueView(context, self.enqueuer.send, update, self.holds.leaving)
+        settlement = Settlement(context, schedule, self.letters, self.holds, update)
         self.suspensions = Suspensions(context, self.publisher.flush_domain)
         self.dequeuer = Dequeuer(context, self.publisher, settlement, self.mails.recount, self.holds, failed)
 

@@ -12,9 +12,8 @@ from ..clock import to_datetime
 from ..errors import InvalidInput
 from ..faults import REMOVE_AFTER_MARK, REMOVE_AFTER_RELEASE
 from ..model import NULL_SENDER_SPELLINGS, EnqueueId, Mail, MailAddress, address_key, parse_duration
-from ..stores.records import DelayedMail, EnqueuedMail
+from ..stores.records import DelayedMail, DestinationCount, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart
-from .destinations import moves
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +50,11 @@ class MailQueueView(QueuePart):
         context: QueueContext,
         send: Callable[[EnqueuedMail, int, int], None],
         maybe_update_browse_start: Callable[[], None],
+        leaving: Callable[..., list[DestinationCount]],
     ) -> None:
         super().__init__(context)
         self.send = send
+        self.leaving = leaving  # a leaving mail's count changes per destination domain (holds.py)
         self.maybe_update_browse_start = maybe_update_browse_start
 
     def browse(self) -> Iterator[BrowseItem]:
@@ -127,10 +128,12 @@ class MailQueueView(QueuePart):
         return self._delete_where(lambda row: True)
 
     def _delete_where(self, matches: Callable[[EnqueuedMail], bool]) -> int:
-        """Crash-safe order, mail by mail: 1. mark it deleted; 2. release its references; 3. drop its
-        delayed row, if it waits for one. A crash after 1 leaves the references, which record 32's
-        clean-up releases with the slice; after 2, a delayed row that is published when due and acked as
-        not live. A mail marked is out of browse and size, so running the removal again finds the rest."""
+        """Crash-safe order, mail by mail: 1. mark it deleted, then count it per destination domain (out
+        of held if it was held, its held row dropped between: holds.py's `leaving`); 2. release its
+        references; 3. drop its delayed row, if it waits for one. A crash after 1 leaves the references,
+        which record 32's clean-up releases with the slice; after 2, a delayed row that is published when
+        due and acked as not live. A mail marked is out of browse and size, so running the removal again
+        finds the rest."""
         deleted = 0
         now = self.clock()
         for row in list(live_rows(self.context)):
@@ -138,7 +141,7 @@ class MailQueueView(QueuePart):
                 continue
             with self.work.writes():
                 if self.view.mark_deleted(self.name, row.enqueue_id, row.slice_start, row.bucket):
-                    self.destinations.count(self.name, moves(row, -1))
+                    self.destinations.count(self.name, self.leaving(row, from_view=True))
                     self.faults.reached(REMOVE_AFTER_MARK)
                     self.blobs.release(row.enqueue_id)
                     self.faults.reached(REMOVE_AFTER_RELEASE)

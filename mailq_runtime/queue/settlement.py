@@ -22,7 +22,7 @@ from ..stores.records import DelayedMail, EnqueuedMail
 from .context import QueueContext, QueuePart
 from .dead_letters import DeadLetterOffice
 from .delays import DueSchedule
-from .destinations import moves
+from .holds import Holds
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,13 @@ class Settlement(QueuePart):
         context: QueueContext,
         schedule: DueSchedule,
         letters: DeadLetterOffice,
+        holds: Holds,
         maybe_update_browse_start: Callable[[], None],
     ) -> None:
         super().__init__(context)
         self.schedule = schedule
         self.letters = letters
+        self.holds = holds
         self.maybe_update_browse_start = maybe_update_browse_start
 
     @contextmanager
@@ -66,22 +68,26 @@ class Settlement(QueuePart):
         return self.broker.extend(delivery, min(self.clock() + length, LATEST))
 
     def done(self, delivery: Delivery, row: EnqueuedMail) -> None:
-        """Crash-safe order: 1. mark the mail deleted, then count it (per slice and per destination
-        domain, in one request where the store can); 2. release its references (those its row names,
-        not read again); 3. ack. A crash after 1 or 2 leaves the broker message, which the
-        next consumer acks as not live; after 1, also the references, which record 32's clean-up
-        releases with the mail's slice; between the mark and the count, a counter `recount` corrects.
+        """Crash-safe order: 0. drop its held row if it has one (held while it was being delivered:
+        holds.py's `leaving`); 1. mark the mail deleted, then count it (per slice and per destination
+        domain, out of held after 0, in one request where the store can); 2. release its references
+        (those its row names, not read again); 3. ack. A crash after 0 leaves the mail live, no longer
+        held, counted in held, and its broker message, delivered again; after 1 or 2, the broker
+        message, which the next consumer acks as not live; after 1, also the references, which record
+        32's clean-up releases with the mail's slice; between the mark and the count, a counter
+        `recount` corrects the slice's.
         A backend failing before the ack gives the delivery back (`giving_back`): after 1, its next
         consumer acks it as not live. A lost broker connection at 3 fails nothing: the mark absorbs the
         message RabbitMQ sends again."""
         with self.giving_back(delivery), self.work.writes():
+            counts = self.holds.leaving(row)
             self.view.mark_done(
                 self.name,
                 row.enqueue_id,
                 row.slice_start,
                 row.bucket,
                 lambda: self.faults.reached(DONE_AFTER_DELETION_MARK),
-                moves(row, -1),
+                counts,
             )
             self.faults.reached(DONE_AFTER_MARK)
             self.blobs.release_saved(row.enqueue_id, (row.header_blob_id, row.body_blob_id))
@@ -112,7 +118,8 @@ class Settlement(QueuePart):
         crash after 1 leaves the broker message too, delivered again once the lease expires and once more
         when the row falls due (at-least-once; the view's deletion mark absorbs the later copy once the
         mail is done); after 2, browse shows the former next delivery until the row is published.
-        Then the counts per destination domain move to the delayed row's state and recipients.
+        Then the counts per destination domain move to the delayed row's state and recipients (within
+        held for a mail held while it was being delivered: holds.py's `retried`).
         A lease lost meanwhile (the ack fails) takes the delayed row back: the mail is another consumer's;
         so does a connection to the broker lost meanwhile, as the broker delivers the mail again at once.
         A backend failing before the ack gives the delivery back (`giving_back`). The view row keeps every
@@ -147,7 +154,7 @@ class Settlement(QueuePart):
             if acked:
                 self.faults.reached(RETRY_AFTER_ACK)
                 self.view.reschedule([row], deliver_at)
-                self.destinations.count(self.name, moves(counted, -1) + moves(later, 1))
+                self.destinations.count(self.name, self.holds.retried(counted, later))
             else:
                 self.delayed.remove(delayed)
         if not acked:
@@ -191,8 +198,6 @@ class Settlement(QueuePart):
         """Dead-letter a delivery this consumer holds (`row` None: its payload is unreadable), in the
         crash-safe order of `reject`'s steps 2 to 4."""
         self.letters.entomb(delivery.enqueue_id, delivery.payload, row, reason, self.clock())
-        if row is not None:
-            self.destinations.count(self.name, moves(row, -1))
         self.metrics.dead_lettered.inc()
         # An ack that finds the lease lost is no failure: the letter is written, and the consumer that
         # took the mail acks it as not live.

@@ -110,10 +110,15 @@ def _through(
     message: bytes,
     reused: bool,
 ) -> dict[str, Reply] | Throttled:
-    """The transaction on `session`, once the destination's rate allows a mail; the session is kept
-    after a clean transaction (or a throttled one), closed otherwise."""
+    """The transaction on `session`, once the destination's rate allows a mail and while the session
+    holds its slot; the session is kept after a clean transaction (or a throttled one), closed
+    otherwise."""
     try:
         throttled = destination.send()
+        if throttled is None and not connections.holds(session):
+            # Its slot was lost while the rate was waited for: no new transaction (limits.py); kept, the
+            # session is closed.
+            throttled = Throttled(SLOT_DELAY, "connections", "the session's slot lease ran out")
         if throttled is None:
             replies, clean = _transaction(session.client, session.target, sender, recipients, message, reused)
     except _Stale:

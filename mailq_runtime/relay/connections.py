@@ -41,10 +41,15 @@ class Connections:
         self._idle: dict[tuple[str, Target], tuple[Session, float]] = {}
 
     def take(self, destination: str, target: Target) -> Session | None:
-        """The idle session to `target` for `destination`, if one is kept; it is the caller's now."""
+        """The idle session to `target` for `destination`, if one is kept and still holds its slot (a
+        session whose slot was lost is closed instead: limits.py); it is the caller's now."""
         self.close_expired()
         kept = self._idle.pop((destination, target), None)
         return None if kept is None else kept[0]
+
+    def holds(self, session: Session) -> bool:
+        """Whether `session` may start a transaction: its slot is still its own (limits.py)."""
+        return self.limiter is None or self.limiter.holds(session.slot)
 
     def slot(self, destination: str, limit: Limit) -> Slot | None:
         """A slot for a new session to `destination`, None if none came free in time. This worker's own
@@ -65,7 +70,7 @@ class Connections:
         previous = self._idle.pop((destination, session.target), None)
         if previous is not None:
             self.close_session(previous[0])
-        if self.limiter is not None and not self.limiter.holds(session.slot):
+        if not self.holds(session):
             self.close_session(session)
         else:
             self._idle[destination, session.target] = (session, time.monotonic() + self.idle_limit)
@@ -78,9 +83,13 @@ class Connections:
         self._idle.clear()
 
     def close_expired(self) -> None:
-        """Close the sessions idle past the idle limit, freeing their slots."""
+        """Close the sessions idle past the idle limit, freeing their slots, and those whose slot was lost
+        (its lease ran out: another worker may hold it now)."""
         now = time.monotonic()
-        for key in [key for key, (_, expires) in self._idle.items() if expires <= now]:
+        ended = [
+            key for key, (session, expires) in self._idle.items() if expires <= now or not self.holds(session)
+        ]
+        for key in ended:
             self.close_session(self._idle.pop(key)[0])
 
     def close_session(self, session: Session) -> None:

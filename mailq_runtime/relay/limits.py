@@ -20,6 +20,15 @@ Kept in the metadata store (the `Destinations` protocol), with no coordinator:
 
 A worker that gets no slot or no mail of the rate within `WAIT` gives the mail back to the queue after
 a short delay, uncounted (`Throttled`): the limit is not the mail's failure.
+
+A session starts a transaction only while its slot is known to be its own (`holds`): no renewal found
+the row taken by another holder, and its last take or renewal began less than LEASE ago, so the row
+cannot have expired yet. A renewal that comes late (the store slow or away, the process paused) finds
+the slot lost, or the lease has run out by this process's clock: the session finishes the transaction in
+flight, starts no other and is closed (connections.py), and the mail that wanted it is throttled. The
+bound: a destination sees at most N transactions at once, plus, for each lease that ran out during a
+transaction, that one transaction while it ends (at most the client's TIMEOUT a reply); and a session
+left idle with its slot lost stays open, carrying nothing, until its worker's next look at its sessions.
 """
 
 from __future__ import annotations
@@ -172,6 +181,7 @@ class Limiter:
         self._lock = threading.Condition()
         self._held: dict[str, Slot] = {}  # by holder
         self._lost: set[str] = set()  # holders whose lease ran out while their session was open
+        self._renewed: dict[str, float] = {}  # by holder: time.monotonic() its last take or renewal began
         self._keeper: threading.Thread | None = None
         self._closed = False
 
@@ -182,10 +192,11 @@ class Limiter:
         holder = uuid.uuid4().hex
         deadline = time.monotonic() + WAIT
         while True:
+            started = time.monotonic()
             number = self.destinations.take_slot(destination, limit.concurrency, holder, self.clock(), LEASE)
             if number is not None:
                 taken = Slot(destination, number, holder)
-                self._keep(taken)
+                self._keep(taken, started)
                 return taken
             if time.monotonic() + _POLL > deadline:
                 return None
@@ -198,6 +209,7 @@ class Limiter:
         with self._lock:
             self._held.pop(slot.holder, None)
             self._lost.discard(slot.holder)
+            self._renewed.pop(slot.holder, None)
         try:
             self.destinations.free_slot(slot.destination, slot.number, slot.holder)
         except Exception as error:
@@ -205,10 +217,14 @@ class Limiter:
             log.warning("could not free a slot at %s: %s", slot.destination, error)
 
     def holds(self, slot: Slot) -> bool:
-        """Whether the slot's lease is still this process's: a session whose lease ran out (the store
-        away longer than LEASE) is closed rather than kept."""
+        """Whether the slot's lease is surely still this process's (see the module's docstring): a session
+        starts a transaction only then, and is closed rather than kept once it is not."""
+        if slot.number is None:
+            return True
         with self._lock:
-            return slot.holder not in self._lost
+            renewed = self._renewed.get(slot.holder)
+            lost = slot.holder in self._lost
+        return not lost and renewed is not None and time.monotonic() < renewed + LEASE / MICROS_PER_SECOND
 
     def send(self, destination: str, limit: Limit) -> Throttled | None:
         """Count one mail to `destination` in its rate's window, waiting for the next windows while they
@@ -238,9 +254,10 @@ class Limiter:
         if self._keeper is not None:
             self._keeper.join()
 
-    def _keep(self, slot: Slot) -> None:
+    def _keep(self, slot: Slot, started: float) -> None:
         with self._lock:
             self._held[slot.holder] = slot
+            self._renewed[slot.holder] = started
             if self._keeper is None:
                 self._keeper = threading.Thread(target=self._renew, name="mailq slot keeper", daemon=True)
                 self._keeper.start()
@@ -256,6 +273,7 @@ class Limiter:
                     return
                 held = [s for s in self._held.values() if s.holder not in self._lost]
             for slot in held:
+                started = time.monotonic()
                 try:
                     renewed = self.destinations.renew_slot(
                         slot.destination, slot.number or 0, slot.holder, self.clock(), LEASE
@@ -263,8 +281,12 @@ class Limiter:
                 except Exception:
                     log.warning("could not renew a slot at %s", slot.destination, exc_info=True)
                     continue
+                with self._lock:
+                    if slot.holder not in self._held:
+                        continue  # freed meanwhile
+                    if renewed:
+                        self._renewed[slot.holder] = started
+                    else:
+                        self._lost.add(slot.holder)
                 if not renewed:
                     log.warning("lost a slot at %s: its lease ran out", slot.destination)
-                    with self._lock:
-                        if slot.holder in self._held:
-                            self._lost.add(slot.holder)

@@ -136,6 +136,10 @@ class DelayedMails(Protocol):
         """Drop the mail once published (nothing if absent), so publishing is at-least-once."""
         ...
 
+    def get(self, queue: str, due: int, enqueue_id: str) -> DelayedMail | None:
+        """The mail delayed until `due`, if it still waits (one key's read)."""
+        ...
+
     def all(self, queue: str) -> list[DelayedMail]:
         """Every mail the queue holds, in the order of `due`, for a flush."""
         ...

@@ -245,7 +245,8 @@ class DestinationCount(NamedTuple):
     of the count when written, the count when read (destination_counters)."""
 
     domain: str
-    state: str  # "queued": never retried; "deferred": waiting for a retry (or its first delay)
+    # "queued": never retried; "deferred": waiting for a retry (or its first delay); "held": by an operator
+    state: str
     slot: int
     mails: int
 

@@ -22,9 +22,19 @@ def test_hold_release_and_held(mailq, mailq_json, eml):
     assert (queue["held"], queue["size"]) == (1, 2)
     status, out, _ = mailq("queues")
     assert status == 0 and out.splitlines()[0].split()[-1] == "HELD"
+    dest = by_domain(mailq_json)["dest.test"]
+    assert (dest["queued"]["0-5"], dest["held"]["0-5"]) == (0, 1)
+    status, out, _ = mailq("queues", "--by-domain")
+    assert ["spool", "dest.test", "held", "1", "1"] in [row.split()[:5] for row in out.splitlines()]
     status, out, _ = mailq("release", "spool", one)
     assert (status, out) == (0, f"released 1 mails of spool (enqueue id {one})\n")
     assert mailq_json("held", "spool") == []
+    dest = by_domain(mailq_json)["dest.test"]
+    assert (dest["queued"]["0-5"], dest["held"]["0-5"]) == (1, 0)
+
+
+def by_domain(mailq_json) -> dict[str, dict[str, dict[str, int]]]:
+    return {entry["domain"]: entry["states"] for entry in mailq_json("queues", "--by-domain")}
 
 
 @pytest.mark.parametrize(
@@ -62,8 +72,10 @@ def test_queues_by_domain(mailq, mailq_json, eml):
     assert [row.split()[:4] for row in rows] == [
         ["spool", "dest.test", "queued", "1"],
         ["spool", "dest.test", "deferred", "0"],
+        ["spool", "dest.test", "held", "0"],
         ["spool", "other.test", "queued", "1"],
         ["spool", "other.test", "deferred", "1"],
+        ["spool", "other.test", "held", "0"],
     ]
     assert legend.startswith("(mails per destination domain")
 

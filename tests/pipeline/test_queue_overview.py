@@ -116,8 +116,10 @@ def test_the_domain_table_shows_each_destination_by_state_from_the_counters(runt
     assert {key: (r["mails"], r["min_0_5"], r["min_160_plus"]) for key, r in shown.items()} == {
         ("example.net", "queued"): (0, 0, 0),
         ("example.net", "deferred"): (1, 1, 0),
+        ("example.net", "held"): (0, 0, 0),
         ("example.org", "queued"): (1, 1, 0),
         ("example.org", "deferred"): (0, 0, 0),
+        ("example.org", "held"): (0, 0, 0),
     }
     deferred = shown["example.net", "deferred"]
     assert (deferred["last_error"], deferred["next_attempt"]) == ("451 4.3.0 try later", when(due))
@@ -133,6 +135,13 @@ def test_the_domain_table_shows_each_destination_by_state_from_the_counters(runt
     history = instance.fetch_materializations(dg.AssetKey("mail_queue_domains"), limit=10).records
     waiting = [r.asset_materialization.metadata["waiting"].value for r in history]
     assert sorted(waiting) == [1, 2]
+
+    # carol's mail held by the operator: it waits as held, no longer deferred.
+    assert outbound.hold(domain="example.net") == 1
+    figures, rows = domain_run(runtime, instance)
+    assert (figures["waiting"], figures["deferred"], figures["held"]) == (1, 0, 1)
+    shown = {(r["domain"], r["state"]): r["mails"] for r in rows}
+    assert (shown["example.net", "held"], shown["example.net", "deferred"]) == (1, 0)
 
 
 def test_empty_tables_say_why(runtime: Runtime) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from mailq_runtime.queue import STATES
 from mailq_servers.smtp_sink import SmtpSink
 
 from .conftest import QUEUE, inbox, send, statuses, wait_until
@@ -22,11 +23,14 @@ def test_a_held_mail_reaches_no_server_until_released(runtime, start_worker, mx_
         assert [d.recipients for d in sink.dumped()] == [("<carol@one.test>",)]
         assert [item.enqueue_id for item in queue.browse()] == [held]
         assert queue.overview().held == 1 and free not in {i.enqueue_id for i in queue.held_mails()}
+        (shape,) = queue.by_domain()
+        assert (shape.domain, shape.total("held"), shape.total("queued")) == ("one.test", 1, 0)
         assert queue.release(held) == 1
         wait_until(lambda: len(sink.dumped()) == 2)
         wait_until(lambda: queue.size() == 0)
         worker.stop()
     assert statuses(relay_log, "bob@one.test") == ["sent"]
+    assert sum(shape.total(state) for shape in queue.by_domain() for state in STATES) == 0
 
 
 def test_a_suspended_domain_waits_until_resumed(runtime, start_worker, mx_port, relay_log):

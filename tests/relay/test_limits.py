@@ -4,6 +4,7 @@ embedded deployment (one SQLite file shared by the processes) and the distribute
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import time
@@ -15,14 +16,26 @@ import pytest
 
 from mailq_runtime import Runtime
 from mailq_runtime.model import Mail
-from mailq_runtime.relay.limits import LEASE, WAIT, DestinationLimits, Limit, Limiter, Rate, Throttled
+from mailq_runtime.relay.client import send
+from mailq_runtime.relay.connections import Connections
+from mailq_runtime.relay.limits import (
+    LEASE,
+    WAIT,
+    Destination,
+    DestinationLimits,
+    Limit,
+    Limiter,
+    Rate,
+    Throttled,
+)
+from mailq_runtime.relay.routes import Target
 from mailq_servers.counting_sink import counting_sink
 from mailq_servers.s3 import remove_bucket
 from mailq_servers.urls import distributed_url
 from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace
 from tests.smtp.helpers import mailq_command
 
-from .conftest import HOSTNAME, LOCAL, QUEUE, wait_until
+from .conftest import HOSTNAME, LOCAL, QUEUE, SENDER, wait_until
 
 MESSAGE = b"From: alice@example.org\r\nSubject: limits\r\n\r\nhello\r\n"
 
@@ -186,3 +199,33 @@ def test_a_domains_own_limits_on_the_store(tmp_path):
         third = limiter.send("small.test", small)  # the hour's window is full: no wait for the next
         assert isinstance(third, Throttled) and third.limit == "rate"
         assert 0 < third.delay <= 3600 * 1_000_000
+
+
+def test_a_session_whose_slot_was_lost_starts_no_transaction(tmp_path, mx_port, caplog):
+    """A worker's renewal comes late: its slot's row expired and another worker took the slot. The
+    session it kept for its next mail starts no transaction there: that mail waits for a slot, which the
+    other worker holds, and is throttled; the limit (one connection) holds."""
+    limits = DestinationLimits.of(concurrency=1)
+    limit = limits.of_domain("one.test")
+    target = Target("mx.one.test", "127.0.0.1", mx_port)
+    with (
+        Runtime.open(f"embedded://{tmp_path / 'data'}", create=True) as runtime,
+        closing(Limiter(runtime.queue_backends.destinations, limits, runtime.clock)) as late,
+        # The other worker's clock is past the first one's lease: to it, that slot's row has expired.
+        closing(
+            Limiter(runtime.queue_backends.destinations, limits, lambda: runtime.clock() + 2 * LEASE)
+        ) as other,
+        counting_sink(mx_port) as sink,
+    ):
+        destination = Destination("one.test", limit, late)
+        sessions = Connections(late, idle_limit=60)  # kept past the renewal
+        sent = send([target], destination, SENDER, ["bob@one.test"], MESSAGE, HOSTNAME, sessions)
+        assert sent["bob@one.test"].code == 250
+        taken = other.slot("one.test", limit)
+        assert taken is not None and taken.number == 0
+        with caplog.at_level(logging.WARNING, logger="mailq_runtime.relay"):
+            wait_until(lambda: "lost a slot at one.test" in caplog.text, timeout=LEASE / 1e6)
+        again = send([target], destination, SENDER, ["carol@one.test"], MESSAGE, HOSTNAME, sessions)
+        sessions.close()
+    assert isinstance(again, Throttled) and again.limit == "connections"
+    assert sink.recipients == ["bob@one.test"]

@@ -65,6 +65,14 @@ class CassandraDelayedMails:
             (mail.queue, bucket_of(mail.due), mail.due, mail.enqueue_id),
         )
 
+    def get(self, queue: str, due: int, enqueue_id: str) -> DelayedMail | None:
+        row = self.store.execute(
+            f"SELECT {_FIELDS} FROM delayed_mails WHERE queue = ? AND due_bucket = ? AND due = ? "
+            "AND enqueue_id = ?",
+            (queue, bucket_of(due), due, enqueue_id),
+        ).one()
+        return None if row is None else DelayedMail(*row)
+
     def all(self, queue: str) -> list[DelayedMail]:
         results = self.store.execute_all(
             f"SELECT {_FIELDS} FROM delayed_mails WHERE queue = ? AND due_bucket = ?",

@@ -35,6 +35,13 @@ class EmbeddedDelayedMails:
                 (mail.queue, mail.due, mail.enqueue_id),
             )
 
+    def get(self, queue: str, due: int, enqueue_id: str) -> DelayedMail | None:
+        row = self.store.read_one(
+            f"SELECT {_FIELDS} FROM delayed_mails WHERE queue = ? AND due = ? AND enqueue_id = ?",
+            (queue, due, enqueue_id),
+        )
+        return None if row is None else DelayedMail(*row)
+
     def all(self, queue: str) -> list[DelayedMail]:
         rows = self.store.read(
             f"SELECT {_FIELDS} FROM delayed_mails WHERE queue = ? ORDER BY due, enqueue_id", (queue,)
