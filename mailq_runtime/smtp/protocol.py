@@ -14,12 +14,14 @@ import collections
 import logging
 import re
 from collections.abc import Callable
+from email._header_value_parser import get_addr_spec, get_angle_addr
+from email.errors import HeaderParseError
 from typing import Any, cast
 
-from aiosmtpd.smtp import SMTP, TLSSetupException
+from aiosmtpd.smtp import SMTP, TLSSetupException, _AuthMechAttr
 
 from ..metrics import SmtpMetrics
-from .defaults import COMMAND_TIMEOUT, DATA_TERMINATION_TIMEOUT
+from .defaults import DATA_TERMINATION_TIMEOUT
 from .handler import client_name
 
 log = logging.getLogger("mailq_runtime.smtp")
@@ -68,12 +70,11 @@ class _CommandReader(asyncio.StreamReader):
         return line
 
 
-class SmtpSession(SMTP):
-    """A client's session; `sessions` is the server's register of the live ones (for its limit and its
-    shutdown), which the server adds it to and it leaves when its connection is lost; `stopping` tells
-    whether the server is shutting down; `metrics` counts its replies and the bytes it receives."""
-
-    local_part_limit = 64  # RFC 5321 4.5.3.1.1
+class SessionTemplate:
+    """What every session of one server shares, inspected once. aiosmtpd's constructor looks up the
+    handler's hooks, its own commands and AUTH mechanisms with `inspect` at every connection (100-190 us,
+    and most clients connect once per mail): a session takes the state of one session made by that
+    constructor instead, its own commands bound to itself. Made on the server's running loop."""
 
     def __init__(
         self,
@@ -81,24 +82,65 @@ class SmtpSession(SMTP):
         sessions: set[SmtpSession],
         stopping: Callable[[], bool],
         metrics: SmtpMetrics,
-        timeout: float = COMMAND_TIMEOUT,
         **options: Any,
     ) -> None:
-        super().__init__(handler, timeout=timeout, **options)
-        # aiosmtpd keeps these limits on the class: each EHLO of any session would raise MAIL's for all.
-        self.command_size_limits = collections.defaultdict(lambda: SMTP.command_size_limit)
-        self.credentials_known = bool(options.get("authenticator"))
         self.sessions = sessions
         self.stopping = stopping
         self.metrics = metrics
+        self.loop = asyncio.get_running_loop()
+        self.credentials_known = bool(options.get("authenticator"))
+        prototype = SmtpSession.__new__(SmtpSession)
+        SMTP.__init__(prototype, handler, loop=self.loop, **options)
+        # What StreamReaderProtocol's constructor sets is each connection's own; the rest is aiosmtpd's.
+        own = vars(asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=self.loop), print, self.loop))
+        self.state = {name: value for name, value in vars(prototype).items() if name not in own}
+        self.commands = {name: method.__func__ for name, method in prototype._smtp_methods.items()}
+        # A mechanism of the session's own (AUTH PLAIN, LOGIN) is bound to each session, a handler's is not.
+        self.mechanisms = {
+            name: (method.__func__ if builtin else method, builtin)
+            for name, (method, builtin) in prototype._auth_methods.items()
+        }
+
+
+class SmtpSession(SMTP):
+    """A client's session, made from its server's template; the template's `sessions` is the server's
+    register of the live ones (for its limit and its shutdown), which the server adds it to and it leaves
+    when its connection is lost; `stopping` tells whether the server is shutting down; `metrics` counts
+    its replies and the bytes it receives."""
+
+    local_part_limit = 64  # RFC 5321 4.5.3.1.1
+
+    def __init__(self, template: SessionTemplate) -> None:
+        # SMTP.__init__ is not called: its state is the template's (see SessionTemplate).
+        reader = _CommandReader(limit=self.line_length_limit, loop=template.loop)
+        asyncio.StreamReaderProtocol.__init__(self, reader, self._cb_client_connected, template.loop)
+        self.__dict__.update(template.state)
+        self._smtp_methods = {name: function.__get__(self) for name, function in template.commands.items()}
+        self._auth_methods = {
+            name: _AuthMechAttr(method.__get__(self) if builtin else method, builtin)
+            for name, (method, builtin) in template.mechanisms.items()
+        }
+        # aiosmtpd keeps these limits on the class: each EHLO of any session would raise MAIL's for all.
+        self.command_size_limits = collections.defaultdict(lambda: SMTP.command_size_limit)
+        self.credentials_known = template.credentials_known
+        self.sessions = template.sessions
+        self.stopping = template.stopping
+        self.metrics = template.metrics
         self.in_data = False
         self.mails = 0
 
-    def _cb_client_connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # The reader is the one aiosmtpd made in its constructor: its class is swapped in place, since the
-        # protocol feeds that very object.
-        reader.__class__ = _CommandReader
-        super()._cb_client_connected(reader, writer)
+    def _getaddr(self, arg: str) -> tuple[str | None, str | None]:
+        # aiosmtpd's, less the typing.Protocol class it defines at each call (one MAIL and one RCPT a mail).
+        if not arg:
+            return "", ""
+        try:
+            address, rest = (get_angle_addr if arg.lstrip().startswith("<") else get_addr_spec)(arg)
+        except HeaderParseError:
+            return None, None
+        local_part = address.addr_spec.rpartition("@")[0]
+        if self.local_part_limit and len(local_part) > self.local_part_limit:
+            return None, None
+        return address.addr_spec, rest
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         first = self.transport is None  # STARTTLS makes the connection again, over TLS

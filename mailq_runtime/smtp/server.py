@@ -20,7 +20,7 @@ from ..runtime import Runtime
 from .access import Authenticator
 from .defaults import COMMAND_TIMEOUT
 from .handler import RECEIVED_RESERVE, MailHandler, Policy
-from .protocol import Refusal, SmtpSession
+from .protocol import Refusal, SessionTemplate, SmtpSession
 
 log = logging.getLogger("mailq_runtime.smtp")
 
@@ -66,22 +66,30 @@ class SmtpServer:
         self.sessions: set[SmtpSession] = set()
         self.stopping = False
         self.sessions_served = 0
-        # Named by the address bound, so set by `serve` before any session.
+        # Named by the address bound, so set by `serve` before any session, and the sessions' template.
         self.metrics: SmtpMetrics
+        self.template: SessionTemplate
 
     def _protocol(self) -> asyncio.Protocol:
         hostname = self.options.policy.hostname
         self.metrics.sessions.inc()
         if self.stopping or len(self.sessions) >= self.options.max_sessions:
             return Refusal(hostname, self.metrics)
+        session = SmtpSession(self.template)
+        # Counted from now, not from its connection_made: the accept loop may make several at once.
+        self.sessions.add(session)
+        self.sessions_served += 1
+        return session
+
+    def _session_template(self) -> SessionTemplate:
         credentials = self.options.credentials
-        session = SmtpSession(
+        return SessionTemplate(
             self.handler,
             self.sessions,
             lambda: self.stopping,
             self.metrics,
             timeout=self.options.timeout,
-            hostname=hostname,
+            hostname=self.options.policy.hostname,
             ident="mailq ESMTP",
             data_size_limit=self.size_limit,
             enable_SMTPUTF8=True,
@@ -89,10 +97,6 @@ class SmtpServer:
             auth_require_tls=True,
             authenticator=Authenticator(credentials) if credentials else None,
         )
-        # Counted from now, not from its connection_made: the accept loop may make several at once.
-        self.sessions.add(session)
-        self.sessions_served += 1
-        return session
 
     async def serve(self, address: Address, stop: asyncio.Event, ready: Callable[[Address], None]) -> None:
         """Listen on `address` (port 0: any free one), call `ready` with the address bound, serve until
@@ -110,6 +114,7 @@ class SmtpServer:
         self.metrics = SmtpMetrics(
             f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
         )
+        self.template = self._session_template()
         log.info("listening on %s:%d, queue %s", bound[0], bound[1], self.options.queue)
         ready((bound[0], bound[1]))
         try:

@@ -8,8 +8,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from aiosmtpd.smtp import SMTP
 
+from mailq_runtime.smtp.access import Authenticator
 from mailq_runtime.smtp.handler import RECEIVED_RESERVE
+from mailq_runtime.smtp.protocol import SessionTemplate, SmtpSession
+from mailq_runtime.smtp.server import run
 from mailq_runtime.worker import run_worker
 
 from .conftest import DOMAIN, HOSTNAME, QUEUE, USER, make_store, serving
@@ -272,3 +276,29 @@ def test_an_enqueue_under_way_does_not_hold_the_other_sessions(running):
 def _send_one(port: int) -> dict:
     with client(port) as smtp:
         return smtp.sendmail(SENDER, [USER], MESSAGE)
+
+
+def test_sessions_from_the_template_hold_what_aiosmtpds_constructor_gives_each_bound_to_itself(running):
+    """A session takes aiosmtpd's state from its server's template (inspected once) rather than from
+    aiosmtpd's constructor: the same attributes and values, its commands and AUTH mechanisms its own."""
+    handler, metrics = running.server.handler, running.server.metrics
+    settings = {"hostname": HOSTNAME, "authenticator": Authenticator({"carol": b"secret"})}
+
+    async def made() -> tuple[SmtpSession, SmtpSession, SmtpSession]:
+        template = SessionTemplate(handler, set(), lambda: False, metrics, **settings)
+        reference = SmtpSession.__new__(SmtpSession)
+        SMTP.__init__(reference, handler, **settings)
+        return SmtpSession(template), SmtpSession(template), reference
+
+    first, second, reference = run(made())
+    assert set(vars(reference)) <= set(vars(first))
+    bound = {"_smtp_methods", "_auth_methods", "loop", "_loop", "_closed", "_stream_reader_wr"}
+    bound |= {"_strong_reader", "_client_connected_cb", "command_size_limits"}
+    for name in set(vars(reference)) - bound:
+        assert getattr(first, name) == getattr(reference, name), name
+    assert first._smtp_methods.keys() == reference._smtp_methods.keys()
+    assert all(method.__self__ is first for method in first._smtp_methods.values())
+    assert first._auth_methods.keys() == reference._auth_methods.keys() == {"LOGIN", "PLAIN"}
+    assert all(mechanism.method.__self__ is first for mechanism in first._auth_methods.values())
+    assert first._stream_reader is not second._stream_reader
+    assert first.command_size_limits is not second.command_size_limits
