@@ -128,6 +128,7 @@ class SmtpSession(SMTP):
         self.metrics = template.metrics
         self.in_data = False
         self.mails = 0
+        self.reply_lines: list[bytes] = []
 
     def _getaddr(self, arg: str) -> tuple[str | None, str | None]:
         # aiosmtpd's, less the typing.Protocol class it defines at each call (one MAIL and one RCPT a mail).
@@ -195,7 +196,18 @@ class SmtpSession(SMTP):
                 status = f"{code} {enhanced} {text}".rstrip()
             log.info("NOQUEUE: reject: %s: %s; %s", client_name(self.session), status, _sender(self))
         self.metrics.reply(status)
-        await super().push(status)
+        line = (
+            status.encode("utf-8" if self.enable_SMTPUTF8 else "ascii") if isinstance(status, str) else status
+        )
+        if line[3:4] == b"-":
+            # A line of a multi-line reply (EHLO's seven) goes out in one write with the reply's last line.
+            self.reply_lines.append(line + b"\r\n")
+            return
+        if self.reply_lines:
+            line = b"".join(self.reply_lines) + line
+            self.reply_lines.clear()
+        self._writer.write(line + b"\r\n")
+        await self._writer.drain()
 
     async def handle_exception(self, error: Exception) -> str:
         if isinstance(error, BareLineFeed):
