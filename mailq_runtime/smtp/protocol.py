@@ -1,6 +1,7 @@
 """One SMTP session: aiosmtpd's parser with the limits and replies a mail operator expects of Postfix.
 
-aiosmtpd reads the commands and DATA; this subclass adds what it lacks: a command line that ends in a bare
+aiosmtpd parses the commands (read by reader.SessionReader, which also reads DATA's message in blocks);
+this subclass adds what it lacks: a command line that ends in a bare
 LF is refused and the connection closed (521, as Postfix's `smtpd_forbid_bare_newline`), a NUL in a command
 gets 500, every 4xx/5xx reply carries an enhanced status code (ENHANCEDSTATUSCODES is offered), an idle
 client gets 421 4.4.2 before the connection closes (RFC 5321 4.5.3.2), and each session event is logged
@@ -23,6 +24,7 @@ from aiosmtpd.smtp import SMTP, TLSSetupException, _AuthMechAttr
 from ..metrics import SmtpMetrics
 from .defaults import DATA_TERMINATION_TIMEOUT
 from .handler import client_name
+from .reader import BareLineFeed, NulInCommand, SessionReader
 
 log = logging.getLogger("mailq_runtime.smtp")
 # aiosmtpd logs each command line at INFO (an AUTH PLAIN's base64 credentials included) and a
@@ -46,28 +48,6 @@ _ENHANCED = {
     "555": "5.5.4",
 }
 _HAS_ENHANCED = re.compile(r"[245]\d\d[ -][245]\.\d{1,3}\.\d{1,3}( |$)")
-
-
-class BareLineFeed(Exception):
-    """A command line ended in LF alone: the client's framing cannot be trusted (SMTP smuggling)."""
-
-
-class NulInCommand(Exception):
-    """A command line held a NUL byte."""
-
-
-class _CommandReader(asyncio.StreamReader):
-    """aiosmtpd's reader, checking each command line (read up to LF) before the parser sees it; DATA lines
-    are read up to CRLF and are not checked."""
-
-    async def readuntil(self, separator: bytes = b"\n") -> bytes:
-        line = await super().readuntil(separator)
-        if separator == b"\n":
-            if not line.endswith(b"\r\n"):
-                raise BareLineFeed()
-            if b"\0" in line:
-                raise NulInCommand()
-        return line
 
 
 class SessionTemplate:
@@ -112,7 +92,7 @@ class SmtpSession(SMTP):
 
     def __init__(self, template: SessionTemplate) -> None:
         # SMTP.__init__ is not called: its state is the template's (see SessionTemplate).
-        reader = _CommandReader(limit=self.line_length_limit, loop=template.loop)
+        reader = SessionReader(limit=self.line_length_limit, loop=template.loop)
         asyncio.StreamReaderProtocol.__init__(self, reader, self._cb_client_connected, template.loop)
         self.__dict__.update(template.state)
         self._smtp_methods = {name: function.__get__(self) for name, function in template.commands.items()}
@@ -179,14 +159,42 @@ class SmtpSession(SMTP):
         return status
 
     async def smtp_DATA(self, arg: str) -> None:
+        # aiosmtpd's, the message read in blocks (SessionReader.read_message) rather than line by line.
+        if await self.check_helo_needed() or await self.check_auth_needed("DATA"):
+            return
+        assert self.envelope is not None
+        if not self.envelope.rcpt_tos:
+            await self.push("503 Error: need RCPT command")
+            return
+        if arg:
+            await self.push("501 Syntax: DATA")
+            return
+        await self.push("354 End data with <CR><LF>.<CR><LF>")
         self.in_data = True
         try:
-            await super().smtp_DATA(arg)
+            await self._receive_message()
         finally:
             self.in_data = False
         if self.stopping():
             await self.push(f"421 4.3.2 {self.hostname} Service shutting down")
             self.close()
+
+    async def _receive_message(self) -> None:
+        assert self.envelope is not None
+        try:
+            message = await cast(SessionReader, self._reader).read_message(self.data_size_limit)
+        except asyncio.CancelledError:
+            # The connection was lost in the middle of DATA.
+            self._writer.close()
+            raise
+        if isinstance(message, str):  # refused: nothing is kept
+            await self.push(message)
+            self._set_post_data_state()
+            return
+        self.envelope.content = self.envelope.original_content = message
+        status = await self._call_handler_hook("DATA")
+        self._set_post_data_state()
+        await self.push(status)
 
     async def push(self, status: str | bytes) -> None:
         if isinstance(status, str) and status[:1] in ("4", "5"):
