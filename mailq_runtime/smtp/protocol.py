@@ -47,6 +47,12 @@ _ENHANCED = {
     "554": "5.7.0",
     "555": "5.5.4",
 }
+# An address as most clients write it, <local@domain> of dot-atoms of common characters, which the email
+# package's parser (a tenth of the event loop's time) would return as written.
+_PLAIN_ADDRESS = re.compile(
+    # The parser also takes the blanks after it (and a comment, which this leaves to the parser).
+    r"<((?:[A-Za-z0-9_+=-]+\.)*[A-Za-z0-9_+=-]+@(?:[A-Za-z0-9-]+\.)*[A-Za-z0-9-]+)>[ \t]*+(?!\()"
+)
 _HAS_ENHANCED = re.compile(r"[245]\d\d[ -][245]\.\d{1,3}\.\d{1,3}( |$)")
 
 
@@ -111,9 +117,16 @@ class SmtpSession(SMTP):
         self.reply_lines: list[bytes] = []
 
     def _getaddr(self, arg: str) -> tuple[str | None, str | None]:
-        # aiosmtpd's, less the typing.Protocol class it defines at each call (one MAIL and one RCPT a mail).
+        # aiosmtpd's (one MAIL and one RCPT a mail), less the typing.Protocol class it defines at each call,
+        # and a plain address taken as written rather than parsed.
         if not arg:
             return "", ""
+        plain = _PLAIN_ADDRESS.match(arg)
+        if plain is not None:
+            written = plain.group(1)
+            if self.local_part_limit and written.index("@") > self.local_part_limit:
+                return None, None
+            return written, arg[plain.end() :]
         try:
             address, rest = (get_angle_addr if arg.lstrip().startswith("<") else get_addr_spec)(arg)
         except HeaderParseError:
