@@ -1,4 +1,4 @@
-"""`mailq smtp`'s listener: sessions up to a limit, one thread pool for their blocking store calls, and a
+"""`mailq smtp`'s listener: sessions up to a limit, the threads of their blocking store calls, and a
 shutdown that stops accepting, lets the sessions in DATA finish (bounded), then closes the rest."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import logging
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -18,6 +17,7 @@ from ..errors import InvalidInput
 from ..metrics import SmtpMetrics
 from ..runtime import Runtime
 from .access import Authenticator
+from .calls import BlockingCalls
 from .defaults import COMMAND_TIMEOUT
 from .handler import RECEIVED_RESERVE, MailHandler, Policy
 from .protocol import Refusal, SessionTemplate, SmtpSession
@@ -58,9 +58,9 @@ class SmtpServer:
 
     def __init__(self, runtime: Runtime, options: ServerOptions) -> None:
         self.options = options
-        self.pool = ThreadPoolExecutor(options.threads, thread_name_prefix="mailq-smtp")
+        self.calls = BlockingCalls(options.threads, "mailq-smtp")
         queue = runtime.queue(options.queue)
-        self.handler = MailHandler(queue, runtime.mailboxes, options.policy, self.pool)
+        self.handler = MailHandler(queue, runtime.mailboxes, options.policy, self.calls)
         # The SIZE offered: the queue's limit less the room of the Received header the server adds.
         self.size_limit = max(queue.max_message_size - RECEIVED_RESERVE, 1)
         self.sessions: set[SmtpSession] = set()
@@ -108,7 +108,7 @@ class SmtpServer:
                 self._protocol, host, port, reuse_address=True, reuse_port=self.options.reuse_port or None
             )
         except OSError as error:
-            self.pool.shutdown()
+            self.calls.shutdown()
             raise InvalidInput(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
         bound = server.sockets[0].getsockname()[:2]
         self.metrics = SmtpMetrics(
@@ -144,5 +144,5 @@ class SmtpServer:
         while self.sessions and loop.time() < deadline:
             await asyncio.sleep(0.01)
         # An enqueue under way finishes: its mail may be durable, and the store stays whole.
-        await loop.run_in_executor(None, self.pool.shutdown)
+        await loop.run_in_executor(None, self.calls.shutdown)
         log.info("stopped: %d sessions, %d mails accepted", self.sessions_served, self.handler.accepted)
