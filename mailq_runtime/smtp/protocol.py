@@ -1,11 +1,11 @@
 """One SMTP session: aiosmtpd's parser with the limits and replies a mail operator expects of Postfix.
 
 aiosmtpd parses the commands (read by reader.SessionReader, which also reads DATA's message in blocks);
-this subclass adds what it lacks: a command line that ends in a bare
-LF is refused and the connection closed (521, as Postfix's `smtpd_forbid_bare_newline`), a NUL in a command
-gets 500, every 4xx/5xx reply carries an enhanced status code (ENHANCEDSTATUSCODES is offered), an idle
-client gets 421 4.4.2 before the connection closes (RFC 5321 4.5.3.2), and each session event is logged
-as Postfix logs it. aiosmtpd's own log, which echoes every command line (AUTH's too), stays quiet.
+this subclass adds what it lacks: a command line that ends in a bare LF is refused and the connection
+closed (521, as Postfix's `smtpd_forbid_bare_newline`), a NUL in a command gets 500, every 4xx/5xx reply
+carries an enhanced status code (ENHANCEDSTATUSCODES is offered), an idle client gets 421 4.4.2 before the
+connection closes (RFC 5321 4.5.3.2), and each session event is logged as Postfix logs it. aiosmtpd's own
+log, which echoes every command line (AUTH's too), stays quiet.
 """
 
 from __future__ import annotations
