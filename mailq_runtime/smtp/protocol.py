@@ -228,10 +228,7 @@ class SmtpSession(SMTP):
             line = b"".join(self.reply_lines) + line
             self.reply_lines.clear()
         self._writer.write(line + b"\r\n")
-        # The transport sends at once what the socket takes; only a full buffer (a client not reading) or
-        # a lost connection needs the drain, which waits, or raises to end the session.
-        if self._paused or self._connection_lost:
-            await self._writer.drain()
+        await self._writer.drain()
 
     async def handle_exception(self, error: Exception) -> str:
         if isinstance(error, BareLineFeed):
