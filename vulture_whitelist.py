@@ -68,7 +68,8 @@ _.factory  # its Controller makes each session's SMTP instance by calling factor
 mechanism
 _.local_part_limit
 _.command_size_limits
-_.__class__
+_.smtp_DATA  # its session calls smtp_<COMMAND> by name, and _getaddr for MAIL's and RCPT's address
+_._getaddr
 
 # dnspython's resolver settings: the resolver reads the attributes set on it.
 _.nameservers

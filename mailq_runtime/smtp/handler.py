@@ -1,23 +1,19 @@
 """The hooks of `mailq smtp`'s sessions (aiosmtpd's handle_* API): which recipients a client may name, and
 a mail answered 250 only once `enqueue` returned.
 
-The enqueue and the mailbox look-ups are blocking calls on the store: they run in a thread pool, so that
-the other sessions keep flowing while one waits for its sync. A backend that fails (BACKEND_FAILURES)
+The enqueue and the mailbox look-ups are blocking calls on the store: they run on a few threads (calls.py),
+so that the other sessions keep flowing while one waits for its sync. A backend that fails (BACKEND_FAILURES)
 gets 451 4.3.0: the client keeps the mail and tries again later, never a 5xx for the server's own fault.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import re
-from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import format_datetime
-from typing import Any, TypeVar
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
@@ -26,10 +22,9 @@ from ..mailboxes import Mailboxes
 from ..model import EnqueueId, Mail, MailAddress
 from ..queue import MailQueue
 from .access import Network, in_networks
+from .calls import BlockingCalls
 
 log = logging.getLogger("mailq_runtime.smtp")
-
-T = TypeVar("T")
 
 BACKEND_AWAY = "451 4.3.0 Error: queue file write error"
 UNKNOWN_USER = "User unknown in local recipient table"
@@ -60,17 +55,15 @@ def client_name(session: Session) -> str:
 
 
 class MailHandler:
-    """The hooks of every session of one server: one queue, one runtime's mailboxes, one thread pool."""
+    """The hooks of every session of one server: one queue, one runtime's mailboxes, the threads
+    of their blocking calls."""
 
-    def __init__(self, queue: MailQueue, mailboxes: Mailboxes, policy: Policy, pool: Executor) -> None:
+    def __init__(self, queue: MailQueue, mailboxes: Mailboxes, policy: Policy, calls: BlockingCalls) -> None:
         self.queue = queue
         self.mailboxes = mailboxes
         self.policy = policy
-        self.pool = pool
+        self._blocking = calls.run
         self.accepted = 0
-
-    async def _blocking(self, call: Callable[..., T], *arguments: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, call, *arguments)
 
     async def handle_EHLO(
         self, server: SMTP, session: Session, envelope: Envelope, hostname: str, responses: list[str]
@@ -144,7 +137,8 @@ class MailHandler:
         return f"250 2.0.0 Ok: queued as {enqueue_id}"
 
     def _enqueue(self, mail: Mail, client: str) -> EnqueueId:
-        """In the pool: logged here, so that a mail made durable for a client gone meanwhile is logged too."""
+        """On a calls thread: logged here, so that a mail made durable for a client gone meanwhile is
+        logged too."""
         enqueue_id = self.queue.enqueue(mail)
         log.info(
             "%s: client=%s, name=%s, from=<%s>, size=%d, nrcpt=%d (queue %s)",

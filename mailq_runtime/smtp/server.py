@@ -1,4 +1,4 @@
-"""`mailq smtp`'s listener: sessions up to a limit, one thread pool for their blocking store calls, and a
+"""`mailq smtp`'s listener: sessions up to a limit, the threads of their blocking store calls, and a
 shutdown that stops accepting, lets the sessions in DATA finish (bounded), then closes the rest."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import logging
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -18,9 +17,10 @@ from ..errors import InvalidInput
 from ..metrics import SmtpMetrics
 from ..runtime import Runtime
 from .access import Authenticator
+from .calls import BlockingCalls
 from .defaults import COMMAND_TIMEOUT
 from .handler import RECEIVED_RESERVE, MailHandler, Policy
-from .protocol import Refusal, SmtpSession
+from .protocol import Refusal, SessionTemplate, SmtpSession
 
 log = logging.getLogger("mailq_runtime.smtp")
 
@@ -58,30 +58,38 @@ class SmtpServer:
 
     def __init__(self, runtime: Runtime, options: ServerOptions) -> None:
         self.options = options
-        self.pool = ThreadPoolExecutor(options.threads, thread_name_prefix="mailq-smtp")
+        self.calls = BlockingCalls(options.threads, "mailq-smtp")
         queue = runtime.queue(options.queue)
-        self.handler = MailHandler(queue, runtime.mailboxes, options.policy, self.pool)
+        self.handler = MailHandler(queue, runtime.mailboxes, options.policy, self.calls)
         # The SIZE offered: the queue's limit less the room of the Received header the server adds.
         self.size_limit = max(queue.max_message_size - RECEIVED_RESERVE, 1)
         self.sessions: set[SmtpSession] = set()
         self.stopping = False
         self.sessions_served = 0
-        # Named by the address bound, so set by `serve` before any session.
+        # Named by the address bound, so set by `serve` before any session, and the sessions' template.
         self.metrics: SmtpMetrics
+        self.template: SessionTemplate
 
     def _protocol(self) -> asyncio.Protocol:
         hostname = self.options.policy.hostname
         self.metrics.sessions.inc()
         if self.stopping or len(self.sessions) >= self.options.max_sessions:
             return Refusal(hostname, self.metrics)
+        session = SmtpSession(self.template)
+        # Counted from now, not from its connection_made: the accept loop may make several at once.
+        self.sessions.add(session)
+        self.sessions_served += 1
+        return session
+
+    def _session_template(self) -> SessionTemplate:
         credentials = self.options.credentials
-        session = SmtpSession(
+        return SessionTemplate(
             self.handler,
             self.sessions,
             lambda: self.stopping,
             self.metrics,
             timeout=self.options.timeout,
-            hostname=hostname,
+            hostname=self.options.policy.hostname,
             ident="mailq ESMTP",
             data_size_limit=self.size_limit,
             enable_SMTPUTF8=True,
@@ -89,10 +97,6 @@ class SmtpServer:
             auth_require_tls=True,
             authenticator=Authenticator(credentials) if credentials else None,
         )
-        # Counted from now, not from its connection_made: the accept loop may make several at once.
-        self.sessions.add(session)
-        self.sessions_served += 1
-        return session
 
     async def serve(self, address: Address, stop: asyncio.Event, ready: Callable[[Address], None]) -> None:
         """Listen on `address` (port 0: any free one), call `ready` with the address bound, serve until
@@ -104,12 +108,13 @@ class SmtpServer:
                 self._protocol, host, port, reuse_address=True, reuse_port=self.options.reuse_port or None
             )
         except OSError as error:
-            self.pool.shutdown()
+            self.calls.shutdown()
             raise InvalidInput(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
         bound = server.sockets[0].getsockname()[:2]
         self.metrics = SmtpMetrics(
             f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
         )
+        self.template = self._session_template()
         log.info("listening on %s:%d, queue %s", bound[0], bound[1], self.options.queue)
         ready((bound[0], bound[1]))
         try:
@@ -139,5 +144,5 @@ class SmtpServer:
         while self.sessions and loop.time() < deadline:
             await asyncio.sleep(0.01)
         # An enqueue under way finishes: its mail may be durable, and the store stays whole.
-        await loop.run_in_executor(None, self.pool.shutdown)
+        await loop.run_in_executor(None, self.calls.shutdown)
         log.info("stopped: %d sessions, %d mails accepted", self.sessions_served, self.handler.accepted)

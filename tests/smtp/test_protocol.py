@@ -3,13 +3,20 @@ queue holds, and every bad input refused with the standard reply and nothing enq
 
 from __future__ import annotations
 
+import random
 import smtplib
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pytest
+from aiosmtpd.smtp import SMTP
 
+from mailq_runtime.smtp.access import Authenticator
 from mailq_runtime.smtp.handler import RECEIVED_RESERVE
+from mailq_runtime.smtp.protocol import _PLAIN_ADDRESS, SessionTemplate, SmtpSession
+from mailq_runtime.smtp.server import run
 from mailq_runtime.worker import run_worker
 
 from .conftest import DOMAIN, HOSTNAME, QUEUE, USER, make_store, serving
@@ -272,3 +279,103 @@ def test_an_enqueue_under_way_does_not_hold_the_other_sessions(running):
 def _send_one(port: int) -> dict:
     with client(port) as smtp:
         return smtp.sendmail(SENDER, [USER], MESSAGE)
+
+
+def test_sessions_from_the_template_hold_what_aiosmtpds_constructor_gives_each_bound_to_itself(running):
+    """A session takes aiosmtpd's state from its server's template (inspected once) rather than from
+    aiosmtpd's constructor: the same attributes and values, its commands and AUTH mechanisms its own."""
+    handler, metrics = running.server.handler, running.server.metrics
+    settings = {"hostname": HOSTNAME, "authenticator": Authenticator({"carol": b"secret"})}
+
+    async def made() -> tuple[SmtpSession, SmtpSession, SmtpSession]:
+        template = SessionTemplate(handler, set(), lambda: False, metrics, **settings)
+        reference = SmtpSession.__new__(SmtpSession)
+        SMTP.__init__(reference, handler, **settings)
+        return SmtpSession(template), SmtpSession(template), reference
+
+    first, second, reference = run(made())
+    assert set(vars(reference)) <= set(vars(first))
+    bound = {"_smtp_methods", "_auth_methods", "loop", "_loop", "_closed", "_stream_reader_wr"}
+    bound |= {"_strong_reader", "_client_connected_cb", "command_size_limits"}
+    for name in set(vars(reference)) - bound:
+        assert getattr(first, name) == getattr(reference, name), name
+    assert first._smtp_methods.keys() == reference._smtp_methods.keys()
+    assert all(method.__self__ is first for method in first._smtp_methods.values())
+    assert first._auth_methods.keys() == reference._auth_methods.keys() == {"LOGIN", "PLAIN"}
+    assert all(mechanism.method.__self__ is first for mechanism in first._auth_methods.values())
+    assert first._stream_reader is not second._stream_reader
+    assert first.command_size_limits is not second.command_size_limits
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "<alice@example.org>",
+        "<Alice.B-C+tag=1_x@Sub.Example-1.org> SIZE=10240 BODY=8BITMIME",
+        "<alice@example.org>SIZE=1",
+        "<alice@example.org> \t SIZE=1 ",
+        "<alice@example.org> (a comment) SIZE=1",
+        "<alice@example.org>(a comment)",
+        "<" + "a" * 64 + "@example.org>",
+        "<" + "a" * 65 + "@example.org>",
+        "<a.b.c@d>",
+        "<a..b@example.org>",
+        "<.a@example.org>",
+        "<a@example.org.>",
+        "<a@[127.0.0.1]>",
+        '<"quoted local"@example.org>',
+        "<a@b@c>",
+        "<@relay.example:alice@example.org>",
+        "<>",
+        "alice@example.org",
+        "<alice@example.org",
+        "<alice example.org>",
+        "<ålice@exämple.org>",
+    ],
+)
+def test_an_address_is_taken_as_aiosmtpd_takes_it(arg):
+    """A plain address skips the email package's parser: the same address and parameters either way."""
+    session = SmtpSession.__new__(SmtpSession)
+    assert session._getaddr(arg) == SMTP._getaddr(session, arg)
+
+
+def test_addresses_made_at_random_are_taken_as_aiosmtpd_takes_them():
+    session = SmtpSession.__new__(SmtpSession)
+    pick = random.Random(24)
+    words = [
+        "alice",
+        "B0b",
+        "x",
+        "a-b",
+        "c_d",
+        "e+f",
+        "g=h",
+        ".",
+        ".",
+        "@",
+        "@",
+        "é",
+        " ",
+        "(",
+        '"',
+        "[",
+        ":",
+    ]
+    taken = 0
+    for _ in range(3000):
+        local = "".join(pick.choices(words[:7] + words[7:9], k=pick.randint(1, 4)))
+        domain = "".join(pick.choices(words[:2] + words[7:8], k=pick.randint(1, 4)))
+        arg = f"<{local}@{domain}>" if pick.random() < 0.7 else "<" + "".join(pick.choices(words, k=6)) + ">"
+        arg += pick.choice(["", " SIZE=1", " \t BODY=8BITMIME", "(c)", " (c) X"])
+        taken += _PLAIN_ADDRESS.match(arg) is not None
+        assert outcome(session._getaddr, arg) == outcome(partial(SMTP._getaddr, session), arg), arg
+    assert taken > 300  # both ways are compared
+
+
+def outcome(getaddr: Callable[[str], object], arg: str) -> object:
+    """What `getaddr` returns, or the class of what it raises: the email package's parser fails on some
+    input with an AttributeError of its own, whichever way it is called."""
+    try:
+        return getaddr(arg)
+    except Exception as error:
+        return type(error)
