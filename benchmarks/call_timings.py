@@ -24,8 +24,7 @@ DEQUEUE_DONE = (
     "content.get",
     "view.mark_done",
     "blob_tables.current",
-    "blob_tables.add_deletions",
-    "blob_tables.remove_references",
+    "blob_tables.release_references",
     "broker.ack",
 )
 
