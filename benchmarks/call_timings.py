@@ -24,7 +24,8 @@ DEQUEUE_DONE = (
     "content.get",
     "view.mark_done",
     "blob_tables.current",
-    "blob_tables.release_references",
+    "blob_tables.add_deletions",
+    "blob_tables.remove_references",
     "broker.ack",
 )
 

@@ -22,9 +22,9 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
                   view.mark_done                 INSERT INTO deleted_mails, then UPDATE the slice's and
                                                  the destination domain's counters, one counter batch
                   blob_tables.current            SELECT the current GC iteration (mailq: once a second)
-                  blob_tables.release_references INSERT INTO blob_deletions x2 (the blob ids the row
-                                                 names) and DELETE the owner's references (one IN),
-                                                 one logged batch
+                  blob_tables.add_deletions      INSERT INTO blob_deletions x2 (the blob ids the row
+                                                 names), one unlogged batch
+                  blob_tables.remove_references  DELETE the owner's references (one IN)
                   broker.ack                     a SQLite transaction: DELETE FROM broker_messages;
                                                  RabbitMQ: basic_ack
 
@@ -244,7 +244,7 @@ class Floor:
         return result
 
     def _batch(self, statement: PreparedStatement, parameter_sets: list[tuple]) -> None:
-        """One unlogged batch of the rows, as the store writes a mail's blob rows."""
+        """One unlogged batch of the rows, as the store writes a mail's blob rows and deletions."""
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         for parameters in parameter_sets:
             batch.add(statement, parameters)
@@ -417,14 +417,20 @@ class Floor:
         iteration = self._timed(
             "blob_tables.current", lambda: session.execute(statements["generation"], ("gc_iteration",)).one()
         )
-        release = BatchStatement(batch_type=BatchType.LOGGED)
-        for blob_id in held:
-            release.add(
+        self._timed(
+            "blob_tables.add_deletions",
+            lambda: self._batch(
                 statements["add_deletion"],
-                (1, zlib.crc32(blob_id.encode()) % 16, blob_id, now, iteration.number if iteration else 1),
-            )
-        release.add(statements["remove_references"], (mail.enqueue_id, held))
-        self._timed("blob_tables.release_references", lambda: session.execute(release))
+                [
+                    (1, zlib.crc32(blob_id.encode()) % 16, blob_id, now, iteration.number if iteration else 1)
+                    for blob_id in held
+                ],
+            ),
+        )
+        self._timed(
+            "blob_tables.remove_references",
+            lambda: session.execute(statements["remove_references"], (mail.enqueue_id, held)),
+        )
         self._timed("broker.ack", lambda: self.broker.ack(handle))
 
 

@@ -268,16 +268,15 @@ class DeduplicatingBlobStore:
 
     def release_saved(self, owner: str, blob_ids: Iterable[BlobId | str]) -> None:
         """Release the references a `save_all` for `owner` wrote to `blob_ids`, without reading them
-        first: for a caller whose record names them (a mail's row names its header and body). The
-        deletions and the references' removal are one write (`release_references`: a SQLite
-        transaction, a Cassandra logged batch), which never leaves the references removed without
-        their deletions, the case `release`'s order rules out. Released again, they get their
-        deletions appended again (harmless, as for `release` run again after a crash) and nothing is
-        removed."""
+        first: for a caller whose record names them (a mail's row names its header and body). The order
+        is `release`'s: 1. the deletions; 2. the references. Released again, they get their deletions
+        appended again (harmless, as for `release` run again after a crash) and nothing is removed."""
         validate_owner(owner)
         held = list(dict.fromkeys(BlobId.parse(blob_id) for blob_id in blob_ids))
         with self.work.writes():
-            self.tables.release_references(owner, held, self.generations.recent_gc_iteration(), self.clock())
+            self.tables.add_deletions(owner, held, self.generations.recent_gc_iteration(), self.clock())
+            self.faults.reached(RELEASE_AFTER_DELETIONS)
+            self.tables.remove_references(owner, held)
 
     def collect(self, blob_ids: Iterable[BlobId | str]) -> dict[BlobId, int]:
         """Garbage collection: delete the content of blobs found unreferenced, then their rows in `blobs`

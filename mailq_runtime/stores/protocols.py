@@ -239,11 +239,6 @@ class BlobTables(Protocol):
         ...
 
     def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None: ...
-    def release_references(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
-        """`add_deletions`, then `remove_references`, as one write that a failure leaves whole or undone
-        (eventually whole, on Cassandra), never the references removed without their deletions."""
-        ...
-
     def deletion_backlog(self, max_generation: int, newly_eligible_above: int, since: int) -> DeletionSpan:
         """The deletions of generations up to `max_generation` that were appended after `since`, or all
         of a generation above `newly_eligible_above`."""

@@ -72,7 +72,8 @@ def test_blobs_references_deletions_backlog_and_forgetting_as_the_embedded_ones(
         b.remove_references("m1", [b2])
         b.add_deletions("m2", [b2, b3], 8, T0 + 200)
         b.remove_references("m2", [b2, b3])
-        b.release_references("m4", [b4, old], 8, T0 + 300)  # a delivered mail's: both as one write
+        b.add_deletions("m4", [b4, old], 8, T0 + 300)
+        b.remove_references("m4", [b4, old])
         b.remove_references("m3", [b1])  # a blob it does not reference: its own are kept
         b.remove_references("nobody", [b1])
         seen["left"] = [b.references_of(owner) for owner in ("m1", "m2", "m3", "m4")]

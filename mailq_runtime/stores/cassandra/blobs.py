@@ -24,11 +24,6 @@ on a collection), so that none needs another's transaction, which Cassandra does
   the later owner.
 - remove_references deletes exactly the blob ids given, one statement in the owner's partition: a
   reference saved meanwhile, which has no deletion, is kept.
-- release_references (a delivered mail's release, the hot path) sends the deletions and the references'
-  removal as one logged batch, one request instead of two: the batchlog makes the removal land only
-  with its deletions (replayed if the coordinator dies), which is what the order of the two writes
-  ensures elsewhere. No isolation: a GC that reads in between sees a reference gone and its deletion
-  not yet, and collects nothing of it until the deletion shows.
 - blob_deletions is partitioned by (generation, shard): the deletions of one generation are its
   DELETION_SHARDS partitions, read without touching any other generation's.
 """
@@ -55,20 +50,6 @@ def shard_of(blob_id: BlobId | str) -> int:
 def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-_ADD_DELETION = (
-    "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration, owner) "
-    "VALUES (?, ?, ?, ?, ?, ?)"
-)
-_REMOVE_REFERENCES = "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?"
-
-
-def _deletion_rows(owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> list[tuple]:
-    return [
-        (blob_id.generation, shard_of(blob_id), str(blob_id), now, gc_iteration, owner)
-        for blob_id in blob_ids
-    ]
 
 
 def _write_all(store: CassandraStore, cql: str, parameter_sets: list[tuple]) -> None:
@@ -163,19 +144,23 @@ class CassandraBlobTables:
         return sorted(BlobReference(row.owner, row.generation) for row in rows)
 
     def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
-        self.store.execute(_REMOVE_REFERENCES, (owner, [str(blob_id) for blob_id in blob_ids]))
-
-    def release_references(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
-        """The deletions and the references' removal as one logged batch (see the module's docstring)."""
-        self.store.write_together(
-            [(_ADD_DELETION, row) for row in _deletion_rows(owner, blob_ids, gc_iteration, now)]
-            + [(_REMOVE_REFERENCES, (owner, [str(blob_id) for blob_id in blob_ids]))]
+        self.store.execute(
+            "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
+            (owner, [str(blob_id) for blob_id in blob_ids]),
         )
 
     # blob_deletions
     def add_deletions(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         """Append one deletion a blob id, in its generation's partitions."""
-        _write_all(self.store, _ADD_DELETION, _deletion_rows(owner, blob_ids, gc_iteration, now))
+        _write_all(
+            self.store,
+            "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration, owner) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (blob_id.generation, shard_of(blob_id), str(blob_id), now, gc_iteration, owner)
+                for blob_id in blob_ids
+            ],
+        )
 
     def retire_deletions(self, rows: Sequence[DeletionRow]) -> None:
         """Drop exactly these deletion rows, by their full primary key: a blob's other deletions stay."""

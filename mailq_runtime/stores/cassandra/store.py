@@ -7,8 +7,7 @@ default); lightweight transactions run their Paxos round at LOCAL_SERIAL (SERIAL
 LOCAL_ one). Built from its options (options.py): the URL and the environment are the settings' business. The
 password goes to the driver's auth provider and nowhere else: no error or log of this module shows it.
 
-Every statement runs through this module (`execute`, `execute_async`, `execute_all`, `batch`,
-`write_together`, `count_all`, `applied`),
+Every statement runs through this module (`execute`, `execute_async`, `execute_all`, `batch`, `applied`),
 and every failure of the driver reaches the DAOs' callers as a mailq error chained to the driver's, the
 next pages of a paged result included: StoreUnavailable for an outage (no host, too few replicas, a
 timeout, a lost connection), StoreUnusable for a statement the server refuses as written (a table or
@@ -226,19 +225,6 @@ class CassandraStore:
             self.session.execute(batch)
         except _FAILURES as error:
             raise self.failure(error, _doing(cql)) from error
-
-    def write_together(self, statements: Sequence[tuple[str, Sequence]]) -> None:
-        """Run writes (CQL and parameters) as one logged batch, one request: the coordinator first
-        records the batch in its batchlog, so once any of the writes is applied all of them are, even
-        if the coordinator dies meanwhile (its batchlog is replayed); there is no isolation, a reader
-        may see some applied before the others."""
-        batch = BatchStatement(batch_type=BatchType.LOGGED)
-        for cql, parameters in statements:
-            batch.add(self.statement(cql), parameters)
-        try:
-            self.session.execute(batch)
-        except _FAILURES as error:
-            raise self.failure(error, _doing(statements[0][0])) from error
 
     def count_all(self, statements: Sequence[tuple[str, Sequence]]) -> None:
         """Run counter updates (CQL and parameters) in one counter batch, one request, each partition's

@@ -4,7 +4,6 @@ Each method is one SQLite transaction of its own (joining the caller's group of 
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Sequence
 
 from ...model import BlobId
@@ -73,16 +72,20 @@ class EmbeddedBlobTables:
 
     def add_deletions(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
         with self.store.transaction() as db:
-            _append_deletions(db, owner, blob_ids, gc_iteration, now)
+            db.executemany(
+                "INSERT INTO blob_deletions (blob_id, generation, deleted_at, gc_iteration, owner) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(str(blob_id), blob_id.generation, now, gc_iteration, owner) for blob_id in blob_ids],
+            )
 
     def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
+        # An owner holds a few references (a mail's header and body): one statement for all of them.
+        chosen = ", ".join("?" * len(blob_ids))
         with self.store.transaction() as db:
-            _remove_references(db, owner, blob_ids)
-
-    def release_references(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
-        with self.store.transaction() as db:
-            _append_deletions(db, owner, blob_ids, gc_iteration, now)
-            _remove_references(db, owner, blob_ids)
+            db.execute(
+                f"DELETE FROM blob_references WHERE owner = ? AND blob_id IN ({chosen})",
+                [owner, *map(str, blob_ids)],
+            )
 
     def forget(self, blob_ids: Iterable[BlobId]) -> None:
         """Drop collected blobs from `blobs` and `blob_deletions` (their content is already gone)."""
@@ -134,21 +137,3 @@ class EmbeddedBlobTables:
             )
             sizes.update({by_name[name]: size for name, size in rows})
         return sizes
-
-
-def _append_deletions(
-    db: sqlite3.Connection, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int
-) -> None:
-    db.executemany(
-        "INSERT INTO blob_deletions (blob_id, generation, deleted_at, gc_iteration, owner) "
-        "VALUES (?, ?, ?, ?, ?)",
-        [(str(blob_id), blob_id.generation, now, gc_iteration, owner) for blob_id in blob_ids],
-    )
-
-
-def _remove_references(db: sqlite3.Connection, owner: str, blob_ids: Sequence[BlobId]) -> None:
-    # An owner holds a few references (a mail's header and body): one statement for all of them.
-    chosen = ", ".join("?" * len(blob_ids))
-    db.execute(
-        f"DELETE FROM blob_references WHERE owner = ? AND blob_id IN ({chosen})", [owner, *map(str, blob_ids)]
-    )
