@@ -37,6 +37,7 @@ from ...model import BlobId
 from ..records import BlobDeletion, BlobReference, DeletionRow, DeletionSpan, GenerationStart, SizedBlob
 from .schema import DELETION_SHARDS
 from .store import CassandraStore
+from .write_groups import WriteGroup
 
 _IN_CHUNK = 100
 # The most rows written as one batch: beyond, concurrent writes (Cassandra warns from ten partitions).
@@ -52,6 +53,13 @@ def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
         yield items[start : start + size]
 
 
+_ADD_DELETION = (
+    "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration, owner) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+_REMOVE_REFERENCES = "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?"
+
+
 def _write_all(store: CassandraStore, cql: str, parameter_sets: list[tuple]) -> None:
     """Run one write per parameter set: a few (a mail's two blobs) as one unlogged batch, a single
     request whose rows are applied partition by partition, no more atomic than separate writes; many
@@ -65,6 +73,12 @@ def _write_all(store: CassandraStore, cql: str, parameter_sets: list[tuple]) -> 
 class CassandraBlobTables:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
+        # A mail's release appends two deletions: four releases fill a batch.
+        self._deletions: WriteGroup[list[tuple]] = WriteGroup(
+            lambda rows: _write_all(store, _ADD_DELETION, [row for chunk in rows for row in chunk]),
+            max_items=_BATCH_ROWS // 2,
+        )
+        self._removals: WriteGroup[tuple[str, list[str]]] = WriteGroup(self._remove_all)
 
     # generations: an append-only event log of reference generations and GC iterations
     def current(self, kind: str) -> int | None:
@@ -144,23 +158,28 @@ class CassandraBlobTables:
         return sorted(BlobReference(row.owner, row.generation) for row in rows)
 
     def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
-        self.store.execute(
-            "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
-            (owner, [str(blob_id) for blob_id in blob_ids]),
-        )
+        """One statement in the owner's partition, in one request with those of concurrent callers
+        (write_groups.py)."""
+        self._removals.write((owner, [str(blob_id) for blob_id in blob_ids]))
+
+    def _remove_all(self, removals: Sequence[tuple[str, list[str]]]) -> None:
+        if len(removals) == 1:
+            self.store.execute(_REMOVE_REFERENCES, removals[0])
+            return
+        self.store.batch(_REMOVE_REFERENCES, removals)
 
     # blob_deletions
     def add_deletions(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
-        """Append one deletion a blob id, in its generation's partitions."""
-        _write_all(
-            self.store,
-            "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration, owner) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (blob_id.generation, shard_of(blob_id), str(blob_id), now, gc_iteration, owner)
-                for blob_id in blob_ids
-            ],
-        )
+        """Append one deletion a blob id, in its generation's partitions, with those of concurrent
+        callers (write_groups.py)."""
+        rows = [
+            (blob_id.generation, shard_of(blob_id), str(blob_id), now, gc_iteration, owner)
+            for blob_id in blob_ids
+        ]
+        if len(rows) > _BATCH_ROWS:
+            _write_all(self.store, _ADD_DELETION, rows)  # a clean-up's: concurrently, on its own
+            return
+        self._deletions.write(rows)
 
     def retire_deletions(self, rows: Sequence[DeletionRow]) -> None:
         """Drop exactly these deletion rows, by their full primary key: a blob's other deletions stay."""
