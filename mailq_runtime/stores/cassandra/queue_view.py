@@ -65,7 +65,11 @@ _IN_CHUNK = 100
 _COUNT_DELETIONS = (
     "UPDATE slice_counters SET deleted = deleted + ? WHERE queue = ? AND slice_start = ? AND bucket = ?"
 )
+_COUNT_ENQUEUED = (
+    "UPDATE slice_counters SET enqueued = enqueued + ? WHERE queue = ? AND slice_start = ? AND bucket = ?"
+)
 _MARK = "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)"
+_INSERT = f"INSERT INTO enqueued_mails ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 # Seconds between a recount's two looks at a slice: longer than any gap between an operation's two
 # writes (the next statement of the same call), so that one in flight at the first look has landed.
 RECOUNT_SETTLE = 1.0
@@ -101,6 +105,14 @@ def _write_all(store: CassandraStore, cql: str, parameter_sets: Sequence[Sequenc
     store.batch(cql, parameter_sets)
 
 
+def _count_all(store: CassandraStore, updates: list[tuple[str, Sequence]]) -> None:
+    """Counter updates: one alone, several as one counter batch."""
+    if len(updates) == 1:
+        store.execute(*updates[0])
+        return
+    store.count_all(updates)
+
+
 def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -132,12 +144,11 @@ class QueuesDAO:
 class EnqueuedMailsDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
+        self._inserts: WriteGroup[tuple] = WriteGroup(lambda rows: _write_all(store, _INSERT, rows))
 
     def insert(self, mail: EnqueuedMail) -> None:
-        self.store.execute(
-            f"INSERT INTO enqueued_mails ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            mail.row(),
-        )
+        """The mail's row, in one request with those of concurrent callers (write_groups.py)."""
+        self._inserts.write(mail.row())
 
     def read(self, queue: str, slices: list[SliceBucket]) -> list[EnqueuedMail]:
         """The mails of these (slice, bucket) partitions, partition by partition in enqueue id order."""
@@ -213,14 +224,19 @@ class DeletedMailsDAO:
 class SliceCountersDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
+        self._enqueued: WriteGroup[tuple[str, int, int]] = WriteGroup(self._count_enqueued)
         self._deletions: WriteGroup[_Deletion] = WriteGroup(self._count_deletions)
 
     def count_enqueued(self, queue: str, slice_start: int, bucket: int) -> None:
-        self.store.execute(
-            "UPDATE slice_counters SET enqueued = enqueued + 1 "
-            "WHERE queue = ? AND slice_start = ? AND bucket = ?",
-            (queue, slice_start, bucket),
-        )
+        """Count one mail in the slice's bucket, with those of concurrent callers (write_groups.py)."""
+        self._enqueued.write((queue, slice_start, bucket))
+
+    def _count_enqueued(self, buckets: Sequence[tuple[str, int, int]]) -> None:
+        """One counter batch: the mails of one bucket summed into one update."""
+        counts: dict[tuple[str, int, int], int] = {}
+        for counted in buckets:
+            counts[counted] = counts.get(counted, 0) + 1
+        _count_all(self.store, [(_COUNT_ENQUEUED, (n, *counted)) for counted, n in counts.items()])
 
     def count_deleted(
         self, queue: str, slice_start: int, bucket: int, destinations: Sequence[DestinationCount] = ()
@@ -238,13 +254,11 @@ class SliceCountersDAO:
             for change in destinations:
                 key = count_parameters(queue, change)[1:]
                 domains[key] = domains.get(key, 0) + change.mails
-        updates = [(_COUNT_DELETIONS, (n, *counted)) for counted, n in slices.items()] + [
-            (COUNT, (n, *counted)) for counted, n in domains.items() if n
-        ]
-        if len(updates) == 1:
-            self.store.execute(*updates[0])
-            return
-        self.store.count_all(updates)
+        _count_all(
+            self.store,
+            [(_COUNT_DELETIONS, (n, *counted)) for counted, n in slices.items()]
+            + [(COUNT, (n, *counted)) for counted, n in domains.items() if n],
+        )
 
     def correct(self, queue: str, slice_start: int, bucket: int, enqueued: int, deleted: int) -> None:
         """Add `enqueued` and `deleted` (either may be negative) to the counters of a slice's bucket."""
