@@ -24,6 +24,10 @@ on a collection), so that none needs another's transaction, which Cassandra does
   the later owner.
 - remove_references deletes exactly the blob ids given, one statement in the owner's partition: a
   reference saved meanwhile, which has no deletion, is kept.
+- add_blobs, add_references, add_deletions and remove_references of a mail's few blobs are
+  group-committed (write_groups.py): concurrent callers' rows share one unlogged batch, each caller
+  waiting for the request that carries its rows before its next step, so the orders above hold owner
+  by owner; an owner's references are still one mutation of its partition.
 - blob_deletions is partitioned by (generation, shard): the deletions of one generation are its
   DELETION_SHARDS partitions, read without touching any other generation's.
 """
