@@ -41,10 +41,8 @@ Every method commits on its own; the order of the writes is what keeps a crash h
   mail) comes back with its old value plus the increment. Such a slice lies behind browse_start, where
   neither size nor browse reads; the pipeline's recount reports it.
 
-The hot path's writes (insert's counter and row, mark_done's mark and counts) are group-committed
-(write_groups.py): concurrent callers' writes of one kind share a request, the counts of one counter
-summed into one update, and each caller waits for the request carrying its write before its next one,
-so the orders above hold mail by mail.
+insert's and mark_done's writes are group-committed (write_groups.py), one counter's counts summed:
+each caller waits for the request carrying its write before its next one, so these orders hold.
 
 Unlike the embedded view, mark_deleted takes the mail's bucket: the counters are kept per slice and
 bucket, which is how the reads find the buckets that hold mails whatever bucketCount a process read.
