@@ -64,7 +64,7 @@ def test_a_failed_request_fails_each_of_its_callers_and_the_next_request_goes_on
             entered.set()
             release.wait(5)  # the others queue behind this request meanwhile
         if failing & set(items):
-            raise StoreUnavailable("Cassandra at test failed INSERT on deleted_mails: timeout")
+            raise StoreUnavailable("Cassandra at test failed INSERT on deleted_mails: timeout") from OSError()
         written.extend(items)
 
     group = WriteGroup(write)
@@ -91,6 +91,8 @@ def test_a_failed_request_fails_each_of_its_callers_and_the_next_request_goes_on
     assert outcomes[0] is None
     assert all(isinstance(outcomes[item], StoreUnavailable) for item in (1, 2, 3, 4))
     assert "timeout" in str(outcomes[1]) and outcomes[1] is not outcomes[2]
+    # Each chained as the store chained the failure: to the driver's error.
+    assert isinstance(outcomes[1].__cause__, OSError) and outcomes[1].__cause__ is outcomes[4].__cause__
     assert written == [0]
     group.write(5)  # the group is not left busy
     assert written == [0, 5]

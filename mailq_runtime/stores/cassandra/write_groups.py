@@ -23,13 +23,14 @@ MAX_ITEMS = 8
 
 
 class _Waiter(Generic[Item]):
-    __slots__ = ("item", "woken", "leads", "error")
+    __slots__ = ("item", "woken", "leads", "error", "shares")
 
     def __init__(self, item: Item) -> None:
         self.item = item
         self.woken = threading.Event()
         self.leads = False  # woken to write the next request, not because its write is done
         self.error: BaseException | None = None
+        self.shares = False  # its request was another caller's, which raises the failure itself
 
 
 class WriteGroup(Generic[Item]):
@@ -72,6 +73,7 @@ class WriteGroup(Generic[Item]):
         for waiter in batch:
             waiter.error = error
             waiter.leads = False
+            waiter.shares = waiter is not batch[0]
         for waiter in batch[1:]:
             waiter.woken.set()
         with self._lock:
@@ -87,12 +89,14 @@ def _raise_for(waiter: _Waiter) -> None:
     error = waiter.error
     if error is None:
         return
-    # Several threads raise the failure of one request: each its own copy, chained to it, so that
-    # their tracebacks do not mix.
+    if not waiter.shares:
+        raise error
+    # The others raise a copy each, chained as the failure is (to the driver's error), so that the
+    # tracebacks of several threads do not mix.
     try:
         copy = type(error)(*error.args)
     except Exception:
         copy = None
     if copy is None:
         raise error
-    raise copy from error
+    raise copy from error.__cause__
