@@ -24,10 +24,6 @@ on a collection), so that none needs another's transaction, which Cassandra does
   the later owner.
 - remove_references deletes exactly the blob ids given, one statement in the owner's partition: a
   reference saved meanwhile, which has no deletion, is kept.
-- add_blobs, add_references, add_deletions and remove_references of a mail's few blobs are
-  group-committed (write_groups.py): concurrent callers' rows share one unlogged batch, each caller
-  waiting for the request that carries its rows before its next step, so the orders above hold owner
-  by owner; an owner's references are still one mutation of its partition.
 - blob_deletions is partitioned by (generation, shard): the deletions of one generation are its
   DELETION_SHARDS partitions, read without touching any other generation's.
 """
@@ -41,7 +37,6 @@ from ...model import BlobId
 from ..records import BlobDeletion, BlobReference, DeletionRow, DeletionSpan, GenerationStart, SizedBlob
 from .schema import DELETION_SHARDS
 from .store import CassandraStore
-from .write_groups import WriteGroup
 
 _IN_CHUNK = 100
 # The most rows written as one batch: beyond, concurrent writes (Cassandra warns from ten partitions).
@@ -57,15 +52,6 @@ def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
         yield items[start : start + size]
 
 
-_ADD_DELETION = (
-    "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration, owner) "
-    "VALUES (?, ?, ?, ?, ?, ?)"
-)
-_REMOVE_REFERENCES = "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?"
-_ADD_BLOB = "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)"
-_ADD_REFERENCE = "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)"
-
-
 def _write_all(store: CassandraStore, cql: str, parameter_sets: list[tuple]) -> None:
     """Run one write per parameter set: a few (a mail's two blobs) as one unlogged batch, a single
     request whose rows are applied partition by partition, no more atomic than separate writes; many
@@ -79,21 +65,6 @@ def _write_all(store: CassandraStore, cql: str, parameter_sets: list[tuple]) -> 
 class CassandraBlobTables:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
-        # A mail's release appends two deletions: four releases fill a batch.
-        self._deletions: WriteGroup[list[tuple]] = WriteGroup(
-            lambda rows: _write_all(store, _ADD_DELETION, [row for chunk in rows for row in chunk]),
-            max_items=_BATCH_ROWS // 2,
-        )
-        self._removals: WriteGroup[tuple[str, list[str]]] = WriteGroup(self._remove_all)
-        # A mail's save writes two blob rows and two references: four saves fill a batch.
-        self._blob_rows: WriteGroup[list[tuple]] = WriteGroup(
-            lambda rows: _write_all(store, _ADD_BLOB, [row for chunk in rows for row in chunk]),
-            max_items=_BATCH_ROWS // 2,
-        )
-        self._references: WriteGroup[list[tuple]] = WriteGroup(
-            lambda rows: store.batch(_ADD_REFERENCE, [row for chunk in rows for row in chunk]),
-            max_items=_BATCH_ROWS // 2,
-        )
 
     # generations: an append-only event log of reference generations and GC iterations
     def current(self, kind: str) -> int | None:
@@ -124,13 +95,12 @@ class CassandraBlobTables:
         return {by_name[row.blob_id]: row.size for rows in results for row in rows}
 
     def add_blobs(self, blobs: Sequence[SizedBlob], now: int) -> None:
-        """Rows in `blobs` (see the module's docstring for a row present already), with those of
-        concurrent callers (write_groups.py)."""
-        rows = [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs]
-        if len(rows) > _BATCH_ROWS:
-            _write_all(self.store, _ADD_BLOB, rows)
-        elif rows:
-            self._blob_rows.write(rows)
+        """Rows in `blobs` (see the module's docstring for a row present already)."""
+        _write_all(
+            self.store,
+            "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
+            [(str(blob_id), blob_id.generation, size, now) for blob_id, size in blobs],
+        )
 
     def forget(self, blob_ids: Iterable[BlobId]) -> None:
         """Drop collected blobs from `blob_deletions` and `blobs` (their content is already gone)."""
@@ -148,13 +118,11 @@ class CassandraBlobTables:
         """The owner's references to the blobs; those present already are kept (rewritten as they were)."""
         if not blob_ids:
             return  # Cassandra refuses an empty batch
-        # One partition: in a batch, even with other owners' (write_groups.py), a single mutation,
-        # applied whole.
-        rows = [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids]
-        if len(rows) > _BATCH_ROWS:
-            self.store.batch(_ADD_REFERENCE, rows)
-        else:
-            self._references.write(rows)
+        # One partition: the batch is a single mutation, applied whole.
+        self.store.batch(
+            "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
+            [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids],
+        )
 
     def references_of(self, owner: str) -> list[BlobId]:
         rows = self.store.execute("SELECT blob_id FROM blob_references WHERE owner = ?", (owner,))
@@ -176,28 +144,23 @@ class CassandraBlobTables:
         return sorted(BlobReference(row.owner, row.generation) for row in rows)
 
     def remove_references(self, owner: str, blob_ids: Sequence[BlobId]) -> None:
-        """One statement in the owner's partition, in one request with those of concurrent callers
-        (write_groups.py)."""
-        self._removals.write((owner, [str(blob_id) for blob_id in blob_ids]))
-
-    def _remove_all(self, removals: Sequence[tuple[str, list[str]]]) -> None:
-        if len(removals) == 1:
-            self.store.execute(_REMOVE_REFERENCES, removals[0])
-            return
-        self.store.batch(_REMOVE_REFERENCES, removals)
+        self.store.execute(
+            "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
+            (owner, [str(blob_id) for blob_id in blob_ids]),
+        )
 
     # blob_deletions
     def add_deletions(self, owner: str, blob_ids: Sequence[BlobId], gc_iteration: int, now: int) -> None:
-        """Append one deletion a blob id, in its generation's partitions, with those of concurrent
-        callers (write_groups.py)."""
-        rows = [
-            (blob_id.generation, shard_of(blob_id), str(blob_id), now, gc_iteration, owner)
-            for blob_id in blob_ids
-        ]
-        if len(rows) > _BATCH_ROWS:
-            _write_all(self.store, _ADD_DELETION, rows)  # a clean-up's: concurrently, on its own
-            return
-        self._deletions.write(rows)
+        """Append one deletion a blob id, in its generation's partitions."""
+        _write_all(
+            self.store,
+            "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration, owner) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (blob_id.generation, shard_of(blob_id), str(blob_id), now, gc_iteration, owner)
+                for blob_id in blob_ids
+            ],
+        )
 
     def retire_deletions(self, rows: Sequence[DeletionRow]) -> None:
         """Drop exactly these deletion rows, by their full primary key: a blob's other deletions stay."""

@@ -41,9 +41,6 @@ Every method commits on its own; the order of the writes is what keeps a crash h
   mail) comes back with its old value plus the increment. Such a slice lies behind browse_start, where
   neither size nor browse reads; the pipeline's recount reports it.
 
-insert's and mark_done's writes are group-committed (write_groups.py), one counter's counts summed:
-each caller waits for the request carrying its write before its next one, so these orders hold.
-
 Unlike the embedded view, mark_deleted takes the mail's bucket: the counters are kept per slice and
 bucket, which is how the reads find the buckets that hold mails whatever bucketCount a process read.
 """
@@ -57,7 +54,6 @@ from typing import NamedTuple
 from ..records import DestinationCount, EnqueuedMail, SliceSize
 from .destinations import COUNT, count_parameters
 from .store import CassandraStore
-from .write_groups import WriteGroup
 
 _FIELDS = (
     "queue, slice_start, bucket, enqueue_id, enqueued_time, next_delivery, priority, name, sender, "
@@ -65,26 +61,12 @@ _FIELDS = (
 )
 # Marks read with one IN query, so a slice of thousands of mails costs tens of requests, not thousands.
 _IN_CHUNK = 100
-_COUNT_DELETIONS = (
-    "UPDATE slice_counters SET deleted = deleted + ? WHERE queue = ? AND slice_start = ? AND bucket = ?"
+_COUNT_DELETED = (
+    "UPDATE slice_counters SET deleted = deleted + 1 WHERE queue = ? AND slice_start = ? AND bucket = ?"
 )
-_COUNT_ENQUEUED = (
-    "UPDATE slice_counters SET enqueued = enqueued + ? WHERE queue = ? AND slice_start = ? AND bucket = ?"
-)
-_MARK = "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)"
-_INSERT = f"INSERT INTO enqueued_mails ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 # Seconds between a recount's two looks at a slice: longer than any gap between an operation's two
 # writes (the next statement of the same call), so that one in flight at the first look has landed.
 RECOUNT_SETTLE = 1.0
-
-
-class _Deletion(NamedTuple):
-    """A deletion to count in a slice's bucket, with its destination counts' changes."""
-
-    queue: str
-    slice_start: int
-    bucket: int
-    destinations: tuple[DestinationCount, ...]
 
 
 class SliceBucket(NamedTuple):
@@ -97,23 +79,6 @@ class SliceBucket(NamedTuple):
 class SliceCounts(NamedTuple):
     enqueued: int
     deleted: int
-
-
-def _write_all(store: CassandraStore, cql: str, parameter_sets: Sequence[Sequence]) -> None:
-    """One write a parameter set: one statement alone, a few as one unlogged batch (one request, each
-    partition's row applied on its own)."""
-    if len(parameter_sets) == 1:
-        store.execute(cql, parameter_sets[0])
-        return
-    store.batch(cql, parameter_sets)
-
-
-def _count_all(store: CassandraStore, updates: list[tuple[str, Sequence]]) -> None:
-    """Counter updates: one alone, several as one counter batch."""
-    if len(updates) == 1:
-        store.execute(*updates[0])
-        return
-    store.count_all(updates)
 
 
 def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
@@ -147,11 +112,12 @@ class QueuesDAO:
 class EnqueuedMailsDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
-        self._inserts: WriteGroup[tuple] = WriteGroup(lambda rows: _write_all(store, _INSERT, rows))
 
     def insert(self, mail: EnqueuedMail) -> None:
-        """The mail's row, in one request with those of concurrent callers (write_groups.py)."""
-        self._inserts.write(mail.row())
+        self.store.execute(
+            f"INSERT INTO enqueued_mails ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            mail.row(),
+        )
 
     def read(self, queue: str, slices: list[SliceBucket]) -> list[EnqueuedMail]:
         """The mails of these (slice, bucket) partitions, partition by partition in enqueue id order."""
@@ -191,7 +157,6 @@ class EnqueuedMailsDAO:
 class DeletedMailsDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
-        self._puts: WriteGroup[tuple[str, str]] = WriteGroup(lambda marks: _write_all(store, _MARK, marks))
 
     def mark(self, queue: str, enqueue_id: str) -> bool:
         """True if this call marked the mail, False if it was marked already."""
@@ -200,9 +165,8 @@ class DeletedMailsDAO:
         ).applied
 
     def put(self, queue: str, enqueue_id: str) -> None:
-        """Mark the mail, whether it was marked or not: an idempotent write, in one request with those of
-        concurrent callers (write_groups.py)."""
-        self._puts.write((queue, enqueue_id))
+        """Mark the mail, whether it was marked or not: an idempotent write."""
+        self.store.execute("INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)", (queue, enqueue_id))
 
     def is_marked(self, queue: str, enqueue_id: str):
         """A future whose result has a row if the mail is marked."""
@@ -227,40 +191,26 @@ class DeletedMailsDAO:
 class SliceCountersDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
-        self._enqueued: WriteGroup[tuple[str, int, int]] = WriteGroup(self._count_enqueued)
-        self._deletions: WriteGroup[_Deletion] = WriteGroup(self._count_deletions)
 
     def count_enqueued(self, queue: str, slice_start: int, bucket: int) -> None:
-        """Count one mail in the slice's bucket, with those of concurrent callers (write_groups.py)."""
-        self._enqueued.write((queue, slice_start, bucket))
-
-    def _count_enqueued(self, buckets: Sequence[tuple[str, int, int]]) -> None:
-        """One counter batch: the mails of one bucket summed into one update."""
-        counts: dict[tuple[str, int, int], int] = {}
-        for counted in buckets:
-            counts[counted] = counts.get(counted, 0) + 1
-        _count_all(self.store, [(_COUNT_ENQUEUED, (n, *counted)) for counted, n in counts.items()])
+        self.store.execute(
+            "UPDATE slice_counters SET enqueued = enqueued + 1 "
+            "WHERE queue = ? AND slice_start = ? AND bucket = ?",
+            (queue, slice_start, bucket),
+        )
 
     def count_deleted(
         self, queue: str, slice_start: int, bucket: int, destinations: Sequence[DestinationCount] = ()
     ) -> None:
         """Count one deletion in the slice's bucket, and the destination counts' changes with it in one
-        counter batch, with those of concurrent callers (see the module's docstring)."""
-        self._deletions.write(_Deletion(queue, slice_start, bucket, tuple(destinations)))
-
-    def _count_deletions(self, deletions: Sequence[_Deletion]) -> None:
-        """One counter batch for the deletions: the changes of one counter summed into one update."""
-        slices: dict[tuple[str, int, int], int] = {}
-        domains: dict[tuple, int] = {}
-        for queue, slice_start, bucket, destinations in deletions:
-            slices[queue, slice_start, bucket] = slices.get((queue, slice_start, bucket), 0) + 1
-            for change in destinations:
-                key = count_parameters(queue, change)[1:]
-                domains[key] = domains.get(key, 0) + change.mails
-        _count_all(
-            self.store,
-            [(_COUNT_DELETIONS, (n, *counted)) for counted, n in slices.items()]
-            + [(COUNT, (n, *counted)) for counted, n in domains.items() if n],
+        counter batch (see the module's docstring)."""
+        counted = (queue, slice_start, bucket)
+        if not destinations:
+            self.store.execute(_COUNT_DELETED, counted)
+            return
+        self.store.count_all(
+            [(_COUNT_DELETED, counted)]
+            + [(COUNT, count_parameters(queue, change)) for change in destinations]
         )
 
     def correct(self, queue: str, slice_start: int, bucket: int, enqueued: int, deleted: int) -> None:
