@@ -41,10 +41,10 @@ demo-distributed: setup $(DAGSTER_DIR)/dagster.yaml
 	$(BIN)/python -m mailq_servers deployment $(DISTRIBUTED_DIR)
 	$(SERVERS_ENV) && $(BIN)/mailq --url "$$(cat $(DISTRIBUTED_DIR)/url)" demo $(DEMO_OPTIONS)
 
-# The suite in two processes, then the tests of the three-node clusters alone (tests/conftest.py).
+# The suite in two processes, then the tests that need the machine to themselves (tests/conftest.py).
 test: setup
-	$(BIN)/pytest -n 2 -m 'not cluster'
-	$(BIN)/pytest -m cluster
+	$(BIN)/pytest -n 2 -m 'not alone'
+	$(BIN)/pytest -m alone
 
 # The real servers of the distributed deployment (mailq_servers), installed into ~/.cache/mailq-servers.
 servers: setup

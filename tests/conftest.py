@@ -22,9 +22,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
 
 
-# `make test` runs the suite in two processes (pytest-xdist), then the tests of the three-node clusters
-# alone (`-m cluster`): started by the tests that need them, a cluster takes the machine's two cores, and
-# its fault tests time a node's loss and return.
+# `make test` runs the suite in two processes (pytest-xdist), then the tests marked `alone` by themselves:
+# those of the three-node clusters (started by the tests that need them, a cluster takes the machine's two
+# cores, and its fault tests time a node's loss and return) and those that time other processes' work.
 CLUSTER_FIXTURES = frozenset({"cassandra_cluster", "rabbitmq_cluster"})
 
 
@@ -32,4 +32,4 @@ CLUSTER_FIXTURES = frozenset({"cassandra_cluster", "rabbitmq_cluster"})
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.cluster)
+            item.add_marker(pytest.mark.alone)

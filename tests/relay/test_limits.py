@@ -38,6 +38,8 @@ from tests.smtp.helpers import mailq_command
 from .conftest import HOSTNAME, LOCAL, QUEUE, SENDER, wait_until
 
 MESSAGE = b"From: alice@example.org\r\nSubject: limits\r\n\r\nhello\r\n"
+# The rate and the slots' leases are timed across worker processes: measured with the machine to themselves.
+pytestmark = pytest.mark.alone
 
 
 @pytest.fixture(params=["embedded", "cassandra"])
@@ -155,9 +157,10 @@ def test_a_killed_workers_slot_comes_back(limits_url, mx_port, tmp_path):
         finally:
             _stop([second], log)
     assert sink.recipients == ["bob@one.test"]
-    # The dead worker's slot held the second one off until its lease ran out.
+    # The dead worker's slot held the second one off until its lease ran out: LEASE after its last
+    # renewal, which came at most a third of LEASE before the kill.
     assert "status=throttled ([127.0.0.1]" in log.read_text()
-    assert came_back >= LEASE / 1e6 - 2
+    assert came_back >= LEASE * 2 / 3 / 1e6 - 0.5
 
 
 @pytest.mark.parametrize(

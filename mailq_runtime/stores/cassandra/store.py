@@ -92,6 +92,7 @@ class CassandraStore:
             request_timeout=options.request_timeout,
             retry_policy=CounterLeaderRetryPolicy(),
         )
+        connect_timeout = max(5.0, options.request_timeout / 3)
         try:
             self.cluster = Cluster(
                 list(options.contact_points),
@@ -100,7 +101,10 @@ class CassandraStore:
                 if options.username is None
                 else PlainTextAuthProvider(options.username, options.password),
                 execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-                connect_timeout=max(5.0, options.request_timeout / 3),
+                connect_timeout=connect_timeout,
+                # Connecting reads the schema of every keyspace, which a busy node may take more than the
+                # driver's default 2 s to return: it is slow, not away.
+                control_connection_timeout=connect_timeout,
                 # The driver's default waits up to 10 minutes between looks at a node that went down: an
                 # outage would then delay mails by that, not by its own length.
                 reconnection_policy=ExponentialReconnectionPolicy(_RECONNECT_FIRST, _RECONNECT_MAX),
