@@ -99,7 +99,9 @@ _STATEMENTS = {
     "add_deletion": "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration) "
     "VALUES (?, ?, ?, ?, ?)",
     "remove_references": "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
-    "set_browse_start": "INSERT INTO browse_start (queue, browse_start) VALUES (?, ?)",
+    # Set by a queue's first enqueue only, as mailq's: a later round in the next slice must not move it
+    # past the mails of the round before, which would then no longer be live.
+    "set_browse_start": "INSERT INTO browse_start (queue, browse_start) VALUES (?, ?) IF NOT EXISTS",
 }
 _PUBLISH = (
     "INSERT INTO broker_messages (queue, enqueue_id, priority, available_at, payload) VALUES (?,?,?,0,?)"

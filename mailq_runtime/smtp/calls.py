@@ -40,7 +40,9 @@ class BlockingCalls:
             loop, future, call, arguments = taken
             try:
                 result = call(*arguments)
-            except Exception as error:
+            # Whatever the call raised is its caller's to see: a thread ended by it would leave the
+            # session's future pending for ever and the calls one thread short.
+            except BaseException as error:
                 loop.call_soon_threadsafe(_settle, future, None, error)
             else:
                 loop.call_soon_threadsafe(_settle, future, result, None)
@@ -52,7 +54,7 @@ class BlockingCalls:
             thread.join()
 
 
-def _settle(future: asyncio.Future, result: Any, error: Exception | None) -> None:
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
     # A session gone meanwhile cancelled its future: the call's outcome has no one to go to.
     if future.cancelled():
         return

@@ -52,3 +52,23 @@ def test_a_caller_gone_meanwhile_leaves_the_call_to_finish_and_the_shutdown_wait
 
     run(calling())
     assert finished.is_set()
+
+
+def test_a_call_ending_in_a_base_exception_raises_it_in_its_caller_and_its_thread_serves_on():
+    calls = BlockingCalls(1, "test-calls")
+
+    class Ended(BaseException):
+        pass
+
+    def ends() -> None:
+        raise Ended("not an Exception")
+
+    async def calling() -> int:
+        with pytest.raises(Ended):
+            await asyncio.wait_for(calls.run(ends), 5)
+        return await asyncio.wait_for(calls.run(pow, 2, 5), 5)
+
+    try:
+        assert run(calling()) == 32
+    finally:
+        calls.shutdown()
