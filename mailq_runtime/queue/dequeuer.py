@@ -204,7 +204,8 @@ class Dequeuer(QueuePart):
     def _recount_if_idle(self) -> None:
         """Recount when nothing was delivered to this consumer, yet the counters count mails that are not
         delayed (or a slice below zero): those are mails in flight with other consumers, or a count a
-        crash left wrong. At most every RECOUNT_INTERVAL seconds; a failure is left to the next one."""
+        crash left wrong; and when a destination domain is counted below zero, or at all in an empty
+        queue. At most every RECOUNT_INTERVAL seconds; a failure is left to the next one."""
         if time.monotonic() < self._recount_at:
             return
         self._recount_at = time.monotonic() + RECOUNT_INTERVAL
@@ -217,7 +218,15 @@ class Dequeuer(QueuePart):
             if (
                 counted > self.delayed.summary(self.name, self.clock()).waiting
                 or min((live for _, live in sizes), default=0) < 0
+                or self._domains_off(counted)
             ):
                 self.recount()
         except Exception as error:  # a side task of the consumer's wait: it must not fail the dequeue
             log.warning("queue %s: the idle recount failed, the next one retries: %s", self.name, error)
+
+    def _domains_off(self, counted: int) -> bool:
+        """Whether a destination domain's count is surely off, as a look at the counts alone can tell."""
+        counts = self.destinations.counts(self.name)
+        return any(count.mails < 0 for count in counts) or (
+            counted <= 0 and any(count.mails for count in counts)
+        )

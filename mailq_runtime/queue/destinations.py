@@ -10,18 +10,22 @@ hold to its release or its leaving, whichever drops its held row (holds.py). Its
 summed into buckets at read time, so the cost grows with the domains and slots in the queue, not with its
 mails.
 
-The counts are eventually consistent as the per-slice counters were before their recount: each change is
+The counts are eventually consistent, as the per-slice counters are: each change is
 a write after the mail's own (the view row, the deletion mark, the delayed row, the held row), so a crash
 between the two, a mail settled twice (a lease lost), a done()'s counter batch retried after a Cassandra
 node's failure (stores/cassandra/queue_view.py), or a removal or hold of a partly delivered mail while
 its copy is in the broker (its view row keeps every recipient; holds.py's `counted` reads the copy in
-the delayed mails or the held row), leaves a domain's count off. Unlike the slice counters these
-have no recount (the view's `recount` corrects the slices' only), so such a count stays off, held counts
-included: holds.py says which crashes and races of a hold leave one.
+the delayed mails or the held row), leaves a domain's count off (holds.py says which crashes and races of
+a hold leave one). `recount_by_domain`, a part of the queue's recount (an idle consumer's, `size()`'s
+below zero, the operator's), zeroes every count of a (domain, slot) where no live mail is. A count the
+mails cannot check (a mail's state in the broker is read nowhere) stays off while a mail of its slot and
+domain is live, and is corrected once they are all gone.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -36,6 +40,9 @@ BUCKET_EDGES = (5, 10, 20, 40, 80, 160)
 BUCKET_NAMES = ("0-5", "5-10", "10-20", "20-40", "40-80", "80-160", "160+")
 HELD = "held"
 STATES = ("queued", "deferred", HELD)
+# Seconds between the recount's two reads of the counts: a settlement whose mail a browse no longer finds
+# may not have written its count yet, which then lands in between.
+RECOUNT_SETTLE = 1.0
 
 
 @dataclass(frozen=True)
@@ -62,9 +69,40 @@ def moves(row: EnqueuedMail, mails: int, state: str | None = None) -> list[Desti
     """The changes of the counts that adding `mails` (1 or -1) of `row` in `state` (by default its own,
     `state_of`) makes: one per recipient domain."""
     slot = row.enqueued_time - row.enqueued_time % SLOT
-    domains = sorted({address_key(recipient)[1] for recipient in row.recipient_list})
+    domains = sorted(_domains(row))
     counted = state or state_of(row)
     return [DestinationCount(domain, counted, slot, mails) for domain in domains]
+
+
+def recount_by_domain(context: QueueContext, live: Iterable[EnqueuedMail], now: int) -> int:
+    """Zero the counts of every (domain, slot) none of the `live` mails (a browse) has, in slots before
+    the last two (an enqueue under way may not have written its row yet), where the counts read before
+    the browse and RECOUNT_SETTLE after it agree (a count still moving is left to the next recount).
+    Returns the sum of the corrections' sizes (0: nothing was off)."""
+    destinations = context.backends.destinations
+    settled = now - now % SLOT - SLOT
+    first = {
+        (c.domain, c.state, c.slot): c.mails for c in destinations.counts(context.name) if c.slot < settled
+    }
+    occupied = {
+        (domain, row.enqueued_time - row.enqueued_time % SLOT) for row in live for domain in _domains(row)
+    }
+    suspects = {cell for cell in first if (cell[0], cell[2]) not in occupied}
+    if not suspects:
+        return 0
+    time.sleep(RECOUNT_SETTLE)
+    second = {(c.domain, c.state, c.slot): c.mails for c in destinations.counts(context.name)}
+    wrong = [
+        DestinationCount(domain, state, slot, -first[domain, state, slot])
+        for domain, state, slot in sorted(suspects)
+        if second.get((domain, state, slot), 0) == first[domain, state, slot]
+    ]
+    destinations.count(context.name, wrong)
+    return sum(abs(change.mails) for change in wrong)
+
+
+def _domains(row: EnqueuedMail) -> set[str]:
+    return {address_key(recipient)[1] for recipient in row.recipient_list}
 
 
 def by_domain(context: QueueContext, now: int) -> list[DomainShape]:

@@ -14,6 +14,7 @@ from ..faults import REMOVE_AFTER_MARK, REMOVE_AFTER_RELEASE
 from ..model import NULL_SENDER_SPELLINGS, EnqueueId, Mail, MailAddress, address_key, parse_duration
 from ..stores.records import DelayedMail, DestinationCount, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart
+from .destinations import recount_by_domain
 
 log = logging.getLogger(__name__)
 
@@ -85,18 +86,21 @@ class MailQueueView(QueuePart):
 
     def recount(self) -> int:
         """Correct the counters of every slice from browse_start on against its rows and deletion marks,
-        as a browse reads them; returns the sum of the corrections' sizes (0: the counters were right).
+        as a browse reads them, then the counts by destination domain where no live mail is
+        (`recount_by_domain`); returns the sum of the corrections' sizes (0: the counters were
+        right).
 
         A crash between a done()'s deletion mark and its count, or two settlements of one mail at once,
         leaves a slice's counters wrong by one. An idle consumer recounts on its own (`dequeue`, at most
         every RECOUNT_INTERVAL seconds while the counters count mails it cannot find), as does `size()`
-        when a slice is counted below zero. It costs a browse."""
+        when a slice is counted below zero. It costs two browses."""
         browse_start = self.view.browse_start(self.name)
         if browse_start is None:
             return 0
         corrected = 0
         for slice_start in self.view.slices_from(self.name, browse_start):
             corrected += self.view.recount(self.name, slice_start)
+        corrected += recount_by_domain(self.context, live_rows(self.context), self.context.clock())
         if corrected:
             log.warning("queue %s: counters corrected by %d from the rows", self.name, corrected)
         return corrected
