@@ -6,8 +6,9 @@ server's CPU together, whichever statement it carries).
 
 The URL names a deployment that does not exist yet, made and removed as `deployments.py` does. After a
 warm-up (the queue's creation, the first generation, the prepared statements), it counts the requests
-the driver sends (a batch is one request) during `--mails` enqueues, then as many dequeues + done(), one
-thread; prints each statement's requests per mail, then one JSON object as the last line.
+the driver sends (a batch is one request) during `--mails` enqueues, then as many dequeues + done(), by
+`--threads` callers (concurrent callers may share a request); prints each statement's requests per mail,
+then one JSON object as the last line.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import json
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from cassandra.cluster import Session
@@ -69,11 +71,18 @@ def counted_requests() -> Iterator[Counter]:
         Session.execute_async = original
 
 
+def by_threads(threads: int, mails: int, call: Callable[[], object]) -> None:
+    with ThreadPoolExecutor(threads) as pool:
+        for done in [pool.submit(call) for _ in range(mails)]:
+            done.result()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="a distributed deployment that does not exist yet")
     parser.add_argument("--mails", type=int, default=50, help="mails to enqueue, then dequeue + done()")
     parser.add_argument("--size", type=int, default=10_240, help="bytes per mail")
+    parser.add_argument("--threads", type=int, default=1, help="concurrent callers")
     args = parser.parse_args()
     figures = {}
     with fresh_deployment("requests", args.url) as deployment:
@@ -84,12 +93,11 @@ def main() -> None:
                 queue.enqueue(bench_mail(args.size))
             for _ in range(3):
                 queue.dequeue(timeout=10).done()
+            mails = [bench_mail(args.size) for _ in range(args.mails)]
             with counted_requests() as enqueue:
-                for _ in range(args.mails):
-                    queue.enqueue(bench_mail(args.size))
+                by_threads(args.threads, args.mails, lambda: queue.enqueue(mails.pop()))
             with counted_requests() as dequeue:
-                for _ in range(args.mails):
-                    queue.dequeue(timeout=10).done()
+                by_threads(args.threads, args.mails, lambda: queue.dequeue(timeout=10).done())
         finally:
             runtime.close()
     for phase, requests in (("enqueue", enqueue), ("dequeue + done", dequeue)):
@@ -98,7 +106,7 @@ def main() -> None:
         print(f"{phase}: {figures[phase]['requests']} Cassandra requests a mail")
         for statement, n in per_mail.items():
             print(f"  {n:5.2f}  {statement}")
-    print(json.dumps(figures))
+    print(json.dumps({"threads": args.threads, **figures}))
 
 
 if __name__ == "__main__":

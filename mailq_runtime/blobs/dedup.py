@@ -34,6 +34,7 @@ from ..faults import (
 from ..model import BlobId
 from ..stores.protocols import BlobTables
 from ..unit_of_work import UNGROUPED, UnitOfWork
+from .shared_read import SharedRead
 from .store import BlobStore
 
 REFERENCE_GENERATION = "reference_generation"
@@ -93,6 +94,9 @@ class Generations:
         self.faults = faults or FaultInjector()
         self.work = work
         self._recent: tuple[int, float] | None = None  # (GC iteration, time.monotonic() it was read)
+        # Concurrent saves share a read of the generation that began after each asked (record 39's bound
+        # is on the generation's age when the save writes, which a later read cannot widen).
+        self._for_saving = SharedRead(lambda: self.tables.current(REFERENCE_GENERATION))
 
     def current(self) -> int:
         return self.tables.current(REFERENCE_GENERATION) or 1
@@ -112,7 +116,7 @@ class Generations:
 
     def for_saving(self) -> int:
         """The current generation, for a save: the first one is emitted if none is yet."""
-        current = self.tables.current(REFERENCE_GENERATION)
+        current = self._for_saving()
         if current is None:
             now = self.clock()
             self.tables.emit(REFERENCE_GENERATION, 1, now)
