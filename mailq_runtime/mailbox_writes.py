@@ -79,28 +79,50 @@ class MessageWrites:
         flags = parse_flags(flags)
         message = check_message(message, self.max_message_size)
         message_id = MessageId.generate(self.clock()) if message_id is None else MessageId(message_id)
-        header, body = split_message(message)
         with self.work.writes():
             for placed_in, placed in self.tables.placements(message_id):
                 if placed_in == mailbox_id:
                     return Appended(message_id, placed)
                 raise InvalidInput(f"message {message_id} is already in mailbox {placed_in}")
             uid = self._allocate(mailbox_id)
-            self.faults.reached(APPEND_AFTER_UID)
-            header_blob_id, body_blob_id = self.blobs.save_all(message_id, [header, body])
-            self.faults.reached(APPEND_AFTER_CONTENT)
-            self.tables.save_message(
-                message_id, str(header_blob_id), str(body_blob_id), len(message), self.clock()
-            )
-            self.faults.reached(APPEND_AFTER_MESSAGE_ROW)
-            placed = self._place(message_id, mailbox_id, uid, stored_flags(flags))
-            if placed != uid:  # a racing append of this message id placed it first, and counts it
-                return Appended(message_id, placed)
+            placed = self._store(message_id, mailbox_id, uid, message, stored_flags(flags))
+        if placed != uid:  # a racing append of this message id placed it first, and counts it
+            return Appended(message_id, placed)
+        self._list(message_id, mailbox_id, unseen_count(flags))
+        return Appended(message_id, uid)
+
+    def append_unplaced(self, mailbox_id: MailboxId, message: bytes, message_id: MessageId) -> None:
+        """`append` without flags of a message id that the source of truth placed nowhere when the caller
+        read it, to a mailbox it read: the delivery of a mail's copy, which looks for the copy anywhere
+        first. Neither is read again: a mailbox gone meanwhile has no uid to allocate (UnknownMailbox,
+        nothing written), and a racing append of the copy to it is `_place`'s to find, as in `append`."""
+        message = check_message(message, self.max_message_size)
+        with self.work.writes():
+            uid = self._allocate(mailbox_id)
+            placed = self._store(message_id, mailbox_id, uid, message, "")
+        if placed == uid:
+            self._list(message_id, mailbox_id, 1)
+
+    def _store(
+        self, message_id: MessageId, mailbox_id: MailboxId, uid: int, message: bytes, flags: str
+    ) -> int:
+        """`append`'s steps 2 to 4 after the uid; the uid the message holds in the mailbox."""
+        self.faults.reached(APPEND_AFTER_UID)
+        header, body = split_message(message)
+        header_blob_id, body_blob_id = self.blobs.save_all(message_id, [header, body])
+        self.faults.reached(APPEND_AFTER_CONTENT)
+        self.tables.save_message(
+            message_id, str(header_blob_id), str(body_blob_id), len(message), self.clock()
+        )
+        self.faults.reached(APPEND_AFTER_MESSAGE_ROW)
+        return self._place(message_id, mailbox_id, uid, flags)
+
+    def _list(self, message_id: MessageId, mailbox_id: MailboxId, unseen: int) -> None:
+        """`append`'s steps 5 and 6 after the source of truth."""
         self.faults.reached(APPEND_AFTER_SOURCE_OF_TRUTH)
         self.tables.project(message_id, mailbox_id)
         self.faults.reached(APPEND_AFTER_PROJECTION)
-        self.tables.add_to_counters(mailbox_id, 1, unseen_count(flags))
-        return Appended(message_id, uid)
+        self.tables.add_to_counters(mailbox_id, 1, unseen)
 
     def set_flags(
         self, mailbox: MailboxRef, uid: int, add: Iterable[str] = (), remove: Iterable[str] = ()

@@ -95,7 +95,11 @@ def deliver(
 
     Raises InvalidInput, before appending anything, if the message is malformed: that mail is never
     deliverable. The recipients outside `local_domains` are returned, not delivered."""
-    domains = normalise_domains(local_domains)
+    return _deliver(mailboxes, enqueue_id, mail, normalise_domains(local_domains))
+
+
+def _deliver(mailboxes: Mailboxes, enqueue_id: str, mail: Mail, domains: frozenset[str]) -> DeliveryReport:
+    """`deliver` to domains normalised already (`handle`'s, normalised once per worker)."""
     message = check_message(mail.message)
     appended = already = 0
     unknown = []
@@ -119,7 +123,8 @@ def deliver(
                 already += 1
                 continue
             inbox = mailboxes.get_or_create(recipient, INBOX)
-            mailboxes.append(inbox, message, message_id=message_id)
+            # Placed nowhere, as read just now: the append does not look for the copy again.
+            mailboxes.writes.append_unplaced(inbox, message, message_id)
             appended += 1
     return DeliveryReport(appended, already, tuple(unknown))
 
@@ -279,7 +284,7 @@ def handle(
             # commit (one sync on the embedded store) for both. A done() that fails there is _settle's
             # to report, and what it wrote before failing commits with the copies, as after a crash.
             with mailboxes.writes.work.writes():
-                report = deliver(mailboxes, item.enqueue_id, item.mail, domains)
+                report = _deliver(mailboxes, item.enqueue_id, item.mail, domains)
                 if not report.unknown_recipients:
                     settled = _settle(item, item.done, stats)
             if relay is not None and report.unknown_recipients:

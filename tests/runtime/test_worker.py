@@ -191,17 +191,17 @@ def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch, backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
     flaky, broken = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
-    append = runtime.mailboxes.append
+    append = runtime.mailboxes.writes.append_unplaced
     failures = {"alice@example.org": 1, "bob@example.org": 99}
 
-    def failing_append(mailbox, raw, flags=(), *, message_id=None):
+    def failing_append(mailbox, raw, message_id):
         owner = next(m.user for m in runtime.mailboxes.list() if m.id == mailbox)
         if failures[owner]:
             failures[owner] -= 1
             raise OSError("disk hiccup")
-        return append(mailbox, raw, flags, message_id=message_id)
+        return append(mailbox, raw, message_id)
 
-    monkeypatch.setattr(runtime.mailboxes, "append", failing_append)
+    monkeypatch.setattr(runtime.mailboxes.writes, "append_unplaced", failing_append)
     with caplog.at_level(logging.INFO, logger="mailq_runtime.worker"):
         (stats,) = run_threads(runtime, 1, idle_timeout=0.5, retry_delay=0, max_attempts=3)
 
@@ -230,13 +230,13 @@ def test_a_delivery_slower_than_the_visibility_timeout_is_delivered_once(
 ) -> None:
     runtime = backend.open(visibility_timeout="2s")
     enqueue_id = enqueue(runtime, "alice@example.org")
-    append = runtime.mailboxes.append
+    append = runtime.mailboxes.writes.append_unplaced
 
     def slow_append(*arguments, **options):
         time.sleep(3)  # past the visibility timeout, while the other worker keeps asking for mail
         return append(*arguments, **options)
 
-    monkeypatch.setattr(runtime.mailboxes, "append", slow_append)
+    monkeypatch.setattr(runtime.mailboxes.writes, "append_unplaced", slow_append)
     stats = run_threads(runtime, 2, idle_timeout=3.5)
 
     assert total(stats) == WorkerStats(delivered=1, appended=1)
@@ -250,7 +250,7 @@ def test_a_lost_lease_is_logged_and_counted_and_the_worker_goes_on(
     clock = FakeClock()
     runtime = backend.open(clock, visibility_timeout="10s")
     lost, kept = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
-    append = runtime.mailboxes.append
+    append = runtime.mailboxes.writes.append_unplaced
     taken = []
 
     def append_after_the_lease(*arguments, **options):
@@ -259,7 +259,7 @@ def test_a_lost_lease_is_logged_and_counted_and_the_worker_goes_on(
             taken.append(runtime.queue(QUEUE).dequeue(timeout=0))
         return append(*arguments, **options)
 
-    monkeypatch.setattr(runtime.mailboxes, "append", append_after_the_lease)
+    monkeypatch.setattr(runtime.mailboxes.writes, "append_unplaced", append_after_the_lease)
     with caplog.at_level(logging.WARNING, logger="mailq_runtime.worker"):
         (stats,) = run_threads(runtime, 1, idle_timeout=0.5)
 
@@ -278,13 +278,13 @@ def test_stop_finishes_the_mail_in_hand_then_returns(
 ) -> None:
     first, second = enqueue(runtime, "alice@example.org"), enqueue(runtime, "bob@example.org")
     stop = threading.Event()
-    append = runtime.mailboxes.append
+    append = runtime.mailboxes.writes.append_unplaced
 
     def append_then_stop(*arguments, **options):
         stop.set()  # SIGTERM arrives while the first mail is being delivered
         return append(*arguments, **options)
 
-    monkeypatch.setattr(runtime.mailboxes, "append", append_then_stop)
+    monkeypatch.setattr(runtime.mailboxes.writes, "append_unplaced", append_then_stop)
     (stats,) = run_threads(runtime, 1, stop=stop)
 
     assert stats == WorkerStats(delivered=1, retried=0, dead_lettered=0, appended=1)

@@ -16,17 +16,24 @@ class EmbeddedDestinations:
 
     def count(self, queue: str, changes: Sequence[DestinationCount]) -> None:
         with self.store.transaction() as db:
-            keys = [(queue, c.domain, c.state, c.slot) for c in changes]
-            db.executemany(
-                "INSERT INTO destination_counters (queue, domain, state, slot, mails) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (queue, domain, state, slot) DO UPDATE SET mails = mails + excluded.mails",
-                [(*key, c.mails) for key, c in zip(keys, changes, strict=True)],
-            )
-            db.executemany(
-                "DELETE FROM destination_counters "
-                "WHERE queue = ? AND domain = ? AND state = ? AND slot = ? AND mails = 0",
-                keys,
-            )
+            for change in changes:
+                key = (queue, change.domain, change.state, change.slot)
+                (mails,) = db.execute(
+                    "INSERT INTO destination_counters (queue, domain, state, slot, mails) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (queue, domain, state, slot) "
+                    "DO UPDATE SET mails = mails + excluded.mails RETURNING mails",
+                    (*key, change.mails),
+                ).fetchone()
+                # Only a count this change left at 0 is dropped: a row it left at any other count is one
+                # the DELETE's `mails = 0` cannot match, so it is not made (most changes: a slot holds
+                # every mail enqueued in its five minutes). A later change of the same key in this call
+                # starts from 0 either way, the dropped row's count.
+                if mails == 0:
+                    db.execute(
+                        "DELETE FROM destination_counters "
+                        "WHERE queue = ? AND domain = ? AND state = ? AND slot = ? AND mails = 0",
+                        key,
+                    )
 
     def counts(self, queue: str) -> list[DestinationCount]:
         rows = self.store.read(
