@@ -210,3 +210,29 @@ def test_operations_past_the_group_limit_are_handed_back_and_run_in_turns_of_the
     assert outcomes == {"held": "held", "a": "a", "b": "b", "c": "c"}
     assert _committed(tmp_path) == {"held", "a", "b", "c"}
     assert statements.count("COMMIT") >= 2
+
+
+def test_an_operation_run_in_the_turn_from_inside_the_turn_runs_at_once(store, tmp_path):
+    # Another thread holds the hand-over and waits for the turn this thread holds: handing the operation
+    # over to it would wait for ever.
+    outcomes: dict[str, object] = {}
+    other = threading.Thread(
+        target=lambda: outcomes.setdefault("other", store.in_turn(_named(store, "other"))), daemon=True
+    )
+
+    def inside() -> None:
+        with store.turn():
+            other.start()
+            deadline = time.monotonic() + 10
+            while store.turn().waiting < 1:
+                assert time.monotonic() < deadline, "the other thread never waited for the turn"
+                time.sleep(0.001)
+            outcomes["inner"] = store.in_turn(_named(store, "inner"))
+
+    thread = threading.Thread(target=inside, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the operation waited for the turn its own thread held"
+    other.join(10)
+    assert outcomes == {"inner": "inner", "other": "other"}
+    assert _committed(tmp_path) == {"inner", "other"}

@@ -211,6 +211,10 @@ class _Turn:
         self._depth = 1
         return self
 
+    def held(self) -> bool:
+        """Whether the calling thread holds the turn."""
+        return self._owner == threading.get_ident()
+
     def __exit__(self, kind: type | None, error: BaseException | None, trace: object) -> None:
         self._depth -= 1
         if self._depth:
@@ -283,6 +287,10 @@ class _Combiner:
         self._active = False
 
     def run(self, operation: Callable[[], T]) -> T:
+        if self.store._turn.held():
+            # Called from inside this thread's turn: handing it over could wait for a holder that waits
+            # for this very turn.
+            return operation()
         with self._lock:
             handed = self._active
             if handed:
