@@ -666,6 +666,8 @@ def main() -> None:
         "dequeue_ack_per_s": round(rate["dequeue"]),
         "single_thread_enqueue_per_s": round(rate["single_enqueue"]),
         "single_thread_dequeue_ack_per_s": round(rate["single_dequeue"]),
+        # Issue 24's measure of what concurrent callers gain: the threads' rate over one thread's.
+        "enqueue_threads_to_single": round(rate["enqueue"] / rate["single_enqueue"], 2),
         "enqueue_p50_ms": ms(enqueue, 0.5),
         "enqueue_p99_ms": ms(enqueue, 0.99),
         "dequeue_p50_ms": ms(dequeue, 0.5),

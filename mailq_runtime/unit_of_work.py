@@ -5,8 +5,10 @@ An optimisation, never a correctness need: the core orders the writes of every p
 commit alone (as on Cassandra). `writes()` may group the writes of one step, so that a deployment able to
 do so commits them at once; `turn()` holds the store over a whole queue operation, its reads and its own
 work included, so that the threads of a process take turns rather than hand the GIL and the connection
-back and forth between their statements. The embedded deployment's are its store's transaction (which
-also holds the turn, see stores/embedded/store.py) and turn; any other deployment's do nothing.
+back and forth between their statements; `in_turn(operation)` runs a whole operation in the turn, which
+lets the thread holding it run the operations of threads waiting for it (one handover of the turn for a
+group). The embedded deployment's are its store's transaction (which also holds the turn, see
+stores/embedded/store.py), turn and `in_turn`; any other deployment's do nothing but call.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class UnitOfWork(Protocol):
@@ -22,15 +26,22 @@ class UnitOfWork(Protocol):
 
     def turn(self) -> AbstractContextManager: ...
 
+    def in_turn(self, operation: Callable[[], T]) -> T: ...
+
 
 @dataclass(frozen=True)
 class GroupedWork:
-    """A store's grouping: its transaction and its turn."""
+    """A store's grouping: its transaction, its turn, and its operations run in the turn."""
 
     writes: Callable[[], AbstractContextManager]
     turn: Callable[[], AbstractContextManager]
+    in_turn: Callable[[Callable[[], Any]], Any]
+
+
+def _alone(operation: Callable[[], T]) -> T:
+    return operation()
 
 
 # Every call commits on its own: a deployment that cannot group, or a runtime opened with
 # `group_writes=False` (tests use it to see every write commit alone).
-UNGROUPED = GroupedWork(nullcontext, nullcontext)
+UNGROUPED = GroupedWork(nullcontext, nullcontext, _alone)

@@ -115,42 +115,47 @@ class Enqueuer(QueuePart):
         context = self.context
         priority = check_enqueue(mail, delay, priority, context.max_message_size, context.clock())
         self.failed.withdraw()
-        with self.work.turn():
-            now = context.clock()
-            next_delivery = delivery_time(now, delay)
-            enqueue_id = EnqueueId.generate(now)
-            header, body = split_message(mail.message)
-            bucket = zlib.crc32(mail.name.encode()) % context.configuration.bucket_count
-            with self.work.writes():
-                if not self._exists:
-                    # Created by its first accepted mail, so refused input never leaves an empty queue.
-                    self.view.create_queue(self.name, self.browse_start_limit(), now)
-                blob_ids = self.blobs.save_new(enqueue_id, [header, body])
-                self.faults.reached(ENQUEUE_AFTER_REFERENCES)
-                row = EnqueuedMail.of(
-                    mail,
-                    self.name,
-                    enqueue_id,
-                    now,
-                    next_delivery,
-                    priority,
-                    slice_of(now, context.configuration.slice_window),
-                    bucket,
-                    *blob_ids,
-                )
-                counted = False
-                try:
-                    self.view.insert(row)
-                    self.destinations.count(self.name, moves(row, 1))
-                    counted = True
-                    self.faults.reached(ENQUEUE_AFTER_VIEW_ROW)
-                    self.send(row, next_delivery, now)
-                except BACKEND_FAILURES:
-                    self.failed.add(row, counted)
-                    raise
+        # In the turn, by this thread or by the one holding it for another enqueue (unit_of_work.py).
+        enqueue_id = self.work.in_turn(lambda: self._write(mail, delay, priority))
         self._exists = True
         self.metrics.enqueued.inc()
         self.metrics.enqueue_seconds.observe(seconds_since(started))
+        return enqueue_id
+
+    def _write(self, mail: Mail, delay: Delay, priority: int) -> EnqueueId:
+        context = self.context
+        now = context.clock()
+        next_delivery = delivery_time(now, delay)
+        enqueue_id = EnqueueId.generate(now)
+        header, body = split_message(mail.message)
+        bucket = zlib.crc32(mail.name.encode()) % context.configuration.bucket_count
+        with self.work.writes():
+            if not self._exists:
+                # Created by its first accepted mail, so refused input never leaves an empty queue.
+                self.view.create_queue(self.name, self.browse_start_limit(), now)
+            blob_ids = self.blobs.save_new(enqueue_id, [header, body])
+            self.faults.reached(ENQUEUE_AFTER_REFERENCES)
+            row = EnqueuedMail.of(
+                mail,
+                self.name,
+                enqueue_id,
+                now,
+                next_delivery,
+                priority,
+                slice_of(now, context.configuration.slice_window),
+                bucket,
+                *blob_ids,
+            )
+            counted = False
+            try:
+                self.view.insert(row)
+                self.destinations.count(self.name, moves(row, 1))
+                counted = True
+                self.faults.reached(ENQUEUE_AFTER_VIEW_ROW)
+                self.send(row, next_delivery, now)
+            except BACKEND_FAILURES:
+                self.failed.add(row, counted)
+                raise
         return enqueue_id
 
     def send(self, row: EnqueuedMail, due: int, now: int) -> None:

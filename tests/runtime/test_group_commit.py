@@ -119,3 +119,120 @@ def test_a_reader_in_a_group_returns_after_the_commit(store, tmp_path):
     outcomes = _while_others_wait(store, {"reader": read})
     assert outcomes == {"held": None, "reader": None}
     assert seen == [1, 1]
+
+
+def _handed_over(store: EmbeddedStore, members: dict[str, Callable[[], object]]) -> dict[str, object]:
+    """Run `held` in the turn (`in_turn`) until every member has handed its operation over, so that the
+    holder runs them all in its own turn. Returns each one's outcome: its result, or the exception it
+    raised."""
+    outcomes: dict[str, object] = {}
+
+    def run(name: str, member: Callable[[], object]) -> None:
+        try:
+            outcomes[name] = store.in_turn(member)
+        except Exception as error:
+            outcomes[name] = error
+
+    def hold() -> str:
+        _insert(store, "held")
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while len(store._combiner._pending) < len(members):
+            assert time.monotonic() < deadline, "the members never handed their operations over"
+            time.sleep(0.001)
+        return "held"
+
+    threads = [threading.Thread(target=run, args=item) for item in members.items()]
+    run("held", hold)
+    for thread in threads:
+        thread.join(10)
+    return outcomes
+
+
+def _named(
+    store: EmbeddedStore, name: str, content: bytes = b"", then_fail: bool = False
+) -> Callable[[], str]:
+    def insert() -> str:
+        _insert(store, name, content, then_fail)
+        return name
+
+    return insert
+
+
+def test_operations_handed_over_run_in_the_holders_turn_and_commit(store, tmp_path):
+    statements: list[str] = []
+    store._connection.set_trace_callback(statements.append)
+    outcomes = _handed_over(store, {name: _named(store, name) for name in "abc"})
+    assert outcomes == {"held": "held", "a": "a", "b": "b", "c": "c"}
+    assert _committed(tmp_path) == {"held", "a", "b", "c"}
+    assert statements.count("COMMIT") == 1
+    assert statements.count("BEGIN IMMEDIATE") == 1
+
+
+def test_a_failing_operation_handed_over_undoes_only_its_own_writes(store, tmp_path):
+    outcomes = _handed_over(
+        store,
+        {"a": _named(store, "a"), "b": _named(store, "b", then_fail=True), "c": _named(store, "c")},
+    )
+    assert isinstance(outcomes["b"], ValueError)
+    assert (outcomes["held"], outcomes["a"], outcomes["c"]) == ("held", "a", "c")
+    assert _committed(tmp_path) == {"held", "a", "c"}
+
+
+def test_an_operation_handed_over_returns_only_if_its_writes_are_committed(store, tmp_path):
+    # As for the members of a group: the store fills up in the middle of the holder's turn, and SQLite
+    # may roll back the writes of operations that ran before the one that failed.
+    page_size = store.read_one("PRAGMA page_size")[0]
+    used = store.read_one("PRAGMA page_count")[0]
+    store._connection.execute(f"PRAGMA max_page_count={used + 8}")
+    outcomes = _handed_over(
+        store,
+        {
+            "a": _named(store, "a"),
+            "big": _named(store, "big", b"x" * page_size * 64),
+            "c": _named(store, "c"),
+        },
+    )
+    committed = _committed(tmp_path)
+    assert "big" not in committed and isinstance(outcomes["big"], StoreUnusable)
+    for name in ("held", "a", "c"):
+        assert (outcomes[name] == name) == (name in committed), (name, outcomes[name], committed)
+
+
+def test_operations_past_the_group_limit_are_handed_back_and_run_in_turns_of_their_own(
+    store, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("mailq_runtime.stores.embedded.store._GROUP_LIMIT", 1)
+    statements: list[str] = []
+    store._connection.set_trace_callback(statements.append)
+    outcomes = _handed_over(store, {name: _named(store, name) for name in "abc"})
+    assert outcomes == {"held": "held", "a": "a", "b": "b", "c": "c"}
+    assert _committed(tmp_path) == {"held", "a", "b", "c"}
+    assert statements.count("COMMIT") >= 2
+
+
+def test_an_operation_run_in_the_turn_from_inside_the_turn_runs_at_once(store, tmp_path):
+    # Another thread holds the hand-over and waits for the turn this thread holds: handing the operation
+    # over to it would wait for ever.
+    outcomes: dict[str, object] = {}
+    other = threading.Thread(
+        target=lambda: outcomes.setdefault("other", store.in_turn(_named(store, "other"))), daemon=True
+    )
+
+    def inside() -> None:
+        with store.turn():
+            other.start()
+            deadline = time.monotonic() + 10
+            while store.turn().waiting < 1:
+                assert time.monotonic() < deadline, "the other thread never waited for the turn"
+                time.sleep(0.001)
+            outcomes["inner"] = store.in_turn(_named(store, "inner"))
+
+    thread = threading.Thread(target=inside, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the operation waited for the turn its own thread held"
+    other.join(10)
+    assert outcomes == {"inner": "inner", "other": "other"}
+    assert _committed(tmp_path) == {"inner", "other"}

@@ -15,6 +15,12 @@ one failing rolls back only its own writes). No call returns before its writes a
 failed commit is every member's failure: the acknowledgement a caller gets means what the durability
 says. Alone, a thread commits at the end of its turn, as it would without grouping.
 
+Combining: a thread that finds another holding the turn for the same kind of operation (`in_turn`) hands
+its operation over instead of waiting for the turn, and the holder runs it in its own turn, in a
+savepoint of its own as a member of the group. A group then costs one handover of the turn instead of
+one per thread, and the threads that handed over wait blocked rather than running Python beside the
+holder's statements (each of them would take the GIL from it while SQLite runs).
+
 Opening writes nothing: with `create` the store is made when missing and its schema completed (every
 statement only adds what a store lacks, so an older store gains the tables of this version); without it
 a missing store is NoStore and one lacking tables of this version is refused, naming them.
@@ -25,9 +31,11 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
+from collections import deque
+from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from ...errors import StoreUnusable
 from .files import make_private, prepare, store_failure
@@ -42,6 +50,8 @@ _ADDED_COLUMNS = {("blob_deletions", "owner"): "TEXT"}
 # Turns one commit serves at most: bounds how long the first of them waits for its acknowledgement.
 _GROUP_LIMIT = 64
 
+T = TypeVar("T")
+
 
 # What survives a commit: anything (a sync per commit, shared by a group: the default, as Postfix syncs a
 # mail before its 250), the loss of power but for the last commits (the WAL synced at checkpoints: they
@@ -55,6 +65,7 @@ class EmbeddedStore:
         self.path, self.created = prepare(data_dir, create, _initialise)
         self.synchronous = SYNCHRONOUS[durability]
         self._turn = _Turn(self)
+        self._combiner = _Combiner(self)
         self._depth = 0
         self._group: _Group | None = None
         self._closed = False
@@ -99,6 +110,12 @@ class EmbeddedStore:
     def turn(self) -> _Turn:
         """Hold the store for one whole operation, reentrantly."""
         return self._turn
+
+    def in_turn(self, operation: Callable[[], T]) -> T:
+        """Run `operation` in the store's turn, by this thread or by the thread holding the turn for
+        another `in_turn` (see the module); returns its result, or raises its error, once its writes are
+        committed."""
+        return self._combiner.run(operation)
 
     def read(self, sql: str, parameters: tuple | list = ()) -> list[tuple]:
         with self._turn:
@@ -194,6 +211,10 @@ class _Turn:
         self._depth = 1
         return self
 
+    def held(self) -> bool:
+        """Whether the calling thread holds the turn."""
+        return self._owner == threading.get_ident()
+
     def __exit__(self, kind: type | None, error: BaseException | None, trace: object) -> None:
         self._depth -= 1
         if self._depth:
@@ -221,6 +242,100 @@ class _Turn:
         # A failure of the body is the one to report; else a failed commit means these writes are lost.
         if group.error is not None and kind is None:
             store.raise_failure(group.error)
+
+
+class _Task:
+    """One operation handed to the holder of the turn, and its outcome."""
+
+    __slots__ = ("operation", "result", "error", "group", "done", "handed_back")
+
+    done: threading.Event  # set by the holder: made only for an operation handed over
+
+    def __init__(self, operation: Callable[[], Any]) -> None:
+        self.operation = operation
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.group: _Group | None = None
+        self.handed_back = False
+
+    def perform(self, store: EmbeddedStore) -> None:
+        try:
+            self.result = self.operation()
+            # The group its writes joined: should it fail to commit, or be rolled back by a later member's
+            # failure, these writes are lost with it.
+            self.group = store._group
+        except BaseException as error:
+            self.error = error
+
+    def outcome(self, store: EmbeddedStore) -> Any:
+        if self.error is None and self.group is not None and self.group.error is not None:
+            store.raise_failure(self.group.error)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class _Combiner:
+    """`in_turn`'s hand-over: the operations of the threads that came while a holder ran, in order."""
+
+    __slots__ = ("store", "_lock", "_pending", "_active")
+
+    def __init__(self, store: EmbeddedStore) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._pending: deque[_Task] = deque()
+        self._active = False
+
+    def run(self, operation: Callable[[], T]) -> T:
+        if self.store._turn.held():
+            # Called from inside this thread's turn: handing it over could wait for a holder that waits
+            # for this very turn.
+            return operation()
+        with self._lock:
+            handed = self._active
+            if handed:
+                task = _Task(operation)
+                task.done = threading.Event()
+                self._pending.append(task)
+            else:
+                self._active = True
+        if not handed:
+            return self._hold(operation)
+        task.done.wait()
+        if task.handed_back:  # the holder reached the group limit: this one takes its own turn
+            return self.run(operation)
+        return task.outcome(self.store)
+
+    def _hold(self, operation: Callable[[], T]) -> T:
+        store = self.store
+        own = _Task(operation)
+        served: list[_Task] = []
+        turn = store._turn
+        turn.__enter__()
+        try:
+            own.perform(store)
+            while True:
+                with self._lock:
+                    if not self._pending:
+                        self._active = False
+                        break
+                    if len(served) >= _GROUP_LIMIT:
+                        rest, self._pending, self._active = self._pending, deque(), False
+                        for task in rest:
+                            task.handed_back = True
+                            task.done.set()
+                        break
+                    task = self._pending.popleft()
+                served.append(task)
+                task.perform(store)
+        finally:
+            try:
+                turn.__exit__(None, None, None)
+            except (sqlite3.Error, StoreUnusable):
+                pass  # the group's failed commit, recorded in the group each task checks
+            for task in served:
+                task.done.set()
+        return own.outcome(store)
 
 
 class _Transaction:
