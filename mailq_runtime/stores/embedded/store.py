@@ -51,7 +51,7 @@ _GROUP_LIMIT = 64
 
 
 # What survives a commit: anything (a sync per commit, shared by a group: the default, as Postfix syncs a
-# mail before its 250), the loss of power but for the last commits (the WAL synced at checkpoints: they
+# mail before its 250; SQLite's FULL, which the store makes as NORMAL and its own syncs, see the module), the loss of power but for the last commits (the WAL synced at checkpoints: they
 # may roll back, the file never corrupts), or only the death of the process (the OS holds the written
 # pages; a power loss may lose the last commits or, rarely, corrupt the file).
 SYNCHRONOUS = {"fsync": "FULL", "power": "NORMAL", "process": "OFF"}
