@@ -48,7 +48,9 @@ class EmbeddedBroker:
     def _claim(self, queue: str) -> Delivery | None:
         now = self.clock()
         lease = os.urandom(8).hex()
-        with self.store.transaction() as db:
+        # Unsynced: a claim a power loss takes back leaves the mail to claim again, as an expired lease;
+        # the consumer's next synced commit (its delivery, its done()) makes the claim durable with it.
+        with self.store.transaction(synced=False) as db:
             row = db.execute(
                 "UPDATE broker_messages SET lease = ?, available_at = ?, attempts = attempts + 1 "
                 "WHERE id = (SELECT id FROM broker_messages INDEXED BY broker_order "

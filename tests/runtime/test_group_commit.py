@@ -4,6 +4,7 @@ returns at all when they are lost. Embedded-only, on the store itself."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -236,3 +237,65 @@ def test_an_operation_run_in_the_turn_from_inside_the_turn_runs_at_once(store, t
     other.join(10)
     assert outcomes == {"inner": "inner", "other": "other"}
     assert _committed(tmp_path) == {"inner", "other"}
+
+
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The WAL syncs the store makes, by descriptor, each still made."""
+    made: list[int] = []
+    sync = os.fdatasync
+
+    def counted(descriptor: int) -> None:
+        made.append(descriptor)
+        sync(descriptor)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
+    return made
+
+
+def _wal_synced(store: EmbeddedStore, syncs: list[int], tmp_path) -> bool:
+    wal = os.stat(tmp_path / "data" / "mailq.db-wal")
+    return bool(syncs) and all(os.fstat(fd).st_ino == wal.st_ino for fd in syncs)
+
+
+def test_a_commit_is_synced_unless_it_promises_nothing(store, tmp_path, syncs):
+    assert store._connection.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL: the store syncs
+    _insert(store, "acknowledged")
+    assert len(syncs) == 1 and _wal_synced(store, syncs, tmp_path)
+    with store.transaction(synced=False) as db:
+        db.execute("INSERT INTO rows VALUES ('claimed', NULL)")
+    assert len(syncs) == 1
+    _insert(store, "next")
+    assert len(syncs) == 2 and _committed(tmp_path) == {"acknowledged", "claimed", "next"}
+
+
+def test_a_group_with_one_member_promising_durability_is_synced_once(store, tmp_path, syncs):
+    def unsynced(name: str) -> None:
+        with store.transaction(synced=False) as db:
+            db.execute("INSERT INTO rows VALUES (?, NULL)", (name,))
+
+    outcomes = _while_others_wait(store, {"a": lambda: unsynced("a"), "b": lambda: _insert(store, "b")})
+    assert outcomes == {"held": None, "a": None, "b": None}
+    assert len(syncs) == 1 and _committed(tmp_path) == {"held", "a", "b"}
+
+
+def test_a_failed_sync_fails_every_member_of_its_group(store, tmp_path, monkeypatch):
+    def failing(descriptor: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    outcomes = _while_others_wait(store, {"a": lambda: _insert(store, "a")})
+    assert isinstance(outcomes["held"], StoreUnusable) and isinstance(outcomes["a"], StoreUnusable)
+    assert "syncing its WAL failed" in str(outcomes["a"])
+
+
+@pytest.mark.parametrize("durability", ["power", "process"])
+def test_the_weaker_durabilities_make_no_sync(tmp_path, syncs, durability):
+    store = EmbeddedStore(tmp_path / "weaker", durability=durability)
+    try:
+        with store.transaction() as db:
+            db.execute("CREATE TABLE rows (name TEXT)")
+            db.execute("INSERT INTO rows VALUES ('a')")
+    finally:
+        store.close()
+    assert syncs == []

@@ -21,6 +21,12 @@ savepoint of its own as a member of the group. A group then costs one handover o
 one per thread, and the threads that handed over wait blocked rather than running Python beside the
 holder's statements (each of them would take the GIL from it while SQLite runs).
 
+Syncs: at `fsync` SQLite commits as at `power` (no sync of its own) and the store syncs the WAL itself
+once a group committed, unless none of its members promised durability (`transaction(synced=False)`: a
+consumer's claim of a mail, which a power loss turns back into a mail to claim again). Every commit is
+frames appended to the one WAL, so a sync makes every commit before it durable: an unsynced commit is made
+durable by the next synced one, of this process or another.
+
 Opening writes nothing: with `create` the store is made when missing and its schema completed (every
 statement only adds what a store lacks, so an older store gains the tables of this version); without it
 a missing store is NoStore and one lacking tables of this version is refused, naming them.
@@ -28,6 +34,7 @@ a missing store is NoStore and one lacking tables of this version is refused, na
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import threading
@@ -54,8 +61,9 @@ T = TypeVar("T")
 
 
 # What survives a commit: anything (a sync per commit, shared by a group: the default, as Postfix syncs a
-# mail before its 250), the loss of power but for the last commits (the WAL synced at checkpoints: they
-# may roll back, the file never corrupts), or only the death of the process (the OS holds the written
+# mail before its 250; SQLite's FULL, which the store makes of NORMAL and syncs of its own, see the module),
+# the loss of power but for the last commits (the WAL synced at checkpoints: they may roll back, the file
+# never corrupts), or only the death of the process (the OS holds the written
 # pages; a power loss may lose the last commits or, rarely, corrupt the file).
 SYNCHRONOUS = {"fsync": "FULL", "power": "NORMAL", "process": "OFF"}
 
@@ -63,7 +71,10 @@ SYNCHRONOUS = {"fsync": "FULL", "power": "NORMAL", "process": "OFF"}
 class EmbeddedStore:
     def __init__(self, data_dir: Path, durability: str = "fsync", create: bool = True) -> None:
         self.path, self.created = prepare(data_dir, create, _initialise)
-        self.synchronous = SYNCHRONOUS[durability]
+        # At `fsync` the store makes the syncs (see the module), SQLite does the rest as at `power`.
+        self._syncs_commits = durability == "fsync"
+        self.synchronous = SYNCHRONOUS["power" if self._syncs_commits else durability]
+        self._wal: int | None = None  # a descriptor of the WAL file, to sync it
         self._turn = _Turn(self)
         self._combiner = _Combiner(self)
         self._depth = 0
@@ -94,18 +105,21 @@ class EmbeddedStore:
             self._connection.close()
             raise
 
-    def raise_failure(self, error: sqlite3.Error) -> NoReturn:
-        """Raise `error` as the store's StoreUnusable when its files or disk failed, else as it is (a
-        statement mailq got wrong is a bug to show whole)."""
+    def raise_failure(self, error: sqlite3.Error | OSError) -> NoReturn:
+        """Raise `error` as the store's StoreUnusable when its files or disk failed (a sync of the WAL
+        that failed is one), else as it is (a statement mailq got wrong is a bug to show whole)."""
+        if isinstance(error, OSError):
+            raise StoreUnusable(f"mailq store {self.path}: syncing its WAL failed: {error}") from error
         failure = store_failure(self.path, error)
         if failure is None:
             raise error
         raise failure from error
 
-    def transaction(self) -> _Transaction:
+    def transaction(self, synced: bool = True) -> _Transaction:
         """A write transaction (BEGIN IMMEDIATE: writers queue up front instead of deadlocking later),
-        holding the turn until it ends, and committed by the end of the turn."""
-        return _Transaction(self)
+        holding the turn until it ends, and committed by the end of the turn. `synced=False`: its writes
+        promise nothing to anyone, so a group made of such transactions alone commits without a sync."""
+        return _Transaction(self, synced)
 
     def turn(self) -> _Turn:
         """Hold the store for one whole operation, reentrantly."""
@@ -146,8 +160,20 @@ class EmbeddedStore:
         except sqlite3.Error as error:
             _rollback(self._connection)
             group.error = error
+        else:
+            if group.synced and self._syncs_commits:
+                try:
+                    self._sync_wal()
+                except OSError as error:  # committed, but maybe not durable: no member may say it is
+                    group.error = error
         if group.done is not None:
             group.done.set()
+
+    def _sync_wal(self) -> None:
+        if self._wal is None:
+            # The WAL exists from the first commit until the last connection to the store closes.
+            self._wal = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+        os.fdatasync(self._wal)
 
     def _abandon(self, error: sqlite3.Error) -> None:
         """SQLite rolled the whole open transaction back by itself (a full disk, an I/O error): the group's
@@ -165,17 +191,20 @@ class EmbeddedStore:
                 self._commit()
             self._closed = True
             self._connection.close()
+            if self._wal is not None:
+                os.close(self._wal)
 
 
 class _Group:
     """The open transaction several turns share, and its outcome."""
 
-    __slots__ = ("members", "done", "error")
+    __slots__ = ("members", "done", "error", "synced")
 
     def __init__(self) -> None:
         self.members = 0
         self.done: threading.Event | None = None  # made by the first member to wait
-        self.error: sqlite3.Error | None = None
+        self.error: sqlite3.Error | OSError | None = None
+        self.synced = False  # a member promises durability: the commit is followed by a sync
 
 
 class _Turn:
@@ -345,10 +374,11 @@ class _Transaction:
     A plain class rather than a generator context manager: it sits on the hot path of every operation.
     """
 
-    __slots__ = ("store", "outermost", "joined")
+    __slots__ = ("store", "synced", "outermost", "joined")
 
-    def __init__(self, store: EmbeddedStore) -> None:
+    def __init__(self, store: EmbeddedStore, synced: bool) -> None:
         self.store = store
+        self.synced = synced
 
     def __enter__(self) -> sqlite3.Connection:
         store = self.store
@@ -363,6 +393,8 @@ class _Transaction:
                 else:
                     connection.execute("BEGIN IMMEDIATE")
                     store._group = _Group()
+            if self.synced:
+                store._group.synced = True  # type: ignore[union-attr]
         except sqlite3.Error as error:
             store._turn.__exit__(None, None, None)
             store.raise_failure(error)
