@@ -299,3 +299,16 @@ def test_the_weaker_durabilities_make_no_sync(tmp_path, syncs, durability):
     finally:
         store.close()
     assert syncs == []
+
+
+def test_closing_twice_leaves_other_descriptors_alone(tmp_path):
+    store = EmbeddedStore(tmp_path / "twice")
+    with store.transaction() as db:
+        db.execute("CREATE TABLE rows (name TEXT)")
+    store.close()
+    reused = os.open(tmp_path / "other", os.O_CREAT | os.O_RDWR)
+    try:
+        store.close()
+        os.fstat(reused)
+    finally:
+        os.close(reused)

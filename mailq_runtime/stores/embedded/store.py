@@ -191,8 +191,9 @@ class EmbeddedStore:
                 self._commit()
             self._closed = True
             self._connection.close()
-            if self._wal is not None:
+            if self._wal is not None:  # closing twice must not close a descriptor reused meanwhile
                 os.close(self._wal)
+                self._wal = None
 
 
 class _Group:
