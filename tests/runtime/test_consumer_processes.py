@@ -91,9 +91,14 @@ def finish(processes: list[subprocess.Popen], timeout: float = 120) -> list[str]
 def test_several_consumer_processes_and_a_worker_process_each_mail_exactly_once(backend, tmp_path):
     runtime = backend.open(visibility_timeout=LEASE)
     queue = runtime.queue(QUEUE)
-    ids = {f"m{n:03d}": queue.enqueue(make_mail(f"m{n:03d}", recipients=(RECIPIENT,))) for n in range(150)}
+    # Due once every process has had the time to start (the worker's command imports the most): the
+    # first to start would otherwise take every mail, on a loaded machine, before the last is up.
+    ids = {
+        f"m{n:03d}": queue.enqueue(make_mail(f"m{n:03d}", recipients=(RECIPIENT,)), delay=3)
+        for n in range(150)
+    }
     logs = [tmp_path / f"consumer-{n}.log" for n in range(2)]
-    processes = [consumer(backend, log, pause=0.01) for log in logs] + [worker(backend)]
+    processes = [consumer(backend, log, pause=0.02) for log in logs] + [worker(backend)]
     *_, report = finish(processes)
 
     stats = json.loads(report)
