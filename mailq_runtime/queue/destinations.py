@@ -68,7 +68,7 @@ def state_of(row: EnqueuedMail) -> str:
 def moves(row: EnqueuedMail, mails: int, state: str | None = None) -> list[DestinationCount]:
     """The changes of the counts that adding `mails` (1 or -1) of `row` in `state` (by default its own,
     `state_of`) makes: one per recipient domain."""
-    slot = row.enqueued_time - row.enqueued_time % SLOT
+    slot = slot_of(row.enqueued_time)
     domains = sorted(_domains(row))
     counted = state or state_of(row)
     return [DestinationCount(domain, counted, slot, mails) for domain in domains]
@@ -80,13 +80,11 @@ def recount_by_domain(context: QueueContext, live: Iterable[EnqueuedMail], now: 
     the browse and RECOUNT_SETTLE after it agree (a count still moving is left to the next recount).
     Returns the sum of the corrections' sizes (0: nothing was off)."""
     destinations = context.backends.destinations
-    settled = now - now % SLOT - SLOT
+    settled = slot_of(now) - SLOT
     first = {
         (c.domain, c.state, c.slot): c.mails for c in destinations.counts(context.name) if c.slot < settled
     }
-    occupied = {
-        (domain, row.enqueued_time - row.enqueued_time % SLOT) for row in live for domain in _domains(row)
-    }
+    occupied = {(domain, slot_of(row.enqueued_time)) for row in live for domain in _domains(row)}
     suspects = {cell for cell in first if (cell[0], cell[2]) not in occupied}
     if not suspects:
         return 0
@@ -99,6 +97,11 @@ def recount_by_domain(context: QueueContext, live: Iterable[EnqueuedMail], now: 
     ]
     destinations.count(context.name, wrong)
     return sum(abs(change.mails) for change in wrong)
+
+
+def slot_of(at: int) -> int:
+    """The start of the SLOT that holds the time `at` (microseconds)."""
+    return at - at % SLOT
 
 
 def _domains(row: EnqueuedMail) -> set[str]:

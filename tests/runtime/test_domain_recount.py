@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mailq_runtime.queue import MailQueue, destinations
-from mailq_runtime.queue.destinations import SLOT
+from mailq_runtime.queue.destinations import slot_of
 from mailq_runtime.stores.records import DestinationCount
 
 from .conftest import QUEUE
@@ -28,10 +28,6 @@ def counts(queue: MailQueue) -> dict[tuple[str, str, int], int]:
         for c in queue.context.backends.destinations.counts(QUEUE)
         if c.mails
     }
-
-
-def slot_of(at: int) -> int:
-    return at - at % SLOT
 
 
 def test_the_recount_zeroes_a_count_where_no_mail_is_and_keeps_the_live_mails(
