@@ -75,7 +75,7 @@ from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 from deployments import new_servers
 
-from mailq_runtime.queue.destinations import SLOT
+from mailq_runtime.queue.destinations import slot_of
 from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import SYNCHRONOUS
 from mailq_runtime.stores.records import EnqueuedMail
@@ -114,11 +114,6 @@ _CLAIM = (
 )
 _ACK = "DELETE FROM broker_messages WHERE id = ? AND lease = ?"
 _VISIBILITY_TIMEOUT = 300 * 1_000_000
-
-
-def _slot(enqueued_time: int) -> int:
-    """The destination counters' enqueue-time slot (queue/destinations.py)."""
-    return enqueued_time - enqueued_time % SLOT
 
 
 _TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
@@ -384,7 +379,7 @@ class Floor:
 
         self._timed("view.insert", insert)
         session.execute(
-            statements["count_destination"], (1, mail.row[0], "example.org", "queued", _slot(now))
+            statements["count_destination"], (1, mail.row[0], "example.org", "queued", slot_of(now))
         )
         self._timed(
             "broker.publish", lambda: self.broker.publish(mail.row[0], mail.enqueue_id, mail.payload, 5)
@@ -410,7 +405,7 @@ class Floor:
             counts = BatchStatement(batch_type=BatchType.COUNTER)
             counts.add(statements["count_deleted"], mail.row[:3])
             counts.add(
-                statements["count_destination"], (-1, queue, "example.org", "queued", _slot(mail.row[4]))
+                statements["count_destination"], (-1, queue, "example.org", "queued", slot_of(mail.row[4]))
             )
             session.execute(counts)
 
