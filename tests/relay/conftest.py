@@ -124,10 +124,13 @@ def start_worker(runtime: Runtime, dns: DnsServer, mx_port: int) -> Iterator[Cal
         worker.relay.close()
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 30.0) -> None:
+def wait_until(
+    condition: Callable[[], object], timeout: float = 30.0, state: Callable[[], str] = lambda: ""
+) -> None:
+    """Until `condition` holds; past `timeout`, fails with what `state` tells of the moment."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"timed out {state()}".strip()
         time.sleep(0.1)
 
 

@@ -74,6 +74,13 @@ def _queued(url: str) -> int:
         return runtime.queue(QUEUE).size()
 
 
+def _queue_state(url: str) -> str:
+    """The queue's size beside what a browse finds: what a failed wait for the queue to empty shows."""
+    with Runtime.open(url) as runtime:
+        queue = runtime.queue(QUEUE)
+        return f"size {queue.size()}, browsed {[item.recipients for item in queue.browse()]}"
+
+
 def _worker(url: str, log: Path, *options: str) -> subprocess.Popen:
     command = mailq_command(
         url,
@@ -112,7 +119,7 @@ def test_two_workers_never_open_more_connections_than_the_limit(limits_url, dns,
         workers = [_worker(limits_url, log, "--destination-concurrency", "2", *options) for _ in range(2)]
         stack.callback(lambda: [w.kill() for w in workers if w.poll() is None])
         wait_until(lambda: len(sink.recipients) == mails, timeout=120)
-        wait_until(lambda: _queued(limits_url) == 0)
+        wait_until(lambda: _queued(limits_url) == 0, state=lambda: _queue_state(limits_url))
         _stop(workers, log)
     assert sorted(sink.recipients) == sorted(f"bob{n}@one.test" for n in range(mails))
     assert sink.most_sessions == 2  # the limit bound, and held
