@@ -277,7 +277,7 @@ def handle(
     normalised (`normalise_domains`); the caller that drives its own dequeues (the demo, on simulated
     time) gets exactly the worker's behaviour. `leases` keeps the mail's lease while it is delivered. A
     backend away gives the mail back untried and is raised, for the caller to wait."""
-    settled: bool | None = None  # whether done() counted, when it ran in the delivery's group
+    settled = False  # whether done() counted, when it ran in the delivery's group
     try:
         with nullcontext() if leases is None else leases.keeping(item):
             # A mail for local recipients only is acknowledged in the group of its copies' writes: one
