@@ -23,7 +23,8 @@ timing each end-of-DATA reply, the time from the first connection to the last ma
 
 Each measure's CPU a mail (utime + stime, from /proc): the servers, the delivery process (mailq: the
 worker), smtp-source (the children's rusage over the load; for mailq, the figure of the durable floor with
-as many processes, as the load is the same) and this process (the timing client and the polling). The CPU
+as many processes, as the load is the same) and this process (the timing client and the polling; not
+measured for mailq, whose measures run inside `bench_mailq`). The CPU
 ceiling is cores / (the sum) in mails/s; the 2x budget is the CPU a mail that 2x Postfix's rate leaves on
 these cores. Prints one line per measure, then one JSON object with every rate's ratio over Postfix's
 end-to-end rate.
