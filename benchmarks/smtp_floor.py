@@ -176,18 +176,17 @@ def deliver(path: Path) -> None:
         rows = database.connection.execute(
             "SELECT id, sender, recipients, content FROM queue ORDER BY id LIMIT ?", (DELIVERY_BATCH,)
         ).fetchall()
-        if not rows:
+        if rows:
+            database.commit(partial(_move, rows=rows))
+        else:
             time.sleep(IDLE_POLL_SECONDS)
-            continue
 
-        def move(connection: sqlite3.Connection, rows: list[tuple] = rows) -> None:
-            connection.executemany(
-                "INSERT INTO mailbox (sender, recipients, content) VALUES (?, ?, ?)",
-                [row[1:] for row in rows],
-            )
-            connection.executemany("DELETE FROM queue WHERE id = ?", [row[:1] for row in rows])
 
-        database.commit(move)
+def _move(connection: sqlite3.Connection, rows: list[tuple[int, str, str, bytes]]) -> None:
+    connection.executemany(
+        "INSERT INTO mailbox (sender, recipients, content) VALUES (?, ?, ?)", [row[1:] for row in rows]
+    )
+    connection.executemany("DELETE FROM queue WHERE id = ?", [row[:1] for row in rows])
 
 
 def role(*argv: str) -> subprocess.Popen:
