@@ -209,10 +209,12 @@ def main() -> None:
         side: [round(rate / one, 2) for rate, one in zip(rates[side], single, strict=True)] for side in sides
     }
     for side in sides:
-        print(f"{side}: median {statistics.median(rates[side]):,.0f} mails/s, "
-              f"{statistics.median(ratios[side]):.2f}x mailq from one thread")  # fmt: skip
-    print(json.dumps({"rates": {side: [round(rate) for rate in rates[side]] for side in sides},
-                      "to_one_thread": ratios, "mails": args.mails, "group": args.threads}))  # fmt: skip
+        median = statistics.median(rates[side])
+        print(
+            f"{side}: median {median:,.0f} mails/s, {statistics.median(ratios[side]):.2f}x mailq's one thread"
+        )
+    rounded = {side: [round(rate) for rate in rates[side]] for side in sides}
+    print(json.dumps({"rates": rounded, "to_one_thread": ratios, "mails": args.mails, "group": args.threads}))
 
 
 if __name__ == "__main__":
