@@ -123,7 +123,7 @@ def _embedded(settings: Settings, clock: Clock, create: bool) -> Deployment:
         delayed_mails=EmbeddedDelayedMails(store),
         held_mails=EmbeddedHeldMails(store),
         destinations=EmbeddedDestinations(store),
-        work=GroupedWork(store.transaction, store.turn, store.in_turn),
+        work=GroupedWork(store.transaction, store.turn, store.in_turn, store.in_group),
         created=store.created,
         close=store.close,
     )

@@ -7,8 +7,10 @@ do so commits them at once; `turn()` holds the store over a whole queue operatio
 work included, so that the threads of a process take turns rather than hand the GIL and the connection
 back and forth between their statements; `in_turn(operation)` runs a whole operation in the turn, which
 lets the thread holding it run the operations of threads waiting for it (one handover of the turn for a
-group). The embedded deployment's are its store's transaction (which also holds the turn, see
-stores/embedded/store.py), turn and `in_turn`; any other deployment's do nothing but call.
+group); `in_group(item, write)` is `write([item])[0]`, which the holder of the turn may run as one `write`
+of the items of several threads (a group of enqueues, one statement a table). The embedded deployment's
+are its store's transaction (which also holds the turn, see stores/embedded/store.py), turn, `in_turn`
+and `in_group`; any other deployment's do nothing but call.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class UnitOfWork(Protocol):
 
     def in_turn(self, operation: Callable[[], T]) -> T: ...
 
+    def in_group(self, item: Any, write: Callable[[list[Any]], list[T]]) -> T: ...
+
 
 @dataclass(frozen=True)
 class GroupedWork:
@@ -36,12 +40,17 @@ class GroupedWork:
     writes: Callable[[], AbstractContextManager]
     turn: Callable[[], AbstractContextManager]
     in_turn: Callable[[Callable[[], Any]], Any]
+    in_group: Callable[[Any, Callable[[list[Any]], list[Any]]], Any]
 
 
 def _alone(operation: Callable[[], T]) -> T:
     return operation()
 
 
+def _one(item: Any, write: Callable[[list[Any]], list[T]]) -> T:
+    return write([item])[0]
+
+
 # Every call commits on its own: a deployment that cannot group, or a runtime opened with
 # `group_writes=False` (tests use it to see every write commit alone).
-UNGROUPED = GroupedWork(nullcontext, nullcontext, _alone)
+UNGROUPED = GroupedWork(nullcontext, nullcontext, _alone, _one)

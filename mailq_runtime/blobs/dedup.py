@@ -212,11 +212,35 @@ class DeduplicatingBlobStore:
         still stored once; what a crash leaves is `save_all`'s."""
         return self._save(owner, contents, skip_known=False)
 
+    def save_new_many(self, saves: Sequence[tuple[str, Sequence[bytes]]]) -> list[list[BlobId]]:
+        """`save_new` for several owners (the enqueues of a group, queue/enqueuer.py): one read of the
+        generation and one call a table for them all, in the same crash-safe order; the blob ids of each
+        owner's contents."""
+        for owner, contents in saves:
+            _check(owner, contents)
+        digests = [[hashlib.sha256(data).hexdigest() for data in contents] for _, contents in saves]
+        with self.work.writes():
+            generation = self.generations.for_saving()
+            saved = [[BlobId.of_checked(generation, digest) for digest in owned] for owned in digests]
+            new = {
+                blob_id: bytes(data)
+                for blob_ids, (_, contents) in zip(saved, saves, strict=True)
+                for blob_id, data in zip(blob_ids, contents, strict=True)
+            }
+            self.content.put_many(list(new.items()))
+            self.faults.reached(SAVE_AFTER_CONTENT)
+            self.tables.add_blobs([(blob_id, len(data)) for blob_id, data in new.items()], self.clock())
+            self.faults.reached(SAVE_AFTER_BLOB_ROWS)
+            self.tables.add_references_of(
+                [
+                    (owner, list(dict.fromkeys(blob_ids)))
+                    for (owner, _), blob_ids in zip(saves, saved, strict=True)
+                ]
+            )
+        return saved
+
     def _save(self, owner: str, contents: Sequence[bytes], skip_known: bool) -> list[BlobId]:
-        validate_owner(owner)
-        for data in contents:
-            if not isinstance(data, bytes | bytearray | memoryview):
-                raise InvalidInput(f"blob content must be bytes, not {type(data).__name__}")
+        _check(owner, contents)
         if not contents:
             return []
         digests = [hashlib.sha256(data).hexdigest() for data in contents]
@@ -351,3 +375,10 @@ class DeduplicatingBlobStore:
         current = self.generations.current()
         count, oldest, newest = self.tables.deletion_backlog(current - 2, since_generation - 2, since)
         return DeletionBacklog(count, oldest, newest, current)
+
+
+def _check(owner: str, contents: Sequence[bytes]) -> None:
+    validate_owner(owner)
+    for data in contents:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidInput(f"blob content must be bytes, not {type(data).__name__}")

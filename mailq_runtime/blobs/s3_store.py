@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
@@ -182,6 +182,10 @@ class S3BlobStore:
                     ExtraArgs={"ChecksumAlgorithm": CHECKSUM},
                     Config=self._transfer,
                 )
+
+    def put_many(self, contents: Sequence[tuple[BlobId, bytes]]) -> None:
+        for blob_id, data in contents:
+            self.put(blob_id, data)
 
     def get(self, blob_id: BlobId | str) -> bytes:
         target = BlobId.parse(blob_id)

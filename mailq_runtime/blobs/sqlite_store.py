@@ -3,7 +3,7 @@ faster than one file per blob, and a put joins the caller's group of writes (one
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from ..errors import BlobNotFound
 from ..model import BlobId
@@ -23,6 +23,13 @@ class SqliteBlobStore:
             db.execute(
                 "INSERT OR REPLACE INTO blob_content (blob_id, data) VALUES (?, ?)",
                 (str(BlobId.parse(blob_id)), data),
+            )
+
+    def put_many(self, contents: Sequence[tuple[BlobId, bytes]]) -> None:
+        with self.store.transaction() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO blob_content (blob_id, data) VALUES (?, ?)",
+                [(str(blob_id), data) for blob_id, data in contents],
             )
 
     def get(self, blob_id: BlobId | str) -> bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 from ..model import BlobId
@@ -10,6 +10,10 @@ from ..model import BlobId
 
 class BlobStore(Protocol):
     def put(self, blob_id: BlobId | str, data: bytes) -> None: ...
+
+    def put_many(self, contents: Sequence[tuple[BlobId, bytes]]) -> None:
+        """`put` each content: a store may write them in one call."""
+        ...
 
     def get(self, blob_id: BlobId | str) -> bytes: ...
 

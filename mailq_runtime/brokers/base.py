@@ -7,7 +7,7 @@ flush, and dead letters an operator can browse and requeue, whatever it can do i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,6 +54,10 @@ class Broker(Protocol):
     visibility_timeout: int
 
     def publish(self, queue: str, enqueue_id: str, payload: str, priority: int) -> None: ...
+
+    def publish_many(self, queue: str, messages: Sequence[tuple[str, str, int]]) -> None:
+        """`publish` each (enqueue id, payload, priority): a broker may take them in one call."""
+        ...
 
     def receive(self, queue: str, timeout: float | None) -> Delivery | None:
         """The next message (highest priority, then oldest); None once `timeout` seconds pass."""

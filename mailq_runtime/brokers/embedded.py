@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..clock import MICROS_PER_SECOND, Clock
 from ..stores.embedded import EmbeddedStore
@@ -42,6 +42,15 @@ class EmbeddedBroker:
                 "INSERT INTO broker_messages (queue, enqueue_id, priority, available_at, payload) "
                 "VALUES (?,?,?,0,?)",
                 (queue, enqueue_id, priority, payload),
+            )
+        self._notify()
+
+    def publish_many(self, queue: str, messages: Sequence[tuple[str, str, int]]) -> None:
+        with self.store.transaction() as db:
+            db.executemany(
+                "INSERT INTO broker_messages (queue, enqueue_id, priority, available_at, payload) "
+                "VALUES (?,?,?,0,?)",
+                [(queue, enqueue_id, priority, payload) for enqueue_id, payload, priority in messages],
             )
         self._notify()
 

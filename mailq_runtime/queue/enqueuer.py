@@ -7,18 +7,20 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..errors import BACKEND_FAILURES, BrokerRefused, BrokerUnavailable, InvalidInput
 from ..faults import ENQUEUE_AFTER_REFERENCES, ENQUEUE_AFTER_VIEW_ROW
 from ..metrics import seconds_since
 from ..model import EnqueueId, Mail, check_message, check_priority, delivery_time
-from ..stores.records import DelayedMail, EnqueuedMail
+from ..stores.records import DelayedMail, DestinationCount, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DueSchedule
 from .destinations import moves
 
 log = logging.getLogger(__name__)
+# An enqueue's mail, delay and priority, as the holder of the turn writes it.
+_Request = tuple[Mail, Delay, int]
 
 
 def split_message(message: bytes) -> tuple[bytes, bytes]:
@@ -29,6 +31,15 @@ def split_message(message: bytes) -> tuple[bytes, bytes]:
             cut = index + len(separator)
             return message[:cut], message[cut:]
     return message, b""
+
+
+def _merged(changes: Iterable[DestinationCount]) -> list[DestinationCount]:
+    """One change a domain, state and slot: a group's mails mostly share them."""
+    sums: dict[tuple[str, str, int], int] = {}
+    for change in changes:
+        key = (change.domain, change.state, change.slot)
+        sums[key] = sums.get(key, 0) + change.mails
+    return [DestinationCount(*key, mails) for key, mails in sums.items()]
 
 
 def check_enqueue(mail: Mail, delay: Delay, priority: int | None, max_message_size: int, now: int) -> int:
@@ -116,7 +127,11 @@ class Enqueuer(QueuePart):
         priority = check_enqueue(mail, delay, priority, context.max_message_size, context.clock())
         self.failed.withdraw()
         # In the turn, by this thread or by the one holding it for another enqueue (unit_of_work.py).
-        enqueue_id = self.work.in_turn(lambda: self._write(mail, delay, priority))
+        if delay is None:
+            # Due now, to the broker: in a group's one call a table, by the holder of the turn.
+            enqueue_id = self.work.in_group((mail, delay, priority), self._write_all)
+        else:
+            enqueue_id = self.work.in_turn(lambda: self._write(mail, delay, priority))
         self._exists = True
         self.metrics.enqueued.inc()
         self.metrics.enqueue_seconds.observe(seconds_since(started))
@@ -157,6 +172,49 @@ class Enqueuer(QueuePart):
                 self.failed.add(row, counted)
                 raise
         return enqueue_id
+
+    def _write_all(self, requests: list[_Request]) -> list[EnqueueId]:
+        """The enqueues of a group handed over together (`in_group`, unit_of_work.py): one call a table
+        for them all, in the crash-safe order of one (`enqueue`). A failure fails the call, and the store
+        then writes each enqueue alone (`_write`), which gives each its own outcome."""
+        if len(requests) == 1:
+            return [self._write(*requests[0])]
+        context = self.context
+        now = context.clock()
+        configuration = context.configuration
+        enqueue_ids = [EnqueueId.generate(now) for _ in requests]
+        saves = [
+            (enqueue_id, split_message(mail.message))
+            for enqueue_id, (mail, _, _) in zip(enqueue_ids, requests, strict=True)
+        ]
+        with self.work.writes():
+            if not self._exists:
+                self.view.create_queue(self.name, self.browse_start_limit(), now)
+            saved = self.blobs.save_new_many(saves)
+            self.faults.reached(ENQUEUE_AFTER_REFERENCES)
+            rows = [
+                EnqueuedMail.of(
+                    mail,
+                    self.name,
+                    enqueue_id,
+                    now,
+                    now,
+                    priority,
+                    slice_of(now, configuration.slice_window),
+                    zlib.crc32(mail.name.encode()) % configuration.bucket_count,
+                    *blob_ids,
+                )
+                for enqueue_id, (mail, _, priority), blob_ids in zip(
+                    enqueue_ids, requests, saved, strict=True
+                )
+            ]
+            self.view.insert_many(rows)
+            self.destinations.count(self.name, _merged(change for row in rows for change in moves(row, 1)))
+            self.faults.reached(ENQUEUE_AFTER_VIEW_ROW)
+            self.broker.publish_many(
+                self.name, [(row.enqueue_id, row.to_payload(), row.priority) for row in rows]
+            )
+        return enqueue_ids
 
     def send(self, row: EnqueuedMail, due: int, now: int) -> None:
         """Publish the mail, or hold it in the delayed mails until `due`. A broker that cannot take it now

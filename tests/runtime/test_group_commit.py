@@ -312,3 +312,72 @@ def test_closing_twice_leaves_other_descriptors_alone(tmp_path):
         os.fstat(reused)
     finally:
         os.close(reused)
+
+
+def _grouped(
+    store: EmbeddedStore, items: dict[str, bytes], failing: str | None = None
+) -> tuple[dict[str, object], list[list[str]]]:
+    """Enqueue-like items through `in_group`: `held` holds the turn until every other item has been handed
+    over, so the holder writes them in one call of the writer. Returns each one's outcome (its name, or
+    the exception it raised) and the writer's calls, by the names they wrote."""
+    outcomes: dict[str, object] = {}
+    calls: list[list[str]] = []
+
+    def write(names: list[str]) -> list[str]:
+        calls.append(sorted(names))
+        if names == ["held"]:
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 10
+            while len(store._combiner._pending) < len(items):
+                assert time.monotonic() < deadline, "the items were never handed over"
+                time.sleep(0.001)
+        with store.transaction() as db:
+            db.executemany("INSERT INTO rows VALUES (?, ?)", [(name, items.get(name, b"")) for name in names])
+            if failing in names:
+                raise ValueError(f"{failing} fails after its insert")
+        return names
+
+    def run(name: str) -> None:
+        try:
+            outcomes[name] = store.in_group(name, write)
+        except Exception as error:
+            outcomes[name] = error
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in items]
+    run("held")
+    for thread in threads:
+        thread.join(10)
+    return outcomes, calls
+
+
+def test_items_handed_over_are_written_in_one_call_and_one_commit(store, tmp_path):
+    statements: list[str] = []
+    store._connection.set_trace_callback(statements.append)
+    outcomes, calls = _grouped(store, dict.fromkeys("abc", b""))
+    assert outcomes == {"held": "held", "a": "a", "b": "b", "c": "c"}
+    assert calls == [["held"], ["a", "b", "c"]]
+    assert _committed(tmp_path) == {"held", "a", "b", "c"}
+    assert statements.count("COMMIT") == 1
+
+
+def test_a_group_whose_call_fails_is_written_item_by_item_each_with_its_own_outcome(store, tmp_path):
+    outcomes, calls = _grouped(store, dict.fromkeys("abc", b""), failing="b")
+    assert calls[:2] == [["held"], ["a", "b", "c"]]
+    assert sorted(calls[2:]) == [["a"], ["b"], ["c"]]
+    assert isinstance(outcomes["b"], ValueError)
+    assert (outcomes["held"], outcomes["a"], outcomes["c"]) == ("held", "a", "c")
+    assert _committed(tmp_path) == {"held", "a", "c"}
+
+
+def test_an_item_of_a_group_returns_only_if_its_writes_are_committed(store, tmp_path):
+    # The store fills up in the group's call: SQLite may roll back the writes made before it, the holder's
+    # own included, and every item hears of it or is written again alone.
+    page_size = store.read_one("PRAGMA page_size")[0]
+    used = store.read_one("PRAGMA page_count")[0]
+    store._connection.execute(f"PRAGMA max_page_count={used + 8}")
+    outcomes, _ = _grouped(store, {"a": b"", "big": b"x" * page_size * 64, "c": b""})
+    committed = _committed(tmp_path)
+    assert "big" not in committed and isinstance(outcomes["big"], StoreUnusable)
+    for name in ("held", "a", "c"):
+        assert (outcomes[name] == name) == (name in committed), (name, outcomes[name], committed)

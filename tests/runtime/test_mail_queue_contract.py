@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from mailq_runtime import Mail, PerRecipientHeader
+from mailq_runtime.model import NORMAL_PRIORITY
 
 from .conftest import QUEUE, WITH_EVERY_BROKER
 from .helpers import make_mail
@@ -362,3 +363,23 @@ def test_a_retry_delay_shows_in_browse(clocked, clock):
     clocked.dequeue(timeout=0).retry()
     (item,) = list(clocked.browse())
     assert item.next_delivery - item.enqueued_time == timedelta(seconds=30)
+
+
+def test_enqueues_written_in_one_group_are_each_its_own_mail(queue):
+    # What the holder of the embedded store's turn writes for the enqueues handed over to it (`in_group`):
+    # every backend's calls for several mails at once, two of them of the same content.
+    sent = [full_mail(), full_mail(), make_mail("other", recipients=("rcpt@example.net",))]
+    enqueue_ids = queue.enqueuer._write_all([(mail, None, NORMAL_PRIORITY) for mail in sent])
+    assert len(set(enqueue_ids)) == 3
+    assert queue.size() == 3
+    counts = {domain.domain: domain.total("queued") for domain in queue.by_domain()}
+    assert counts == {"example.com": 2, "example.org": 2, "[192.0.2.1]": 2, "example.net": 1}
+    received = []
+    for _ in sent:
+        item = queue.dequeue(timeout=5)
+        received.append((item.enqueue_id, item.mail))
+        item.done()
+    assert sorted(received, key=lambda pair: pair[0]) == sorted(
+        zip(enqueue_ids, sent, strict=True), key=lambda pair: pair[0]
+    )
+    assert queue.size() == 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import pika
@@ -99,6 +99,10 @@ class RabbitMQBroker:
                 raise waiter.outcome
             self._receiver.stir(queue_name(queue))
             return
+
+    def publish_many(self, queue: str, messages: Sequence[tuple[str, str, int]]) -> None:
+        for enqueue_id, payload, priority in messages:
+            self.publish(queue, enqueue_id, payload, priority)
 
     def _route(self, queue: str, priority: int) -> str:
         """The RabbitMQ queue a message of mail queue `queue` and `priority` goes to."""

@@ -124,6 +124,11 @@ class CassandraBlobTables:
             [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids],
         )
 
+    def add_references_of(self, references: Sequence[tuple[str, Sequence[BlobId]]]) -> None:
+        # A batch a partition, as `add_references` writes one.
+        for owner, blob_ids in references:
+            self.add_references(owner, blob_ids)
+
     def references_of(self, owner: str) -> list[BlobId]:
         rows = self.store.execute("SELECT blob_id FROM blob_references WHERE owner = ?", (owner,))
         return [BlobId.parse(row.blob_id) for row in rows]

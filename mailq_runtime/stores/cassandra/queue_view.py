@@ -308,6 +308,10 @@ class CassandraQueueView:
         self.slice_counters.count_enqueued(mail.queue, mail.slice_start, mail.bucket)
         self.enqueued_mails.insert(mail)
 
+    def insert_many(self, mails: Sequence[EnqueuedMail]) -> None:
+        for mail in mails:
+            self.insert(mail)
+
     def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int, bucket: int) -> bool:
         """Record the mail as deleted; True only the first time, so counters count each mail once."""
         if not self.deleted_mails.mark(queue, enqueue_id):

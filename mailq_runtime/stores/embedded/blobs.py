@@ -51,6 +51,17 @@ class EmbeddedBlobTables:
                 [(owner, str(blob_id), blob_id.generation) for blob_id in blob_ids],
             )
 
+    def add_references_of(self, references: Sequence[tuple[str, Sequence[BlobId]]]) -> None:
+        with self.store.transaction() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
+                [
+                    (owner, str(blob_id), blob_id.generation)
+                    for owner, blob_ids in references
+                    for blob_id in blob_ids
+                ],
+            )
+
     def references_of(self, owner: str) -> list[BlobId]:
         rows = self.store.read(
             "SELECT blob_id FROM blob_references WHERE owner = ? ORDER BY blob_id", (owner,)

@@ -4,6 +4,7 @@ group one operation's calls into one (the unit of work's `writes()`), which nest
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from ..records import DestinationCount, EnqueuedMail, SliceSize
@@ -49,6 +50,23 @@ class EmbeddedQueueView:
                 "INSERT INTO slice_counters (queue, slice_start, enqueued) VALUES (?, ?, 1) "
                 "ON CONFLICT (queue, slice_start) DO UPDATE SET enqueued = enqueued + 1",
                 (mail.queue, mail.slice_start),
+            )
+
+    def insert_many(self, mails: Sequence[EnqueuedMail]) -> None:
+        """`insert` each mail, with one count a slice."""
+        with self.store.transaction() as db:
+            inserted = Counter(
+                (mail.queue, mail.slice_start)
+                for mail in mails
+                if db.execute(
+                    f"INSERT OR IGNORE INTO enqueued_mails ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    mail.row(),
+                ).rowcount
+            )
+            db.executemany(
+                "INSERT INTO slice_counters (queue, slice_start, enqueued) VALUES (?, ?, ?) "
+                "ON CONFLICT (queue, slice_start) DO UPDATE SET enqueued = enqueued + excluded.enqueued",
+                [(*key, count) for key, count in inserted.items()],
             )
 
     def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int, bucket: int) -> bool:

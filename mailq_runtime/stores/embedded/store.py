@@ -19,7 +19,9 @@ Combining: a thread that finds another holding the turn for the same kind of ope
 its operation over instead of waiting for the turn, and the holder runs it in its own turn, in a
 savepoint of its own as a member of the group. A group then costs one handover of the turn instead of
 one per thread, and the threads that handed over wait blocked rather than running Python beside the
-holder's statements (each of them would take the GIL from it while SQLite runs).
+holder's statements (each of them would take the GIL from it while SQLite runs). `in_group` goes one
+step further for operations that can be written together (enqueues): the holder writes those handed
+over in one call, one statement a table for the group, and each alone only if that call fails.
 
 Syncs: at `fsync` SQLite commits as at `power` (no sync of its own) and the store syncs the WAL itself
 once a group committed, unless none of its members promised durability (`transaction(synced=False)`: a
@@ -35,29 +37,26 @@ a missing store is NoStore and one lacking tables of this version is refused, na
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable
-from importlib.resources import files
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from ...errors import StoreUnusable
 from .files import make_private, prepare, store_failure
+from .schema import check_schema, initialise
 
 _BUSY_TIMEOUT_MS = 60_000
 # Tables every mailq store has had from the start: a database without them is something else's.
 _MAILQ_TABLES = {"enqueued_mails", "blob_references"}
-_SCHEMA = files(__package__).joinpath("schema.sql")
-# Columns added to a table after it first shipped, with their type: CREATE TABLE IF NOT EXISTS keeps an
-# older store's table as it is, so a creating open adds them.
-_ADDED_COLUMNS = {("blob_deletions", "owner"): "TEXT"}
 # Turns one commit serves at most: bounds how long the first of them waits for its acknowledgement.
 _GROUP_LIMIT = 64
 
 T = TypeVar("T")
+# `in_group`'s writer: the results of its items, in order.
+_Write = Callable[[list[Any]], list[Any]]
 
 
 # What survives a commit: anything (a sync per commit, shared by a group: the default, as Postfix syncs a
@@ -70,7 +69,7 @@ SYNCHRONOUS = {"fsync": "FULL", "power": "NORMAL", "process": "OFF"}
 
 class EmbeddedStore:
     def __init__(self, data_dir: Path, durability: str = "fsync", create: bool = True) -> None:
-        self.path, self.created = prepare(data_dir, create, _initialise)
+        self.path, self.created = prepare(data_dir, create, initialise)
         # At `fsync` the store makes the syncs (see the module), SQLite does the rest as at `power`.
         self._syncs_commits = durability == "fsync"
         self.synchronous = SYNCHRONOUS["power" if self._syncs_commits else durability]
@@ -92,9 +91,9 @@ class EmbeddedStore:
             self._connection.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
             self._connection.execute("PRAGMA cache_size=-65536")
             if create:
-                _initialise(self._connection)
+                initialise(self._connection)
             else:
-                _check_schema(self.path, self._connection, tables)
+                check_schema(self.path, self._connection, tables)
             make_private(self.path)
         except sqlite3.Error as error:
             self._connection.close()
@@ -130,6 +129,13 @@ class EmbeddedStore:
         another `in_turn` (see the module); returns its result, or raises its error, once its writes are
         committed."""
         return self._combiner.run(operation)
+
+    def in_group(self, item: Any, write: Callable[[list[Any]], list[T]]) -> T:
+        """`write([item])[0]` in the store's turn, as `in_turn` runs an operation; the holder of the turn
+        writes the items handed over with an equal `write` in one call of it (one statement a table
+        rather than a mail's statements a mail), and should that call fail, each item alone, so that each
+        caller gets its own outcome."""
+        return self._combiner.run(lambda: write([item])[0], item, write)
 
     def read(self, sql: str, parameters: tuple | list = ()) -> list[tuple]:
         with self._turn:
@@ -277,12 +283,14 @@ class _Turn:
 class _Task:
     """One operation handed to the holder of the turn, and its outcome."""
 
-    __slots__ = ("operation", "result", "error", "group", "done", "handed_back")
+    __slots__ = ("operation", "result", "error", "group", "done", "handed_back", "item", "write")
 
     done: threading.Event  # set by the holder: made only for an operation handed over
 
-    def __init__(self, operation: Callable[[], Any]) -> None:
+    def __init__(self, operation: Callable[[], Any], item: Any = None, write: _Write | None = None) -> None:
         self.operation = operation
+        self.item = item
+        self.write = write
         self.result: Any = None
         self.error: BaseException | None = None
         self.group: _Group | None = None
@@ -316,7 +324,7 @@ class _Combiner:
         self._pending: deque[_Task] = deque()
         self._active = False
 
-    def run(self, operation: Callable[[], T]) -> T:
+    def run(self, operation: Callable[[], T], item: Any = None, write: _Write | None = None) -> T:
         if self.store._turn.held():
             # Called from inside this thread's turn: handing it over could wait for a holder that waits
             # for this very turn.
@@ -324,26 +332,26 @@ class _Combiner:
         with self._lock:
             handed = self._active
             if handed:
-                task = _Task(operation)
+                task = _Task(operation, item, write)
                 task.done = threading.Event()
                 self._pending.append(task)
             else:
                 self._active = True
         if not handed:
-            return self._hold(operation)
+            return self._hold(operation, item, write)
         task.done.wait()
         if task.handed_back:  # the holder reached the group limit: this one takes its own turn
-            return self.run(operation)
+            return self.run(operation, item, write)
         return task.outcome(self.store)
 
-    def _hold(self, operation: Callable[[], T]) -> T:
+    def _hold(self, operation: Callable[[], T], item: Any, write: _Write | None) -> T:
         store = self.store
-        own = _Task(operation)
+        own = _Task(operation, item, write)
         served: list[_Task] = []
         turn = store._turn
         turn.__enter__()
         try:
-            own.perform(store)
+            self._perform([own])
             while True:
                 with self._lock:
                     if not self._pending:
@@ -355,9 +363,12 @@ class _Combiner:
                             task.handed_back = True
                             task.done.set()
                         break
-                    task = self._pending.popleft()
-                served.append(task)
-                task.perform(store)
+                    taken = [
+                        self._pending.popleft()
+                        for _ in range(min(len(self._pending), _GROUP_LIMIT - len(served)))
+                    ]
+                served.extend(taken)
+                self._perform(taken)
         finally:
             try:
                 turn.__exit__(None, None, None)
@@ -366,6 +377,36 @@ class _Combiner:
             for task in served:
                 task.done.set()
         return own.outcome(store)
+
+    def _perform(self, tasks: list[_Task]) -> None:
+        """Run the operations, those of an equal `write` together."""
+        writes: dict[_Write, list[_Task]] = {}
+        for task in tasks:
+            if task.write is None:
+                task.perform(self.store)
+            else:
+                writes.setdefault(task.write, []).append(task)
+        for batch in writes.values():
+            self._write_batch(batch)
+
+    def _write_batch(self, batch: list[_Task]) -> None:
+        store = self.store
+        if len(batch) > 1:
+            write = batch[0].write
+            assert write is not None
+            try:
+                # A member of the group as one operation is: undone alone should it fail.
+                with store.transaction():
+                    results = write([task.item for task in batch])
+            except Exception:
+                pass  # each is written alone below, and gets its own outcome
+            else:
+                for task, result in zip(batch, results, strict=True):
+                    task.result = result
+                    task.group = store._group
+                return
+        for task in batch:
+            task.perform(store)
 
 
 class _Transaction:
@@ -452,41 +493,3 @@ def _rollback(connection: sqlite3.Connection) -> None:
             connection.execute("ROLLBACK")
         except sqlite3.Error:
             pass  # the connection is broken: the failure that led here is the one reported
-
-
-def _initialise(connection: sqlite3.Connection) -> None:
-    """WAL mode (kept in the file) and the schema, whose statements only add what a store lacks."""
-    connection.execute("PRAGMA journal_mode=WAL")
-    connection.executescript(_SCHEMA.read_text())
-    if _missing_columns(connection):
-        # Another process may be completing the same store: the look and the change in one write lock.
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            for table, column in _missing_columns(connection):
-                connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {_ADDED_COLUMNS[table, column]}")
-            connection.execute("COMMIT")
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
-
-
-def _missing_columns(connection: sqlite3.Connection) -> list[tuple[str, str]]:
-    columns: dict[str, set[str]] = {}
-    for table, _ in _ADDED_COLUMNS:
-        if table not in columns:
-            columns[table] = {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
-    return [(table, column) for table, column in _ADDED_COLUMNS if column not in columns[table]]
-
-
-def _check_schema(path: Path, connection: sqlite3.Connection, found: set[str]) -> None:
-    """Refuse a store that lacks tables, indexes or columns of this version, which only a creating open
-    adds."""
-    wanted = re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", _SCHEMA.read_text(), re.IGNORECASE)
-    missing = [name for name in wanted if name not in found]
-    if not missing:
-        missing = [f"{table}.{column}" for table, column in _missing_columns(connection)]
-    if missing:
-        raise StoreUnusable(
-            f"mailq store {path} lacks {', '.join(missing)} of this version of mailq: "
-            "`mailq schema create` adds them"
-        )
