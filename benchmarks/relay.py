@@ -28,6 +28,8 @@ import smtplib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -64,11 +66,18 @@ def drained(figures: dict) -> dict:
     return {key.replace("end_to_end", "drained"): value for key, value in figures.items()}
 
 
-def bench_postfix(args: argparse.Namespace, sink: SmtpSink) -> dict:
+@contextmanager
+def postfix_relay(args: argparse.Namespace, sink: SmtpSink) -> Iterator[tuple[int, PrivatePostfix]]:
+    """A private Postfix relaying RECIPIENT's domain to `sink`, and the port its smtpd listens on."""
     port = free_port()
     # smtpd processes enough for every session, as `mailq smtp` gets a thread per session.
     transport = {"relay.test": (sink.host, sink.port)}
-    with PrivatePostfix(port, [USER], process_limit=args.sessions + 20, transport=transport):
+    with PrivatePostfix(port, [USER], process_limit=args.sessions + 20, transport=transport) as postfix:
+        yield port, postfix
+
+
+def bench_postfix(args: argparse.Namespace, sink: SmtpSink) -> dict:
+    with postfix_relay(args, sink) as (port, _):
         return drained(run_load(port, args, lambda: sink_count(sink), sink_count(sink), RECIPIENT))
 
 
