@@ -48,8 +48,9 @@ from aiosmtpd.smtp import SMTP, Envelope, Session
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 
+from deployments import fresh_deployment  # noqa: E402
 from process_cpu import TICK_SECONDS, listening_pid, ticks  # noqa: E402
-from relay import RECIPIENT, drained, postfix_relay, sink_count  # noqa: E402
+from relay import RECIPIENT, drained, mailq_relay, postfix_relay, sink_count  # noqa: E402
 from smtp_end_to_end import free_port, run_load, stop, wait_for_listeners  # noqa: E402
 
 from mailq_servers.smtp_sink import SmtpSink  # noqa: E402
@@ -242,6 +243,18 @@ def bench_postfix(args: argparse.Namespace, sink: SmtpSink, sink_meter: Callable
         return drained(measure(args, port, meters, lambda: sink_count(sink), sink_count(sink)))
 
 
+def bench_mailq(args: argparse.Namespace, sink: SmtpSink, sink_meter: Callable[[], float]) -> dict:
+    """relay.py's mailq measure (embedded, a fresh data dir): the CPU a mail it spends beside the floor's."""
+    with fresh_deployment("relay", None) as deployment:
+        with mailq_relay(deployment.url, args, sink) as (port, servers, workers):
+            meters = {
+                "servers": pids_seconds([server.pid for server in servers]),
+                "relayer": pids_seconds([worker.pid for worker in workers]),
+                "smtp-sink": sink_meter,
+            }
+            return drained(measure(args, port, meters, lambda: sink_count(sink), sink_count(sink)))
+
+
 def bench_protocol(args: argparse.Namespace, processes: int) -> dict:
     port = free_port()
     servers = [role("--receive", str(port)) for _ in range(processes)]
@@ -289,9 +302,12 @@ def bench_relay(
 def ratios(result: dict) -> dict[str, dict[str, float]]:
     """Each floor's rates over Postfix's: accepted over accepted, drained over drained."""
     postfix = result["postfix"]
-    kept = {"protocol": ("accepted_per_s",), "relay": ("accepted_per_s", "drained_per_s")}
+    both = ("accepted_per_s", "drained_per_s")
     return {
-        name: {rate: round(figures[rate] / postfix[rate], 2) for rate in kept[name.split()[0]]}
+        name: {
+            rate: round(figures[rate] / postfix[rate], 2)
+            for rate in (both[:1] if name.startswith("protocol") else both)
+        }
         for name, figures in result.items()
         if name != "postfix"
     }
@@ -305,6 +321,9 @@ def bench(args: argparse.Namespace) -> None:
         sink_meter = pids_seconds([sink_pid])
         result["postfix"] = bench_postfix(args, sink, sink_meter)
         print(f"postfix: {json.dumps(result['postfix'])}", flush=True)
+        name = f"mailq, {args.processes} mailq smtp, {args.workers} worker"
+        result[name] = bench_mailq(args, sink, sink_meter)
+        print(f"{name}: {json.dumps(result[name])}", flush=True)
         for processes in (1, 2):
             name = f"protocol floor, {processes} process{'es' if processes > 1 else ''}"
             result[name] = bench_protocol(args, processes)
@@ -323,6 +342,9 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--size", type=int, default=10240)
     parser.add_argument("--relay-threads", type=int, default=4, help="the relayer's smtplib sessions")
+    parser.add_argument("--processes", type=int, default=2, help="mailq's measure: `mailq smtp` processes")
+    parser.add_argument("--workers", type=int, default=1, help="mailq's: `mailq worker --relay` processes")
+    parser.add_argument("--worker-threads", type=int, default=4, help="mailq's: each worker's --threads")
     # The measure's own processes: this file run again.
     parser.add_argument("--receive", nargs="+", metavar="PORT [DATABASE]", help=argparse.SUPPRESS)
     parser.add_argument("--relay", nargs="+", metavar="SINK THREADS DATABASE", help=argparse.SUPPRESS)
