@@ -4,11 +4,14 @@ mail) can go, against a private Postfix relaying the same load to the same sink 
 25, item 5).
 
     .venv/bin/python benchmarks/relay_floor.py [--mails N] [--sessions N] [--size BYTES]
-                                               [--relay-threads N]
+                                               [--relay-threads N] [--processes N] [--workers N]
+                                               [--worker-threads N]
 
 One smtp-sink takes every mail (relay.py's, counted as relay.py counts), and each measure is the same
 `smtp-source -s SESSIONS -m MAILS -l SIZE` for a domain no one here hosts, with relay.py's latency probe:
 - Postfix relaying to the sink (relay.py's measure): accepted and drained, the peer.
+- mailq as relay.py measures it (--processes `mailq smtp`, --workers `mailq worker --relay` of
+  --worker-threads each, a fresh embedded data dir), for the CPU a mail it spends beside the floor's.
 - The protocol floor: 1, then 2 processes sharing the port (SO_REUSEPORT) of a stock aiosmtpd server
   on uvloop whose handler answers 250 and keeps nothing: accepted.
 - The relay floor: 1, then 2 such processes whose handler first writes the mail to the process's SQLite
