@@ -28,6 +28,8 @@ import smtplib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -64,11 +66,18 @@ def drained(figures: dict) -> dict:
     return {key.replace("end_to_end", "drained"): value for key, value in figures.items()}
 
 
-def bench_postfix(args: argparse.Namespace, sink: SmtpSink) -> dict:
+@contextmanager
+def postfix_relay(args: argparse.Namespace, sink: SmtpSink) -> Iterator[tuple[int, PrivatePostfix]]:
+    """A private Postfix relaying RECIPIENT's domain to `sink`, and the port its smtpd listens on."""
     port = free_port()
     # smtpd processes enough for every session, as `mailq smtp` gets a thread per session.
     transport = {"relay.test": (sink.host, sink.port)}
-    with PrivatePostfix(port, [USER], process_limit=args.sessions + 20, transport=transport):
+    with PrivatePostfix(port, [USER], process_limit=args.sessions + 20, transport=transport) as postfix:
+        yield port, postfix
+
+
+def bench_postfix(args: argparse.Namespace, sink: SmtpSink) -> dict:
+    with postfix_relay(args, sink) as (port, _):
         return drained(run_load(port, args, lambda: sink_count(sink), sink_count(sink), RECIPIENT))
 
 
@@ -78,8 +87,12 @@ def start_workers(url: str, args: argparse.Namespace, sink: SmtpSink) -> list[su
     return [mailq(url, *command) for _ in range(args.workers)]
 
 
-def bench_mailq(url: str, args: argparse.Namespace, sink: SmtpSink) -> dict:
-    """The load into `args.processes` `mailq smtp` sharing a port, relayed by `args.workers` workers."""
+@contextmanager
+def mailq_relay(
+    url: str, args: argparse.Namespace, sink: SmtpSink
+) -> Iterator[tuple[int, list[subprocess.Popen], list[subprocess.Popen]]]:
+    """`args.processes` `mailq smtp` sharing a port and `args.workers` workers relaying to `sink`, once a
+    first mail went through: the port, the servers and the workers."""
     Runtime.open(url, create=True).close()  # `mailq smtp` serves a store that exists
     port = free_port()
     servers = start_servers(url, port, args.processes)
@@ -92,10 +105,16 @@ def bench_mailq(url: str, args: argparse.Namespace, sink: SmtpSink) -> dict:
         workers = start_workers(url, args, sink)
         while sink_count(sink) < before + 1:
             time.sleep(0.05)
-        return drained(run_load(port, args, lambda: sink_count(sink), before + 1, RECIPIENT))
+        yield port, servers, workers
     finally:
         for process in servers + workers:
             stop(process)
+
+
+def bench_mailq(url: str, args: argparse.Namespace, sink: SmtpSink) -> dict:
+    """The load into `args.processes` `mailq smtp` sharing a port, relayed by `args.workers` workers."""
+    with mailq_relay(url, args, sink) as (port, _, _):
+        return drained(run_load(port, args, lambda: sink_count(sink), sink_count(sink), RECIPIENT))
 
 
 def ratios(result: dict) -> dict[str, dict[str, float]]:
