@@ -204,7 +204,7 @@ def test_an_operation_handed_over_returns_only_if_its_writes_are_committed(store
 def test_operations_past_the_group_limit_are_handed_back_and_run_in_turns_of_their_own(
     store, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("mailq_runtime.stores.embedded.store._GROUP_LIMIT", 1)
+    monkeypatch.setattr("mailq_runtime.stores.embedded.combining.GROUP_LIMIT", 1)
     statements: list[str] = []
     store._connection.set_trace_callback(statements.append)
     outcomes = _handed_over(store, {name: _named(store, name) for name in "abc"})

@@ -1,13 +1,13 @@
 """The embedded store's files: checked before SQLite touches them, created private and whole.
 
-Mail is private, as in Postfix's queue: the data dir is 0700 and the store's files (`mailq.db` and
-SQLite's `-wal` and `-shm`, which SQLite creates with the mode of `mailq.db`) are 0600, whatever the
-umask; an older store found looser is tightened at open. A data dir or store file of another user is
-refused, as Postfix refuses a queue directory it does not own: running as root would otherwise leave
-files the owner cannot open, and running as another user would read someone else's mail.
+Mail is private, as in Postfix's queue: the data dir is 0700 and the store's files (`mailq.db`, SQLite's
+`-wal` and `-shm`, which SQLite creates with the mode of `mailq.db`, and the writers' lock) are 0600,
+whatever the umask; an older store found looser is tightened at open. A data dir or store file of another
+user is refused, as Postfix refuses a queue directory it does not own: running as root would otherwise
+leave files the owner cannot open, and running as another user would read someone else's mail.
 
-A new store is built under a temporary name and linked into place, so `mailq.db` is never seen half
-made: an empty (zero-byte) one is damage, refused like any other, never re-initialised.
+A new store is built under a temporary name and linked into place, so `mailq.db` is never seen half made:
+an empty (zero-byte) one is damage, refused like any other, never re-initialised.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 _DATA_DIR = "mailq data dir"
 _STORE = "mailq store"
-# SQLite's companions of a database in WAL mode.
-_COMPANIONS = ("-wal", "-shm")
+# SQLite's companions of a database in WAL mode, and the writers' lock (writers.py).
+_COMPANIONS = ("-wal", "-shm", "-writer")
 # The SQLite result codes (primary, so extended ones match by prefix) that mean the store's files or
 # disk failed, as opposed to a statement mailq got wrong.
 _FAILURES = (

@@ -15,13 +15,8 @@ one failing rolls back only its own writes). No call returns before its writes a
 failed commit is every member's failure: the acknowledgement a caller gets means what the durability
 says. Alone, a thread commits at the end of its turn, as it would without grouping.
 
-Combining: a thread that finds another holding the turn for the same kind of operation (`in_turn`) hands
-its operation over instead of waiting for the turn, and the holder runs it in its own turn, in a
-savepoint of its own as a member of the group. A group then costs one handover of the turn instead of
-one per thread, and the threads that handed over wait blocked rather than running Python beside the
-holder's statements (each of them would take the GIL from it while SQLite runs). `in_group` goes one
-step further for operations that can be written together (enqueues): the holder writes those handed
-over in one call, one statement a table for the group, and each alone only if that call fails.
+Combining: threads hand their operations to the thread holding the turn (`in_turn`, `in_group`; see
+combining.py).
 
 Syncs: at `fsync` SQLite commits as at `power` (no sync of its own) and the store syncs the WAL itself
 once a group committed, unless none of its members promised durability (`transaction(synced=False)`: a
@@ -39,24 +34,21 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from ...errors import StoreUnusable
+from .combining import GROUP_LIMIT, Combiner
 from .files import make_private, prepare, store_failure
 from .schema import check_schema, initialise
+from .writers import WriterLock
 
 _BUSY_TIMEOUT_MS = 60_000
 # Tables every mailq store has had from the start: a database without them is something else's.
 _MAILQ_TABLES = {"enqueued_mails", "blob_references"}
-# Turns one commit serves at most: bounds how long the first of them waits for its acknowledgement.
-_GROUP_LIMIT = 64
 
 T = TypeVar("T")
-# `in_group`'s writer: the results of its items, in order.
-_Write = Callable[[list[Any]], list[Any]]
 
 
 # What survives a commit: anything (a sync per commit, shared by a group: the default, as Postfix syncs a
@@ -74,10 +66,11 @@ class EmbeddedStore:
         self._syncs_commits = durability == "fsync"
         self.synchronous = SYNCHRONOUS["power" if self._syncs_commits else durability]
         self._wal: int | None = None  # a descriptor of the WAL file, to sync it
+        self._writers = WriterLock(self.path)  # held by this process from BEGIN to the group's end
         self._turn = _Turn(self)
-        self._combiner = _Combiner(self)
+        self._combiner = Combiner(self)
         self._depth = 0
-        self._group: _Group | None = None
+        self._group: Group | None = None
         self._closed = False
         self._connection = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_MS / 1000
@@ -166,12 +159,13 @@ class EmbeddedStore:
         except sqlite3.Error as error:
             _rollback(self._connection)
             group.error = error
-        else:
-            if group.synced and self._syncs_commits:
-                try:
-                    self._sync_wal()
-                except OSError as error:  # committed, but maybe not durable: no member may say it is
-                    group.error = error
+        finally:
+            self._writers.release()
+        if group.error is None and group.synced and self._syncs_commits:
+            try:
+                self._sync_wal()
+            except OSError as error:  # committed, but maybe not durable: no member may say it is
+                group.error = error
         if group.done is not None:
             group.done.set()
 
@@ -187,6 +181,7 @@ class EmbeddedStore:
         group = self._group
         assert group is not None
         self._group = None
+        self._writers.release()
         group.error = error
         if group.done is not None:
             group.done.set()
@@ -197,12 +192,13 @@ class EmbeddedStore:
                 self._commit()
             self._closed = True
             self._connection.close()
+            self._writers.close()
             if self._wal is not None:  # closing twice must not close a descriptor reused meanwhile
                 os.close(self._wal)
                 self._wal = None
 
 
-class _Group:
+class Group:
     """The open transaction several turns share, and its outcome."""
 
     __slots__ = ("members", "done", "error", "synced")
@@ -261,7 +257,7 @@ class _Turn:
             self._owner = None
             self._lock.release()
             return
-        if self.waiting and group.members < _GROUP_LIMIT:
+        if self.waiting and group.members < GROUP_LIMIT:
             group.members += 1
             if group.done is None:
                 group.done = threading.Event()
@@ -278,135 +274,6 @@ class _Turn:
         # A failure of the body is the one to report; else a failed commit means these writes are lost.
         if group.error is not None and kind is None:
             store.raise_failure(group.error)
-
-
-class _Task:
-    """One operation handed to the holder of the turn, and its outcome."""
-
-    __slots__ = ("operation", "result", "error", "group", "done", "handed_back", "item", "write")
-
-    done: threading.Event  # set by the holder: made only for an operation handed over
-
-    def __init__(self, operation: Callable[[], Any], item: Any = None, write: _Write | None = None) -> None:
-        self.operation = operation
-        self.item = item
-        self.write = write
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.group: _Group | None = None
-        self.handed_back = False
-
-    def perform(self, store: EmbeddedStore) -> None:
-        try:
-            self.result = self.operation()
-            # The group its writes joined: should it fail to commit, or be rolled back by a later member's
-            # failure, these writes are lost with it.
-            self.group = store._group
-        except BaseException as error:
-            self.error = error
-
-    def outcome(self, store: EmbeddedStore) -> Any:
-        if self.error is None and self.group is not None and self.group.error is not None:
-            store.raise_failure(self.group.error)
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-class _Combiner:
-    """`in_turn`'s hand-over: the operations of the threads that came while a holder ran, in order."""
-
-    __slots__ = ("store", "_lock", "_pending", "_active")
-
-    def __init__(self, store: EmbeddedStore) -> None:
-        self.store = store
-        self._lock = threading.Lock()
-        self._pending: deque[_Task] = deque()
-        self._active = False
-
-    def run(self, operation: Callable[[], T], item: Any = None, write: _Write | None = None) -> T:
-        if self.store._turn.held():
-            # Called from inside this thread's turn: handing it over could wait for a holder that waits
-            # for this very turn.
-            return operation()
-        with self._lock:
-            handed = self._active
-            if handed:
-                task = _Task(operation, item, write)
-                task.done = threading.Event()
-                self._pending.append(task)
-            else:
-                self._active = True
-        if not handed:
-            return self._hold(operation, item, write)
-        task.done.wait()
-        if task.handed_back:  # the holder reached the group limit: this one takes its own turn
-            return self.run(operation, item, write)
-        return task.outcome(self.store)
-
-    def _hold(self, operation: Callable[[], T], item: Any, write: _Write | None) -> T:
-        store = self.store
-        own = _Task(operation, item, write)
-        served: list[_Task] = []
-        turn = store._turn
-        turn.__enter__()
-        try:
-            self._perform([own])
-            while True:
-                with self._lock:
-                    if not self._pending:
-                        self._active = False
-                        break
-                    if len(served) >= _GROUP_LIMIT:
-                        rest, self._pending, self._active = self._pending, deque(), False
-                        for task in rest:
-                            task.handed_back = True
-                            task.done.set()
-                        break
-                    taken = [
-                        self._pending.popleft()
-                        for _ in range(min(len(self._pending), _GROUP_LIMIT - len(served)))
-                    ]
-                served.extend(taken)
-                self._perform(taken)
-        finally:
-            try:
-                turn.__exit__(None, None, None)
-            except (sqlite3.Error, StoreUnusable):
-                pass  # the group's failed commit, recorded in the group each task checks
-            for task in served:
-                task.done.set()
-        return own.outcome(store)
-
-    def _perform(self, tasks: list[_Task]) -> None:
-        """Run the operations, those of an equal `write` together."""
-        writes: dict[_Write, list[_Task]] = {}
-        for task in tasks:
-            if task.write is None:
-                task.perform(self.store)
-            else:
-                writes.setdefault(task.write, []).append(task)
-        for batch in writes.values():
-            self._write_batch(batch)
-
-    def _write_batch(self, batch: list[_Task]) -> None:
-        store = self.store
-        if len(batch) > 1:
-            write = batch[0].write
-            assert write is not None
-            try:
-                # A member of the group as one operation is: undone alone should it fail.
-                with store.transaction():
-                    results = write([task.item for task in batch])
-            except Exception:
-                pass  # each is written alone below, and gets its own outcome
-            else:
-                for task, result in zip(batch, results, strict=True):
-                    task.result = result
-                    task.group = store._group
-                return
-        for task in batch:
-            task.perform(store)
 
 
 class _Transaction:
@@ -433,8 +300,13 @@ class _Transaction:
                 if self.joined:
                     connection.execute("SAVEPOINT member")
                 else:
-                    connection.execute("BEGIN IMMEDIATE")
-                    store._group = _Group()
+                    store._writers.acquire()
+                    try:
+                        connection.execute("BEGIN IMMEDIATE")
+                    except BaseException:
+                        store._writers.release()
+                        raise
+                    store._group = Group()
             if self.synced:
                 store._group.synced = True  # type: ignore[union-attr]
         except sqlite3.Error as error:
@@ -472,6 +344,7 @@ def _end(store: EmbeddedStore, joined: bool, succeeded: bool, error: BaseExcepti
         elif not succeeded:
             _rollback(connection)
             store._group = None
+            store._writers.release()
             return
     except sqlite3.Error as failure:
         _rollback(connection)
