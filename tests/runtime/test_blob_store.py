@@ -61,7 +61,9 @@ def test_a_put_that_dies_leaves_nothing_behind(store, tmp_path):
     with pytest.raises(BlobNotFound):
         store.get(blob_id(content))
     new_files = set(tree(tmp_path)) - set(before)
-    assert not [f for f in new_files if Path(tmp_path, f).is_file() and not f.endswith(("-wal", "-shm"))]
+    assert not [
+        f for f in new_files if Path(tmp_path, f).is_file() and not f.endswith(("-wal", "-shm", "-writer"))
+    ]
 
 
 def test_a_put_that_dies_keeps_the_previous_content(store):
