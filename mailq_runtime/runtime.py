@@ -399,6 +399,8 @@ class Runtime:
         return self.view.queue_names()
 
     def close(self) -> None:
+        for queue in self._queues.values():
+            queue.close()
         self.broker.close()
         self.deployment.close()
 

@@ -16,6 +16,7 @@ from ..model import address_key
 from ..stores.records import DelayedMail, EnqueuedMail
 from .context import QueueContext, QueuePart
 from .mail_view import live_rows
+from .publisher_lease import PublisherLease
 
 log = logging.getLogger(__name__)
 
@@ -64,29 +65,36 @@ class DelayedMailPublisher(QueuePart):
         super().__init__(context)
         self.schedule = schedule
         self.drain_dead_letters = drain_dead_letters
-        # One publisher at a time in this process (it takes the store after this lock, never before).
+        # One publisher at a time in this process (it takes the store after this lock, never before), and
+        # one process at a time of the deployment for the looks of waiting consumers (publisher_lease.py).
         self._publishing = threading.Lock()
+        self.lease = PublisherLease(self.destinations, self.name, self.clock)
 
     def publishing_due(self) -> bool:
         return time.monotonic() >= self.schedule.look_at or self.clock() >= self.schedule.next_due
 
     def publish_if_due(self) -> None:
         with self._publishing:
-            if self.publishing_due():  # another thread may just have done it
-                # A broker away (restarting, unreachable) stops neither this consumer nor its process:
-                # the rows stay, and the next look hands them over.
-                try:
-                    self._publish_due()
-                    self.drain_dead_letters()
-                except BrokerRefused:
-                    raise
-                except BrokerUnavailable as error:
-                    log.warning("queue %s: due mails wait for the broker: %s", self.name, error)
-                    self.schedule.look_later()
+            if not self.publishing_due():  # another thread may just have done it
+                return
+            if not self.lease.held():  # another process looks: this one's due mails are its too
+                self.schedule.looked(self.clock())
+                return
+            # A broker away (restarting, unreachable) stops neither this consumer nor its process: the
+            # rows stay, and the next look hands them over.
+            try:
+                self._publish_due()
+                self.drain_dead_letters()
+            except BrokerRefused:
+                raise
+            except BrokerUnavailable as error:
+                log.warning("queue %s: due mails wait for the broker: %s", self.name, error)
+                self.schedule.look_later()
 
     def publish_due(self) -> int:
-        """Hand the delayed mails that are due to the broker; returns how many. `dequeue` calls it when a
-        delay of this process falls due and every PUBLISH_INTERVAL seconds while it waits.
+        """Hand the delayed mails that are due to the broker now, whoever holds the lease of the looks;
+        returns how many. A waiting `dequeue` looks through `publish_if_due` instead, when a delay of this
+        process falls due and every PUBLISH_INTERVAL seconds, while its process holds the lease.
 
         Crash-safe order, mail by mail: 1. publish; 2. delete the delayed row. A crash after 1 leaves the
         row, which the next run publishes again: a duplicate delivery, which at-least-once allows and the

@@ -45,6 +45,11 @@ class MailQueue(QueuePart):
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"
 
+    def close(self) -> None:
+        """Hand over what this process holds of the queue across the deployment: the looks for due
+        delayed mails (publisher_lease.py). The runtime calls it as it closes."""
+        self.publisher.lease.release()
+
     # enqueue / dequeue
     def enqueue(self, mail: Mail, delay: Delay = None, priority: int | None = None) -> EnqueueId:
         return self.enqueuer.enqueue(mail, delay, priority)

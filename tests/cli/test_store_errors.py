@@ -187,7 +187,8 @@ def test_a_read_only_data_dir_is_refused_and_no_wal_or_shm_is_created(shared, sh
             mailq_as_nobody(*argv), f"mailq data dir {data} is not writable by nobody", "(mode 0500)"
         )
     assert snapshot(data) == before
-    assert sorted(path.name for path in data.iterdir()) == ["mailq.db"]
+    # The store's own writers' lock, made by its first write (a_store): no SQLite -wal or -shm.
+    assert sorted(path.name for path in data.iterdir()) == ["mailq.db", "mailq.db-writer"]
 
 
 def test_a_read_only_store_file_is_refused(shared):
