@@ -22,9 +22,7 @@ def _look(queue: MailQueue) -> None:
 
 
 def _delayed(queue: MailQueue) -> list[str]:
-    return sorted(
-        EnqueuedMail.from_payload(mail.payload)[0].name for mail in queue.delayed.all(queue.name)
-    )
+    return sorted(EnqueuedMail.from_payload(mail.payload)[0].name for mail in queue.delayed.all(queue.name))
 
 
 def _deliverable(queue: MailQueue) -> list[str]:
