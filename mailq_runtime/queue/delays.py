@@ -77,13 +77,10 @@ class DelayedMailPublisher(QueuePart):
         with self._publishing:
             if not self.publishing_due():  # another thread may just have done it
                 return
-            if not self.lease.held():  # another process looks: this one's due mails are its too
-                self.schedule.looked(self.clock())
-                return
             # A broker away (restarting, unreachable) stops neither this consumer nor its process: the
             # rows stay, and the next look hands them over.
             try:
-                self._publish_due()
+                self._publish_due(self.lease.held)
                 self.drain_dead_letters()
             except BrokerRefused:
                 raise
@@ -102,12 +99,16 @@ class DelayedMailPublisher(QueuePart):
         with self._publishing:
             return self._publish_due()
 
-    def _publish_due(self) -> int:
+    def _publish_due(self, allowed: Callable[[], bool] = lambda: True) -> int:
+        """Publish the due mails, once `allowed` says so (asked only when some are due: a queue with none
+        writes nothing, not even a lease)."""
         now = self.clock()
         handed = 0
         while True:
             with self.work.writes():
                 due = self.delayed.due(self.name, now, _PUBLISH_BATCH)
+                if due and not handed and not allowed():
+                    due = []  # another process looks: this one's due mails are its too
                 for mail in due:
                     self._hand_over(mail)
             handed += len(due)

@@ -105,7 +105,12 @@ def test_several_consumer_processes_and_a_worker_process_each_mail_exactly_once(
     by_consumers = [name for log in logs for what, name in records(log) if what == "done"]
     by_worker = delivered_by_worker(runtime, ids)
     assert stats["delivered"] == len(by_worker), "the worker delivered no mail twice"
-    assert len(by_consumers) + len(by_worker) == len(ids), "a mail was lost or processed twice"
+    twice = sorted(name for name, times in Counter([*by_consumers, *by_worker]).items() if times > 1)
+    seen = {
+        name: [f"{log.name}: {what}" for log in logs for what, n in records(log) if n == name]
+        for name in twice
+    }
+    assert len(by_consumers) + len(by_worker) == len(ids), f"a mail was lost or processed twice: {seen}"
     assert set(by_consumers) | by_worker == set(ids)
     assert by_worker and all(records(log) for log in logs), "every process took its share"
     assert queue.size() == 0 and queue.dequeue(timeout=0) is None
