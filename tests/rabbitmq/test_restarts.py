@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -211,7 +212,8 @@ def test_an_enqueue_while_rabbitmq_is_down_returns_and_is_delivered_once_it_is_b
                 started = time.monotonic()
                 during.append(queue.enqueue(make_mail(f"during-{n}")))
                 times.append(time.monotonic() - started)
-            assert max(times[1:]) < 1.0, times
+            # None waits for the publish's timeout (30 s); a stall of the loaded machine may slow one.
+            assert max(times[1:]) < 5.0 and statistics.median(times[1:]) < 1.0, times
             # Accepted: held as delayed mails due now, for the next publisher of due mails.
             assert sorted(mail.enqueue_id for mail in queue.delayed.all(name)) == sorted(during)
         finally:
