@@ -102,14 +102,16 @@ def _deliver(mailboxes: Mailboxes, enqueue_id: str, mail: Mail, domains: frozens
     """`deliver` to domains normalised already (`handle`'s, normalised once per worker)."""
     message = check_message(mail.message)
     appended = already = 0
-    unknown = []
+    recipients = dict.fromkeys(MailAddress(r.lower()) for r in mail.recipients)
+    unknown = tuple(recipient for recipient in recipients if recipient.domain not in domains)
+    if len(unknown) == len(recipients):
+        return DeliveryReport(0, 0, unknown)  # nothing to write: no transaction, no commit, no sync
     # The copies' writes (each one's source of truth, projection and counters) in one group on a store
     # that groups writes: one commit, and on the embedded store one sync, per delivery instead of three
     # per copy. Each append's order still holds if its group commits alone.
     with mailboxes.writes.work.writes():
-        for recipient in dict.fromkeys(MailAddress(r.lower()) for r in mail.recipients):
+        for recipient in recipients:
             if recipient.domain not in domains:
-                unknown.append(recipient)
                 continue
             message_id = delivery_message_id(enqueue_id, recipient)
             # Anywhere, not only in the INBOX: the user may have moved the first copy before the redelivery.
@@ -126,7 +128,7 @@ def _deliver(mailboxes: Mailboxes, enqueue_id: str, mail: Mail, domains: frozens
             # Placed nowhere, as read just now: the append does not look for the copy again.
             mailboxes.writes.append_unplaced(inbox, message, message_id)
             appended += 1
-    return DeliveryReport(appended, already, tuple(unknown))
+    return DeliveryReport(appended, already, unknown)
 
 
 def run_worker(
@@ -283,7 +285,9 @@ def handle(
             # A mail for local recipients only is acknowledged in the group of its copies' writes: one
             # commit (one sync on the embedded store) for both. A done() that fails there is _settle's
             # to report, and what it wrote before failing commits with the copies, as after a crash.
-            with mailboxes.writes.work.writes():
+            # A mail for other domains only writes nothing here: no group to open.
+            local = any(recipient.domain in domains for recipient in item.mail.recipients)
+            with mailboxes.writes.work.writes() if local else nullcontext():
                 report = _deliver(mailboxes, item.enqueue_id, item.mail, domains)
                 if not report.unknown_recipients:
                     settled = _settle(item, item.done, stats)

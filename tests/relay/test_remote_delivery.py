@@ -6,10 +6,12 @@ from __future__ import annotations
 import email.message
 import time
 
-from mailq_runtime.relay import RetrySchedule
+from mailq_runtime.relay import RemoteDelivery, RetrySchedule, Router
+from mailq_runtime.stores.embedded.store import EmbeddedStore
+from mailq_runtime.worker import WorkerStats, handle
 from mailq_servers.smtp_sink import SmtpSink
 
-from .conftest import SENDER, inbox, send, statuses, wait_until
+from .conftest import HOSTNAME, LOCAL, QUEUE, SCHEDULE, SENDER, inbox, send, statuses, wait_until
 
 
 def _report(message: email.message.Message) -> list[email.message.Message]:
@@ -140,3 +142,30 @@ def test_a_partly_delivered_mail_is_retried_to_the_others_only(runtime, start_wo
     assert statuses(relay_log, "bob@one.test") == ["sent"]
     assert len(inbox(runtime)) == 1  # the local recipient's copy, delivered once
     assert stats.delivered == 1 and stats.retried >= 1
+
+
+def test_a_mail_for_other_domains_only_writes_nothing_before_its_smtp_transaction(
+    runtime, mx_port, monkeypatch
+):
+    # It has no local copy to write: a transaction opened for one was an empty commit and a WAL sync a mail.
+    commits = []
+    commit = EmbeddedStore._commit
+    monkeypatch.setattr(EmbeddedStore, "_commit", lambda store: (commits.append(store), commit(store))[1])
+    queue = runtime.queue(QUEUE)
+    relay = RemoteDelivery(
+        queue, Router({"one.test": f"127.0.0.1:{mx_port}"}), SCHEDULE, HOSTNAME, runtime.clock
+    )
+    deliver, commits_before_smtp = relay.deliver, []
+    monkeypatch.setattr(
+        relay, "deliver", lambda *a: (commits_before_smtp.append(len(commits)), deliver(*a))[1]
+    )
+    with SmtpSink(mx_port) as sink:
+        send(runtime, "bob@one.test")
+        item = queue.dequeue(timeout=5)
+        commits.clear()
+        stats = WorkerStats()
+        handle(runtime.mailboxes, item, frozenset([LOCAL]), "1s", 5, stats, relay=relay)
+        relay.close()
+        assert [d.recipients for d in sink.dumped()] == [("<bob@one.test>",)]
+    assert commits_before_smtp == [0]
+    assert commits and stats.delivered == 1 and queue.size() == 0
