@@ -320,7 +320,7 @@ def deliver(
                 item.retry(delay=RETRY_DELAY)
                 stats.retried += 1
             else:
-                handle(mailboxes, item, LOCAL_DOMAINS, RETRY_DELAY, MAX_ATTEMPTS, stats)
+                handle(mailboxes, [item], LOCAL_DOMAINS, RETRY_DELAY, MAX_ATTEMPTS, stats)
     return {
         "delivered": stats.delivered,
         "retried": stats.retried,

@@ -12,9 +12,11 @@ from dataclasses import fields
 import pytest
 
 from mailq_demo.mailboxes import deliver_and_maintain
-from mailq_runtime import Counters, InvalidInput, Mail, Runtime, WorkerStats, run_worker
+from mailq_runtime import Counters, InvalidInput, Mail, Runtime, WorkerStats, run_worker, worker
 from mailq_runtime.faults import APPEND_AFTER_SOURCE_OF_TRUTH, InjectedFault
 from mailq_runtime.mailbox import INBOX
+from mailq_runtime.queue import MailQueueItem
+from mailq_runtime.stores.embedded.store import EmbeddedStore
 from mailq_runtime.worker import deliver, delivery_message_id
 
 from .backends import Backend
@@ -260,6 +262,8 @@ def test_a_lost_lease_is_logged_and_counted_and_the_worker_goes_on(
         return append(*arguments, **options)
 
     monkeypatch.setattr(runtime.mailboxes.writes, "append_unplaced", append_after_the_lease)
+    # One mail in hand at a time: the second is taken after the stall, with a lease of its own.
+    monkeypatch.setattr(worker, "BATCH", 1)
     with caplog.at_level(logging.WARNING, logger="mailq_runtime.worker"):
         (stats,) = run_threads(runtime, 1, idle_timeout=0.5)
 
@@ -399,3 +403,53 @@ def test_the_demo_delivers_then_flags_archives_expunges_and_rotates(
     assert not inconsistencies(backend)
     assert_message_blobs_referenced(backend)
     assert any("alice@example.org: INBOX holds 1 message(s), 0 unseen" in line for line in lines)
+
+
+def test_mails_ready_together_are_settled_in_one_commit(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A batch's mails are delivered one after the other; their acknowledgements share one commit (one
+    # WAL sync), with no commit between them.
+    commits: list[object] = []
+    commit = EmbeddedStore._commit
+    monkeypatch.setattr(EmbeddedStore, "_commit", lambda store: (commits.append(store), commit(store))[1])
+    commits_at_done: list[int] = []
+    done = MailQueueItem.done
+    monkeypatch.setattr(
+        MailQueueItem, "done", lambda item: (commits_at_done.append(len(commits)), done(item))[1]
+    )
+    with Runtime.open(f"embedded://{tmp_path / 'data'}", create=True) as runtime:
+        for index in range(worker.BATCH + 1):
+            enqueue(runtime, USERS[index % len(USERS)], subject=f"mail {index}")
+        (stats,) = run_threads(runtime, 1, idle_timeout=0.5)
+        assert stats.delivered == stats.appended == worker.BATCH + 1
+        assert runtime.queue(QUEUE).size() == 0
+    first_batch, second_batch = commits_at_done[: worker.BATCH], commits_at_done[worker.BATCH :]
+    assert len(set(first_batch)) == 1 and len(second_batch) == 1 and second_batch[0] > first_batch[0]
+
+
+def test_a_batch_past_its_time_gives_the_mails_not_yet_tried_back(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slow first delivery: the mails behind it go back to the queue untried (for any worker), and are
+    # delivered once.
+    ids = [enqueue(runtime, user) for user in USERS]
+    append = runtime.mailboxes.writes.append_unplaced
+    slow = []
+
+    def slow_first(*arguments, **options):
+        if not slow:
+            slow.append(True)
+            time.sleep(worker.BATCH_SECONDS + 0.2)
+        return append(*arguments, **options)
+
+    released: list[str] = []
+    release = MailQueueItem.release
+    monkeypatch.setattr(
+        MailQueueItem, "release", lambda item: (released.append(item.enqueue_id), release(item))[1]
+    )
+    monkeypatch.setattr(runtime.mailboxes.writes, "append_unplaced", slow_first)
+    (stats,) = run_threads(runtime, 1, idle_timeout=0.5)
+    assert released == ids[1:]
+    assert stats == WorkerStats(delivered=3, appended=3)
+    assert runtime.queue(QUEUE).size() == 0
+    for user in USERS:
+        assert runtime.mailboxes.counters(inbox_of(runtime, user)) == Counters(1, 1)
