@@ -217,14 +217,8 @@ def run_worker(
 
 
 def _with_ready(queue: MailQueue, first: MailQueueItem) -> list[MailQueueItem]:
-    """`first` and the mails ready behind it, up to BATCH, taken without waiting."""
-    items = [first]
-    try:
-        while len(items) < BATCH and (item := queue.dequeue(timeout=0)) is not None:
-            items.append(item)
-    except BACKEND_FAILURES:
-        pass  # the mails in hand are delivered first; the next dequeue meets the failure and waits
-    return items
+    """`first` and the mails ready behind it, up to BATCH, taken at once without waiting."""
+    return [first, *queue.dequeue_ready(BATCH - 1)]
 
 
 class LeaseKeeper:

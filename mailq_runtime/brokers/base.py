@@ -63,6 +63,11 @@ class Broker(Protocol):
         """The next message (highest priority, then oldest); None once `timeout` seconds pass."""
         ...
 
+    def receive_ready(self, queue: str, limit: int) -> list[Delivery]:
+        """Up to `limit` messages deliverable now, in `receive`'s order, without waiting: a broker may
+        take them in one call."""
+        ...
+
     # Each operation on a delivery acts only while the delivery's lease holds, and returns whether it
     # did: once another consumer has received the message, the message is that consumer's. A broker that
     # lost the delivery with its connection raises BrokerUnavailable instead: the message is delivered

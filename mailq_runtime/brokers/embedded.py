@@ -54,22 +54,22 @@ class EmbeddedBroker:
             )
         self._notify()
 
-    def _claim(self, queue: str) -> Delivery | None:
+    def _claim(self, queue: str, limit: int) -> list[Delivery]:
         now = self.clock()
-        lease = os.urandom(8).hex()
+        lease = os.urandom(8).hex()  # the claim's: with its id, it names each delivery
         # Unsynced: a claim a power loss takes back leaves the mail to claim again, as an expired lease;
         # the consumer's next synced commit (its delivery, its done()) makes the claim durable with it.
         with self.store.transaction(synced=False) as db:
-            row = db.execute(
+            rows = db.execute(
                 "UPDATE broker_messages SET lease = ?, available_at = ?, attempts = attempts + 1 "
-                "WHERE id = (SELECT id FROM broker_messages INDEXED BY broker_order "
-                "WHERE queue = ? AND available_at <= ? "
-                "ORDER BY priority DESC, enqueue_id LIMIT 1) RETURNING id, enqueue_id, payload, attempts",
-                (lease, now + self.visibility_timeout, queue, now),
-            ).fetchone()
-        if row is None:
-            return None
-        return Delivery(queue, row[1], row[2], row[3], (row[0], lease))
+                "WHERE id IN (SELECT id FROM broker_messages INDEXED BY broker_order "
+                "WHERE queue = ? AND available_at <= ? ORDER BY priority DESC, enqueue_id LIMIT ?) "
+                "RETURNING id, enqueue_id, payload, attempts, priority",
+                (lease, now + self.visibility_timeout, queue, now, limit),
+            ).fetchall()
+        # RETURNING's order is SQLite's: the claim's own is restored.
+        rows.sort(key=lambda row: (-row[4], row[1]))
+        return [Delivery(queue, row[1], row[2], row[3], (row[0], lease)) for row in rows]
 
     def _seconds_until_next(self, queue: str) -> float | None:
         (next_at,) = self.store.read_one(
@@ -81,9 +81,9 @@ class EmbeddedBroker:
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         while True:
             seen = self._version
-            delivery = self._claim(queue)
-            if delivery is not None:
-                return delivery
+            claimed = self._claim(queue, 1)
+            if claimed:
+                return claimed[0]
             wait = _POLL_SECONDS
             until_next = self._seconds_until_next(queue)
             if until_next is not None:
@@ -95,6 +95,9 @@ class EmbeddedBroker:
                 wait = min(wait, remaining)
             with self._signal:
                 self._signal.wait_for(lambda seen=seen: self._version != seen, timeout=max(wait, 0.001))
+
+    def receive_ready(self, queue: str, limit: int) -> list[Delivery]:
+        return self._claim(queue, limit)
 
     def ack(self, delivery: Delivery) -> bool:
         with self.store.transaction() as db:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from types import TracebackType
 
 from ..brokers.base import Delivery
 from ..clock import MICROS_PER_SECOND
-from ..errors import BlobNotFound, InvalidInput, LeaseExpired, shown
+from ..errors import BACKEND_FAILURES, BlobNotFound, InvalidInput, LeaseExpired, shown
 from ..metrics import seconds_since
 from ..model import Mail, MailAddress, delivery_time, parse_duration
 from ..stores.records import EnqueuedMail
@@ -157,13 +158,46 @@ class Dequeuer(QueuePart):
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
-            started = time.perf_counter()
-            with self.settlement.giving_back(delivery), self.work.turn():
-                item = self._deliverable(delivery)
+            item = self._item(delivery, time.perf_counter())
             if item is not None:
-                self.metrics.dequeued.inc()
-                self.metrics.dequeue_seconds.observe(seconds_since(started))
                 return item
+
+    def dequeue_ready(self, limit: int) -> list[MailQueueItem]:
+        """Up to `limit` deliverable mails that are ready now, taken at once (one claim on a broker that
+        can), without waiting. A backend failing gives back to the broker the mails not yet taken, and
+        the mails taken before it are returned (none, if the claim failed): the caller's next `dequeue`
+        meets the failure and waits for the backend."""
+        started = time.perf_counter()
+        try:
+            deliveries = self.broker.receive_ready(self.name, limit)
+        except BACKEND_FAILURES as error:
+            log.info("queue %s: no more mails taken now: %s", self.name, error)
+            return []
+        items = []
+        for index, delivery in enumerate(deliveries):
+            try:
+                item = self._item(delivery, started)
+            except BACKEND_FAILURES as error:
+                log.info(
+                    "queue %s: %d mails given back untried: %s", self.name, len(deliveries) - index, error
+                )
+                for rest in deliveries[index + 1 :]:
+                    with suppress(*BACKEND_FAILURES):
+                        self.broker.release(rest)
+                break
+            if item is not None:
+                items.append(item)
+        return items
+
+    def _item(self, delivery: Delivery, started: float) -> MailQueueItem | None:
+        """`delivery`'s item, counted as dequeued; None when it was settled here instead (`_deliverable`).
+        A backend failing meanwhile gives the delivery back (`giving_back`)."""
+        with self.settlement.giving_back(delivery), self.work.turn():
+            item = self._deliverable(delivery)
+        if item is not None:
+            self.metrics.dequeued.inc()
+            self.metrics.dequeue_seconds.observe(seconds_since(started))
+        return item
 
     def _deliverable(self, delivery: Delivery) -> MailQueueItem | None:
         """The item of a broker delivery, or None when the delivery was settled here instead."""

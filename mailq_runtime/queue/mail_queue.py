@@ -57,6 +57,9 @@ class MailQueue(QueuePart):
     def dequeue(self, timeout: Delay = None) -> MailQueueItem | None:
         return self.dequeuer.dequeue(timeout)
 
+    def dequeue_ready(self, limit: int) -> list[MailQueueItem]:
+        return self.dequeuer.dequeue_ready(limit)
+
     def by_domain(self) -> list[DomainShape]:
         """Per destination domain, the mails by state in qshape's age buckets, from counters kept as
         mail moves (destinations.py)."""

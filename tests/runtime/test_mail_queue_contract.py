@@ -146,6 +146,34 @@ def test_dequeue_is_fifo(queue):
     assert received == names
 
 
+def test_the_ready_mails_are_taken_at_once_in_order_up_to_the_limit(queue):
+    names = [f"m{i}" for i in range(5)]
+    for name in names:
+        queue.enqueue(make_mail(name))
+    first = queue.dequeue(timeout=5)
+    taken = queue.dequeue_ready(3)
+    assert [item.mail.name for item in [first, *taken]] == names[:4]
+    assert queue.dequeue_ready(3)[0].mail.name == "m4"
+    assert queue.dequeue_ready(3) == []  # all in flight: nothing ready, no waiting
+    for item in taken:
+        assert item.attempts == 1
+        item.done()
+    assert queue.size() == 2
+
+
+def test_a_mail_taken_among_the_ready_ones_is_leased_like_a_dequeued_one(backend, clock):
+    queue = backend.open(clock, visibility_timeout="10s").queue(QUEUE)
+    for name in "ab":
+        queue.enqueue(make_mail(name))
+    taken = queue.dequeue_ready(2)
+    clock.advance(9.9)
+    assert queue.dequeue_ready(2) == []
+    clock.advance(0.2)
+    again = queue.dequeue_ready(2)
+    assert [item.enqueue_id for item in again] == [item.enqueue_id for item in taken]
+    assert [item.attempts for item in again] == [2, 2]
+
+
 def test_several_items_in_flight_at_once(queue):
     queue.enqueue(make_mail("a"))
     queue.enqueue(make_mail("b"))

@@ -141,6 +141,12 @@ class RabbitMQBroker:
     def receive(self, queue: str, timeout: float | None) -> Delivery | None:
         return self._receiver.receive(queue, timeout)
 
+    def receive_ready(self, queue: str, limit: int) -> list[Delivery]:
+        deliveries: list[Delivery] = []
+        while len(deliveries) < limit and (delivery := self.receive(queue, 0)) is not None:
+            deliveries.append(delivery)
+        return deliveries
+
     def held(self, queue: str) -> list[tuple[str, int | None]]:
         return self._receiver.held(queue)
 
