@@ -164,7 +164,8 @@ def run_worker(
     status notification (see `mailq_runtime.relay`).
 
     Raises UnknownQueue, naming the known queues, if no enqueue has created `queue_name`. Returns when
-    `stop` is set (the mail in hand is finished first: the CLI sets it on SIGTERM) or when no mail has
+    `stop` is set (the mail in hand is finished first, the rest of its batch given back: the CLI sets
+    it on SIGTERM) or when no mail has
     arrived for `idle_timeout` (seconds, or a duration as `parse_duration` reads it); with neither, it
     runs for ever.
     """
