@@ -36,7 +36,7 @@ from .model import (
     parse_count,
     parse_duration,
 )
-from .queue import MailQueue, MailQueueItem
+from .queue import MailQueueItem
 from .relay import Outcome, RemoteDelivery
 
 if TYPE_CHECKING:
@@ -49,10 +49,11 @@ _POLL_SECONDS = 0.2
 # How long a worker waits after a backend failed a dequeue, doubling up to the last while it fails: the
 # mail it held is given back at once, and the worker comes back to it within seconds of the backend.
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 5.0
-# The mails a worker thread takes at once when they are ready: their settlements share one commit (one
-# WAL sync on the embedded store), which took a thread's CPU a relayed mail from 0.84 to 0.54 ms. The
-# batch is also bounded in time: past BATCH_SECONDS (a slow destination), the mails not yet tried go
-# back to the queue at once, for another worker, rather than waiting behind it with their leases held.
+# The mails a worker thread takes at once when they are ready (one claim): their settlements share one
+# commit (one WAL sync on the embedded store). With both, a relaying worker's CPU a mail went from
+# 0.84-0.92 to 0.66-0.69 ms (docs/benchmarks.md, "The worker's batch"). The batch is also bounded in
+# time: past BATCH_SECONDS (a slow destination), the mails not yet tried go back to the queue at once,
+# for another worker, rather than waiting behind it with their leases held.
 BATCH, BATCH_SECONDS = 8, 1.0
 
 
@@ -165,9 +166,8 @@ def run_worker(
 
     Raises UnknownQueue, naming the known queues, if no enqueue has created `queue_name`. Returns when
     `stop` is set (the mail in hand is finished first, the rest of its batch given back: the CLI sets
-    it on SIGTERM) or when no mail has
-    arrived for `idle_timeout` (seconds, or a duration as `parse_duration` reads it); with neither, it
-    runs for ever.
+    it on SIGTERM) or when no mail has arrived for `idle_timeout` (seconds, or a duration as
+    `parse_duration` reads it); with neither, it runs for ever.
     """
     domains = normalise_domains(local_domains)
     parse_duration(retry_delay, "retry_delay")
@@ -193,18 +193,9 @@ def run_worker(
                 if item is None and relay is not None:
                     relay.idle()
                 if item is not None:
-                    items = _with_ready(queue, item)
-                    handle(
-                        runtime.mailboxes,
-                        items,
-                        domains,
-                        retry_delay,
-                        max_attempts,
-                        stats,
-                        leases,
-                        relay,
-                        stop,
-                    )
+                    items = [item, *queue.dequeue_ready(BATCH - 1)]
+                    mailboxes = runtime.mailboxes
+                    handle(mailboxes, items, domains, retry_delay, max_attempts, stats, leases, relay, stop)
                     idle_since = time.monotonic()
             except BrokerRefused:
                 raise  # its configuration must change: waiting will not help
@@ -215,11 +206,6 @@ def run_worker(
                 continue
             backoff = _BACKOFF_FIRST
     return stats
-
-
-def _with_ready(queue: MailQueue, first: MailQueueItem) -> list[MailQueueItem]:
-    """`first` and the mails ready behind it, up to BATCH, taken at once without waiting."""
-    return [first, *queue.dequeue_ready(BATCH - 1)]
 
 
 class LeaseKeeper:
