@@ -1,5 +1,6 @@
 """The parts of remote delivery that need no server: the schedule, the parsing of routes and replies,
-and `mailq worker --relay`'s refusal of bad options in one line, before any store is opened."""
+the content as DATA sends it, and `mailq worker --relay`'s refusal of bad options in one line, before
+any store is opened."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from mailq_runtime.errors import InvalidInput
 from mailq_runtime.relay import RetrySchedule
-from mailq_runtime.relay.client import Reply
+from mailq_runtime.relay.client import Reply, _dot_stuffed
 from mailq_runtime.relay.routes import parse_host_port, parse_transport
 from tests.smtp.helpers import assert_one_line, mailq
 
@@ -19,6 +20,21 @@ def test_the_default_schedule_is_postfix_s_and_doubles_with_the_mail_s_age():
     ages = [0, 300, 600, 1200, 2400, 4800, 9600]
     assert [schedule.delay(age * SECOND) // SECOND for age in ages] == [300, 300, 600, 1200, 2400, 4000, 4000]
     assert not schedule.expired(5 * 86400 * SECOND - 1) and schedule.expired(5 * 86400 * SECOND)
+
+
+@pytest.mark.parametrize(
+    ("message", "sent"),
+    [
+        (b"", b".\r\n"),
+        (b".", b"..\r\n.\r\n"),
+        (b".first\r\nsecond\r\n", b"..first\r\nsecond\r\n.\r\n"),
+        (b"a\r\n.\r\n..b\r\nc.d\r\n", b"a\r\n..\r\n...b\r\nc.d\r\n.\r\n"),
+        (b"no final line end", b"no final line end\r\n.\r\n"),
+    ],
+)
+def test_data_doubles_every_leading_dot_and_ends_with_a_dot_line(message, sent):
+    # RFC 5321 4.5.2: a line that starts with a dot gets one more, the content ends with CRLF.CRLF.
+    assert _dot_stuffed(message) == sent
 
 
 @pytest.mark.parametrize(("first", "longest"), [("0s", "1s"), ("2s", "1s"), ("-1s", "1s")])
