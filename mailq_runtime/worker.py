@@ -176,6 +176,7 @@ def run_worker(
         idle_timeout = parse_duration(idle_timeout, "idle_timeout") / MICROS_PER_SECOND
     # A worker serves a queue that enqueues have created: a typo must fail, not create an empty queue.
     queue = runtime.queue(queue_name, create=False)
+    mailboxes = runtime.mailboxes
     stats = WorkerStats()
     idle_since = time.monotonic()
     stop = threading.Event() if stop is None else stop
@@ -194,7 +195,6 @@ def run_worker(
                     relay.idle()
                 if item is not None:
                     items = [item, *queue.dequeue_ready(BATCH - 1)]
-                    mailboxes = runtime.mailboxes
                     handle(mailboxes, items, domains, retry_delay, max_attempts, stats, leases, relay, stop)
                     idle_since = time.monotonic()
             except BrokerRefused:
