@@ -7,11 +7,12 @@ default); lightweight transactions run their Paxos round at LOCAL_SERIAL (SERIAL
 LOCAL_ one). Built from its options (options.py): the URL and the environment are the settings' business. The
 password goes to the driver's auth provider and nowhere else: no error or log of this module shows it.
 
-Every statement runs through this module (`execute`, `execute_async`, `execute_all`, `batch`, `applied`),
-and every failure of the driver reaches the DAOs' callers as a mailq error chained to the driver's, the
-next pages of a paged result included: StoreUnavailable for an outage (no host, too few replicas, a
-timeout, a lost connection), StoreUnusable for a statement the server refuses as written (a table or
-column missing or altered under a running process, a permission revoked), which waiting does not cure.
+Every statement runs through this module (`execute`, `execute_async`, `execute_all`, `batch`,
+`write_all`, `applied`), and every failure of the driver reaches the DAOs' callers as a mailq error
+chained to the driver's, the next pages of a paged result included: StoreUnavailable for an outage (no
+host, too few replicas, a timeout, a lost connection), StoreUnusable for a statement the server refuses
+as written (a table or column missing or altered under a running process, a permission revoked), which
+waiting does not cure.
 """
 
 from __future__ import annotations
