@@ -39,7 +39,7 @@ from cassandra import ReadTimeout
 from mailq_runtime import Runtime
 from mailq_runtime.errors import MailqError, StoreUnavailable
 from mailq_runtime.queue import MailQueue
-from mailq_runtime.stores.cassandra import queue_view
+from mailq_runtime.stores.cassandra import slice_counts
 from mailq_servers.cassandra_cluster import ADDRESSES, CassandraCluster, CassandraClusterServer
 from mailq_servers.s3 import S3Server, remove_bucket
 from mailq_servers.urls import distributed_url
@@ -296,7 +296,7 @@ def test_one_node_killed_mid_run_then_restarted_loses_no_mail_and_keeps_counts_e
 
         # Once the counts' bound has passed (docs/distributed.md, "Exact counts"); the consumers have
         # stopped, so the test runs the recount their schedule runs.
-        time.sleep(queue_view.EPOCH + queue_view.SETTLE + 1)
+        time.sleep(slice_counts.EPOCH + slice_counts.SETTLE + 1)
         for queue, expected in ((work.queue, 0), (kept.queue, len(kept.accepted))):
             queue.recount()
             assert queue.size() == expected, _counter_drift(runtime, queue.name)

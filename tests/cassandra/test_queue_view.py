@@ -8,7 +8,7 @@ import time
 import pytest
 
 from mailq_runtime.model import EnqueueId
-from mailq_runtime.stores.cassandra import queue_view
+from mailq_runtime.stores.cassandra import slice_counts
 from mailq_runtime.stores.records import EnqueuedMail
 
 from .conftest import Tables, cassandra_tables, same_on_both
@@ -43,8 +43,8 @@ def ids(mails: list[EnqueuedMail]) -> list[str]:
 def short_epochs(monkeypatch: pytest.MonkeyPatch) -> float:
     """Epochs settled within a fraction of a second, so a recount folds what was just counted: the
     seconds to wait before it does."""
-    monkeypatch.setattr(queue_view, "EPOCH", 0.1)
-    monkeypatch.setattr(queue_view, "SETTLE", 0.2)
+    monkeypatch.setattr(slice_counts, "EPOCH", 0.1)
+    monkeypatch.setattr(slice_counts, "SETTLE", 0.2)
     return 0.4
 
 
@@ -207,14 +207,14 @@ def test_a_recount_counts_a_mark_whose_count_was_lost_and_an_insert_without_its_
     except RuntimeError:
         pass
     counts = view.slice_counters
-    counts.count([counts.counting("spool", T0, lost.bucket, queue_view.now_micros(), enqueued=1)])
+    counts.count([counts.counting("spool", T0, lost.bucket, slice_counts.now_micros(), enqueued=1)])
     assert view.size("spool", T0) == 3 and ids(view.live_mails("spool", T0)) == ids([m2])
     time.sleep(short_epochs)
     # Counted after the epochs that settled, and neither its row's epoch nor its count's is folded.
-    counts.count([counts.counting("spool", T0, late.bucket, queue_view.now_micros(), enqueued=1)])
+    counts.count([counts.counting("spool", T0, late.bucket, slice_counts.now_micros(), enqueued=1)])
     assert view.recount("spool", T0) == 2
     assert view.size("spool", T0) == 2 and view.recount("spool", T0) == 0
-    view.enqueued_mails.insert(late, queue_view.now_micros())
+    view.enqueued_mails.insert(late, slice_counts.now_micros())
     assert view.size("spool", T0) == 2 and ids(view.live_mails("spool", T0)) == ids([m2, late])
 
 

@@ -26,7 +26,7 @@ import mailq_runtime.stores.cassandra
 from mailq_runtime import Runtime
 from mailq_runtime.errors import BACKEND_FAILURES
 from mailq_runtime.queue import MailQueue, dequeuer
-from mailq_runtime.stores.cassandra import CassandraOptions, queue_view
+from mailq_runtime.stores.cassandra import CassandraOptions, slice_counts
 from mailq_servers import CassandraServer, RabbitMQServer, S3Server
 from mailq_servers.rabbitmq import Vhosts
 from mailq_servers.s3 import remove_bucket
@@ -57,8 +57,8 @@ def deployment(
     shortened: its URL and the forwarder."""
     for variable, value in s3_server.env().items():  # the AWS chain finds the harness's keys
         monkeypatch.setenv(variable, value)
-    monkeypatch.setattr(queue_view, "EPOCH", EPOCH)
-    monkeypatch.setattr(queue_view, "SETTLE", SETTLE)
+    monkeypatch.setattr(slice_counts, "EPOCH", EPOCH)
+    monkeypatch.setattr(slice_counts, "SETTLE", SETTLE)
     monkeypatch.setattr(dequeuer, "RECOUNT_INTERVAL", RECOUNT_INTERVAL)
     cable = Forwarder(cassandra_server.host, cassandra_server.port)
     bucket = f"mailq-busy-{time.time_ns():x}"

@@ -16,7 +16,7 @@ from pathlib import Path
 from mailq_runtime import UnknownMailbox
 from mailq_runtime.mailbox import INBOX
 from mailq_runtime.queue.dequeuer import RECOUNT_INTERVAL
-from mailq_runtime.stores.cassandra.queue_view import EPOCH, SETTLE
+from mailq_runtime.stores.cassandra.slice_counts import EPOCH, SETTLE
 from mailq_runtime.worker import delivery_message_id
 
 from .conftest import QUEUE
