@@ -24,11 +24,13 @@ from .base import Proc, Running, Server, ServerError, log_contains, port_answers
 from .cassandra import (
     DATACENTER,
     Cassandra,
+    CassandraServer,
     cql_round_trip,
     launch_node,
     listening_line,
     write_node_config,
 )
+from .certificates import ClientTls
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -56,9 +58,12 @@ class CassandraClusterServer:
     hosts: tuple[str, ...]
     port: int
     datacenter: str
+    tls: ClientTls | None = None  # the CA and client certificate of a cluster that speaks TLS only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hosts", tuple(self.hosts))  # a list once read back from JSON
+        if isinstance(self.tls, dict):
+            object.__setattr__(self, "tls", ClientTls(**self.tls))
 
     @property
     def contact_points(self) -> str:
@@ -74,6 +79,8 @@ class CassandraClusterServer:
             load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=self.datacenter), request_timeout=60
         )
         options.setdefault("execution_profiles", {EXEC_PROFILE_DEFAULT: profile})
+        if self.tls is not None:
+            options.setdefault("ssl_context", self.tls.context())
         return Cluster(list(self.hosts), port=self.port, **options)
 
     def env(self) -> dict[str, str]:
@@ -158,7 +165,7 @@ class CassandraCluster(Server):
             alive=proc.alive,
             logs=[log, log.with_name("stdout.log")],
         )
-        cql_round_trip(address, port)
+        cql_round_trip(CassandraServer(address, port, DATACENTER))
 
     def wait_ring(self, addresses: tuple[str, ...] = ADDRESSES, timeout: float = 120) -> None:
         """Until a driver connection sees the nodes at `addresses` up and each node's gossip sees them

@@ -28,6 +28,7 @@ from .base import (
     say,
     wait_for,
 )
+from .certificates import ClientTls
 from .debian import apt_install
 
 if TYPE_CHECKING:
@@ -47,14 +48,26 @@ class RabbitMQServer:
     password: str
     vhost: str
     node: str
+    tls: ClientTls | None = None  # the CA and client certificate of a node that speaks amqps only
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tls, dict):  # as read back from the state file
+            object.__setattr__(self, "tls", ClientTls(**self.tls))
+
+    @property
+    def scheme(self) -> str:
+        return "amqps" if self.tls else "amqp"
 
     @property
     def url(self) -> str:
-        return f"amqp://{self.username}:{self.password}@{self.host}:{self.port}/{quote(self.vhost, safe='')}"
+        where = f"{self.host}:{self.port}/{quote(self.vhost, safe='')}"
+        return f"{self.scheme}://{self.username}:{self.password}@{where}"
 
     def connection_parameters(self, **options: Any) -> pika.ConnectionParameters:
         import pika
 
+        if self.tls is not None:
+            options.setdefault("ssl_options", pika.SSLOptions(self.tls.context(), server_hostname=self.host))
         return pika.ConnectionParameters(
             host=self.host,
             port=self.port,
@@ -64,6 +77,8 @@ class RabbitMQServer:
         )
 
     def env(self) -> dict[str, str]:
+        if self.tls:
+            return {"MAILQ_AMQPS_URL": self.url, **self.tls.env()}
         return {"MAILQ_AMQP_URL": self.url}
 
 
@@ -123,8 +138,7 @@ class RabbitMQ(Server):
         for directory in ("home", "log", "mnesia"):
             (self.run_dir / directory).mkdir(parents=True, exist_ok=True)
         (self.run_dir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = {HOST}:{ports['amqp']}\n"
-            f"distribution.listener.interface = {HOST}\n"
+            self.listener_conf(ports["amqp"]) + f"distribution.listener.interface = {HOST}\n"
             f"distribution.listener.port_range.min = {ports['distribution']}\n"
             f"distribution.listener.port_range.max = {ports['distribution']}\n"
         )
@@ -142,6 +156,9 @@ class RabbitMQ(Server):
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 timeout=120,
+                # The detached VM in a session of its own, as `spawn` does: a shell or job that ends and
+                # signals its process group does not take the node down with it.
+                start_new_session=True,
             )
         if launcher.returncode != 0:
             failed = f"rabbitmq-server -detached failed (exit {launcher.returncode})"
@@ -155,6 +172,14 @@ class RabbitMQ(Server):
                 )
             time.sleep(0.1)
         return {"server": Proc.of(self._pid_from_file())}
+
+    def listener_conf(self, port: int) -> str:
+        """The rabbitmq.conf lines of the client listener."""
+        return f"listeners.tcp.default = {HOST}:{port}\n"
+
+    def listener_env(self, port: int) -> dict[str, str]:
+        """The variables of the client listener (rabbitmqctl reads them too)."""
+        return {"RABBITMQ_NODE_IP_ADDRESS": HOST, "RABBITMQ_NODE_PORT": str(port)}
 
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
@@ -225,8 +250,7 @@ class RabbitMQ(Server):
             # The Erlang cookie lives in $HOME: this node's own, shared with rabbitmqctl.
             "HOME": str(run / "home"),
             "RABBITMQ_NODENAME": self.node,
-            "RABBITMQ_NODE_IP_ADDRESS": HOST,
-            "RABBITMQ_NODE_PORT": str(ports["amqp"]),
+            **self.listener_env(ports["amqp"]),
             "RABBITMQ_DIST_PORT": str(ports["distribution"]),
             "RABBITMQ_CONFIG_FILE": str(run / "rabbitmq.conf"),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(run / "advanced.config"),

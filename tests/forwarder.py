@@ -3,7 +3,8 @@
 A client pointed at `Forwarder.port` reaches the server through it. `cut()` resets every connection it
 carries, both ways (the client sees its connection reset, the server a client gone) and resets every new
 one as soon as it is accepted, until `restore()`: an outage as the client sees one, while the server,
-shared with other tests and engineers, runs on undisturbed. The forwarder listens on 127.0.0.1 only.
+shared with other tests and engineers, runs on undisturbed. The forwarder listens on a loopback address,
+127.0.0.1 unless told (another one is a host name that a server's certificate does not give).
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ def _reset(sock: socket.socket) -> None:
 
 
 class Forwarder:
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, listen: str = "127.0.0.1") -> None:
+        if not listen.startswith("127."):
+            raise ValueError(f"the forwarder listens on loopback only, not {listen!r}")
         self.target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.listen = listen
+        self._listener = socket.create_server((listen, 0))
         self._listener.settimeout(_POLL)
         self.port: int = self._listener.getsockname()[1]
         self._cut = threading.Event()

@@ -29,6 +29,7 @@ from mailq_servers.prometheus import Prometheus, PrometheusServer
 from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from mailq_servers.s3 import S3Server, remove_bucket
 from mailq_servers.spark import SparkCluster
+from mailq_servers.tls_servers import RabbitMQTLS
 from tests.runtime.backends import CassandraS3
 
 os.environ.setdefault(UNSAFE_VARIABLE, "1")
@@ -181,3 +182,29 @@ def cassandra_s3(cassandra_server: CassandraServer, s3_server: S3Server) -> Iter
 @pytest.fixture(scope="session")
 def spark_cluster() -> SparkCluster:
     return _server("spark")
+
+
+@pytest.fixture(scope="session")
+def cassandra_tls_server() -> CassandraServer:
+    """The single Cassandra node that speaks TLS only and asks each client's certificate."""
+    return _server("cassandra-tls")
+
+
+@pytest.fixture(scope="session")
+def s3_tls_server() -> S3Server:
+    """The S3 endpoint over https (the same root keys as `s3_server`)."""
+    return _server("s3-tls")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_tls_server() -> RabbitMQServer:
+    """The RabbitMQ node that speaks amqps only."""
+    return _server("rabbitmq-tls")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_tls_vhosts(rabbitmq_tls_server: RabbitMQServer) -> Iterator[Vhosts]:
+    """Fresh virtual hosts on the amqps node, deleted at the session's end."""
+    vhosts = Vhosts(RabbitMQTLS(), rabbitmq_tls_server.username)
+    yield vhosts
+    vhosts.delete_all()
