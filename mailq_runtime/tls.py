@@ -20,6 +20,7 @@ from .errors import InvalidInput, shown
 # OpenSSL's reasons for a handshake the server ended, as "[SSL: <CODE>] <text>" in an SSLError.
 _ALERT = re.compile(r"\[SSL: ([A-Z0-9_]+)\] ([^(]*)")
 _VERIFY_FAILED = "certificate verify failed: "
+_URLLIB3_MISMATCH = re.compile(r"hostname ('[^']*') doesn't match")
 _PLAINTEXT_PEER = (
     "WRONG_VERSION_NUMBER",
     "HTTP_REQUEST",
@@ -100,7 +101,11 @@ def tls_failure(error: BaseException | None) -> str | None:
     available"), or None when there is none."""
     found = _ssl_error(error)
     if found is None:
-        return None
+        mismatch = _URLLIB3_MISMATCH.search(str(error))
+        if mismatch is None:
+            return None
+        # urllib3 matches an address itself, raising its own error, which botocore passes on as text.
+        return _verify_failure(f"Hostname mismatch, certificate is not valid for {mismatch.group(1)}")
     if isinstance(found, ssl.SSLCertVerificationError):
         return _verify_failure(found.verify_message or str(found))
     text = str(found)

@@ -208,3 +208,13 @@ def rabbitmq_tls_vhosts(rabbitmq_tls_server: RabbitMQServer) -> Iterator[Vhosts]
     vhosts = Vhosts(RabbitMQTLS(), rabbitmq_tls_server.username)
     yield vhosts
     vhosts.delete_all()
+
+
+@pytest.fixture(scope="session")
+def cassandra_s3_tls(cassandra_tls_server: CassandraServer, s3_tls_server: S3Server) -> Iterator[CassandraS3]:
+    """`cassandra_s3` on the TLS servers."""
+    cluster = cassandra_tls_server.cluster()
+    s3 = s3_tls_server.client()
+    yield CassandraS3(cassandra_tls_server, s3_tls_server, cluster.connect(), s3)
+    cluster.shutdown()
+    s3.close()
