@@ -18,7 +18,7 @@ from .rabbitmq import RabbitMQ, RabbitMQServer
 from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
 from .s3 import S3Endpoint, S3Server
 from .spark import SparkCluster, SparkStandalone
-from .tls_servers import CassandraTLS, RabbitMQTLS, S3EndpointTLS
+from .tls_servers import CassandraClusterTLS, CassandraTLS, RabbitMQTLS, S3EndpointTLS
 
 #: In the order `up` starts them (and `down` stops them in reverse).
 SERVERS = {
@@ -32,6 +32,7 @@ SERVERS = {
     "cassandra-tls": CassandraTLS,
     "s3-tls": S3EndpointTLS,
     "rabbitmq-tls": RabbitMQTLS,
+    "cassandra-cluster-tls": CassandraClusterTLS,
 }
 FACTS = {
     "cassandra": CassandraServer,
@@ -44,11 +45,17 @@ FACTS = {
     "cassandra-tls": CassandraServer,
     "s3-tls": S3Server,
     "rabbitmq-tls": RabbitMQServer,
+    "cassandra-cluster-tls": CassandraClusterServer,
 }
 #: Started only when named (`up cassandra-cluster`) or by the fixtures of the tests that need them: the
 #: rest of the suite does not run beside their nodes.
 #: The servers that speak TLS only (tls_servers.py), by the plaintext server they stand beside: `--tls`.
-TLS_VARIANTS = {"cassandra": "cassandra-tls", "s3": "s3-tls", "rabbitmq": "rabbitmq-tls"}
+TLS_VARIANTS = {
+    "cassandra": "cassandra-tls",
+    "s3": "s3-tls",
+    "rabbitmq": "rabbitmq-tls",
+    "cassandra-cluster": "cassandra-cluster-tls",
+}
 ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster", "prometheus", *TLS_VARIANTS.values()}
 
 __all__ = [

@@ -71,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 def selected(command: str, named: list[str], tls: bool = False) -> list[str]:
     """The servers a command acts on: those named, once each; else `up` starts the servers the whole
     suite shares (not ON_DEMAND's), and down, status and env take every server. With `tls`, the TLS
-    servers: those of the names given (a server that has none stays itself), else all three."""
+    servers: those of the names given (a server that has none stays itself), else the single ones."""
     if tls:
-        return list(dict.fromkeys(TLS_VARIANTS.get(name, name) for name in named or TLS_VARIANTS))
+        names = named or [name for name in TLS_VARIANTS if name not in ON_DEMAND]
+        return list(dict.fromkeys(TLS_VARIANTS.get(name, name) for name in names))
     if named:
         return list(dict.fromkeys(named))
     return [name for name in SERVERS if command != "up" or name not in ON_DEMAND]

@@ -391,7 +391,9 @@ def cql_round_trip(server: CassandraServer) -> None:
     from cassandra.cluster import NoHostAvailable
     from cassandra.protocol import ErrorMessage
 
-    cluster = server.cluster(connect_timeout=30)
+    # A node that just opened its port, TLS handshakes and all, may take more than the driver's 2 s to
+    # give the control connection its schema.
+    cluster = server.cluster(connect_timeout=30, control_connection_timeout=30)
     try:
         session = cluster.connect()
         session.execute("SELECT release_version FROM system.local", timeout=30).one()

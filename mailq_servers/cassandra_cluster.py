@@ -98,6 +98,8 @@ class CassandraCluster(Server):
     }
     main_process = "node1"
     hosts = ADDRESSES
+    cluster_name = CLUSTER_NAME
+    heap_setting = ("MAILQ_CASSANDRA_CLUSTER_HEAP", "1g")
 
     def __init__(self, cache: Path | None = None) -> None:
         super().__init__(cache)
@@ -134,13 +136,13 @@ class CassandraCluster(Server):
             address=address,
             token=TOKENS[node - 1],
             seeds=SEEDS,
-            cluster_name=CLUSTER_NAME,
+            cluster_name=self.cluster_name,
             counter_write_timeout=COUNTER_WRITE_TIMEOUT,
             unsafe=False,
-            extra=EXTRA_YAML,
+            extra=EXTRA_YAML + self.extra_yaml(node),
         )
         ports = self.ports()
-        heap = os.environ.get("MAILQ_CASSANDRA_CLUSTER_HEAP", "1g")
+        heap = os.environ.get(*self.heap_setting)
         return launch_node(
             self.single.lib,
             self.node_dir(node),
@@ -149,6 +151,14 @@ class CassandraCluster(Server):
             heap=heap,
             unsafe=False,
         )
+
+    def extra_yaml(self, node: int) -> str:
+        """What node `node`'s cassandra.yaml adds to the common one and EXTRA_YAML."""
+        return ""
+
+    def client_tls(self) -> ClientTls | None:
+        """The CA and client certificate of a cluster whose clients must speak TLS; None for plaintext."""
+        return None
 
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         for role, proc in procs.items():
@@ -165,14 +175,14 @@ class CassandraCluster(Server):
             alive=proc.alive,
             logs=[log, log.with_name("stdout.log")],
         )
-        cql_round_trip(CassandraServer(address, port, DATACENTER))
+        cql_round_trip(CassandraServer(address, port, DATACENTER, tls=self.client_tls()))
 
     def wait_ring(self, addresses: tuple[str, ...] = ADDRESSES, timeout: float = 120) -> None:
         """Until a driver connection sees the nodes at `addresses` up and each node's gossip sees them
         NORMAL (`nodetool status` would say UN for them)."""
         deadline = time.monotonic() + timeout
         facts = CassandraClusterServer(**self.facts())
-        cluster = facts.cluster(connect_timeout=30)
+        cluster = facts.cluster(connect_timeout=30, control_connection_timeout=30)
         try:
             session = cluster.connect()
             while True:
@@ -189,7 +199,9 @@ class CassandraCluster(Server):
             cluster.shutdown()
 
     def facts(self) -> dict:
-        return asdict(CassandraClusterServer(ADDRESSES, self.ports()["native"], DATACENTER))
+        return asdict(
+            CassandraClusterServer(ADDRESSES, self.ports()["native"], DATACENTER, self.client_tls())
+        )
 
     def serving(self, running: Running) -> bool:
         """Every node alive and holding its ports (each on its own address: the ports are the same)."""

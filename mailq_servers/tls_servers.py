@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .base import HOST, port_setting, unsafe_mode
 from .cassandra import DATACENTER, Cassandra, CassandraServer
+from .cassandra_cluster import ADDRESSES, CassandraCluster
 from .certificates import Certificate, ClientTls, HarnessCA
 from .rabbitmq import RabbitMQ, RabbitMQServer
 from .s3 import S3Endpoint
@@ -29,6 +30,22 @@ CLIENT_ENCRYPTION_YAML = """client_encryption_options:
   enabled: true
   optional: false
   require_client_auth: true
+  ssl_context_factory:
+    class_name: org.apache.cassandra.security.PEMBasedSslContextFactory
+  keystore: {keystore}
+  truststore: {ca}
+"""
+
+
+# Node-to-node: every internode connection over TLS on the storage port, each node presenting its own
+# certificate and checking its peer's against the CA, both ways. Not that it names the peer's address:
+# Cassandra 5.0.9's accepting side refuses every peer when asked to ("Endpoint Identification Algorithm
+# HTTPS is not supported on the server side").
+SERVER_ENCRYPTION_YAML = """server_encryption_options:
+  internode_encryption: all
+  optional: false
+  require_client_auth: true
+  require_endpoint_verification: false
   ssl_context_factory:
     class_name: org.apache.cassandra.security.PEMBasedSslContextFactory
   keystore: {keystore}
@@ -88,6 +105,27 @@ class CassandraTLS(Cassandra):
                 tls=client_tls(self.cache),
             )
         )
+
+
+class CassandraClusterTLS(CassandraCluster):
+    """The three-node cluster with TLS on every link: client-to-node as cassandra-tls, node-to-node with
+    each node's certificate naming its address. Its own ports, so it runs beside the plaintext cluster."""
+
+    name = "cassandra-cluster-tls"
+    port_settings = {
+        "native": ("MAILQ_CASSANDRA_CLUSTER_TLS_PORT", 39042),
+        "storage": ("MAILQ_CASSANDRA_CLUSTER_TLS_STORAGE_PORT", 37000),
+    }
+    cluster_name = "mailq-cluster-tls"
+
+    def extra_yaml(self, node: int) -> str:
+        address = ADDRESSES[node - 1]
+        ca, certificate = node_certificate(self.cache, self.node_dir(node), [address])
+        files = {"keystore": certificate.keystore, "ca": ca.cert}
+        return CLIENT_ENCRYPTION_YAML.format(**files) + SERVER_ENCRYPTION_YAML.format(**files)
+
+    def client_tls(self) -> ClientTls:
+        return client_tls(self.cache)
 
 
 class S3EndpointTLS(S3Endpoint):

@@ -29,7 +29,7 @@ from mailq_servers.prometheus import Prometheus, PrometheusServer
 from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from mailq_servers.s3 import S3Server, remove_bucket
 from mailq_servers.spark import SparkCluster
-from mailq_servers.tls_servers import RabbitMQTLS
+from mailq_servers.tls_servers import CassandraClusterTLS, RabbitMQTLS
 from tests.runtime.backends import CassandraS3
 
 os.environ.setdefault(UNSAFE_VARIABLE, "1")
@@ -78,6 +78,20 @@ def cassandra_cluster() -> Iterator[CassandraClusterServer]:
             running, did = cluster.ensure()
     except ServerError as error:
         pytest.fail(f"cassandra-cluster could not start: {error}", pytrace=False)
+    yield CassandraClusterServer(**running.facts)
+    if did.startswith(("started", "installed")):
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cassandra_cluster_tls() -> Iterator[CassandraClusterServer]:
+    """The three-node cluster with TLS on every link, as `cassandra_cluster` starts and stops its own."""
+    cluster = CassandraClusterTLS()
+    try:
+        with _untimed():
+            running, did = cluster.ensure()
+    except ServerError as error:
+        pytest.fail(f"cassandra-cluster-tls could not start: {error}", pytrace=False)
     yield CassandraClusterServer(**running.facts)
     if did.startswith(("started", "installed")):
         cluster.stop()
