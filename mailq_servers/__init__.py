@@ -18,7 +18,7 @@ from .rabbitmq import RabbitMQ, RabbitMQServer
 from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
 from .s3 import S3Endpoint, S3Server
 from .spark import SparkCluster, SparkStandalone
-from .tls_servers import CassandraClusterTLS, CassandraTLS, RabbitMQTLS, S3EndpointTLS
+from .tls_servers import CassandraClusterTLS, CassandraTLS, RabbitMQClusterTLS, RabbitMQTLS, S3EndpointTLS
 
 #: In the order `up` starts them (and `down` stops them in reverse).
 SERVERS = {
@@ -33,6 +33,7 @@ SERVERS = {
     "s3-tls": S3EndpointTLS,
     "rabbitmq-tls": RabbitMQTLS,
     "cassandra-cluster-tls": CassandraClusterTLS,
+    "rabbitmq-cluster-tls": RabbitMQClusterTLS,
 }
 FACTS = {
     "cassandra": CassandraServer,
@@ -46,6 +47,7 @@ FACTS = {
     "s3-tls": S3Server,
     "rabbitmq-tls": RabbitMQServer,
     "cassandra-cluster-tls": CassandraClusterServer,
+    "rabbitmq-cluster-tls": RabbitMQClusterServer,
 }
 #: Started only when named (`up cassandra-cluster`) or by the fixtures of the tests that need them: the
 #: rest of the suite does not run beside their nodes.
@@ -55,6 +57,7 @@ TLS_VARIANTS = {
     "s3": "s3-tls",
     "rabbitmq": "rabbitmq-tls",
     "cassandra-cluster": "cassandra-cluster-tls",
+    "rabbitmq-cluster": "rabbitmq-cluster-tls",
 }
 ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster", "prometheus", *TLS_VARIANTS.values()}
 

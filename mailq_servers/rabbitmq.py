@@ -96,11 +96,15 @@ class RabbitMQ(Server):
         node: str = NODE,
         ports: dict[str, int] | None = None,
         epmd_port: int | None = None,
+        distribution_tls: Path | None = None,
     ) -> None:
+        """`distribution_tls`: the ssl_dist_optfile of a node whose links to its peers (and rabbitmqctl's
+        to it) speak TLS; None for the Erlang distribution in the clear."""
         super().__init__(cache)
         self.node = node
         self._ports = ports
         self._epmd_port = epmd_port
+        self.distribution_tls = distribution_tls
         self.pid_file = self.run_dir / "rabbit.pid"
         self.log = self.run_dir / "log" / "rabbit.log"
         self.launch_log = self.run_dir / "log" / "launch.log"
@@ -245,6 +249,9 @@ class RabbitMQ(Server):
     def _env(self) -> dict[str, str]:
         run = self.run_dir
         ports = self.ports()
+        distribution = ""
+        if self.distribution_tls is not None:
+            distribution = f" -proto_dist inet_tls -ssl_dist_optfile {self.distribution_tls}"
         return {
             **os.environ,
             # The Erlang cookie lives in $HOME: this node's own, shared with rabbitmqctl.
@@ -263,8 +270,8 @@ class RabbitMQ(Server):
             "ERL_EPMD_ADDRESS": HOST,
             "ERL_EPMD_PORT": str(self.epmd_port()),
             # Schedulers that sleep instead of spinning: the machine is small and shared.
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "+sbwt none +sbwtdcpu none +sbwtdio none",
-            "RABBITMQ_CTL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": f"+sbwt none +sbwtdcpu none +sbwtdio none{distribution}",
+            "RABBITMQ_CTL_ERL_ARGS": f"-kernel inet_dist_use_interface {{127,0,0,1}}{distribution}",
         }
 
     def _pid_from_file(self) -> int:

@@ -13,11 +13,12 @@ import ssl
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .base import HOST, port_setting, unsafe_mode
+from .base import HOST, Proc, port_setting, unsafe_mode
 from .cassandra import DATACENTER, Cassandra, CassandraServer
 from .cassandra_cluster import ADDRESSES, CassandraCluster
 from .certificates import Certificate, ClientTls, HarnessCA
 from .rabbitmq import RabbitMQ, RabbitMQServer
+from .rabbitmq_cluster import NODES, RabbitMQCluster
 from .s3 import S3Endpoint
 
 CLIENT = "client"
@@ -126,6 +127,42 @@ class CassandraClusterTLS(CassandraCluster):
 
     def client_tls(self) -> ClientTls:
         return client_tls(self.cache)
+
+
+# Erlang's options for the TLS distribution: both ways each node presents its certificate and checks the
+# peer's against the CA, and the client side its name (localhost, the host of every node's name).
+DISTRIBUTION_OPTIONS = """[{{server, [{{cacertfile, "{ca}"}}, {{certfile, "{cert}"}}, {{keyfile, "{key}"}},
+           {{secure_renegotiate, true}}, {{verify, verify_peer}}, {{fail_if_no_peer_cert, true}}]}},
+ {{client, [{{cacertfile, "{ca}"}}, {{certfile, "{cert}"}}, {{keyfile, "{key}"}},
+           {{secure_renegotiate, true}}, {{verify, verify_peer}}]}}].
+"""
+
+
+class RabbitMQClusterTLS(RabbitMQCluster):
+    """The three-node RabbitMQ cluster with its inter-node links (the Erlang distribution, rabbitmqctl's
+    included) over TLS only; its clients' AMQP stays plain (amqps is rabbitmq-tls's). Ports and an epmd
+    of its own, so it runs beside the plaintext cluster."""
+
+    name = "rabbitmq-cluster-tls"
+    port_settings = {
+        **{f"amqp{n}": (f"MAILQ_RABBITMQ_CLUSTER_TLS_PORT{n}", 16590 + n) for n in range(1, NODES + 1)},
+        **{
+            f"distribution{n}": (f"MAILQ_RABBITMQ_CLUSTER_TLS_DIST_PORT{n}", 26590 + n)
+            for n in range(1, NODES + 1)
+        },
+    }
+
+    def epmd_port(self) -> int:
+        return port_setting("MAILQ_RABBITMQ_CLUSTER_TLS_EPMD_PORT", 14389)
+
+    def distribution_tls(self) -> Path:
+        return self.run_dir / "tls" / "distribution.config"
+
+    def launch(self) -> dict[str, Proc]:
+        ca, node = node_certificate(self.cache, self.run_dir, ["localhost", HOST])
+        options = DISTRIBUTION_OPTIONS.format(ca=ca.cert, cert=node.cert, key=node.key)
+        self.distribution_tls().write_text(options)
+        return super().launch()
 
 
 class S3EndpointTLS(S3Endpoint):

@@ -29,7 +29,7 @@ from mailq_servers.prometheus import Prometheus, PrometheusServer
 from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from mailq_servers.s3 import S3Server, remove_bucket
 from mailq_servers.spark import SparkCluster
-from mailq_servers.tls_servers import CassandraClusterTLS, RabbitMQTLS
+from mailq_servers.tls_servers import CassandraClusterTLS, RabbitMQClusterTLS, RabbitMQTLS
 from tests.runtime.backends import CassandraS3
 
 os.environ.setdefault(UNSAFE_VARIABLE, "1")
@@ -93,6 +93,21 @@ def cassandra_cluster_tls() -> Iterator[CassandraClusterServer]:
     except ServerError as error:
         pytest.fail(f"cassandra-cluster-tls could not start: {error}", pytrace=False)
     yield CassandraClusterServer(**running.facts)
+    if did.startswith(("started", "installed")):
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_cluster_tls(rabbitmq_server: RabbitMQServer) -> Iterator[RabbitMQClusterTLS]:
+    """The three-node RabbitMQ cluster whose nodes speak TLS to each other, for this module's tests
+    (rabbitmq_server first: it installs RabbitMQ when missing), stopped after them unless it ran before."""
+    cluster = RabbitMQClusterTLS()
+    try:
+        with _untimed():
+            _, did = cluster.ensure()
+    except ServerError as error:
+        pytest.fail(f"rabbitmq-cluster-tls could not start: {error}", pytrace=False)
+    yield cluster
     if did.startswith(("started", "installed")):
         cluster.stop()
 
