@@ -13,6 +13,7 @@ from __future__ import annotations
 from .base import ServerError, cache_root
 from .cassandra import Cassandra, CassandraServer
 from .cassandra_cluster import CassandraCluster, CassandraClusterServer
+from .host_bed import HostBed, HostBedServers
 from .prometheus import Prometheus, PrometheusServer
 from .rabbitmq import RabbitMQ, RabbitMQServer
 from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
@@ -28,6 +29,7 @@ SERVERS = {
     "cassandra-cluster": CassandraCluster,
     "rabbitmq-cluster": RabbitMQCluster,
     "prometheus": Prometheus,
+    "hosts": HostBed,
 }
 FACTS = {
     "cassandra": CassandraServer,
@@ -37,16 +39,18 @@ FACTS = {
     "cassandra-cluster": CassandraClusterServer,
     "rabbitmq-cluster": RabbitMQClusterServer,
     "prometheus": PrometheusServer,
+    "hosts": HostBedServers,
 }
 #: Started only when named (`up cassandra-cluster`) or by the fixtures of the tests that need them: the
 #: rest of the suite does not run beside their nodes.
-ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster", "prometheus"}
+ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster", "prometheus", "hosts"}
 
 __all__ = [
     "ON_DEMAND",
     "SERVERS",
     "CassandraClusterServer",
     "CassandraServer",
+    "HostBedServers",
     "PrometheusServer",
     "RabbitMQClusterServer",
     "RabbitMQServer",

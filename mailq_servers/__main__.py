@@ -82,8 +82,8 @@ def up(names: list[str]) -> int:
             failed.append(name)
             continue
         main_proc = running.procs[SERVERS[name].main_process]
-        ports = ", ".join(f"{role} {port}" for role, port in running.ports.items())
-        print(f"{name}: {did} ({time.monotonic() - started:.1f} s), pid {main_proc.pid}, {ports}", flush=True)
+        ports = "".join(f", {role} {port}" for role, port in running.ports.items())
+        print(f"{name}: {did} ({time.monotonic() - started:.1f} s), pid {main_proc.pid}{ports}", flush=True)
     if failed:
         print(f"servers: error: could not start {', '.join(failed)}", file=sys.stderr)
         return 1
@@ -108,9 +108,9 @@ def status(names: list[str]) -> int:
             print(f"{name}: not serving (recorded in {server.state_file}; `up` restarts it)")
         else:
             procs = recorded.procs.values()
-            ports = ", ".join(f"{role} {port}" for role, port in recorded.ports.items())
+            ports = "".join(f", {role} {port}" for role, port in recorded.ports.items())
             print(
-                f"{name}: running, pid {' '.join(str(proc.pid) for proc in procs)}, {ports}, "
+                f"{name}: running, pid {' '.join(str(proc.pid) for proc in procs)}{ports}, "
                 f"RSS {_mib(procs)} MiB, up {_duration(recorded.procs[server.main_process])}"
             )
     return 0

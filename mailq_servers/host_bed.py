@@ -1,0 +1,290 @@
+"""The host bed: the distributed deployment on separate network hosts of this machine (hosts.py), each
+with its own address and its own files, its servers reached only across the bed's bridge.
+
+    server1..3   10.213.0.11-13   a Cassandra node (9042, storage 7000) and a RabbitMQ node (5672,
+                                  distribution 25672, epmd 4369) each: one cluster of three of each
+    objects      10.213.0.20      versitygw, the S3 endpoint
+    smtp, worker1, worker2, driver, sink, metrics   10.213.0.31-36: client hosts with no server of the
+                                  bed's: `mailq smtp`, `mailq worker`s, the pipeline's driver, an SMTP sink,
+                                  Prometheus, started there by the tests (`host(name).command(argv)`)
+
+The servers are the harness's own classes (CassandraCluster, RabbitMQCluster, S3Endpoint) given a place
+on a host and a directory there; the bed is one server of the harness (`python -m mailq_servers up hosts`,
+`down hosts`), its state file recording every process. It starts its servers together, and `down` stops
+them, then removes every namespace, link and process of the bed, recorded or not. The Cassandra keyspaces
+of a bed deployment are replicated on the three nodes and its mail queues are quorum queues, so a
+deployment survives one server host's loss."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import hosts as network
+from .base import Proc, Running, Server, ServerError
+from .cassandra_cluster import CassandraCluster, CassandraClusterServer
+from .hosts import NETWORK_PREFIX, Host
+from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
+from .s3 import S3Endpoint, S3Server
+
+SERVER_HOSTS = ("server1", "server2", "server3")
+CLIENT_HOSTS = ("smtp", "worker1", "worker2", "driver", "sink", "metrics")
+ADDRESSES = {
+    **{name: f"{NETWORK_PREFIX}{11 + n}" for n, name in enumerate(SERVER_HOSTS)},
+    "objects": f"{NETWORK_PREFIX}20",
+    **{name: f"{NETWORK_PREFIX}{31 + n}" for n, name in enumerate(CLIENT_HOSTS)},
+}
+CASSANDRA_PORTS = {"native": 9042, "storage": 7000}
+RABBITMQ_PORTS = {
+    **{f"amqp{n}": 5672 for n in (1, 2, 3)},
+    **{f"distribution{n}": 25672 for n in (1, 2, 3)},
+}
+EPMD_PORT = 4369
+AMQP_USER = "mailq"
+# Three nodes on a shared two-core machine: small heaps (the bed's keyspaces are few).
+CASSANDRA_HEAP = "768m"
+
+
+@dataclass(frozen=True)
+class HostBedServers:
+    """How to reach the bed's servers from this machine's root namespace or from any host of the bed."""
+
+    addresses: dict[str, str]
+    cassandra: dict[str, Any]
+    rabbitmq: dict[str, Any]
+    s3: dict[str, Any] = field(repr=False)
+
+    @property
+    def cassandra_cluster(self) -> CassandraClusterServer:
+        return CassandraClusterServer(**self.cassandra)
+
+    @property
+    def rabbitmq_cluster(self) -> RabbitMQClusterServer:
+        return RabbitMQClusterServer(**self.rabbitmq)
+
+    @property
+    def s3_server(self) -> S3Server:
+        return S3Server(**self.s3)
+
+    def env(self) -> dict[str, str]:
+        """Where the servers are, and what a mailq process on the bed needs beside its URL: the AMQP
+        password and the S3 keys."""
+        s3 = self.s3_server.env()
+        return {
+            "MAILQ_BED_CASSANDRA": self.cassandra_cluster.contact_points,
+            "MAILQ_BED_AMQP_URL": self.rabbitmq_cluster.broker_url(),
+            "MAILQ_BED_S3_ENDPOINT": self.s3_server.endpoint_url,
+            "MAILQ_AMQP_PASSWORD": self.rabbitmq_cluster.password,
+            "AWS_ACCESS_KEY_ID": s3["AWS_ACCESS_KEY_ID"],
+            "AWS_SECRET_ACCESS_KEY": s3["AWS_SECRET_ACCESS_KEY"],
+            "AWS_DEFAULT_REGION": s3["AWS_DEFAULT_REGION"],
+        }
+
+
+class HostBed(Server):
+    name = "hosts"
+    port_settings: dict[str, tuple[str, int]] = {}
+    main_process = "server1.cassandra"
+
+    def __init__(self, cache: Path | None = None) -> None:
+        super().__init__(cache)
+        self.hosts = _hosts(self.run_dir)
+        places = [self.hosts[name].place() for name in SERVER_HOSTS]
+        self.cassandra = CassandraCluster(
+            self.cache,
+            run_dir=self.run_dir / "cassandra-cluster",
+            places=places,
+            node_dirs=[self.hosts[name].directory / "cassandra" for name in SERVER_HOSTS],
+            ports=CASSANDRA_PORTS,
+            heap=os.environ.get("MAILQ_BED_CASSANDRA_HEAP", CASSANDRA_HEAP),
+        )
+        self.rabbitmq = RabbitMQCluster(
+            self.cache,
+            run_dir=self.run_dir / "rabbitmq-cluster",
+            places=places,
+            node_dirs=[self.hosts[name].directory / "rabbitmq" for name in SERVER_HOSTS],
+            ports=RABBITMQ_PORTS,
+            epmd_port=EPMD_PORT,
+            user=(AMQP_USER, self._amqp_password()),
+        )
+        self.s3 = S3Endpoint(
+            self.cache, place=self.hosts["objects"].place(), run_dir=self.hosts["objects"].directory / "s3"
+        )
+
+    def host(self, name: str) -> Host:
+        if name not in self.hosts:
+            raise ServerError(f"the bed has no host {name!r} (its hosts: {', '.join(self.hosts)})")
+        return self.hosts[name]
+
+    def installed(self) -> bool:
+        return self.cassandra.installed() and self.rabbitmq.installed() and self.s3.installed()
+
+    def install(self) -> None:
+        for server in (self.cassandra, self.rabbitmq, self.s3):
+            if not server.installed():
+                server.install()
+
+    def launch(self) -> dict[str, Proc]:
+        network.remove_all()  # what a harness killed before its `down` left
+        network.create(list(self.hosts.values()))
+        launched = _together(
+            {
+                "cassandra": self.cassandra.launch,
+                "rabbitmq": self.rabbitmq.launch,
+                "s3": self.s3.launch,
+            },
+            on_error=lambda: network.remove_all(),
+        )
+        return {
+            **{f"{SERVER_HOSTS[n]}.cassandra": launched["cassandra"][f"node{n + 1}"] for n in range(3)},
+            **{f"{SERVER_HOSTS[n]}.rabbitmq": launched["rabbitmq"][f"n{n + 1}"] for n in range(3)},
+            "objects.s3": launched["s3"]["server"],
+        }
+
+    def wait_ready(self, procs: dict[str, Proc]) -> None:
+        _together(
+            {
+                "cassandra": lambda: self.cassandra.wait_ready(self._of(procs, "cassandra", "node")),
+                "rabbitmq": lambda: self.rabbitmq.wait_ready(self._of(procs, "rabbitmq", "n")),
+                "s3": lambda: self.s3.wait_ready({"server": procs["objects.s3"]}),
+            }
+        )
+
+    @staticmethod
+    def _of(procs: dict[str, Proc], server: str, role: str) -> dict[str, Proc]:
+        """One cluster's processes under the roles its class gives them."""
+        return {f"{role}{n + 1}": procs[f"{SERVER_HOSTS[n]}.{server}"] for n in range(3)}
+
+    def facts(self) -> dict[str, Any]:
+        return asdict(
+            HostBedServers(
+                addresses=dict(ADDRESSES),
+                cassandra=self.cassandra.facts(),
+                rabbitmq=self.rabbitmq.facts(),
+                s3=self.s3.facts(),
+            )
+        )
+
+    def serving(self, running: Running) -> bool:
+        cassandra, amqp = CASSANDRA_PORTS["native"], RABBITMQ_PORTS["amqp1"]
+        return (
+            sorted(network.namespaces()) == sorted(host.namespace for host in self.hosts.values())
+            and all(proc.alive() for proc in running.procs.values())
+            and all(running.procs[f"{name}.cassandra"].owns_listener(cassandra) for name in SERVER_HOSTS)
+            and all(running.procs[f"{name}.rabbitmq"].owns_listener(amqp) for name in SERVER_HOSTS)
+        )
+
+    def shut_down(self, procs: dict[str, Proc]) -> None:
+        try:
+            _together(
+                {
+                    "cassandra": lambda: self.cassandra.shut_down(self._of(procs, "cassandra", "node")),
+                    "rabbitmq": lambda: self.rabbitmq.shut_down(self._of(procs, "rabbitmq", "n")),
+                    "s3": lambda: procs["objects.s3"].terminate("hosts objects.s3", timeout=30),
+                }
+            )
+        finally:
+            network.remove_all()
+
+    def stop(self) -> bool:
+        """As Server.stop; and whatever the record says, no namespace, link or process of the bed is left."""
+        stopped = super().stop()
+        with self.lock():
+            network.remove_all()
+        return stopped
+
+    def _amqp_password(self) -> str:
+        """The bed's RabbitMQ password, chosen once per cache and kept readable by its owner only."""
+        path = self.home / "amqp-password"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            pass
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(24))
+        return path.read_text().strip()
+
+
+def _hosts(run_dir: Path) -> dict[str, Host]:
+    directories = {name: run_dir / name for name in ADDRESSES}
+    return {
+        name: Host(
+            name,
+            address,
+            directories[name],
+            tuple(path for other, path in directories.items() if other != name),
+        )
+        for name, address in ADDRESSES.items()
+    }
+
+
+def _together(
+    steps: dict[str, Callable[[], Any]], on_error: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """Run the steps in threads at once (the servers of the bed start and stop together, not one after
+    the other); their results by name, or the first failure once all returned."""
+    results: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def run(name: str, step: Callable[[], Any]) -> None:
+        try:
+            results[name] = step()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=item, name=f"hosts-{item[0]}") for item in steps.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        if on_error is not None:
+            on_error()
+        raise errors[0]
+    return results
+
+
+def running_facts() -> HostBedServers:
+    """The running bed's facts, or ServerError naming the command that starts it."""
+    found = HostBed().running()
+    if found is None:
+        raise ServerError("the host bed is not running: `python -m mailq_servers up hosts`")
+    return HostBedServers(**found.facts)
+
+
+def processes_reading_elsewhere(bed: HostBed) -> Iterator[str]:
+    """Each process of a host that has a file, or its working directory, in another host's directory:
+    the check that the hosts' views of the files stay apart."""
+    for host in bed.hosts.values():
+        for pid in host.pids():
+            for path in _paths_of(pid):
+                for other in host.others:
+                    if path == other or other in path.parents:
+                        yield f"pid {pid} of {host.name} uses {path}, {other.name}'s"
+
+
+def _paths_of(pid: int) -> list[Path]:
+    proc = Path(f"/proc/{pid}")
+    found = []
+    for link in [proc / "cwd", *_entries(proc / "fd")]:
+        try:
+            target = os.readlink(link)
+        except OSError:
+            continue
+        if target.startswith("/"):
+            found.append(Path(target))
+    return found
+
+
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return list(directory.iterdir())
+    except OSError:
+        return []
