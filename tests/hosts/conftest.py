@@ -30,6 +30,14 @@ def bed_env(host_bed: HostBed) -> dict[str, str]:
     return {**os.environ, **running_facts().env(), "PYTHONUNBUFFERED": "1"}
 
 
+@pytest.fixture
+def bed_client(monkeypatch: pytest.MonkeyPatch, host_bed: HostBed) -> None:
+    """This process a client of the bed (a runtime it opens reaches the bed's servers from the root
+    namespace), with the bed's password and S3 keys in its environment."""
+    for variable, value in running_facts().env().items():
+        monkeypatch.setenv(variable, value)
+
+
 def mailq_on(bed: HostBed, host: str, url: str, *argv: str) -> list[str]:
     """The argv of `mailq --url URL ARGV` run on `host` of the bed, with this interpreter."""
     return bed.host(host).command([sys.executable, "-m", "mailq_cli", "--url", url, *argv])
