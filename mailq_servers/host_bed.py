@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,40 @@ class HostBed(Server):
         with self.lock():
             network.remove_all()
         return stopped
+
+    # The faults of a network, by host name, for the tests of a cluster's failures (hosts.py has how).
+
+    def partition(self, name: str, others: Sequence[str]) -> None:
+        """Cut host `name` off from the hosts `others`, both ways, until `heal(name, others)`."""
+        network.partition(self.host(name), [self.host(other) for other in others])
+
+    def heal(self, name: str, others: Sequence[str]) -> None:
+        network.heal(self.host(name), [self.host(other) for other in others])
+
+    def link_down(self, name: str) -> None:
+        """Unplug host `name` from the bridge, until `link_up(name)`."""
+        network.link_down(self.host(name))
+
+    def link_up(self, name: str) -> None:
+        network.link_up(self.host(name))
+
+    def pause(self, role: str) -> None:
+        """SIGSTOP the bed's process `role` (e.g. "server2.cassandra"), as a long GC pause or a frozen
+        machine would stop it: its sockets stay open, it answers nothing, until `resume(role)`."""
+        self._recorded_proc(role).signal(signal.SIGSTOP)
+
+    def resume(self, role: str) -> None:
+        self._recorded_proc(role).signal(signal.SIGCONT)
+
+    def _recorded_proc(self, role: str) -> Proc:
+        running = self.recorded()
+        if running is None:
+            raise ServerError("the host bed is not running: `python -m mailq_servers up hosts`")
+        if role not in running.procs:
+            raise ServerError(
+                f"the host bed has no process {role!r} (its processes: {', '.join(running.procs)})"
+            )
+        return running.procs[role]
 
     def _amqp_password(self) -> str:
         """The bed's RabbitMQ password, chosen once per cache and kept readable by its owner only."""
