@@ -1,14 +1,16 @@
 """The host bed: the distributed deployment on separate network hosts of this machine (hosts.py), each
 with its own address and its own files, its servers reached only across the bed's bridge.
 
-    server1..3   10.213.0.11-13   a Cassandra node (9042, storage 7000) and a RabbitMQ node (5672,
-                                  distribution 25672, epmd 4369) each: one cluster of three of each
+    server1..3   10.213.0.11-13   a Cassandra node (9042, storage 7000), a RabbitMQ node (5672,
+                                  distribution 25672, epmd 4369) and a Spark worker each: one cluster
+                                  of three of each; server1 also runs the Spark master (7077, UI 8080)
     objects      10.213.0.20      versitygw, the S3 endpoint
     smtp, worker1, worker2, driver, sink, metrics   10.213.0.31-36: client hosts with no server of the
                                   bed's: `mailq smtp`, `mailq worker`s, the pipeline's driver, an SMTP sink,
                                   Prometheus, started there by the tests (`host(name).command(argv)`)
 
-The servers are the harness's own classes (CassandraCluster, RabbitMQCluster, S3Endpoint) given a place
+The servers are the harness's own classes (CassandraCluster, RabbitMQCluster, S3Endpoint, SparkStandalone)
+given a place
 on a host and a directory there; the bed is one server of the harness (`python -m mailq_servers up hosts`,
 `down hosts`), its state file recording every process. It starts its servers together, and `down` stops
 them, then removes every namespace, link and process of the bed, recorded or not. The Cassandra keyspaces
@@ -32,6 +34,7 @@ from .cassandra_cluster import CassandraCluster, CassandraClusterServer
 from .hosts import NETWORK_PREFIX, Host
 from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
 from .s3 import S3Endpoint, S3Server
+from .spark import SparkCluster, SparkStandalone
 
 SERVER_HOSTS = ("server1", "server2", "server3")
 CLIENT_HOSTS = ("smtp", "worker1", "worker2", "driver", "sink", "metrics")
@@ -46,6 +49,7 @@ RABBITMQ_PORTS = {
     **{f"distribution{n}": 25672 for n in (1, 2, 3)},
 }
 EPMD_PORT = 4369
+SPARK_PORTS = {"master": 7077, "webui": 8080}
 AMQP_USER = "mailq"
 # Three nodes on a shared two-core machine: small heaps (the bed's keyspaces are few).
 CASSANDRA_HEAP = "768m"
@@ -58,6 +62,7 @@ class HostBedServers:
     addresses: dict[str, str]
     cassandra: dict[str, Any]
     rabbitmq: dict[str, Any]
+    spark: dict[str, Any]
     s3: dict[str, Any] = field(repr=False)
 
     @property
@@ -67,6 +72,11 @@ class HostBedServers:
     @property
     def rabbitmq_cluster(self) -> RabbitMQClusterServer:
         return RabbitMQClusterServer(**self.rabbitmq)
+
+    @property
+    def spark_cluster(self) -> SparkCluster:
+        """The cluster, for a driver on the bed's driver host."""
+        return SparkCluster(**self.spark)
 
     @property
     def s3_server(self) -> S3Server:
@@ -80,6 +90,7 @@ class HostBedServers:
             "MAILQ_BED_CASSANDRA": self.cassandra_cluster.contact_points,
             "MAILQ_BED_AMQP_URL": self.rabbitmq_cluster.broker_url(),
             "MAILQ_BED_S3_ENDPOINT": self.s3_server.endpoint_url,
+            "MAILQ_BED_SPARK_MASTER": self.spark_cluster.master_url,
             "MAILQ_AMQP_PASSWORD": self.rabbitmq_cluster.password,
             "AWS_ACCESS_KEY_ID": s3["AWS_ACCESS_KEY_ID"],
             "AWS_SECRET_ACCESS_KEY": s3["AWS_SECRET_ACCESS_KEY"],
@@ -116,6 +127,17 @@ class HostBed(Server):
         self.s3 = S3Endpoint(
             self.cache, place=self.hosts["objects"].place(), run_dir=self.hosts["objects"].directory / "s3"
         )
+        self.spark = SparkStandalone(
+            self.cache,
+            run_dir=self.run_dir / "spark",
+            master=places[0],
+            workers=[
+                (self.hosts[name].place(), self.hosts[name].directory / "spark") for name in SERVER_HOSTS
+            ],
+            ports=SPARK_PORTS,
+            s3=S3Server(**self.s3.facts()),
+            driver_host=self.hosts["driver"].address,
+        )
 
     def host(self, name: str) -> Host:
         if name not in self.hosts:
@@ -123,10 +145,13 @@ class HostBed(Server):
         return self.hosts[name]
 
     def installed(self) -> bool:
-        return self.cassandra.installed() and self.rabbitmq.installed() and self.s3.installed()
+        return all(server.installed() for server in self._servers())
+
+    def _servers(self) -> tuple[Server, ...]:
+        return (self.cassandra, self.rabbitmq, self.s3, self.spark)
 
     def install(self) -> None:
-        for server in (self.cassandra, self.rabbitmq, self.s3):
+        for server in self._servers():
             if not server.installed():
                 server.install()
 
@@ -138,6 +163,7 @@ class HostBed(Server):
                 "cassandra": self.cassandra.launch,
                 "rabbitmq": self.rabbitmq.launch,
                 "s3": self.s3.launch,
+                "spark": self.spark.launch,
             },
             on_error=lambda: network.remove_all(),
         )
@@ -145,6 +171,8 @@ class HostBed(Server):
             **{f"{SERVER_HOSTS[n]}.cassandra": launched["cassandra"][f"node{n + 1}"] for n in range(3)},
             **{f"{SERVER_HOSTS[n]}.rabbitmq": launched["rabbitmq"][f"n{n + 1}"] for n in range(3)},
             "objects.s3": launched["s3"]["server"],
+            "server1.spark-master": launched["spark"]["master"],
+            **{f"{SERVER_HOSTS[n]}.spark-worker": launched["spark"][f"worker-{n + 1}"] for n in range(3)},
         }
 
     def wait_ready(self, procs: dict[str, Proc]) -> None:
@@ -153,13 +181,24 @@ class HostBed(Server):
                 "cassandra": lambda: self.cassandra.wait_ready(self._of(procs, "cassandra", "node")),
                 "rabbitmq": lambda: self.rabbitmq.wait_ready(self._of(procs, "rabbitmq", "n")),
                 "s3": lambda: self.s3.wait_ready({"server": procs["objects.s3"]}),
+                "spark": lambda: self.spark.wait_ready(self._spark(procs)),
             }
         )
 
     @staticmethod
     def _of(procs: dict[str, Proc], server: str, role: str) -> dict[str, Proc]:
-        """One cluster's processes under the roles its class gives them."""
-        return {f"{role}{n + 1}": procs[f"{SERVER_HOSTS[n]}.{server}"] for n in range(3)}
+        """One cluster's processes under the roles its class gives them (those recorded: a stop may find
+        a bed half started)."""
+        roles = {f"{role}{n + 1}": f"{name}.{server}" for n, name in enumerate(SERVER_HOSTS)}
+        return {role: procs[ours] for role, ours in roles.items() if ours in procs}
+
+    @staticmethod
+    def _spark(procs: dict[str, Proc]) -> dict[str, Proc]:
+        roles = {
+            "master": "server1.spark-master",
+            **{f"worker-{n + 1}": f"{name}.spark-worker" for n, name in enumerate(SERVER_HOSTS)},
+        }
+        return {role: procs[ours] for role, ours in roles.items() if ours in procs}
 
     def facts(self) -> dict[str, Any]:
         return asdict(
@@ -167,6 +206,7 @@ class HostBed(Server):
                 addresses=dict(ADDRESSES),
                 cassandra=self.cassandra.facts(),
                 rabbitmq=self.rabbitmq.facts(),
+                spark=self.spark.facts(),
                 s3=self.s3.facts(),
             )
         )
@@ -187,6 +227,7 @@ class HostBed(Server):
                     "cassandra": lambda: self.cassandra.shut_down(self._of(procs, "cassandra", "node")),
                     "rabbitmq": lambda: self.rabbitmq.shut_down(self._of(procs, "rabbitmq", "n")),
                     "s3": lambda: procs["objects.s3"].terminate("hosts objects.s3", timeout=30),
+                    "spark": lambda: self.spark.shut_down(self._spark(procs)),
                 }
             )
         finally:

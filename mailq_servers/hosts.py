@@ -6,8 +6,9 @@ The root namespace holds the bridge's first address, so the harness and the test
 hosts have no default route, and nothing forwards or translates their traffic, so no packet of theirs
 leaves the machine. A program runs on a host through `Host.command()`: `ip netns exec` into its
 namespace (which also puts the host's /etc/netns/<namespace>/hosts over /etc/hosts, naming every host of
-the bed) in a mount namespace of its own where every other host's directory is covered by an empty,
-read-only tmpfs, so no process of one host reads another's data.
+the bed), with the host's name as its host name (a UTS namespace), in a mount namespace of its own where
+every other host's directory is covered by an empty, read-only tmpfs, so no process of one host reads
+another's data.
 
 The faults of a network (issue 38's tests) are functions here: `partition()` cuts a host off from chosen
 others (blackhole routes both ways: packets vanish, as in a real partition, and connections time out),
@@ -37,9 +38,11 @@ LINK_PREFIX = "mqbed-"
 NETNS_ETC = Path("/etc/netns")
 DOMAIN = "mailq-bed"
 
-# Covers each directory given before `--` with an empty read-only tmpfs, then runs the rest. `ip netns
-# exec` has already given the process a mount namespace of its own (mounts made there stay there).
-HIDE_OTHERS = (
+# Names the host (in the UTS namespace of its own that `unshare --uts` gave), covers each directory given
+# before `--` with an empty read-only tmpfs, then runs the rest. `ip netns exec` has already given the
+# process a mount namespace of its own (mounts made there stay there).
+ON_HOST = (
+    'hostname "$1" && shift && '
     'while [ "$1" != -- ]; do mount -t tmpfs -o ro,size=4k,mode=0 mailq-bed-elsewhere "$1" || exit 1; '
     'shift; done; shift; exec "$@"'
 )
@@ -66,19 +69,8 @@ class Host:
     def command(self, argv: Sequence[str]) -> list[str]:
         """`argv` as run on this host."""
         hidden = [str(path) for path in self.others]
-        return [
-            "ip",
-            "netns",
-            "exec",
-            self.namespace,
-            "/bin/sh",
-            "-c",
-            HIDE_OTHERS,
-            "sh",
-            *hidden,
-            "--",
-            *argv,
-        ]
+        on_host = ["unshare", "--uts", "/bin/sh", "-c", ON_HOST, "sh", self.name, *hidden, "--"]
+        return ["ip", "netns", "exec", self.namespace, *on_host, *argv]
 
     def place(self) -> Place:
         return Place(self.address, self.name, tuple(self.command([])))
