@@ -324,6 +324,8 @@ class Server(ABC):
     port_settings: dict[str, tuple[str, int]]
     #: The process that holds the listening ports (the others, if any, only need to be alive).
     main_process = "server"
+    #: Where it runs: this machine's loopback unless a subclass takes a place (a host of the bed).
+    place = LOOPBACK
 
     def __init__(self, cache: Path | None = None, *, run_dir: Path | None = None) -> None:
         self.cache = cache or cache_root()
@@ -404,9 +406,10 @@ class Server(ABC):
                 self._clean_up(running)
             ports = self.ports()
             for role, port in ports.items():
-                if port_answers(port):
+                if port_answers(port, self.place.address):
                     raise ServerError(
-                        f"{self.name}: port {port} ({role}) is already in use by a process that is not this "
+                        f"{self.name}: port {port} ({role}) on {self.place.address} is already in use by a "
+                        "process that is not this "
                         f"harness's {self.name}: stop it or choose another port with "
                         f"{self.port_settings[role][0]}=PORT"
                     )

@@ -83,18 +83,25 @@ class HostBedServers:
         return S3Server(**self.s3)
 
     def env(self) -> dict[str, str]:
-        """Where the servers are, and what a mailq process on the bed needs beside its URL: the AMQP
-        password and the S3 keys."""
-        s3 = self.s3_server.env()
+        """Where the servers are, for a shell (`python -m mailq_servers env hosts`): names of the bed's
+        own, so that they never shadow the loopback servers' in `env`'s full listing."""
         return {
             "MAILQ_BED_CASSANDRA": self.cassandra_cluster.contact_points,
             "MAILQ_BED_AMQP_URL": self.rabbitmq_cluster.broker_url(),
             "MAILQ_BED_S3_ENDPOINT": self.s3_server.endpoint_url,
             "MAILQ_BED_SPARK_MASTER": self.spark_cluster.master_url,
+        }
+
+    def client_env(self) -> dict[str, str]:
+        """What a mailq process on the bed needs beside its URL: the AMQP password and the S3 keys, and
+        for a pipeline's driver on the driver host the Spark master and the driver's address."""
+        s3 = self.s3_server.env()
+        return {
             "MAILQ_AMQP_PASSWORD": self.rabbitmq_cluster.password,
             "AWS_ACCESS_KEY_ID": s3["AWS_ACCESS_KEY_ID"],
             "AWS_SECRET_ACCESS_KEY": s3["AWS_SECRET_ACCESS_KEY"],
             "AWS_DEFAULT_REGION": s3["AWS_DEFAULT_REGION"],
+            **self.spark_cluster.env(),
         }
 
 

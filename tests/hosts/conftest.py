@@ -27,14 +27,14 @@ def bed_url(host_bed: HostBed) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def bed_env(host_bed: HostBed) -> dict[str, str]:
     """The environment of a mailq process on the bed: this one's, with the bed's password and S3 keys."""
-    return {**os.environ, **running_facts().env(), "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, **running_facts().client_env(), "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture
 def bed_client(monkeypatch: pytest.MonkeyPatch, host_bed: HostBed) -> None:
     """This process a client of the bed (a runtime it opens reaches the bed's servers from the root
     namespace), with the bed's password and S3 keys in its environment."""
-    for variable, value in running_facts().env().items():
+    for variable, value in running_facts().client_env().items():
         monkeypatch.setenv(variable, value)
 
 

@@ -43,7 +43,7 @@ def test_a_driver_on_the_driver_host_runs_its_tasks_on_the_three_server_hosts(ho
     }
     done = subprocess.run(
         host_bed.host("driver").command([sys.executable, "-c", JOB, json.dumps(conf)]),
-        env={**running_facts().env(), **cluster.env(), "PATH": "/usr/bin:/bin"},
+        env={**running_facts().client_env(), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=300,
