@@ -9,11 +9,11 @@ with its own address and its own files, its servers reached only across the bed'
                                   bed's: `mailq smtp`, `mailq worker`s, the pipeline's driver, an SMTP sink,
                                   Prometheus, started there by the tests (`host(name).command(argv)`)
 
-The servers are the harness's own classes (CassandraCluster, RabbitMQCluster, S3Endpoint, SparkStandalone)
-given a place
-on a host and a directory there; the bed is one server of the harness (`python -m mailq_servers up hosts`,
-`down hosts`), its state file recording every process. It starts its servers together, and `down` stops
-them, then removes every namespace, link and process of the bed, recorded or not. The Cassandra keyspaces
+The servers are the harness's own classes (CassandraCluster, RabbitMQCluster, S3Endpoint,
+SparkStandalone) given a place on a host and a directory there; the bed is one server of the harness
+(`python -m mailq_servers up hosts`, `down hosts`), its state file recording every process. It starts its
+servers together, and `down` stops them, then removes every namespace, link and process of the bed,
+recorded or not. The Cassandra keyspaces
 of a bed deployment are replicated on the three nodes and its mail queues are quorum queues, so a
 deployment survives one server host's loss."""
 

@@ -1,5 +1,5 @@
-"""Fixtures of the tests on the host bed: a deployment of each module's own on it, and mailq commands run
-on its hosts."""
+"""Fixtures of the tests on the host bed: a deployment of each module's own on it, mailq commands run on
+its hosts, and the runtime contract suite's `backend`, `runtime` and `queue` on the bed (HostBedBackend)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from mailq_runtime import Runtime
+from mailq_runtime.queue import MailQueue
 from mailq_servers import bed_deployment
 from mailq_servers.host_bed import HostBed, running_facts
+from mailq_servers.s3 import remove_bucket
+from tests.runtime.backends import CassandraS3, HostBedBackend
+from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name
+
+QUEUE = "spool"
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +57,51 @@ def run_on(bed: HostBed, host: str, url: str, env: dict[str, str], *argv: str) -
     )
     assert done.returncode == 0, f"mailq {' '.join(argv)} on {host}: {done.stderr}"
     return done.stdout
+
+
+@pytest.fixture(scope="module")
+def bed_contract(host_bed: HostBed) -> Iterator[tuple[CassandraS3, str, str, str]]:
+    """The contract suite's servers on the bed (probe session and S3 client), a keyspace and a bucket
+    name, and a vhost of this module's own; all removed after its tests."""
+    facts = running_facts()
+    keyspace, bucket = fresh_keyspace_name(), fresh_bucket_name()
+    vhost = bucket
+    host_bed.rabbitmq.ctl("add_vhost", vhost)
+    host_bed.rabbitmq.ctl("set_permissions", "-p", vhost, facts.rabbitmq_cluster.username, ".*", ".*", ".*")
+    cluster, s3 = facts.cassandra_cluster.cluster(), facts.s3_server.client()
+    try:
+        yield (
+            CassandraS3(facts.cassandra_cluster, facts.s3_server, cluster.connect(), s3),
+            keyspace,
+            bucket,
+            vhost,
+        )
+        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+        remove_bucket(s3, bucket)
+        host_bed.rabbitmq.ctl("delete_vhost", vhost)
+    finally:
+        cluster.shutdown()
+        s3.close()
+
+
+@pytest.fixture
+def backend(host_bed: HostBed, bed_contract, bed_client: None) -> Iterator[HostBedBackend]:
+    """The contract suite's deployment on the bed; the agents it starts run on worker2."""
+    servers, keyspace, bucket, vhost = bed_contract
+    cluster = running_facts().rabbitmq_cluster
+    opened = HostBedBackend(servers, keyspace, bucket, cluster, vhost, host_bed.host("worker2").command)
+    opened.empty()
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@pytest.fixture
+def runtime(backend: HostBedBackend) -> Runtime:
+    return backend.open()
+
+
+@pytest.fixture
+def queue(runtime: Runtime) -> MailQueue:
+    return runtime.queue(QUEUE)
