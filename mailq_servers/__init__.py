@@ -13,6 +13,7 @@ from __future__ import annotations
 from .base import ServerError, cache_root
 from .cassandra import Cassandra, CassandraServer
 from .cassandra_cluster import CassandraCluster, CassandraClusterServer
+from .host_bed import HostBed, HostBedServers
 from .prometheus import Prometheus, PrometheusServer
 from .rabbitmq import RabbitMQ, RabbitMQServer
 from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
@@ -34,6 +35,7 @@ SERVERS = {
     "rabbitmq-tls": RabbitMQTLS,
     "cassandra-cluster-tls": CassandraClusterTLS,
     "rabbitmq-cluster-tls": RabbitMQClusterTLS,
+    "hosts": HostBed,
 }
 FACTS = {
     "cassandra": CassandraServer,
@@ -48,6 +50,7 @@ FACTS = {
     "rabbitmq-tls": RabbitMQServer,
     "cassandra-cluster-tls": CassandraClusterServer,
     "rabbitmq-cluster-tls": RabbitMQClusterServer,
+    "hosts": HostBedServers,
 }
 #: Started only when named (`up cassandra-cluster`) or by the fixtures of the tests that need them: the
 #: rest of the suite does not run beside their nodes.
@@ -59,7 +62,7 @@ TLS_VARIANTS = {
     "cassandra-cluster": "cassandra-cluster-tls",
     "rabbitmq-cluster": "rabbitmq-cluster-tls",
 }
-ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster", "prometheus", *TLS_VARIANTS.values()}
+ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster", "prometheus", "hosts", *TLS_VARIANTS.values()}
 
 __all__ = [
     "ON_DEMAND",
@@ -67,6 +70,7 @@ __all__ = [
     "TLS_VARIANTS",
     "CassandraClusterServer",
     "CassandraServer",
+    "HostBedServers",
     "PrometheusServer",
     "RabbitMQClusterServer",
     "RabbitMQServer",

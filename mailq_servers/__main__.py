@@ -1,5 +1,7 @@
 """`python -m mailq_servers up|down|status|env [server ...]`: the servers of the distributed tests;
-`python -m mailq_servers deployment DIR`: a fresh deployment on them, its URL in DIR/url (deployment.py)."""
+`python -m mailq_servers deployment [--hosts] DIR`: a fresh deployment on them (or on the host bed), its
+URL in DIR/url (deployment.py); `python -m mailq_servers on HOST COMMAND...`: a command run on a host of
+the bed, with what a mailq process there needs in its environment."""
 
 from __future__ import annotations
 
@@ -42,19 +44,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     fresh.add_argument("directory", type=Path, metavar="DIR")
     fresh.add_argument("--remove", action="store_true", help="only remove it, and DIR, making none")
+    fresh.add_argument("--hosts", action="store_true", help="on the host bed (`up hosts`), not on loopback")
+    on = commands.add_parser(
+        "on",
+        help="run COMMAND on a host of the bed, with the bed's AMQP password, S3 keys and Spark in its env",
+    )
+    on.add_argument("host", metavar="HOST")
+    on.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND")
     args = parser.parse_args(argv)
-    if args.command == "deployment":
-        from . import deployment  # imports mailq_runtime, which the other commands do without
-
-        try:
-            if args.remove:
-                deployment.discard(args.directory)
-            else:
-                print(deployment.fresh(args.directory))
-        except ServerError as error:
-            print(f"servers: error: {error}", file=sys.stderr)
-            return 1
-        return 0
+    try:
+        if args.command == "deployment":
+            return _deployment(args.directory, remove=args.remove, hosts=args.hosts)
+        if args.command == "on":
+            return _on(args.host, args.argv)
+    except ServerError as error:
+        print(f"servers: error: {error}", file=sys.stderr)
+        return 1
     unknown = [name for name in args.servers if name not in SERVERS]
     if unknown:
         parser.error(f"unknown server {unknown[0]!r} (choose from {', '.join(SERVERS)})")
@@ -66,6 +71,38 @@ def main(argv: list[str] | None = None) -> int:
     except ServerError as error:
         print(f"servers: error: {error}", file=sys.stderr)
         return 1
+
+
+def _deployment(directory: Path, *, remove: bool, hosts: bool) -> int:
+    from functools import partial
+
+    from . import deployment  # imports mailq_runtime, which the other commands do without
+
+    if hosts:
+        from . import bed_deployment
+        from .host_bed import HostBed
+
+        bed = HostBed()
+        steps = {"make": partial(bed_deployment.make, bed), "remove": partial(bed_deployment.remove, bed)}
+    else:
+        steps = {"make": deployment.make, "remove": deployment.remove}
+    if remove:
+        deployment.discard(directory, remove=steps["remove"])
+    else:
+        print(deployment.fresh(directory, **steps))
+    return 0
+
+
+def _on(host: str, argv: list[str]) -> int:
+    import os
+    import subprocess
+
+    from .host_bed import HostBed, running_facts
+
+    if not argv:
+        raise ServerError("on: name the command to run on the host")
+    command = HostBed().host(host).command(argv)
+    return subprocess.run(command, env={**os.environ, **running_facts().client_env()}).returncode
 
 
 def selected(command: str, named: list[str], tls: bool = False) -> list[str]:
@@ -91,8 +128,8 @@ def up(names: list[str]) -> int:
             failed.append(name)
             continue
         main_proc = running.procs[SERVERS[name].main_process]
-        ports = ", ".join(f"{role} {port}" for role, port in running.ports.items())
-        print(f"{name}: {did} ({time.monotonic() - started:.1f} s), pid {main_proc.pid}, {ports}", flush=True)
+        ports = "".join(f", {role} {port}" for role, port in running.ports.items())
+        print(f"{name}: {did} ({time.monotonic() - started:.1f} s), pid {main_proc.pid}{ports}", flush=True)
     if failed:
         print(f"servers: error: could not start {', '.join(failed)}", file=sys.stderr)
         return 1
@@ -117,9 +154,9 @@ def status(names: list[str]) -> int:
             print(f"{name}: not serving (recorded in {server.state_file}; `up` restarts it)")
         else:
             procs = recorded.procs.values()
-            ports = ", ".join(f"{role} {port}" for role, port in recorded.ports.items())
+            ports = "".join(f", {role} {port}" for role, port in recorded.ports.items())
             print(
-                f"{name}: running, pid {' '.join(str(proc.pid) for proc in procs)}, {ports}, "
+                f"{name}: running, pid {' '.join(str(proc.pid) for proc in procs)}{ports}, "
                 f"RSS {_mib(procs)} MiB, up {_duration(recorded.procs[server.main_process])}"
             )
     return 0

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from .base import (
     HOST,
+    LOOPBACK,
+    Place,
     Proc,
     Running,
     Server,
@@ -187,9 +189,18 @@ def write_node_config(
     (conf / "logback.xml").write_text(LOGBACK_XML)
 
 
-def launch_node(lib: Path, node_dir: Path, *, native: int, storage: int, heap: str, unsafe: bool) -> Proc:
-    """Start one CassandraDaemon whose configuration is in node_dir/conf (write_node_config), its data in
-    node_dir/data and its logs in node_dir/logs."""
+def launch_node(
+    lib: Path,
+    node_dir: Path,
+    *,
+    native: int,
+    storage: int,
+    heap: str,
+    unsafe: bool,
+    place: Place = LOOPBACK,
+) -> Proc:
+    """Start one CassandraDaemon at `place` whose configuration is in node_dir/conf (write_node_config),
+    its data in node_dir/data and its logs in node_dir/logs."""
     conf = node_dir / "conf"
     logs = node_dir / "logs"
     fresh_log(logs / "system.log")
@@ -223,7 +234,7 @@ def launch_node(lib: Path, node_dir: Path, *, native: int, storage: int, heap: s
         # As root, JNA's mlockall succeeds and pins the whole JVM in memory (RSS 876 MiB instead of
         # ~390 at a 512m heap); without CAP_IPC_LOCK Cassandra only warns.
         java = ["setpriv", "--bounding-set", "-ipc_lock", *java]
-    return spawn(java, env=dict(os.environ), log=fresh_log(logs / "stdout.log"), cwd=node_dir)
+    return spawn(place.command(java), env=dict(os.environ), log=fresh_log(logs / "stdout.log"), cwd=node_dir)
 
 
 def listening_line(address: str, port: int) -> str:

@@ -19,6 +19,8 @@ from urllib.parse import quote
 
 from .base import (
     HOST,
+    LOOPBACK,
+    Place,
     Proc,
     Server,
     ServerError,
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 
 SCRIPTS = Path("/usr/lib/rabbitmq/bin")
 NODE = "mailq@localhost"
+#: RabbitMQ's own user, which it lets in from loopback only.
+GUEST = ("guest", "guest")
 
 
 @dataclass(frozen=True)
@@ -96,14 +100,21 @@ class RabbitMQ(Server):
         node: str = NODE,
         ports: dict[str, int] | None = None,
         epmd_port: int | None = None,
+        place: Place = LOOPBACK,
+        run_dir: Path | None = None,
+        user: tuple[str, str] = GUEST,
         distribution_tls: Path | None = None,
     ) -> None:
-        """`distribution_tls`: the ssl_dist_optfile of a node whose links to its peers (and rabbitmqctl's
-        to it) speak TLS; None for the Erlang distribution in the clear."""
-        super().__init__(cache)
+        """A node at `place` (this machine's loopback by default); `user`, when not RabbitMQ's guest, is
+        made at the node's first boot for the clients of other hosts, which guest may not serve.
+        `distribution_tls`: the ssl_dist_optfile of a node whose links to its peers (and rabbitmqctl's to
+        it) speak TLS; None for the Erlang distribution in the clear."""
+        super().__init__(cache, run_dir=run_dir)
         self.node = node
         self._ports = ports
         self._epmd_port = epmd_port
+        self.place = place
+        self.user = user
         self.distribution_tls = distribution_tls
         self.pid_file = self.run_dir / "rabbit.pid"
         self.log = self.run_dir / "log" / "rabbit.log"
@@ -140,11 +151,17 @@ class RabbitMQ(Server):
         ports = self.ports()
         for directory in ("home", "log", "mnesia"):
             (self.run_dir / directory).mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "rabbitmq.conf").write_text(
-            self.listener_conf(ports["amqp"]) + f"distribution.listener.interface = {HOST}\n"
-            f"distribution.listener.port_range.min = {ports['distribution']}\n"
-            f"distribution.listener.port_range.max = {ports['distribution']}\n"
+        address = self.place.address
+        default_user = (
+            "" if self.user == GUEST else (f"default_user = {self.user[0]}\ndefault_pass = {self.user[1]}\n")
         )
+        conf = self.run_dir / "rabbitmq.conf"
+        conf.write_text(
+            self.listener_conf(ports["amqp"]) + f"distribution.listener.interface = {address}\n"
+            f"distribution.listener.port_range.min = {ports['distribution']}\n"
+            f"distribution.listener.port_range.max = {ports['distribution']}\n" + default_user
+        )
+        conf.chmod(0o600)
         (self.run_dir / "rabbitmq-env.conf").write_text("")
         (self.run_dir / "enabled_plugins").write_text("[].\n")
         self.pid_file.unlink(missing_ok=True)
@@ -152,7 +169,7 @@ class RabbitMQ(Server):
             self.log.replace(self.log.with_name("rabbit.log.previous"))
         with self.launch_log.open("w") as out:
             launcher = subprocess.run(
-                [str(SCRIPTS / "rabbitmq-server"), "-detached"],
+                self.place.command([str(SCRIPTS / "rabbitmq-server"), "-detached"]),
                 env=self._env(),
                 cwd=self.run_dir,
                 stdin=subprocess.DEVNULL,
@@ -178,11 +195,11 @@ class RabbitMQ(Server):
 
     def listener_conf(self, port: int) -> str:
         """The rabbitmq.conf lines of the client listener."""
-        return f"listeners.tcp.default = {HOST}:{port}\n"
+        return f"listeners.tcp.default = {self.place.address}:{port}\n"
 
     def listener_env(self, port: int) -> dict[str, str]:
         """The variables of the client listener (rabbitmqctl reads them too)."""
-        return {"RABBITMQ_NODE_IP_ADDRESS": HOST, "RABBITMQ_NODE_PORT": str(port)}
+        return {"RABBITMQ_NODE_IP_ADDRESS": self.place.address, "RABBITMQ_NODE_PORT": str(port)}
 
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
@@ -193,7 +210,7 @@ class RabbitMQ(Server):
         wait_for("rabbitmq", self._amqp_answers, alive=server.alive, logs=logs, timeout=60)
 
     def facts(self) -> dict:
-        return asdict(RabbitMQServer(HOST, self.ports()["amqp"], "guest", "guest", "/", self.node))
+        return asdict(RabbitMQServer(self.place.address, self.ports()["amqp"], *self.user, "/", self.node))
 
     def shut_down(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
@@ -201,9 +218,10 @@ class RabbitMQ(Server):
         # node is stopped by SIGTERM alone, which it takes as a graceful shutdown.
         if server.alive() and self.distribution_tls is None:
             # The pid file form waits until the VM has exited; plain `stop` returns before.
+            ctl = [str(SCRIPTS / "rabbitmqctl"), "-n", self.node, "stop", str(self.pid_file)]
             try:
                 stop = subprocess.run(
-                    [str(SCRIPTS / "rabbitmqctl"), "-n", self.node, "stop", str(self.pid_file)],
+                    self.place.command(ctl),
                     env=self._env(),
                     stdin=subprocess.DEVNULL,
                     capture_output=True,
@@ -231,7 +249,7 @@ class RabbitMQ(Server):
                 raise ServerError(f"rabbitmq: pid {server.pid} still alive 30 s after SIGKILL")
             # A dying VM's threads may still hold its listeners for a moment after it shows as dead.
             deadline = time.monotonic() + 30
-            while any(port_answers(port) for port in running.ports.values()):
+            while any(port_answers(port, self.place.address) for port in running.ports.values()):
                 if time.monotonic() > deadline:
                     raise ServerError("rabbitmq: its ports still answer 30 s after SIGKILL")
                 time.sleep(0.1)
@@ -239,7 +257,7 @@ class RabbitMQ(Server):
     def ctl(self, *arguments: str) -> str:
         """Run `rabbitmqctl` on this node; its output, or ServerError with its message."""
         done = subprocess.run(
-            [str(SCRIPTS / "rabbitmqctl"), "-q", "-n", self.node, *arguments],
+            self.place.command([str(SCRIPTS / "rabbitmqctl"), "-q", "-n", self.node, *arguments]),
             env=self._env(),
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -254,6 +272,7 @@ class RabbitMQ(Server):
     def _env(self) -> dict[str, str]:
         run = self.run_dir
         ports = self.ports()
+        address = self.place.address
         distribution = ""
         if self.distribution_tls is not None:
             distribution = f" -proto_dist inet_tls -ssl_dist_optfile {self.distribution_tls}"
@@ -272,11 +291,13 @@ class RabbitMQ(Server):
             "RABBITMQ_LOG_BASE": str(run / "log"),
             "RABBITMQ_LOGS": str(self.log),
             "RABBITMQ_PID_FILE": str(self.pid_file),
-            "ERL_EPMD_ADDRESS": HOST,
+            "ERL_EPMD_ADDRESS": address,
             "ERL_EPMD_PORT": str(self.epmd_port()),
             # Schedulers that sleep instead of spinning: the machine is small and shared.
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": f"+sbwt none +sbwtdcpu none +sbwtdio none{distribution}",
-            "RABBITMQ_CTL_ERL_ARGS": f"-kernel inet_dist_use_interface {{127,0,0,1}}{distribution}",
+            "RABBITMQ_CTL_ERL_ARGS": (
+                f"-kernel inet_dist_use_interface {{{address.replace('.', ',')}}}{distribution}"
+            ),
         }
 
     def _pid_from_file(self) -> int:
@@ -312,9 +333,11 @@ class RabbitMQ(Server):
         if epmd is None:
             return
         port = ["-port", str(self.epmd_port())]
-        names = subprocess.run([epmd, *port, "-names"], capture_output=True, text=True, timeout=30)
+        names = subprocess.run(
+            self.place.command([epmd, *port, "-names"]), capture_output=True, text=True, timeout=30
+        )
         if names.returncode == 0 and "name " not in names.stdout:
-            subprocess.run([epmd, *port, "-kill"], capture_output=True, timeout=30)
+            subprocess.run(self.place.command([epmd, *port, "-kill"]), capture_output=True, timeout=30)
 
 
 def _free_ports(count: int) -> list[int]:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .base import HOST, Proc, Server, fresh_log, require_program, run_logged, say, spawn, wait_for
+from .base import LOOPBACK, Place, Proc, Server, fresh_log, require_program, run_logged, say, spawn, wait_for
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -72,8 +72,12 @@ class S3Endpoint(Server):
     port_settings = {"http": ("MAILQ_S3_PORT", 17070)}
     scheme = "http"
 
-    def __init__(self, cache: Path | None = None) -> None:
-        super().__init__(cache)
+    def __init__(
+        self, cache: Path | None = None, *, place: Place = LOOPBACK, run_dir: Path | None = None
+    ) -> None:
+        """The endpoint on this machine's loopback by default; the bed's at its place, data in run_dir."""
+        super().__init__(cache, run_dir=run_dir)
+        self.place = place
         self.binary = self.home / VERSION / "bin" / "versitygw"
         self.gopath = self.home / "go"
         self.log = self.run_dir / "versitygw.log"
@@ -121,7 +125,7 @@ class S3Endpoint(Server):
         argv = [
             str(self.binary),
             "--port",
-            f"{HOST}:{self.ports()['http']}",
+            f"{self.place.address}:{self.ports()['http']}",
             "--region",
             REGION,
             # Without it boto3's pooled connections are closed after each request and retried.
@@ -131,7 +135,7 @@ class S3Endpoint(Server):
             "posix",
             str(data),
         ]
-        return {"server": spawn(argv, env=env, log=fresh_log(self.log), cwd=self.run_dir)}
+        return {"server": spawn(self.place.command(argv), env=env, log=fresh_log(self.log), cwd=self.run_dir)}
 
     def tls_arguments(self) -> list[str]:
         """versitygw's options for its certificate; none for plain http."""
@@ -161,7 +165,7 @@ class S3Endpoint(Server):
         return asdict(S3Server(self._endpoint(), keys["access_key_id"], keys["secret_access_key"], REGION))
 
     def _endpoint(self) -> str:
-        return f"{self.scheme}://{HOST}:{self.ports()['http']}"
+        return f"{self.scheme}://{self.place.address}:{self.ports()['http']}"
 
     def _keys(self) -> dict[str, str]:
         """The root keys, chosen once per cache and kept (owner-readable only) so data stays reachable."""

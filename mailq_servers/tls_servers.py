@@ -120,7 +120,7 @@ class CassandraClusterTLS(CassandraCluster):
     cluster_name = "mailq-cluster-tls"
 
     def extra_yaml(self, node: int) -> str:
-        address = ADDRESSES[node - 1]
+        address = self.addresses[node - 1]
         ca, certificate = node_certificate(self.cache, self.node_dir(node), [address])
         files = {"keystore": certificate.keystore, "ca": ca.cert}
         return CLIENT_ENCRYPTION_YAML.format(**files) + SERVER_ENCRYPTION_YAML.format(**files)

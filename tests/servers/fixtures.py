@@ -8,7 +8,7 @@ start fails the tests that need it, with the reason; none is ever skipped. `keys
 The suite asks for the servers' fast, unsafe mode (MAILQ_SERVERS_UNSAFE=1, unless the environment says
 otherwise): a single Cassandra node that skips syncs, fine for tests that never crash it. The
 `cassandra_cluster` fixture is module-scoped instead: the three nodes run only beside the tests that
-need them, and durable, as their fault tests kill nodes."""
+need them, and durable, as their fault tests kill nodes; so is `host_bed`, the hosts of the bed."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from mailq_servers import SERVERS, ServerError, ensure
 from mailq_servers.base import UNSAFE_VARIABLE
 from mailq_servers.cassandra import CassandraServer
 from mailq_servers.cassandra_cluster import CassandraCluster, CassandraClusterServer
+from mailq_servers.host_bed import HostBed
 from mailq_servers.prometheus import Prometheus, PrometheusServer
 from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from mailq_servers.s3 import S3Server, remove_bucket
@@ -110,6 +111,21 @@ def rabbitmq_cluster_tls(rabbitmq_server: RabbitMQServer) -> Iterator[RabbitMQCl
     yield cluster
     if did.startswith(("started", "installed")):
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def host_bed() -> Iterator[HostBed]:
+    """The host bed (mailq_servers/host_bed.py), started for this module's tests and taken down after
+    them, unless it was running before they began."""
+    bed = HostBed()
+    try:
+        with _untimed():
+            _, did = bed.ensure()
+    except ServerError as error:
+        pytest.fail(f"the host bed could not start: {error}", pytrace=False)
+    yield bed
+    if did != "reused":
+        bed.stop()
 
 
 @pytest.fixture(scope="module")
