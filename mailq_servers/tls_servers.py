@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .base import HOST, Proc, port_setting, unsafe_mode
 from .cassandra import DATACENTER, Cassandra, CassandraServer
-from .cassandra_cluster import ADDRESSES, CassandraCluster
+from .cassandra_cluster import CassandraCluster
 from .certificates import Certificate, ClientTls, HarnessCA
 from .rabbitmq import RabbitMQ, RabbitMQServer
 from .rabbitmq_cluster import NODES, RabbitMQCluster
