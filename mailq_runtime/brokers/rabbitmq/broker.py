@@ -23,6 +23,11 @@ from .session import Session
 from .short_connections import ShortConnections, blocking_connection
 from .waits import COUNT_WAIT
 
+# pika's words for a connection the server took and then lost (reset or closed), and how many times the
+# certificate check asks a node that did that.
+_LOST_STREAM = "Stream connection lost"
+_CHECKS_OF_A_LOST_STREAM = 3
+
 
 class RabbitMQBroker:
     """The Broker of the distributed deployment (see the package's text). The password comes from the
@@ -72,13 +77,20 @@ class RabbitMQBroker:
         if self._session.options.ssl_context is None:
             return
         for parameters in self._session.parameters:
-            try:
-                blocking_connection([parameters]).close()
-                return
-            except pika.exceptions.AMQPError as error:
-                if certificate_refused(error):
-                    node = f"{parameters.host}:{parameters.port}"
-                    raise BrokerRefused(f"RabbitMQ at {node} (amqps): {describe(error)}") from None
+            # In TLS 1.3 the server judges a client certificate after the client's side of the handshake:
+            # its alert may be lost to the reset of a connection closed with the client's first bytes
+            # unread, which looks like a broker going away. A node that took the connection and then
+            # lost it is asked again, so that a refusal is not mistaken for an outage.
+            for _ in range(_CHECKS_OF_A_LOST_STREAM):
+                try:
+                    blocking_connection([parameters]).close()
+                    return
+                except pika.exceptions.AMQPError as error:
+                    if certificate_refused(error):
+                        node = f"{parameters.host}:{parameters.port}"
+                        raise BrokerRefused(f"RabbitMQ at {node} (amqps): {describe(error)}") from None
+                    if _LOST_STREAM not in str(error):
+                        break
 
     # Publishing.
 
