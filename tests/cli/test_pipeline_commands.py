@@ -46,6 +46,8 @@ def traffic(url: str) -> None:
     """Nine mails delivered to three INBOXes, one expunged, three spam mails removed from the queue: the
     spam's and the expunged message's blobs have no reference left; the others live in the mailboxes."""
     with Runtime.open(url, create=True) as runtime:
+        for user in USERS:  # the local users, as `mailq users add` makes them
+            runtime.mailboxes.create(user, INBOX)
         queue = runtime.queue("spool")
         for n in range(9):
             user = USERS[n % 3]
