@@ -19,9 +19,10 @@ setup: $(BIN)/mailq
 DAGSTER_DIR := $(abspath .dagster)
 DEMO_DIR := $(abspath .mailq-demo)
 
+# A newcomer's instance: no first-visit pop-up ("Join the Dagster community").
 $(DAGSTER_DIR)/dagster.yaml:
 	mkdir -p $(DAGSTER_DIR)
-	touch $@
+	printf 'nux:\n  enabled: false\n' > $@
 
 demo: export DAGSTER_HOME := $(DAGSTER_DIR)
 demo: setup $(DAGSTER_DIR)/dagster.yaml

@@ -418,7 +418,9 @@ def _collect_figures(mode: str, concerned: int, figures: dict, started: float) -
     reclaimed = figures.get("bytes", 0)
     return {
         "mode": mode,
-        "references_read": mode in ("exact anti-join", "bloom filter"),
+        # Read by blob id in the lookups' mode, the whole table (its blob ids) in the others'.
+        "references_read": mode != "nothing to examine",
+        "references_table_read": mode in ("exact anti-join", "bloom filter"),
         "concerned_blobs": concerned,
         "deleted_blobs": deleted,
         "kept_still_referenced": kept_live,
