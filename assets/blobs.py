@@ -269,6 +269,8 @@ COLLECTED_BLOBS = reported.spec(
         it did with each blob examined goes to `gc_runs/<record_id>` (gc_records.py), for `mailq blobs
         explain`."""
     ),
+    started_by="deletions_waiting_sensor, which requests blob_gc_job when deletions wait (off until turned "
+    "on under Automation)",
 )
 
 
