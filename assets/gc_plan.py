@@ -192,7 +192,8 @@ APPLIED_GC_PLAN = reported.spec(
     [GC_PLAN],
     GROUP,
     "gc_apply_job",
-    "Applies the plan `plan_id` (by default the newest plan with blobs not applied yet): deletes exactly "
+    "Applies the plan `plan_id` (by default the newest plan with blobs not applied yet; when the newest "
+    "plan holds none, nothing, and its `note` says so): deletes exactly "
     "its blobs that are still collectable, and keeps the others with the reason (`kept`); the first blobs "
     "deleted are listed with their owners (`deleted`). Applying a plan again deletes nothing: its blobs "
     "are gone already.",
