@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -77,7 +78,12 @@ class RabbitMQCluster(Server):
             node=node_name(index),
             ports={"amqp": ports[f"amqp{index}"], "distribution": ports[f"distribution{index}"]},
             epmd_port=self.epmd_port(),
+            distribution_tls=self.distribution_tls(),
         )
+
+    def distribution_tls(self) -> Path | None:
+        """The ssl_dist_optfile of a cluster whose nodes speak TLS to each other; None for the clear."""
+        return None
 
     def nodes(self) -> list[RabbitMQ]:
         return [self.node(index) for index in range(1, NODES + 1)]
