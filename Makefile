@@ -76,18 +76,20 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/vulture mailq_runtime mailq_cli mailq_servers assets resources mailq_demo benchmarks vulture_whitelist.py
 
+# `dagster dev` through a launcher that stops it, its webserver, daemon and code server within seconds of
+# Ctrl-C or SIGTERM (mailq_demo/ui.py).
 ui: export DAGSTER_HOME := $(DAGSTER_DIR)
 ui: export MAILQ_URL := embedded://$(DEMO_DIR)
 ui: setup $(DAGSTER_DIR)/dagster.yaml
 	@test -f $(DEMO_DIR)/mailq.db || { echo "no demo data in $(DEMO_DIR): run 'make demo' first" >&2; exit 1; }
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1
+	$(BIN)/python -m mailq_demo.ui -w workspace.yaml -h 127.0.0.1
 
 ui-distributed: export DAGSTER_HOME := $(DAGSTER_DIR)
 ui-distributed: export MAILQ_PIPELINE_DIR := $(DISTRIBUTED_DIR)/pipeline
 ui-distributed: setup $(DAGSTER_DIR)/dagster.yaml
 	@test -f $(DISTRIBUTED_DIR)/url || { echo "no distributed demo: run 'make demo-distributed' first" >&2; exit 1; }
 	$(BIN)/python -m mailq_servers up
-	$(SERVERS_ENV) && MAILQ_URL="$$(cat $(DISTRIBUTED_DIR)/url)" $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1
+	$(SERVERS_ENV) && MAILQ_URL="$$(cat $(DISTRIBUTED_DIR)/url)" $(BIN)/python -m mailq_demo.ui -w workspace.yaml -h 127.0.0.1
 
 # The distributed demo's keyspace, bucket and vhost are removed from the servers when they run (`-`: the
 # rest is cleaned either way).
