@@ -1,4 +1,4 @@
-"""What a GC run costs after the first one (issue 13 §2): the pipeline's GC assets, through Dagster, on the
+"""What a GC run costs after the first one: the pipeline's GC assets, through Dagster, on the
 embedded store at local[2], three runs on the same store:
 
   1. full: every deletion of the eligible generation examined (more concerned blobs than `lookup_limit`:
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from dagster_pyspark import LazyPySparkResource
 from harness import data_dir, ratio, rounded, spark_session
+from quick import parse_args
 
 from assets import jobs
 from mailq_runtime.stores.embedded import DATABASE_FILE
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--deletions", type=int, default=1_000_000)
     parser.add_argument("--new", type=float, default=0.01, help="new deletions before run 3, a share")
     parser.add_argument("--driver-memory", default="4g")
-    args = parser.parse_args()
+    args = parse_args(parser, {"references": 20_000, "deletions": 10_000, "driver_memory": "1g"})
 
     with data_dir("gc-churn") as path:
         data = generate(path, args.references, args.deletions)

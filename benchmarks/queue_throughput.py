@@ -34,7 +34,7 @@ Measures:
      milliseconds per mail by call kind, and what is left, mailq's own work; then the same by backend
      (Cassandra, S3, RabbitMQ, own Python). (The timing costs about a microsecond a call.)
   6. on RabbitMQ, the messaging leg: the runtime's broker against raw pika on the same node, with
-     messages of the size of mailq's payload (rabbitmq_broker.compare: LEG_ROUNDS rounds, medians);
+     messages of the size of mailq's payload (messaging_leg.compare: LEG_ROUNDS rounds, medians);
   7. two mailq processes on one queue against one, enqueue then dequeue + done() (queue_processes.py).
 Prints one line per measure, then one JSON object as the last line.
 """
@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from call_timings import DEQUEUE_DONE, ENQUEUE, Timings, grouped
+from messaging_leg import CONSUMERS, PUBLISHERS, WINDOW, compare, ratios
 from process_cpu import CpuMeter
 from queue_phases import (
     WARM_UP_MAILS,
@@ -70,7 +71,7 @@ from queue_phases import (
     warm_up,
 )
 from queue_processes import measure, queue_names
-from rabbitmq_broker import CONSUMERS, PUBLISHERS, WINDOW, ratios
+from quick import parse_args
 
 from mailq_runtime import Runtime
 from mailq_runtime.blobs.store import BlobStore
@@ -93,7 +94,7 @@ ROUNDS = 10
 # mails, history, live: bounded on a distributed deployment, where each call is a network round trip.
 # process_mails: each turn's mails of the two-process measure, bounded on the embedded deployment too.
 DEFAULTS = {EMBEDDED: (20_000, 1_000_000, 1000, 4000), CASSANDRA: (300, 2000, 50, 300)}
-# The messaging leg against raw pika: messages each way a round (a multiple of rabbitmq_broker's
+# The messaging leg against raw pika: messages each way a round (a multiple of messaging_leg's
 # PUBLISHERS), and rounds, raw and mailq alternating.
 LEG_MESSAGES = 2048
 LEG_ROUNDS = 3
@@ -113,7 +114,7 @@ FLOOR_PHASES = {
 IDLE_TURN = 1.0
 # The sides of a phase with a floor: mailq, the floor of its calls, the James-like floor (JamesFloor).
 SIDES = ("mailq", "floor", "james")
-# The cost per mail against the James-like floor (issue 22), in the phases of `--threads` callers:
+# The cost per mail against the James-like floor, in the phases of `--threads` callers:
 # CPU per mail at most this many times the floor's, the rate at least this fraction of its.
 TARGET_JAMES_CPU = 1.25
 TARGET_JAMES_RATE = 0.8
@@ -486,10 +487,11 @@ def fresh(
             shutil.rmtree(local, ignore_errors=True)
 
 
-def messaging_leg(runtime: Runtime, floor: Floor, name: str) -> tuple[int, dict[str, list[float]]]:
+def messaging_leg(
+    runtime: Runtime, floor: Floor, name: str, messages: int
+) -> tuple[int, dict[str, list[float]]]:
     """mailq's broker against raw pika on the same RabbitMQ, messages of the size of mailq's (the floor's
-    payload is made alike): the payload's bytes, and each round's rates by measure (rabbitmq_broker.py)."""
-    from rabbitmq_broker import compare
+    payload is made alike): the payload's bytes, and each round's rates by measure (messaging_leg.py)."""
     from rabbitmq_floor import PREFETCH, connection_parameters, raw_queue
 
     settings = runtime.settings
@@ -497,9 +499,7 @@ def messaging_leg(runtime: Runtime, floor: Floor, name: str) -> tuple[int, dict[
     size = len(floor.new_mail(name, 0, message(1024), 0).payload)
     parameters = connection_parameters(settings.amqp)
     queue = raw_queue(settings.cassandra.keyspace)
-    figures = compare(
-        parameters, runtime.broker, name, queue, size, LEG_MESSAGES, LEG_ROUNDS, prefetch=PREFETCH
-    )
+    figures = compare(parameters, runtime.broker, name, queue, size, messages, LEG_ROUNDS, prefetch=PREFETCH)
     return size, figures
 
 
@@ -599,7 +599,17 @@ def main() -> None:
         action="store_true",
         help="the throughput phases and their cost alone (no messaging leg, size() nor two processes)",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--leg-messages",
+        type=int,
+        default=LEG_MESSAGES,
+        help=f"RabbitMQ: messages each way a round of the messaging leg (a multiple of {PUBLISHERS})",
+    )
+    parser.add_argument(
+        "--raw-transactions", type=int, default=RAW_TRANSACTIONS, help="embedded: the floor's transactions"
+    )
+    quick = {"mails": 80, "history": 400, "live": 20, "process_mails": 80}
+    args = parse_args(parser, {**quick, "leg_messages": PUBLISHERS * 2, "raw_transactions": 400})
 
     work = None
     if args.url is None:
@@ -629,7 +639,7 @@ def main() -> None:
                 run.throughput(mails, single)
                 leg = sizes = processes = None
                 if floor is not None and settings.amqp is not None and not args.cost_only:
-                    leg = messaging_leg(runtime, floor, f"{prefix}leg")
+                    leg = messaging_leg(runtime, floor, f"{prefix}leg", args.leg_messages)
                 if floor is not None and not args.cost_only:
                     started = time.perf_counter()
                     slices = build_history_distributed(runtime, floor, f"{prefix}history", history)
@@ -647,7 +657,7 @@ def main() -> None:
                     slices = build_history(runtime, history)
                     history_seconds = time.perf_counter() - started
                     sizes, answer, browse_seconds = size_phase(runtime, "history", live, args.size)
-                raw_rate = raw_sqlite_rate(scratch / "raw.db", synchronous, RAW_TRANSACTIONS)
+                raw_rate = raw_sqlite_rate(scratch / "raw.db", synchronous, args.raw_transactions)
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
@@ -666,7 +676,7 @@ def main() -> None:
         "dequeue_ack_per_s": round(rate["dequeue"]),
         "single_thread_enqueue_per_s": round(rate["single_enqueue"]),
         "single_thread_dequeue_ack_per_s": round(rate["single_dequeue"]),
-        # Issue 24's measure of what concurrent callers gain: the threads' rate over one thread's.
+        # What concurrent callers gain: the threads' rate over one thread's.
         "enqueue_threads_to_single": round(rate["enqueue"] / rate["single_enqueue"], 2),
         "enqueue_p50_ms": ms(enqueue, 0.5),
         "enqueue_p99_ms": ms(enqueue, 0.99),
@@ -734,7 +744,7 @@ def main() -> None:
         medians = {key: statistics.median(values) for key, values in samples.items()}
         leg_ratios = ratios(medians)
         figures["messaging_leg"] = {
-            "messages": LEG_MESSAGES,
+            "messages": args.leg_messages,
             "payload_bytes": payload_bytes,
             "rounds": LEG_ROUNDS,
             **{f"{key}_per_s": round(value) for key, value in medians.items()},
@@ -791,7 +801,7 @@ def main() -> None:
         leg_figures = figures["messaging_leg"]
         assert isinstance(leg_figures, dict)
         print(
-            f"messaging leg    {LEG_MESSAGES} messages of {leg_figures['payload_bytes']} bytes"
+            f"messaging leg    {args.leg_messages} messages of {leg_figures['payload_bytes']} bytes"
             f" (mailq's payload), medians of {LEG_ROUNDS} rounds: mailq against raw pika"
             f" (target >= {TARGET_LEG_RATIO})"
         )
