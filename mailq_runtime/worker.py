@@ -50,8 +50,8 @@ _POLL_SECONDS = 0.2
 # mail it held is given back at once, and the worker comes back to it within seconds of the backend.
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 5.0
 # The mails a worker thread takes at once when they are ready (one claim): their settlements share one
-# commit (one WAL sync on the embedded store). With both, a relaying worker's CPU a mail went from
-# 0.84-0.92 to 0.66-0.69 ms (docs/benchmarks.md, "The worker's batch"). The batch is also bounded in
+# commit (one WAL sync on the embedded store), which takes about a fifth off a relaying worker's CPU a
+# mail (docs/benchmarks.md, "The worker's batch"). The batch is also bounded in
 # time: past BATCH_SECONDS (a slow destination), the mails not yet tried go back to the queue at once,
 # for another worker, rather than waiting behind it with their leases held.
 BATCH, BATCH_SECONDS = 8, 1.0

@@ -3,10 +3,10 @@
 A process opens one connection, and its threads take turns on it (`turn()`, held through every
 transaction and read, and by the queue through whole operations): CPython runs one thread's Python at a
 time and SQLite one writer at a time, so threads contending for both only lose time handing the GIL
-back and forth. Measured with 8 threads, taking turns went about twice as fast for dequeue + done as
-a connection per thread with commits shared between threads. `transaction()` is reentrant, so a queue
-operation groups the view, the broker and the blob metadata writes of one mail into one atomic commit.
-Processes are kept apart by SQLite's own file locks.
+back and forth: with 8 threads, taking turns went about twice as fast for dequeue + done as a
+connection per thread with commits shared between threads (docs/benchmarks.md, "The embedded
+deployment"). `transaction()` is reentrant, so a queue operation groups the view, the broker and the blob
+metadata writes of one mail into one atomic commit. Processes are kept apart by SQLite's own file locks.
 
 Group commit: a sync costs as much as a whole queue operation, so the turns of concurrent threads share
 one. A thread that ends its turn while others wait for it leaves its writes in the open transaction and
