@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from .clock import MICROS_PER_SECOND
-from .errors import BACKEND_FAILURES, BrokerRefused, InvalidInput, LeaseExpired, shown
+from .errors import BACKEND_FAILURES, BrokerRefused, InvalidInput, LeaseExpired
 from .mailbox import INBOX
 from .mailboxes import Mailboxes
 from .model import (
@@ -33,6 +33,7 @@ from .model import (
     MessageId,
     check_message,
     creation_time,
+    normalise_domains,
     parse_count,
     parse_duration,
 )
@@ -85,13 +86,6 @@ def delivery_message_id(enqueue_id: str, recipient: str) -> MessageId:
     of both, so every redelivery of the mail names the same copy."""
     digest = hashlib.sha256(f"{enqueue_id}\0{recipient.lower()}".encode()).hexdigest()
     return MessageId(enqueue_id[:16] + digest[:16])
-
-
-def normalise_domains(local_domains: Collection[str]) -> frozenset[str]:
-    if isinstance(local_domains, str) or not local_domains:
-        raise InvalidInput(f"local_domains is a non-empty collection of domains, not {shown(local_domains)}")
-    # The address grammar is the domain grammar's validator: a bad domain fails as postmaster@<domain>.
-    return frozenset(MailAddress(f"postmaster@{domain}").domain for domain in local_domains)
 
 
 def deliver(

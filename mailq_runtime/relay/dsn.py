@@ -13,7 +13,7 @@ from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from email.utils import format_datetime, make_msgid
 
-from ..queue import split_message
+from ..model import split_message
 
 
 @dataclass(frozen=True)
