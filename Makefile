@@ -5,23 +5,29 @@ BIN := $(VENV)/bin
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(BIN)/python)
 
-.PHONY: demo demo-distributed test lint setup ui ui-distributed clean servers servers-down
+.PHONY: demo demo-distributed test lint setup system-packages ui ui-distributed clean servers servers-down
 
 $(BIN)/mailq: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	@# pip's and setuptools' notes (the editable install's warning) go to a log, shown only on a failure.
+	$(BIN)/pip install --quiet -e '.[dev]' >$(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
 	touch $@
 
 setup: $(BIN)/mailq
+
+# The Debian packages the suite, benchmarks and demos need (mailq_servers/system-packages.txt), in one apt-get
+# step; as root, or it prints the command to run with sudo. Nothing else, no test, installs a system package.
+system-packages:
+	@bash mailq_servers/install-system-packages
 
 # The demo's runs are recorded in a persistent Dagster instance, which `make ui` opens on the demo's data.
 DAGSTER_DIR := $(abspath .dagster)
 DEMO_DIR := $(abspath .mailq-demo)
 
-$(DAGSTER_DIR)/dagster.yaml:
+$(DAGSTER_DIR)/dagster.yaml: mailq_demo/dagster.yaml
 	mkdir -p $(DAGSTER_DIR)
-	touch $@
+	cp $< $@
 
 demo: export DAGSTER_HOME := $(DAGSTER_DIR)
 demo: setup $(DAGSTER_DIR)/dagster.yaml
@@ -42,7 +48,7 @@ demo-distributed: setup $(DAGSTER_DIR)/dagster.yaml
 	$(SERVERS_ENV) && $(BIN)/mailq --url "$$(cat $(DISTRIBUTED_DIR)/url)" demo $(DEMO_OPTIONS)
 
 # The suite in two processes, then the tests that need the machine to themselves (tests/conftest.py).
-test: setup
+test: setup system-packages
 	$(BIN)/pytest -n 2 -m 'not alone'
 	$(BIN)/pytest -m alone
 

@@ -52,7 +52,6 @@ _.delete_all
 Vhosts
 _.web_ui_url
 _.cores
-debian_program
 # The Prometheus server's controls the metrics tests use.
 _.scraping
 _.await_value

@@ -325,7 +325,8 @@ class Server(ABC):
 
     @abstractmethod
     def install(self) -> None:
-        """Install what is missing into the cache (or the system, for a Debian package)."""
+        """Install what is missing into the cache; a server from a Debian package raises the error naming
+        the package (system_packages.py), since only `make system-packages` installs those."""
 
     @abstractmethod
     def launch(self) -> dict[str, Proc]:

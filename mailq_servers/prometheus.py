@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import HOST, Proc, Server, ServerError, fresh_log, spawn, wait_for
-from .debian import apt_install
+from .system_packages import missing_program
 
 SCRAPE_INTERVAL = "1s"
 CONFIG = """\
@@ -94,7 +94,7 @@ class Prometheus(Server):
         return shutil.which("prometheus") is not None
 
     def install(self) -> None:
-        apt_install("prometheus", log=self.home / "install.log")
+        raise missing_program("prometheus")
 
     def launch(self) -> dict[str, Proc]:
         binary = shutil.which("prometheus")

@@ -28,7 +28,7 @@ from .base import (
     say,
     wait_for,
 )
-from .debian import apt_install
+from .system_packages import missing_program
 
 if TYPE_CHECKING:
     import pika
@@ -115,8 +115,7 @@ class RabbitMQ(Server):
         return (SCRIPTS / "rabbitmq-server").exists() and (SCRIPTS / "rabbitmqctl").exists()
 
     def install(self) -> None:
-        say("rabbitmq: installing Debian's rabbitmq-server with apt-get (about half a minute)")
-        apt_install("rabbitmq-server", log=self.home / "install.log")
+        raise missing_program("rabbitmq-server")
 
     def launch(self) -> dict[str, Proc]:
         ports = self.ports()

@@ -16,7 +16,7 @@ from email.parser import BytesHeaderParser
 from pathlib import Path
 
 from .base import HOST, port_answers, wait_for
-from .debian import debian_program
+from .system_packages import system_program
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class SmtpSink:
         self._process: subprocess.Popen | None = None
 
     def __enter__(self) -> SmtpSink:
-        program = debian_program("smtp-sink", "postfix")
+        program = system_program("smtp-sink")
         # Out of the caller's private temporary directories: as root, smtp-sink writes as `nobody`.
         self.directory = Path(tempfile.mkdtemp(prefix="mailq-smtp-sink-"))
         dump, log = self.directory / "dump", self.directory / "smtp-sink.log"
