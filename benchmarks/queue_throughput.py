@@ -174,7 +174,7 @@ def timed_calls(runtime: Runtime, timings: Timings) -> Iterator[None]:
     try:
         yield
     finally:
-        # The method as it was, the metrics' counting wrapper (runtime.py's `_count_calls`) included.
+        # The method as it was, the metrics' counting wrapper (deployments.py's `_count_calls`) included.
         for backend, name, method in wrapped:
             setattr(backend, name, method)
 

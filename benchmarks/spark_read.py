@@ -26,7 +26,7 @@ from pyspark.sql.types import StructType
 from quick import parse_args
 
 from assets.spark.table_source import MailqDataSource, MailqReader, read_table
-from mailq_runtime.runtime import table_reader
+from mailq_runtime.deployments import table_reader
 from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import DATABASE_FILE
 from mailq_runtime.stores.embedded.table_reader import RowidRange

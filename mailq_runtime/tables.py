@@ -1,5 +1,5 @@
 """The one interface by which a store offers its tables to the maintenance pipeline: a partition plan and
-a row reader. `runtime.table_reader(settings)` hands out the deployment's; `assets/spark/table_source.py`
+a row reader. `deployments.table_reader(settings)` hands out the deployment's; `assets/spark/table_source.py`
 wraps it as the Spark data source, so nothing outside a store names that store's classes, files or schema.
 
 A read (`TableRead`) names a table, the columns wanted, and optionally only the rows of some generations
