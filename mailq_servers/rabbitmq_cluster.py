@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from .base import HOST, Proc, Running, Server, ServerError, port_answers, port_setting
-from .rabbitmq import RabbitMQ, RabbitMQServer
+from .rabbitmq import RabbitMQ
 
 NODES = 3
 CLUSTER_NAME = "mailq-cluster"
@@ -44,12 +44,6 @@ class RabbitMQClusterServer:
         hosts = ",".join(f"{self.host}:{port}" for port in self.ports)
         query = f"?{urlencode(options)}" if options else ""
         return f"amqp://{hosts}/{quote(vhost, safe='') if vhost != '/' else ''}{query}"
-
-    def node_server(self, index: int, vhost: str = "/") -> RabbitMQServer:
-        """Node `index` (1..3) alone, as a client of one node reaches it."""
-        return RabbitMQServer(
-            self.host, self.ports[index - 1], self.username, self.password, vhost, self.nodes[index - 1]
-        )
 
     def env(self) -> dict[str, str]:
         return {"MAILQ_AMQP_CLUSTER_URL": self.broker_url()}
