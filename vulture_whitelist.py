@@ -46,6 +46,12 @@ trace
 _.save
 _.durable
 _.stop_node
+_.start_node
+_.kill_node
+_.kill_all
+_.start_all
+_.leaders
+_.private
 _.node_up
 _.index_of
 _.delete_all

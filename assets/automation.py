@@ -10,7 +10,6 @@ import os
 from collections.abc import Callable
 
 import dagster as dg
-from dagster._core.definitions.sensor_definition import ExecutableDefinition
 
 from mailq_runtime.clock import MICROS_PER_SECOND
 from mailq_runtime.model import parse_count, parse_duration
@@ -31,13 +30,15 @@ def _setting(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
-def _sensor(job: ExecutableDefinition, interval: int) -> Callable:
-    """A sensor of `job` ticking every `interval` seconds, described in the UI by its docstring (Dagster's
-    sensor decorator does not read it)."""
+def _sensor(job_name: str, interval: int) -> Callable:
+    """A sensor of the job `job_name` ticking every `interval` seconds, described in the UI by its docstring
+    (Dagster's sensor decorator does not read it)."""
 
     def define(evaluate: Callable) -> dg.SensorDefinition:
         return dg.sensor(
-            job=job, minimum_interval_seconds=interval, description=inspect.cleandoc(evaluate.__doc__)
+            job_name=job_name,
+            minimum_interval_seconds=interval,
+            description=inspect.cleandoc(evaluate.__doc__),
         )(evaluate)
 
     return define
@@ -57,7 +58,7 @@ def _last_gc(instance: dg.DagsterInstance) -> dict:
     }
 
 
-@_sensor(blob_gc_job, 60)
+@_sensor(blob_gc_job.name, 60)
 def deletions_waiting_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
     """Deletions that no GC run has examined yet, in an eligible generation, beyond a count
     (MAILQ_GC_MIN_DELETIONS, default 1000) or an age (MAILQ_GC_MAX_WAIT, default 1d), start a GC
@@ -94,7 +95,7 @@ def deletions_waiting_sensor(context: dg.SensorEvaluationContext, mailq: MailqRu
     )
 
 
-@_sensor(queue_cleanup_job, 60)
+@_sensor(queue_cleanup_job.name, 60)
 def queue_cleanup_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
     """A queue whose clean-up is unfinished (browse_start ahead of content_start), or whose browse_start
     can advance by two slices or more (no live mail in them), gets cleaned. A browse_start that a live
@@ -115,7 +116,7 @@ def queue_cleanup_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntim
     )
 
 
-@_sensor(mailbox_counters_job, 300)
+@_sensor(mailbox_counters_job.name, 300)
 def counter_drift_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
     """Recounts a random sample of mailboxes (MAILQ_COUNTER_SAMPLE, default 50) from the source of truth;
     drift starts the full recomputation. The same drift asks again only after MAILQ_COUNTER_RETRY (default
@@ -136,7 +137,7 @@ def counter_drift_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntim
     )
 
 
-@_sensor(dead_letters_job, 60)
+@_sensor(dead_letters_job.name, 60)
 def dead_letters_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime) -> dg.SensorResult:
     """Counts every queue's dead letters (as `mailq queues` does); when there are more than at the
     previous tick, it logs them, notifies the hook of MAILQ_DEAD_LETTER_NOTIFY (a command or a webhook

@@ -1,6 +1,11 @@
 """Runs the code location's jobs in-process on a given runtime URL: what `mailq gc`, `mailq counters
 recompute`, `mailq queue cleanup` and the demo call, so a command-line run is a run of the very job the UI
-shows, which the UI can open and re-execute."""
+shows, which the UI can open and re-execute.
+
+Dagster's public `execute_job` records a run without the code location's origin, which the UI needs to
+re-execute it; so this module alone creates and executes the run through `dagster._core`, and
+tests/pipeline/test_definitions.py, whose webserver re-executes a command-line run, fails if those
+internals change under it."""
 
 import os
 from pathlib import Path

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from quick import parse_args
+
 from mailq_runtime.blobs.s3_store import S3BlobStore
 from mailq_runtime.model import BlobId
 
@@ -43,7 +45,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=10 * 1024, help="bytes a blob (default 10240)")
     parser.add_argument("--threads", type=int, default=8, help="threads of the parallel measures (default 8)")
     parser.add_argument("--batches", type=int, default=5, help="DeleteObjects of 1000 keys timed (default 5)")
-    args = parser.parse_args()
+    args = parse_args(parser, {"blobs": 50, "threads": 4, "batches": 1})
 
     endpoint = os.environ.get("MAILQ_S3_ENDPOINT") or None
     region = os.environ.get("AWS_DEFAULT_REGION") or None

@@ -1,8 +1,8 @@
 """The backend calls that one enqueue and one dequeue + done() make, by kind, and their timings: what
-queue_throughput.py breaks mailq's time and the floor's down by.
+queue_throughput.py breaks mailq's time and the floor's down by, and those breakdowns as tables.
 
 Not a benchmark itself. A kind is the runtime's call, `<backend>.<protocol method>` (the view, the blob
-tables, the content, the broker, the delayed mails: see `TIMED` in queue_throughput.py); the floor
+tables, the content, the broker, the delayed mails: see `TIMED` in queue_turns.py); the floor
 (queue_floor.py) files its bare calls under the kind they stand for, so that the two breakdowns line up.
 The kinds group by the backend they go to (the metadata store, the content, the broker), the rest of a
 mail's time being the caller's own work.
@@ -64,3 +64,28 @@ def grouped(table: dict[str, list[float]], names: dict[str, str], own: str) -> d
     groups[own] = table["outside these calls"][0]
     groups["total"] = table["total"][0]
     return {name: round(spent, 3) for name, spent in groups.items()}
+
+
+def breakdown(timings: Timings, mails: int, wall: float, kinds: tuple[str, ...]) -> dict[str, list[float]]:
+    """Milliseconds and calls per mail by call kind, the named kinds first, and what the calls leave."""
+    ordered = [kind for kind in kinds if kind in timings.seconds]
+    ordered += sorted(set(timings.seconds) - set(ordered), key=lambda kind: -timings.seconds[kind])
+    table = {
+        kind: [round(timings.seconds[kind] * 1e3 / mails, 3), round(timings.calls[kind] / mails, 2)]
+        for kind in ordered
+    }
+    table["outside these calls"] = [round((wall - sum(timings.seconds.values())) * 1e3 / mails, 3), 0]
+    table["total"] = [round(wall * 1e3 / mails, 3), 0]
+    return table
+
+
+def print_breakdown(name: str, tables: dict[str, dict[str, list[float]]]) -> None:
+    columns = list(tables)
+    print(f"  {name:<32}" + "".join(f"{column + ' ms (calls)':>20}" for column in columns))
+    for kind in dict.fromkeys(kind for table in tables.values() for kind in table):
+        cells = ""
+        for column in columns:
+            spent, calls = tables[column].get(kind, (None, 0))
+            cell = "" if spent is None else f"{spent:8.2f} " + (f"{f'({calls:g})':>7}" if calls else " " * 7)
+            cells += f"{cell:>20}"
+        print(f"    {kind:<30}{cells}")

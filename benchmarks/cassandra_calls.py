@@ -20,6 +20,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+from quick import parse_args
+
 from mailq_runtime.model import BlobId, EnqueueId
 from mailq_runtime.stores.cassandra import (
     CassandraBlobTables,
@@ -73,7 +75,7 @@ def main() -> None:
     parser.add_argument("--host", default=os.environ.get("MAILQ_CASSANDRA_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("MAILQ_CASSANDRA_PORT", "9042")))
     parser.add_argument("--datacenter", default=os.environ.get("MAILQ_CASSANDRA_DATACENTER"))
-    args = parser.parse_args()
+    args = parse_args(parser, {"calls": 20})
     keyspace = f"mailq_bench_{int(time.time())}"
     options = CassandraOptions(
         [args.host], keyspace, port=args.port, local_datacenter=args.datacenter, request_timeout=60
@@ -111,7 +113,7 @@ def main() -> None:
                 lambda n: blobs.add_blobs([(blob_id, 1000) for blob_id in pair(n)], NOW),
             ),
             "add_references (2)": timed(calls, lambda n: blobs.add_references(f"owner-{n}", pair(n))),
-            "add_deletions (2)": timed(calls, lambda n: blobs.add_deletions(pair(n), 1, NOW)),
+            "add_deletions (2)": timed(calls, lambda n: blobs.add_deletions(f"owner-{n}", pair(n), 1, NOW)),
             "remove_references (2)": timed(calls, lambda n: blobs.remove_references(f"owner-{n}", pair(n))),
             "set_source_flags": timed(
                 calls,

@@ -431,7 +431,7 @@ def main() -> None:
     parser.add_argument(
         "--sequential-mailboxes", type=int, default=50, help="Cassandra: mailboxes of the one-at-a-time loop"
     )
-    args = arguments(parser, DEFAULTS)
+    args = arguments(parser, DEFAULTS, {"messages": 20_000, "mailboxes": 200, "sequential_mailboxes": 5})
     started = time.perf_counter()
     with fresh_deployment("counters", args.url) as deployment:
         data = generate(deployment, args.messages, args.mailboxes)

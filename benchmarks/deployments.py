@@ -21,7 +21,8 @@ from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
-from mailq_runtime.runtime import Runtime, open_cassandra
+from mailq_runtime import Runtime
+from mailq_runtime.deployments import open_cassandra
 from mailq_runtime.settings import CASSANDRA, Settings
 from mailq_runtime.stores.cassandra import CassandraStore
 

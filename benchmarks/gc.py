@@ -399,7 +399,7 @@ def main() -> None:
         help="the filter's expected count, as the asset's config; 0 (its default): the rowid span, on "
         "Cassandra the references generated",
     )
-    args = arguments(parser, DEFAULTS)
+    args = arguments(parser, DEFAULTS, {"references": 20_000, "deletions": 10_000})
     started = time.perf_counter()
     with fresh_deployment("gc", args.url) as deployment:
         data = generate(deployment, args.references, args.deletions)

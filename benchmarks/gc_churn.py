@@ -1,4 +1,4 @@
-"""What a GC run costs after the first one (issue 13 §2): the pipeline's GC assets, through Dagster, on the
+"""What a GC run costs after the first one: the pipeline's GC assets, through Dagster, on the
 embedded store at local[2], three runs on the same store:
 
   1. full: every deletion of the eligible generation examined (more concerned blobs than `lookup_limit`:
@@ -9,7 +9,7 @@ embedded store at local[2], three runs on the same store:
 
     .venv/bin/python benchmarks/gc_churn.py [--references 2_000_000] [--deletions 1_000_000] [--new 0.01]
 
-The data is benchmarks/gc.py's (`generate`: half the deletions name live blobs, 40% garbage), in a fresh
+The data is gc.py's (gc_data.py's `generate`: half the deletions name live blobs, 40% garbage), in a fresh
 data dir inside the repository, removed at the end. Each run is timed whole (`blob_gc_job`, in process, with
 its check, the Spark session already started: the fixed cost of a Dagster run is in every
 figure). Targets: run 2 <= 5% of run 1, run 3 <= 10% of run 1. Prints human lines, then one JSON object as
@@ -19,27 +19,22 @@ the last line.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sqlite3
-import sys
 import time
 from contextlib import closing
 from pathlib import Path
 
 from dagster_pyspark import LazyPySparkResource
-from harness import data_dir, ratio, rounded, spark_session
+from deployments import fresh_deployment
+from gc_data import GENERATION, generate
+from harness import ratio, rounded, spark_session
+from quick import parse_args
 
 from assets import jobs
 from mailq_runtime.stores.embedded import DATABASE_FILE
 from resources import MailqRuntime
 from resources.parquet_io import SparkParquetIOManager
-
-# benchmarks/gc.py's data, loaded by path: `import gc` is the interpreter's own module.
-_spec = importlib.util.spec_from_file_location("gc_benchmark", Path(__file__).with_name("gc.py"))
-gc_benchmark = sys.modules["gc_benchmark"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gc_benchmark)
-GENERATION, generate = gc_benchmark.GENERATION, gc_benchmark.generate
 
 FIGURES = {
     "deletion_sets": ("deletions", "concerned_blobs"),
@@ -90,19 +85,19 @@ def main() -> None:
     parser.add_argument("--deletions", type=int, default=1_000_000)
     parser.add_argument("--new", type=float, default=0.01, help="new deletions before run 3, a share")
     parser.add_argument("--driver-memory", default="4g")
-    args = parser.parse_args()
+    args = parse_args(parser, {"references": 20_000, "deletions": 10_000, "driver_memory": "1g"})
 
-    with data_dir("gc-churn") as path:
-        data = generate(path, args.references, args.deletions)
+    with fresh_deployment("gc-churn", None) as deployment:
+        generate(deployment, args.references, args.deletions)
         spark_session("local[2]", args.driver_memory)  # started once: the runs share it
-        outputs = path / "pipeline"
+        outputs = deployment.data_dir / "pipeline"
         runs = {}
-        runs["full"] = gc_run(data.url, outputs / "1")
+        runs["full"] = gc_run(deployment.url, outputs / "1")
         print(f"run 1, full:           {runs['full'][0]:8.1f} s  {runs['full'][1]}")
-        runs["again"] = gc_run(data.url, outputs / "2")
+        runs["again"] = gc_run(deployment.url, outputs / "2")
         print(f"run 2, right after:    {runs['again'][0]:8.1f} s  {runs['again'][1]}")
-        released = release_live(path / DATABASE_FILE, int(args.deletions * args.new))
-        runs["new"] = gc_run(data.url, outputs / "3")
+        released = release_live(deployment.data_dir / DATABASE_FILE, int(args.deletions * args.new))
+        runs["new"] = gc_run(deployment.url, outputs / "3")
         print(f"run 3, {released:,} new:  {runs['new'][0]:8.1f} s  {runs['new'][1]}")
 
     full = runs["full"][0]

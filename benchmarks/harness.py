@@ -35,6 +35,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
 from pyspark.sql import SparkSession  # noqa: E402
+from quick import parse_args  # noqa: E402
 
 from assets.spark.bloom import filter_bits  # noqa: E402
 from mailq_runtime.stores.cassandra import CassandraStore  # noqa: E402
@@ -212,12 +213,13 @@ PROJECTED_CORES = (8, 32, 128)
 
 
 def arguments(
-    parser: argparse.ArgumentParser, defaults: dict[str, tuple[object, object]]
+    parser: argparse.ArgumentParser, defaults: dict[str, tuple[object, object]], quick: dict[str, object]
 ) -> argparse.Namespace:
     """Parse the options of a Spark maintenance benchmark: `parser`'s own and those they all take (--url,
-    --runs, --masters, --driver-memory, --quiet-wait). An option left out takes its `defaults` value
-    (embedded, distributed) for the deployment of --url; `masters` becomes the checked list, and `verify`
-    the master whose results are checked (local[2] when measured, else the last)."""
+    --runs, --masters, --driver-memory, --quiet-wait, --quick, which takes `quick`'s sizes on one local
+    core). An option left out takes its `defaults` value (embedded, distributed) for the deployment of
+    --url; `masters` becomes the checked list, and `verify` the master whose results are checked (local[2]
+    when measured, else the last)."""
     parser.add_argument("--url", help="a deployment that does not exist yet (default: a fresh embedded one)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each method per master (median)")
     parser.add_argument(
@@ -229,7 +231,8 @@ def arguments(
         type=float,
         help="seconds a timed run may wait for the rest of the machine to go quiet (0: never wait)",
     )
-    args = parser.parse_args()
+    quick_run = {"runs": 1, "masters": "local[1]", "driver_memory": "1g", "quiet_wait": 0.0}
+    args = parse_args(parser, {**quick_run, **quick})
     distributed = args.url is not None and args.url.startswith("cassandra://")
     for name, values in defaults.items():
         if getattr(args, name) is None:

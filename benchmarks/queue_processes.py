@@ -7,6 +7,8 @@ and then dequeue + done() until all of them are done, whichever process takes wh
 are CLOCK_MONOTONIC, the machine's, so the turn's rate is its mails over the time from the first
 process's start to the last process's end. The one-process turns come first and last, so that whatever
 else loads the machine meanwhile weighs on both alike.
+
+Not a benchmark itself; imported by queue_throughput.py.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ Measures:
      milliseconds per mail by call kind, and what is left, mailq's own work; then the same by backend
      (Cassandra, S3, RabbitMQ, own Python). (The timing costs about a microsecond a call.)
   6. on RabbitMQ, the messaging leg: the runtime's broker against raw pika on the same node, with
-     messages of the size of mailq's payload (rabbitmq_broker.compare: LEG_ROUNDS rounds, medians);
+     messages of the size of mailq's payload (messaging_leg.compare: LEG_ROUNDS rounds, medians);
   7. two mailq processes on one queue against one, enqueue then dequeue + done() (queue_processes.py).
 Prints one line per measure, then one JSON object as the last line.
 """
@@ -42,58 +42,40 @@ Prints one line per measure, then one JSON object as the last line.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
-import pstats
 import shutil
-import sqlite3
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from call_timings import DEQUEUE_DONE, ENQUEUE, Timings, grouped
+from call_timings import DEQUEUE_DONE, ENQUEUE, breakdown, grouped, print_breakdown
+from messaging_leg import CONSUMERS, PUBLISHERS, WINDOW, compare, ratios
 from process_cpu import CpuMeter
-from queue_phases import (
-    WARM_UP_MAILS,
-    bench_mail,
-    dequeue_phase,
-    enqueue_phase,
-    message,
-    run_threads,
-    warm_up,
-)
+from queue_history import build_history, build_history_distributed, raw_sqlite_rate, size_phase
+from queue_phases import message
 from queue_processes import measure, queue_names
-from rabbitmq_broker import CONSUMERS, PUBLISHERS, WINDOW, ratios
+from queue_turns import SIDES, Phases
+from quick import parse_args
 
 from mailq_runtime import Runtime
-from mailq_runtime.blobs.store import BlobStore
-from mailq_runtime.brokers.base import Broker
-from mailq_runtime.clock import MICROS_PER_SECOND
-from mailq_runtime.queue import slice_of
 from mailq_runtime.settings import CASSANDRA, EMBEDDED, Settings, redact
-from mailq_runtime.stores.embedded import DATABASE_FILE, SYNCHRONOUS
-from mailq_runtime.stores.protocols import BlobTables, DelayedMails, QueueView
+from mailq_runtime.stores.embedded import SYNCHRONOUS
 
 if TYPE_CHECKING:
-    from queue_floor import Floor, FloorMail
+    from queue_floor import Floor
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-HISTORY_DAYS = 30
-SIZE_CALLS = 200
 RAW_TRANSACTIONS = 20_000
-# With a floor, each phase alternates it with mailq in this many rounds.
-ROUNDS = 10
 # mails, history, live: bounded on a distributed deployment, where each call is a network round trip.
 # process_mails: each turn's mails of the two-process measure, bounded on the embedded deployment too.
 DEFAULTS = {EMBEDDED: (20_000, 1_000_000, 1000, 4000), CASSANDRA: (300, 2000, 50, 300)}
-# The messaging leg against raw pika: messages each way a round (a multiple of rabbitmq_broker's
+# The messaging leg against raw pika: messages each way a round (a multiple of messaging_leg's
 # PUBLISHERS), and rounds, raw and mailq alternating.
 LEG_MESSAGES = 2048
 LEG_ROUNDS = 3
@@ -109,350 +91,16 @@ FLOOR_PHASES = {
     "single_enqueue": "single_thread_enqueue",
     "single_dequeue": "single_thread_dequeue_ack",
 }
-# Seconds of the idle turn that starts each round with a CPU meter: the background's rate.
-IDLE_TURN = 1.0
-# The sides of a phase with a floor: mailq, the floor of its calls, the James-like floor (JamesFloor).
-SIDES = ("mailq", "floor", "james")
-# The cost per mail against the James-like floor (issue 22), in the phases of `--threads` callers:
+# The cost per mail against the James-like floor, in the phases of `--threads` callers:
 # CPU per mail at most this many times the floor's, the rate at least this fraction of its.
 TARGET_JAMES_CPU = 1.25
 TARGET_JAMES_RATE = 0.8
-# The runtime's backends whose calls the breakdown times, by the protocol that lists their methods.
-TIMED = {
-    "view": QueueView,
-    "blob_tables": BlobTables,
-    "content": BlobStore,
-    "broker": Broker,
-    "delayed_mails": DelayedMails,
-}
 
 
 def ms(seconds: list[float], fraction: float) -> float:
     """The `fraction` percentile of `seconds`, in milliseconds."""
     ordered = sorted(seconds)
     return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1e3, 3)
-
-
-def profiled(enabled: bool, phase: Callable[[], tuple[list[float], float]]) -> tuple[list[float], float]:
-    """Run `phase`, under cProfile if asked: the top costs go to stderr, the figures stay on stdout."""
-    if not enabled:
-        return phase()
-    profile = cProfile.Profile()
-    measured = profile.runcall(phase)
-    pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(20)
-    return measured
-
-
-@contextmanager
-def timed_calls(runtime: Runtime, timings: Timings) -> Iterator[None]:
-    """Time every backend call of `runtime` by kind (`view.insert`, `content.put` ...) while inside; a
-    call made by another backend call counts in the outer one only. For one thread at a time."""
-    depth = [0]
-    wrapped = []
-
-    def timer(kind: str, call: Callable) -> Callable:
-        def timed(*args, **kwargs):
-            depth[0] += 1
-            started = time.perf_counter()
-            try:
-                return call(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-                if depth[0] == 0:
-                    timings.add(kind, time.perf_counter() - started)
-
-        return timed
-
-    for attribute, protocol in TIMED.items():
-        backend = getattr(runtime, attribute)
-        for name in vars(protocol):
-            method = getattr(backend, name, None)
-            if not name.startswith("_") and callable(method):
-                setattr(backend, name, timer(f"{attribute}.{name}", method))
-                wrapped.append((backend, name, method))
-    try:
-        yield
-    finally:
-        # The method as it was, the metrics' counting wrapper (runtime.py's `_count_calls`) included.
-        for backend, name, method in wrapped:
-            setattr(backend, name, method)
-
-
-def check_emptied(runtime: Runtime, name: str) -> None:
-    queue = runtime.queue(name)
-    if queue.size() != 0:
-        raise AssertionError(f"{queue.size()} mails left after dequeuing all of them")
-
-
-def floor_enqueue_phase(
-    floor: Floor, enqueue: Callable[[FloorMail], None], queue: str, mails: int, size: int, threads: int
-) -> tuple[list[float], float]:
-    """`enqueue` (the floor's or the James-like floor's) of `mails` mails made by the floor."""
-    slice_start = slice_of(time.time_ns() // 1000, 3600 * MICROS_PER_SECOND)
-    floor.create_queue(queue, slice_start)
-    prepared = [floor.new_mail(queue, slice_start, message(size), i) for i in range(mails)]
-    return run_threads(threads, mails, lambda i: enqueue(prepared[i]))
-
-
-def floor_dequeue_phase(
-    dequeue_done: Callable[[str], None], queue: str, mails: int, threads: int
-) -> tuple[list[float], float]:
-    return run_threads(threads, mails, lambda _: dequeue_done(queue))
-
-
-def history_slices(runtime: Runtime, history: int) -> tuple[int, int, int, int]:
-    """(first slice, slice window, slices, mails per slice) of a history of HISTORY_DAYS."""
-    window = runtime.view_configuration.slice_window
-    now = runtime.clock()
-    first = slice_of(now - HISTORY_DAYS * 86400 * MICROS_PER_SECOND, window)
-    slices = (slice_of(now, window) - first) // window
-    return first, window, slices, -(-history // slices)
-
-
-def build_history(runtime: Runtime, history: int) -> int:
-    """Insert `history` processed mails straight into the embedded store's tables, spread over
-    HISTORY_DAYS of slices, and leave browse_start and content_start at its start. Returns the number of
-    slices.
-
-    Through the API this would take minutes; generated inside SQLite (on a connection of its own to the
-    store's file) it takes seconds, and size() reads exactly what the API would have written: rows,
-    deletion marks and per-slice counters.
-    """
-    first, window, slices, per_slice = history_slices(runtime, history)
-    with closing(sqlite3.connect(runtime.settings.data_dir / DATABASE_FILE, timeout=30)) as db, db:
-        # What the queue's first enqueue would have created.
-        db.execute("INSERT INTO queues VALUES ('history', ?)", (first,))
-        db.execute("INSERT INTO browse_start VALUES ('history', ?)", (first,))
-        db.execute("INSERT INTO content_start VALUES ('history', ?)", (first,))
-        db.execute(
-            """
-            WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < :history),
-            m(i, slice_start, at) AS (
-                SELECT i, :first + (i / :per_slice) * :window,
-                       :first + (i / :per_slice) * :window + (i % :per_slice) * (:window / :per_slice) FROM n)
-            INSERT INTO enqueued_mails (queue, slice_start, bucket, enqueue_id, enqueued_time, next_delivery,
-                                        priority, name, sender, recipients, header_blob_id, body_blob_id,
-                                        metadata)
-            SELECT 'history', slice_start, 0, printf('%016x%016x', at, i), at, at, 5, printf('mail-%d', i),
-                   'bench@example.com', '["sink@example.org"]', 'g1_' || lower(hex(randomblob(32))),
-                   'g1_' || lower(hex(randomblob(32))), '{}'
-            FROM m
-            """,
-            {"history": history, "first": first, "per_slice": per_slice, "window": window},
-        )
-        db.execute(
-            "INSERT INTO deleted_mails (queue, enqueue_id) SELECT queue, enqueue_id FROM enqueued_mails "
-            "WHERE queue = 'history'"
-        )
-        db.execute(
-            "INSERT INTO slice_counters (queue, slice_start, enqueued, deleted) "
-            "SELECT queue, slice_start, COUNT(*), COUNT(*) FROM enqueued_mails WHERE queue = 'history' "
-            "GROUP BY slice_start"
-        )
-    return slices
-
-
-def size_phase(runtime: Runtime, name: str, live: int, size: int) -> tuple[list[float], int, float]:
-    """size() latencies on the history queue, its answer, and the seconds a browse takes to count."""
-    queue = runtime.queue(name)
-    for _ in range(live):
-        queue.enqueue(bench_mail(size))
-    latencies = []
-    for _ in range(SIZE_CALLS):
-        started = time.perf_counter()
-        answer = queue.size()
-        latencies.append(time.perf_counter() - started)
-    started = time.perf_counter()
-    browsed = sum(1 for _ in queue.browse())
-    browse_seconds = time.perf_counter() - started
-    if browsed != answer:
-        raise AssertionError(f"size() says {answer}, browse finds {browsed}")
-    return latencies, answer, browse_seconds
-
-
-def raw_sqlite_rate(path: Path, synchronous: str, transactions: int) -> float:
-    """One-row write transactions per second, with the connection settings the runtime uses."""
-    with closing(sqlite3.connect(path, isolation_level=None)) as db:
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute(f"PRAGMA synchronous={synchronous}")
-        db.execute("CREATE TABLE rows (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
-        started = time.perf_counter()
-        for i in range(transactions):
-            db.execute("BEGIN IMMEDIATE")
-            db.execute("INSERT INTO rows (value) VALUES (?)", (f"row {i}",))
-            db.execute("COMMIT")
-        return transactions / (time.perf_counter() - started)
-
-
-def build_history_distributed(runtime: Runtime, floor: Floor, name: str, history: int) -> int:
-    """The same history on Cassandra, written with bare statements: rows, deletion marks, counters."""
-    first, window, slices, per_slice = history_slices(runtime, history)
-    floor.write_history(name, first, window, per_slice, history)
-    return slices
-
-
-def breakdown(timings: Timings, mails: int, wall: float, kinds: tuple[str, ...]) -> dict[str, list[float]]:
-    """Milliseconds and calls per mail by call kind, the named kinds first, and what the calls leave."""
-    ordered = [kind for kind in kinds if kind in timings.seconds]
-    ordered += sorted(set(timings.seconds) - set(ordered), key=lambda kind: -timings.seconds[kind])
-    table = {
-        kind: [round(timings.seconds[kind] * 1e3 / mails, 3), round(timings.calls[kind] / mails, 2)]
-        for kind in ordered
-    }
-    table["outside these calls"] = [round((wall - sum(timings.seconds.values())) * 1e3 / mails, 3), 0]
-    table["total"] = [round(wall * 1e3 / mails, 3), 0]
-    return table
-
-
-def print_breakdown(name: str, tables: dict[str, dict[str, list[float]]]) -> None:
-    columns = list(tables)
-    print(f"  {name:<32}" + "".join(f"{column + ' ms (calls)':>20}" for column in columns))
-    for kind in dict.fromkeys(kind for table in tables.values() for kind in table):
-        cells = ""
-        for column in columns:
-            spent, calls = tables[column].get(kind, (None, 0))
-            cell = "" if spent is None else f"{spent:8.2f} " + (f"{f'({calls:g})':>7}" if calls else " " * 7)
-            cells += f"{cell:>20}"
-        print(f"    {kind:<30}{cells}")
-
-
-class Phases:
-    """The throughput phases on one runtime. With a floor (Cassandra), each phase alternates mailq, the floor
-    of its calls and the James-like floor in ROUNDS rounds, each going first in turn, so that whatever else
-    loads the machine and the servers meanwhile weighs on all alike; the single-thread phases are timed by
-    call kind, and with a CPU meter every turn's CPU time is added up by side and phase, per process."""
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        floor: Floor | None,
-        prefix: str,
-        size: int,
-        threads: int,
-        profile: str | None,
-        meter: CpuMeter | None = None,
-    ):
-        self.runtime = runtime
-        self.prefix = prefix
-        self.floor = floor
-        self.james = None
-        if floor is not None:
-            from queue_floor import JamesFloor
-
-            self.james = JamesFloor(floor)
-        self.size = size
-        self.threads = threads
-        self.profile = profile
-        self.meter = meter
-        self.measured: dict[str, tuple[list[float], float]] = {}
-        self.timings = {side: {"enqueue": Timings(), "dequeue": Timings()} for side in SIDES}
-
-    def throughput(self, mails: int, single: int) -> None:
-        runtime, floor, james, size, threads = self.runtime, self.floor, self.james, self.size, self.threads
-        one, many = f"{self.prefix}throughput-1", f"{self.prefix}throughput-{threads}"
-        if floor is not None:
-            self.warm_up()
-        self.both(
-            "single_enqueue",
-            single,
-            {
-                "floor": lambda n: floor_enqueue_phase(floor, floor.enqueue, "floor-1", n, size, 1),
-                "james": lambda n: floor_enqueue_phase(floor, james.enqueue, "james-1", n, size, 1),
-            },
-            lambda n: enqueue_phase(runtime, one, n, size, 1),
-            "enqueue",
-        )
-        self.both(
-            "single_dequeue",
-            single,
-            {
-                "floor": lambda n: floor_dequeue_phase(floor.dequeue_done, "floor-1", n, 1),
-                "james": lambda n: floor_dequeue_phase(james.dequeue_done, "james-1", n, 1),
-            },
-            lambda n: dequeue_phase(runtime, one, n, 1),
-            "dequeue",
-        )
-        check_emptied(runtime, one)
-        name, named = f"floor-{threads}", f"james-{threads}"
-        self.both(
-            "enqueue",
-            mails,
-            {
-                "floor": lambda n: floor_enqueue_phase(floor, floor.enqueue, name, n, size, threads),
-                "james": lambda n: floor_enqueue_phase(floor, james.enqueue, named, n, size, threads),
-            },
-            lambda n: profiled(
-                self.profile == "enqueue", lambda: enqueue_phase(runtime, many, n, size, threads)
-            ),
-        )
-        self.both(
-            "dequeue",
-            mails,
-            {
-                "floor": lambda n: floor_dequeue_phase(floor.dequeue_done, name, n, threads),
-                "james": lambda n: floor_dequeue_phase(james.dequeue_done, named, n, threads),
-            },
-            lambda n: profiled(self.profile == "dequeue", lambda: dequeue_phase(runtime, many, n, threads)),
-        )
-        check_emptied(runtime, many)
-
-    def warm_up(self) -> None:
-        """Statements prepared, connections opened and the first generation made, by every side."""
-        assert self.floor is not None and self.james is not None
-        self.floor.prepare()
-        self.james.prepare()
-        for enqueue, dequeue_done, queue in (
-            (self.floor.enqueue, self.floor.dequeue_done, "floor-warm-up"),
-            (self.james.enqueue, self.james.dequeue_done, "james-warm-up"),
-        ):
-            floor_enqueue_phase(self.floor, enqueue, queue, WARM_UP_MAILS, self.size, 1)
-            floor_dequeue_phase(dequeue_done, queue, WARM_UP_MAILS, 1)
-        warm_up(self.runtime, f"{self.prefix}warm-up", self.size)
-
-    def both(
-        self,
-        phase: str,
-        mails: int,
-        of_floors: dict[str, Callable],
-        of_mailq: Callable,
-        timed: str | None = None,
-    ) -> None:
-        """`mails` through mailq (and through each floor, in turns); `timed` names the operation whose calls
-        are timed by kind."""
-        sides = ["mailq"] if self.floor is None else list(SIDES)
-        rounds = 1 if self.floor is None else ROUNDS
-        for number in range(rounds):
-            count = mails * (number + 1) // rounds - mails * number // rounds
-            if self.meter is not None:
-                self.meter.idle(IDLE_TURN)
-            # Each side goes first in turn.
-            shift = number % len(sides)
-            for side in sides[shift:] + sides[:shift]:
-                self._turn(side, phase, count, of_mailq if side == "mailq" else of_floors[side], timed)
-
-    def _turn(self, side: str, phase: str, count: int, of_side: Callable, timed: str | None) -> None:
-        key = phase if side == "mailq" else f"{side}_{phase}"
-        timings = self.timings[side][timed] if timed else None
-        if self.meter is not None:
-            self.meter.start()
-        if side == "mailq":
-            if timings is None:
-                measured = of_side(count)
-            else:
-                with timed_calls(self.runtime, timings):
-                    measured = of_side(count)
-        else:
-            assert self.floor is not None
-            self.floor.timings = timings
-            measured = of_side(count)
-            self.floor.timings = None
-        if self.meter is not None:
-            self.meter.stop(key)
-        self._add(key, measured)
-
-    def _add(self, phase: str, measured: tuple[list[float], float]) -> None:
-        latencies, wall = self.measured.get(phase, ([], 0.0))
-        self.measured[phase] = (latencies + measured[0], wall + measured[1])
 
 
 @contextmanager
@@ -486,10 +134,11 @@ def fresh(
             shutil.rmtree(local, ignore_errors=True)
 
 
-def messaging_leg(runtime: Runtime, floor: Floor, name: str) -> tuple[int, dict[str, list[float]]]:
+def messaging_leg(
+    runtime: Runtime, floor: Floor, name: str, messages: int
+) -> tuple[int, dict[str, list[float]]]:
     """mailq's broker against raw pika on the same RabbitMQ, messages of the size of mailq's (the floor's
-    payload is made alike): the payload's bytes, and each round's rates by measure (rabbitmq_broker.py)."""
-    from rabbitmq_broker import compare
+    payload is made alike): the payload's bytes, and each round's rates by measure (messaging_leg.py)."""
     from rabbitmq_floor import PREFETCH, connection_parameters, raw_queue
 
     settings = runtime.settings
@@ -497,9 +146,7 @@ def messaging_leg(runtime: Runtime, floor: Floor, name: str) -> tuple[int, dict[
     size = len(floor.new_mail(name, 0, message(1024), 0).payload)
     parameters = connection_parameters(settings.amqp, settings.tls_files)
     queue = raw_queue(settings.cassandra.keyspace)
-    figures = compare(
-        parameters, runtime.broker, name, queue, size, LEG_MESSAGES, LEG_ROUNDS, prefetch=PREFETCH
-    )
+    figures = compare(parameters, runtime.broker, name, queue, size, messages, LEG_ROUNDS, prefetch=PREFETCH)
     return size, figures
 
 
@@ -599,7 +246,17 @@ def main() -> None:
         action="store_true",
         help="the throughput phases and their cost alone (no messaging leg, size() nor two processes)",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--leg-messages",
+        type=int,
+        default=LEG_MESSAGES,
+        help=f"RabbitMQ: messages each way a round of the messaging leg (a multiple of {PUBLISHERS})",
+    )
+    parser.add_argument(
+        "--raw-transactions", type=int, default=RAW_TRANSACTIONS, help="embedded: the floor's transactions"
+    )
+    quick = {"mails": 80, "history": 400, "live": 20, "process_mails": 80}
+    args = parse_args(parser, {**quick, "leg_messages": PUBLISHERS * 2, "raw_transactions": 400})
 
     work = None
     if args.url is None:
@@ -629,7 +286,7 @@ def main() -> None:
                 run.throughput(mails, single)
                 leg = sizes = processes = None
                 if floor is not None and settings.amqp is not None and not args.cost_only:
-                    leg = messaging_leg(runtime, floor, f"{prefix}leg")
+                    leg = messaging_leg(runtime, floor, f"{prefix}leg", args.leg_messages)
                 if floor is not None and not args.cost_only:
                     started = time.perf_counter()
                     slices = build_history_distributed(runtime, floor, f"{prefix}history", history)
@@ -647,7 +304,7 @@ def main() -> None:
                     slices = build_history(runtime, history)
                     history_seconds = time.perf_counter() - started
                     sizes, answer, browse_seconds = size_phase(runtime, "history", live, args.size)
-                raw_rate = raw_sqlite_rate(scratch / "raw.db", synchronous, RAW_TRANSACTIONS)
+                raw_rate = raw_sqlite_rate(scratch / "raw.db", synchronous, args.raw_transactions)
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
@@ -666,7 +323,7 @@ def main() -> None:
         "dequeue_ack_per_s": round(rate["dequeue"]),
         "single_thread_enqueue_per_s": round(rate["single_enqueue"]),
         "single_thread_dequeue_ack_per_s": round(rate["single_dequeue"]),
-        # Issue 24's measure of what concurrent callers gain: the threads' rate over one thread's.
+        # What concurrent callers gain: the threads' rate over one thread's.
         "enqueue_threads_to_single": round(rate["enqueue"] / rate["single_enqueue"], 2),
         "enqueue_p50_ms": ms(enqueue, 0.5),
         "enqueue_p99_ms": ms(enqueue, 0.99),
@@ -734,7 +391,7 @@ def main() -> None:
         medians = {key: statistics.median(values) for key, values in samples.items()}
         leg_ratios = ratios(medians)
         figures["messaging_leg"] = {
-            "messages": LEG_MESSAGES,
+            "messages": args.leg_messages,
             "payload_bytes": payload_bytes,
             "rounds": LEG_ROUNDS,
             **{f"{key}_per_s": round(value) for key, value in medians.items()},
@@ -791,7 +448,7 @@ def main() -> None:
         leg_figures = figures["messaging_leg"]
         assert isinstance(leg_figures, dict)
         print(
-            f"messaging leg    {LEG_MESSAGES} messages of {leg_figures['payload_bytes']} bytes"
+            f"messaging leg    {args.leg_messages} messages of {leg_figures['payload_bytes']} bytes"
             f" (mailq's payload), medians of {LEG_ROUNDS} rounds: mailq against raw pika"
             f" (target >= {TARGET_LEG_RATIO})"
         )

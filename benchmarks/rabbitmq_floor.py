@@ -11,6 +11,8 @@ under names of the run's own, and deleted at the end, as are the mail queues' ob
 Each publishing thread takes a connection of its own from a pool (as many in flight as there are
 callers, as with mailq's shared stream of confirmations); the consumers share one connection, the
 threads taking turns on it, as mailq's threads take turns on its one I/O thread.
+
+Not a benchmark itself; imported by queue_floor.py and queue_throughput.py.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from typing import Any
 
 import pika
 import pika.exceptions
+from messaging_leg import QUEUE_ARGUMENTS
 from pika.adapters.blocking_connection import BlockingChannel
-from rabbitmq_broker import QUEUE_ARGUMENTS
 
 from mailq_runtime.brokers.rabbitmq import BrokerOptions, dead_letter_queue, queue_name
 from mailq_runtime.settings import AmqpSettings
@@ -153,5 +155,5 @@ class RabbitMQFloorBroker:
 
 
 def raw_queue(tag: str) -> str:
-    """The queue of the raw pika rates (rabbitmq_broker.compare) of run `tag`."""
+    """The queue of the raw pika rates (messaging_leg.compare) of run `tag`."""
     return f"mailq-benchmark-raw-{tag}"

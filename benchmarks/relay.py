@@ -1,6 +1,5 @@
 """Mail in by SMTP and out by remote delivery: `mailq smtp` + `mailq worker --relay` against a private
-Postfix relaying the same load, both to Postfix's smtp-sink on loopback, in the same run (issue 25,
-item 5).
+Postfix relaying the same load, both to Postfix's smtp-sink on loopback, in the same run.
 
     .venv/bin/python benchmarks/relay.py [--url URL] [--mails N] [--url-mails N] [--sessions N]
                                          [--size BYTES] [--processes N] [--workers N]
@@ -36,7 +35,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 
 from deployments import fresh_deployment  # noqa: E402
-from smtp_end_to_end import (  # noqa: E402
+from quick import parse_args  # noqa: E402
+from smtp_load import (  # noqa: E402
     SENDER,
     USER,
     free_port,
@@ -147,7 +147,7 @@ def main() -> None:
         "--worker-threads", type=int, default=4, help="deliveries at a time in each worker (--threads)"
     )
     parser.add_argument("--no-postfix", action="store_true", help="measure mailq only")
-    args = parser.parse_args()
+    args = parse_args(parser, {"mails": 200, "url_mails": 30, "sessions": 5})
     result = {}
     with SmtpSink(free_port()) as sink:
         if not args.no_postfix:

@@ -1,4 +1,4 @@
-"""A destination back from an outage, drained within its limits (issue 25, items 2 and 5): N mails queued
+"""A destination back from an outage, drained within its limits: N mails queued
 for one destination while it is down (nothing listens on its port: each attempt is deferred on the
 retry schedule), then it comes back; the time until the queue is empty, with the connections and the
 rate measured at the destination.
@@ -9,8 +9,9 @@ rate measured at the destination.
 `--processes` `mailq worker --relay` processes of `--threads` threads each serve a fresh embedded data dir
 next to the repository (or the deployment --url names, which must not exist yet), with a transport entry
 to the destination, `--destination-concurrency C --destination-rate R/s`, and the retry schedule shrunk
-to 30 s doubling up to 60 s (any shorter, the workers spend the outage retrying the first mails
-deferred: the embedded broker serves the oldest mails first, due retries included). The destination is
+to `--retry-first` 30 s doubling up to `--retry-longest` 60 s (any shorter, the workers spend the outage
+retrying the first mails deferred: the embedded broker serves the oldest mails first, due retries
+included). The destination is
 an SMTP sink on loopback (mailq_servers.counting_sink) that counts the sessions open at once and when
 each mail arrived. The outage lasts until every mail has been tried and deferred once; then the sink
 starts, and the clock runs until the queue is empty. Fails (exit 1) if the sink saw more sessions than
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +35,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
 
 from deployments import fresh_deployment  # noqa: E402
+from quick import parse_args  # noqa: E402
+from smtp_load import free_port  # noqa: E402
 
 from mailq_runtime import Runtime  # noqa: E402
 from mailq_runtime.model import Mail  # noqa: E402
@@ -42,12 +44,6 @@ from mailq_servers.counting_sink import counting_sink  # noqa: E402
 
 DOMAIN, QUEUE = "drain.test", "spool"
 MESSAGE = b"From: bench@example.org\r\nSubject: drain\r\n\r\n" + (b"x" * 98 + b"\r\n") * 10
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
@@ -69,7 +65,8 @@ def deferred(runtime: Runtime) -> int:
 def workers(url: str, args: argparse.Namespace, port: int, log: Path) -> list[subprocess.Popen]:
     command = [sys.executable, "-m", "mailq_cli", "--url", url, "--json", "worker", "--queue", QUEUE]
     command += ["--domain", "example.org", "--relay", "--transport", f"{DOMAIN}=127.0.0.1:{port}"]
-    command += ["--retry-first", "30s", "--retry-longest", "60s", "--hostname", "bench.example.org"]
+    command += ["--retry-first", args.retry_first, "--retry-longest", args.retry_longest]
+    command += ["--hostname", "bench.example.org"]
     command += ["--threads", str(args.threads), "--destination-concurrency", str(args.concurrency)]
     command += ["--destination-rate", f"{args.rate}/s"]
     with log.open("ab") as out:
@@ -88,7 +85,10 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=900, help="bound of each phase, in seconds")
-    args = parser.parse_args()
+    parser.add_argument("--retry-first", default="30s", help="the workers' first retry")
+    parser.add_argument("--retry-longest", default="60s", help="the workers' longest retry")
+    quick = {"mails": 40, "processes": 1, "threads": 2, "retry_first": "2s", "retry_longest": "4s"}
+    args = parse_args(parser, {**quick, "timeout": 120})
     port = free_port()
     with fresh_deployment("relay-drain", args.url) as deployment:
         url = deployment.url

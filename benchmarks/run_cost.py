@@ -1,4 +1,4 @@
-"""The fixed cost of a maintenance run launched from the UI (issue 13 §7), per job and per asset.
+"""The fixed cost of a maintenance run launched from the UI, per job and per asset.
 
 The UI's run launcher starts a fresh process per run, which loads the code location, starts Spark when a
 step first needs it, and runs the job's steps in that one process (in_process_executor). Each run here is
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import dagster as dg
 from harness import REPOSITORY, data_dir
+from quick import parse_args
 
 JOBS = (
     "queue_overview_job",
@@ -106,7 +107,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mails", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--jobs", default=",".join(JOBS), help="the jobs run, comma-separated (default: all)")
+    args = parse_args(parser, {"mails": 20, "repeat": 1, "jobs": JOBS[0]})
+    jobs = args.jobs.split(",")
     with data_dir("run-cost") as store, tempfile.TemporaryDirectory() as home:
         env = {
             **os.environ,
@@ -131,11 +134,11 @@ def main() -> None:
             capture_output=True,
         )
         floors = {"import_code_location": [], "spark_session": []}
-        results: dict[str, list[dict]] = {job: [] for job in JOBS}
+        results: dict[str, list[dict]] = {job: [] for job in jobs}
         for _ in range(args.repeat):  # interleaved: the machine's drift lands on every job alike
             floors["import_code_location"].append(timed([PYTHON, "-c", "import assets.definitions"], env))
             floors["spark_session"].append(timed([PYTHON, "-c", SPARK_FLOOR], env))
-            for job in JOBS:
+            for job in jobs:
                 results[job].append(run_once(job, env, Path(home)))
     floor = {name: round(statistics.median(values), 2) for name, values in floors.items()}
     summary = {job: medians(runs) for job, runs in results.items()}

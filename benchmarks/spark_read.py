@@ -23,9 +23,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
+from quick import parse_args
 
 from assets.spark.table_source import MailqDataSource, MailqReader, read_table
-from mailq_runtime.runtime import table_reader
+from mailq_runtime.deployments import table_reader
 from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import DATABASE_FILE
 from mailq_runtime.stores.embedded.table_reader import RowidRange
@@ -99,7 +100,7 @@ def main() -> None:
     parser.add_argument("rows", type=int, nargs="?", default=5_000_000)
     parser.add_argument("--partitions", type=int, default=None, help="default: Spark's default parallelism")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per measure, the best is kept")
-    args = parser.parse_args()
+    args = parse_args(parser, {"rows": 20_000, "repeat": 1})
 
     spark = spark_session("local[2]", "2g")
     spark.dataSource.register(TupleDataSource)

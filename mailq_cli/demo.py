@@ -17,7 +17,7 @@ The report says what was collected (blobs, bytes), repaired (counters, projectio
 It runs on a deployment it makes: by default the embedded one in a data dir it wipes (`embedded`), or
 any deployment named by a URL that does not exist yet (`new_deployment`), the distributed one included.
 The tables' rows it reports are read by the store's table reader, which the assets' Spark data source
-wraps (`mailq_runtime.runtime.table_reader`): the runtime's API has no counts of whole tables, nor the
+wraps (`mailq_runtime.deployments.table_reader`): the runtime's API has no counts of whole tables, nor the
 stores a common query language; in this process rather than in a Spark job, whose Python workers would
 cost seconds to minutes on a busy machine for tables this small.
 """
@@ -35,9 +35,10 @@ from assets.definitions import pipeline_dir
 from mailq_demo import traffic
 from mailq_demo.mailboxes import deliver_and_maintain, inject_counter_faults
 from mailq_runtime.clock import MICROS_PER_SECOND, to_datetime
+from mailq_runtime.deployments import data_dir_holds_store, s3_content_sample, table_reader
 from mailq_runtime.errors import InvalidInput, NoStore
 from mailq_runtime.model import parse_duration
-from mailq_runtime.runtime import Runtime, data_dir_holds_store, s3_content_sample, table_reader
+from mailq_runtime.runtime import Runtime
 from mailq_runtime.settings import CASSANDRA, EMBEDDED, Settings, redact
 from mailq_runtime.tables import TableRead, chosen
 

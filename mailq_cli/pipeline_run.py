@@ -7,8 +7,8 @@ import os
 import time
 
 from assets import runner
+from mailq_runtime.deployments import build
 from mailq_runtime.errors import InvalidInput, shown
-from mailq_runtime.runtime import build
 from mailq_runtime.settings import Settings
 
 EXIT_RUN_FAILED = 1

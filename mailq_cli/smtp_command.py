@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mailq_runtime.errors import InvalidInput
-from mailq_runtime.model import QueueName, parse_duration
+from mailq_runtime.model import QueueName, normalise_domains, parse_duration
 from mailq_runtime.runtime import Runtime
 from mailq_runtime.smtp.defaults import COMMAND_TIMEOUT, DEFAULT_NETWORKS
-from mailq_runtime.worker import normalise_domains
 
 from .arguments import checked_argument, count_argument, parse_listen
 from .log_lines import logging_to_stderr

@@ -25,15 +25,16 @@ from typing import Any
 
 from mailq_runtime.clock import MICROS_PER_SECOND, system_clock, to_datetime
 from mailq_runtime.config import QueueViewConfiguration
+from mailq_runtime.deployments import data_dir_holds_store
 from mailq_runtime.errors import InvalidInput, StoreUnusable, shown
 from mailq_runtime.mailbox import INBOX
 from mailq_runtime.mailboxes import Mailboxes
-from mailq_runtime.model import Mail
+from mailq_runtime.model import Mail, normalise_domains
 from mailq_runtime.queue import MailQueue
 from mailq_runtime.relay.dsn import Notifications
-from mailq_runtime.runtime import Runtime, data_dir_holds_store
+from mailq_runtime.runtime import Runtime
 from mailq_runtime.settings import Settings
-from mailq_runtime.worker import WorkerStats, handle, normalise_domains
+from mailq_runtime.worker import WorkerStats, handle
 
 QUEUE = "outbound"
 SPAN = 2 * 3600 * MICROS_PER_SECOND

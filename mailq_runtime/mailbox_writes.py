@@ -39,8 +39,7 @@ from .mailbox import (
     stored_flags,
     unseen_count,
 )
-from .model import MailboxId, MessageId, check_message
-from .queue import split_message
+from .model import MailboxId, MessageId, check_message, split_message
 from .unit_of_work import UnitOfWork
 
 

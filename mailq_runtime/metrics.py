@@ -17,17 +17,16 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .errors import BACKEND_FAILURES
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from .unit_of_work import UnitOfWork
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +158,36 @@ def _counting(method: Callable[..., Any], backend: str, kind: str) -> Callable[.
     return call
 
 
+class DomainCounts(Protocol):
+    """What a scrape reads of one destination domain's counters (queue.destinations.DomainShape)."""
+
+    @property
+    def domain(self) -> str: ...
+    @property
+    def buckets(self) -> dict[str, tuple[int, ...]]: ...
+    @property
+    def oldest(self) -> datetime | None: ...
+    def total(self, state: str) -> int: ...
+
+
+class CountedQueue(Protocol):
+    """What a scrape reads of a mail queue (queue.MailQueue): its counts by state, each an attribute
+    named as in STATES (None: the deployment cannot tell it now), and its destination domains."""
+
+    def counts(self) -> object: ...
+    def by_domain(self) -> Sequence[DomainCounts]: ...
+
+
+class CountedQueues(Protocol):
+    """What QueueSizes reads of the runtime (runtime.Runtime), named here because the queue itself counts
+    into this module."""
+
+    @property
+    def work(self) -> UnitOfWork: ...
+    def queues(self) -> list[str]: ...
+    def queue(self, name: str) -> CountedQueue: ...
+
+
 class QueueSizes(Collector):
     """`mailq_queue_mails{queue, state}` read at scrape time from the runtime's counters (each queue's
     `counts()`, which reads no mail); a state the deployment cannot tell now (RabbitMQ away) is left out.
@@ -166,7 +195,7 @@ class QueueSizes(Collector):
     `mailq_destination_mails{queue, domain, state}` and the age of its oldest mail waiting (to the start
     of its enqueue slot, five minutes wide)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: CountedQueues) -> None:
         self.runtime = runtime
 
     def describe(self) -> Iterator[GaugeMetricFamily]:

@@ -7,7 +7,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -84,6 +84,14 @@ class DomainName(str):
 
 # SMTP writes the null (bounce) sender as MAIL FROM:<>; where a sender is named as text, so is it.
 NULL_SENDER_SPELLINGS = ("", "<>")
+
+
+def normalise_domains(local_domains: Collection[str]) -> frozenset[str]:
+    """The local domains a server or worker is given, each checked and in lower case."""
+    if isinstance(local_domains, str) or not local_domains:
+        raise InvalidInput(f"local_domains is a non-empty collection of domains, not {shown(local_domains)}")
+    # The address grammar is the domain grammar's validator: a bad domain fails as postmaster@<domain>.
+    return frozenset(MailAddress(f"postmaster@{domain}").domain for domain in local_domains)
 
 
 def address_key(address: str) -> tuple[str, str]:
@@ -301,6 +309,16 @@ def check_message(message: bytes, max_size: int | None = None) -> bytes:
             f"field{hint}"
         )
     return message
+
+
+def split_message(message: bytes) -> tuple[bytes, bytes]:
+    """Headers (up to and including the blank line) and body; joining them gives the message back."""
+    for separator in (b"\r\n\r\n", b"\n\n"):
+        index = message.find(separator)
+        if index >= 0:
+            cut = index + len(separator)
+            return message[:cut], message[cut:]
+    return message, b""
 
 
 @dataclass(frozen=True)

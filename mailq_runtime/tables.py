@@ -1,5 +1,5 @@
 """The one interface by which a store offers its tables to the maintenance pipeline: a partition plan and
-a row reader. `runtime.table_reader(settings)` hands out the deployment's; `assets/spark/table_source.py`
+a row reader. `deployments.table_reader(settings)` hands out the deployment's; `assets/spark/table_source.py`
 wraps it as the Spark data source, so nothing outside a store names that store's classes, files or schema.
 
 A read (`TableRead`) names a table, the columns wanted, and optionally only the rows of some generations
@@ -7,8 +7,8 @@ or of some mailboxes, which a store may read by key. `plan` splits it into parti
 plans (rowid ranges on the embedded store, token ranges or partition keys on Cassandra); a partition is
 picklable, since it travels to the process that reads it (a Spark task), which gets the reader from the
 same settings. `read` yields one partition's rows as Arrow record batches of the read's columns: Arrow,
-not Spark, is the hand-over, because building Python objects for every value costs the embedded store's
-scan 70% more CPU a row (1.7 us instead of 1.0) and Spark takes Arrow batches as they are.
+not Spark, is the hand-over, because Spark takes Arrow batches as they are, and building Python objects
+for every value instead roughly halves a scan's rate (docs/benchmarks.md, `spark_read.py`).
 
 No snapshot is promised across partitions or batches: maintenance relies on the reference generations
 for safety, not on a consistent scan. A driver's failure while planning or reading is raised as the

@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from .clock import MICROS_PER_SECOND
-from .errors import BACKEND_FAILURES, BrokerRefused, InvalidInput, LeaseExpired, shown
+from .errors import BACKEND_FAILURES, BrokerRefused, InvalidInput, LeaseExpired
 from .mailbox import INBOX, unknown_user_reply
 from .mailboxes import Mailboxes
 from .model import (
@@ -38,6 +38,7 @@ from .model import (
     MessageId,
     check_message,
     creation_time,
+    normalise_domains,
     parse_count,
     parse_duration,
 )
@@ -56,8 +57,8 @@ _POLL_SECONDS = 0.2
 # mail it held is given back at once, and the worker comes back to it within seconds of the backend.
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 5.0
 # The mails a worker thread takes at once when they are ready (one claim): their settlements share one
-# commit (one WAL sync on the embedded store). With both, a relaying worker's CPU a mail went from
-# 0.84-0.92 to 0.66-0.69 ms (docs/benchmarks.md, "The worker's batch"). The batch is also bounded in
+# commit (one WAL sync on the embedded store), which takes about a fifth off a relaying worker's CPU a
+# mail (docs/benchmarks.md, "The worker's batch"). The batch is also bounded in
 # time: past BATCH_SECONDS (a slow destination), the mails not yet tried go back to the queue at once,
 # for another worker, rather than waiting behind it with their leases held.
 BATCH, BATCH_SECONDS = 8, 1.0
@@ -93,13 +94,6 @@ def delivery_message_id(enqueue_id: str, recipient: str) -> MessageId:
     of both, so every redelivery of the mail names the same copy."""
     digest = hashlib.sha256(f"{enqueue_id}\0{recipient.lower()}".encode()).hexdigest()
     return MessageId(enqueue_id[:16] + digest[:16])
-
-
-def normalise_domains(local_domains: Collection[str]) -> frozenset[str]:
-    if isinstance(local_domains, str) or not local_domains:
-        raise InvalidInput(f"local_domains is a non-empty collection of domains, not {shown(local_domains)}")
-    # The address grammar is the domain grammar's validator: a bad domain fails as postmaster@<domain>.
-    return frozenset(MailAddress(f"postmaster@{domain}").domain for domain in local_domains)
 
 
 def deliver(

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from mailq_runtime.runtime import table_reader
+from mailq_runtime.deployments import table_reader
 from mailq_runtime.settings import Settings
 
 from .table_source import read_table

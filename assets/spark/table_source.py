@@ -13,7 +13,7 @@ Options: `url` (the runtime's), `table` (one of the store's tables), `partitions
 (comma-separated mailbox ids: only the rows whose `mailbox_id` is one of them, read by that key).
 
 The URL is parsed once, where Spark plans; the tasks get the parsed settings with the plan, and each asks
-`mailq_runtime.runtime.table_reader` for its store's reader. Settings hold no secret, so neither does the
+`mailq_runtime.deployments.table_reader` for its store's reader. Settings hold no secret, so neither does the
 plan: a task that connects to a store with a password reads it from its own environment.
 
 Spark's filters are not pushed into the reads: in PySpark 4.3 the scans of one DataFrame within one query
@@ -34,9 +34,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructField, StructType
 
+from mailq_runtime.deployments import table_reader
 from mailq_runtime.errors import InvalidInput
 from mailq_runtime.model import MailboxId
-from mailq_runtime.runtime import table_reader
 from mailq_runtime.settings import Settings
 from mailq_runtime.tables import Column, TableRead, check_read, check_table, chosen
 

@@ -24,7 +24,7 @@ from .dead_letters import DeadLetterItem
 from .delays import PUBLISH_INTERVAL
 from .dequeuer import MailQueueItem
 from .destinations import BUCKET_NAMES, STATES, DomainShape
-from .enqueuer import check_enqueue, split_message
+from .enqueuer import check_enqueue
 from .holds import HeldItem
 from .mail_queue import MailQueue
 from .mail_view import BrowseItem
@@ -45,5 +45,4 @@ __all__ = [
     "QueueOverview",
     "check_enqueue",
     "slice_of",
-    "split_message",
 ]

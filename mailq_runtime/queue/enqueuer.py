@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from ..errors import BACKEND_FAILURES, BrokerRefused, BrokerUnavailable, InvalidInput
 from ..faults import ENQUEUE_AFTER_REFERENCES, ENQUEUE_AFTER_VIEW_ROW
 from ..metrics import seconds_since
-from ..model import EnqueueId, Mail, check_message, check_priority, delivery_time
+from ..model import EnqueueId, Mail, check_message, check_priority, delivery_time, split_message
 from ..stores.records import DelayedMail, DestinationCount, EnqueuedMail
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DueSchedule
@@ -21,16 +21,6 @@ from .destinations import moves
 log = logging.getLogger(__name__)
 # An enqueue's mail, delay and priority, as the holder of the turn writes it.
 _Request = tuple[Mail, Delay, int]
-
-
-def split_message(message: bytes) -> tuple[bytes, bytes]:
-    """Headers (up to and including the blank line) and body; joining them gives the message back."""
-    for separator in (b"\r\n\r\n", b"\n\n"):
-        index = message.find(separator)
-        if index >= 0:
-            cut = index + len(separator)
-            return message[:cut], message[cut:]
-    return message, b""
 
 
 def _merged(changes: Iterable[DestinationCount]) -> list[DestinationCount]:

@@ -1,4 +1,4 @@
-"""Remote delivery (issue 25): mail for other domains routed by the transport table or the DNS, sent by
+"""Remote delivery: mail for other domains routed by the transport table or the DNS, sent by
 SMTP, retried on Postfix's schedule through the queue's own delays, and bounced with an RFC 3464
 notification to its sender, within per-destination limits kept in the metadata store (limits.py).
 `mailq worker --relay` runs it beside local delivery (worker.py)."""

@@ -15,8 +15,8 @@ from email.mime.text import MIMEText
 from email.utils import format_datetime, make_msgid
 
 from ..clock import MICROS_PER_SECOND
-from ..model import Mail, creation_time
-from ..queue import MailQueue, split_message
+from ..model import Mail, creation_time, split_message
+from ..queue import MailQueue
 
 log = logging.getLogger("mailq_runtime.relay")
 

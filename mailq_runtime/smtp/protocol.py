@@ -6,6 +6,11 @@ closed (521, as Postfix's `smtpd_forbid_bare_newline`), a NUL in a command gets 
 carries an enhanced status code (ENHANCEDSTATUSCODES is offered), an idle client gets 421 4.4.2 before the
 connection closes (RFC 5321 4.5.3.2), and each session event is logged as Postfix logs it. aiosmtpd's own
 log, which echoes every command line (AUTH's too), stays quiet.
+
+This module is the one place tied to aiosmtpd's internals (pinned in pyproject.toml): the session's hooks
+it overrides and the state a session takes from its server's template. tests/smtp/test_protocol.py holds
+both against aiosmtpd's own (a templated session against one made by aiosmtpd's constructor, addresses
+against aiosmtpd's `_getaddr`), so they fail when a new aiosmtpd changes them.
 """
 
 from __future__ import annotations
@@ -15,11 +20,9 @@ import collections
 import logging
 import re
 from collections.abc import Callable
-from email._header_value_parser import get_addr_spec, get_angle_addr
-from email.errors import HeaderParseError
 from typing import Any, cast
 
-from aiosmtpd.smtp import SMTP, TLSSetupException, _AuthMechAttr
+from aiosmtpd.smtp import SMTP, TLSSetupException
 
 from ..metrics import SmtpMetrics
 from .defaults import DATA_TERMINATION_TIMEOUT
@@ -47,8 +50,8 @@ _ENHANCED = {
     "554": "5.7.0",
     "555": "5.5.4",
 }
-# An address as most clients write it, <local@domain> of dot-atoms of common characters, which the email
-# package's parser (a tenth of the event loop's time) would return as written.
+# An address as most clients write it, <local@domain> of dot-atoms of common characters, which aiosmtpd's
+# parser (the email package's, a tenth of the event loop's time) would return as written.
 _PLAIN_ADDRESS = re.compile(
     # The parser also takes the blanks after it (and a comment, which this leaves to the parser).
     r"<((?:[A-Za-z0-9_+=-]+\.)*[A-Za-z0-9_+=-]+@(?:[A-Za-z0-9-]+\.)*[A-Za-z0-9-]+)>[ \t]*+(?!\()"
@@ -82,10 +85,7 @@ class SessionTemplate:
         self.state = {name: value for name, value in vars(prototype).items() if name not in own}
         self.commands = {name: method.__func__ for name, method in prototype._smtp_methods.items()}
         # A mechanism of the session's own (AUTH PLAIN, LOGIN) is bound to each session, a handler's is not.
-        self.mechanisms = {
-            name: (method.__func__ if builtin else method, builtin)
-            for name, (method, builtin) in prototype._auth_methods.items()
-        }
+        self.mechanisms = dict(prototype._auth_methods)
 
 
 class SmtpSession(SMTP):
@@ -103,8 +103,10 @@ class SmtpSession(SMTP):
         self.__dict__.update(template.state)
         self._smtp_methods = {name: function.__get__(self) for name, function in template.commands.items()}
         self._auth_methods = {
-            name: _AuthMechAttr(method.__get__(self) if builtin else method, builtin)
-            for name, (method, builtin) in template.mechanisms.items()
+            name: mechanism._replace(method=mechanism.method.__func__.__get__(self))
+            if mechanism.is_builtin
+            else mechanism
+            for name, mechanism in template.mechanisms.items()
         }
         # aiosmtpd keeps these limits on the class: each EHLO of any session would raise MAIL's for all.
         self.command_size_limits = collections.defaultdict(lambda: SMTP.command_size_limit)
@@ -117,24 +119,14 @@ class SmtpSession(SMTP):
         self.reply_lines: list[bytes] = []
 
     def _getaddr(self, arg: str) -> tuple[str | None, str | None]:
-        # aiosmtpd's (one MAIL and one RCPT a mail), less the typing.Protocol class it defines at each call,
-        # and a plain address taken as written rather than parsed.
-        if not arg:
-            return "", ""
+        # One MAIL and one RCPT a mail: a plain address is taken as written, any other parsed by aiosmtpd.
         plain = _PLAIN_ADDRESS.match(arg)
-        if plain is not None:
-            written = plain.group(1)
-            if self.local_part_limit and written.index("@") > self.local_part_limit:
-                return None, None
-            return written, arg[plain.end() :]
-        try:
-            address, rest = (get_angle_addr if arg.lstrip().startswith("<") else get_addr_spec)(arg)
-        except HeaderParseError:
+        if plain is None:
+            return super()._getaddr(arg)
+        written = plain.group(1)
+        if self.local_part_limit and written.index("@") > self.local_part_limit:
             return None, None
-        local_part = address.addr_spec.rpartition("@")[0]
-        if self.local_part_limit and len(local_part) > self.local_part_limit:
-            return None, None
-        return address.addr_spec, rest
+        return written, arg[plain.end() :]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         first = self.transport is None  # STARTTLS makes the connection again, over TLS

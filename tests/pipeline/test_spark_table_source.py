@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from assets.spark.table_source import read_table
-from mailq_runtime.runtime import table_reader
+from mailq_runtime.deployments import table_reader
 from mailq_runtime.settings import Settings
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mailq_runtime import Runtime
+from mailq_runtime.deployments import table_reader
 from mailq_runtime.errors import InvalidInput, NoStore, StoreUnusable
-from mailq_runtime.runtime import table_reader
 from mailq_runtime.settings import Settings
 from mailq_runtime.tables import TableRead, check_read, chosen
 from tests.runtime.backends import Backend

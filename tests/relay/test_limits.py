@@ -1,4 +1,4 @@
-"""Per-destination limits across worker processes (issue 25 item 2): two `mailq worker --relay` processes
+"""Per-destination limits across worker processes: two `mailq worker --relay` processes
 deliver to a sink on loopback that counts the sessions open at once and when each mail arrived; on the
 embedded deployment (one SQLite file shared by the processes) and the distributed one (Cassandra)."""
 

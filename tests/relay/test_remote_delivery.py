@@ -1,5 +1,5 @@
 """Remote delivery against real servers on loopback: dnsmasq for the routes, smtp-sink as the mail
-exchangers. Each scenario of issue 25's item 1, on Postfix's schedule shrunk to seconds."""
+exchangers: each scenario of delivery, deferral and bounce, on Postfix's schedule shrunk to seconds."""
 
 from __future__ import annotations
 

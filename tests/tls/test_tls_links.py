@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
+from mailq_runtime.deployments import open_cassandra
 from mailq_runtime.errors import StoreUnavailable
-from mailq_runtime.runtime import open_cassandra
 from mailq_runtime.settings import Settings
 from mailq_servers.base import Proc, port_answers, spawn, wait_for
 from mailq_servers.cassandra import CassandraServer

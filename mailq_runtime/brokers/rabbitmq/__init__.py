@@ -22,21 +22,13 @@ are on their way, and within a band RabbitMQ delivers in publish order (a mail o
 the priority-4 mails of its band published before it, beyond the consumer's prefetch). The prefetch bounds
 each band's queue: a consumer holds up to three times `prefetch` messages.
 
-Measured on RabbitMQ 3.10.8 (benchmarks/rabbitmq_quorum_kill.py, the harness's three-node cluster): six quorum
-queues declared through node 1 (which then leads them), 20 confirmed messages published to each through node
-2, node 1 SIGKILLed 0.2 s or 2 s after the last confirmation (0.7-2.7 s after the declaration), 12 runs: every
-queue had a new leader within 1-8.5 s and delivered all its messages through a survivor while node 1 was down,
-and again after node 1 restarted: 1,440 confirmed, 1,440 back. The whole cluster SIGKILLed the same way and
-started again: 2 s after the last confirmation, 360 of 360 back in 3 runs; 0.2 s after it (0.7-1.1 s after the
-declaration), the last queue declared came back without a leader ("leader not known" on every node, nothing
-delivered within 30 s) in 3 runs of 6. On a single node the same kill at 0.2 s broke the last queue declared
-in 3 runs of 3 (and 4 of 4 earlier: an empty Raft follower of term 0 that never elects itself, "ra system
-'quorum_queues' running pre init" counting one server less than there are queues), none at 2 s or more. So a
-quorum queue on 3.10 survives the loss of a minority of its nodes at any time, and of all of them once it is
-about two seconds old: mailq declares a mail queue's queues once, at its first use. On one node classic queues
-are the safe choice (six killed at 0.2 s came back whole in 3 runs of 3); quorum queues are for a cluster of
-three or more. 3.10 also crashes its Raft segment writer when a quorum queue is deleted right after heavy
-writes. What classic queues lack, mailq does itself:
+On RabbitMQ 3.10 a quorum queue survives the loss of a minority of its nodes at any time, and of all of
+them once it is about two seconds old; on a single node a quorum queue killed in its first second may never
+elect a leader again, where classic queues come back whole (docs/distributed.md, "Quorum queues on a
+RabbitMQ cluster", has the runs). So on one node classic queues are the safe choice, and quorum queues are
+for a cluster of three or more; mailq declares a mail queue's queues once, at its first use. 3.10 also
+crashes its Raft segment writer when a quorum queue is deleted right after heavy writes. What classic
+queues lack, mailq does itself:
 
 - Delivery counting and the delivery limit (classic): RabbitMQ marks a message delivered again (its consumer
   died, lost its lease or gave it back; and, after a crash, every message it recovers) but does not count. The
@@ -53,10 +45,10 @@ reject-publish): the message leaves its queue only once the dead-letter queue co
 consumer publishes (an idle consumer's give-back, `published`) carries the count so far in mailq's header, as
 RabbitMQ's starts again with the copy; a message whose count in all reaches the limit is dead-lettered by the
 consumer as in the classic design. A quorum queue takes a message given back after answering what the channel
-asks next, so a receive after a return waits for it to come back (bounded by `_SETTLE_WAIT`). A channel opened
-while a quorum queue elects a new leader (a link that lost its node and connected to another within the
-election) may keep sending to the dead leader: nothing it publishes is confirmed again, and its consumers get
-nothing new (seen on 3.10 in 5 runs of 5 with the link on the killed leader). So a publish to quorum queues
+asks next, so a receive after a return waits for it to come back (bounded by `waits.SETTLE_WAIT`). A channel
+opened while a quorum queue elects a new leader (a link that lost its node and connected to another within
+the election) may keep sending to the dead leader: nothing it publishes is confirmed again, and its consumers
+get nothing new (seen on 3.10: docs/distributed.md). So a publish to quorum queues
 unconfirmed for its whole `publish_timeout` on a live connection drops the connection, and the link connects
 again to the next node, whose new channels find the new leader.
 

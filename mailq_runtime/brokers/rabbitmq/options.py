@@ -1,4 +1,4 @@
-"""What a RabbitMQ broker connects to and how it behaves, as one value: runtime.py builds it from a
+"""What a RabbitMQ broker connects to and how it behaves, as one value: deployments.py builds it from a
 deployment's amqp:// settings; tests and benchmarks name only what they change."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a CassandraStore connects to and how, as one value that refuses a bad keyspace, consistency level,
-credentials or replication: runtime.py builds it from a deployment's cassandra:// settings; tests and
+credentials or replication: deployments.py builds it from a deployment's cassandra:// settings; tests and
 benchmarks name only what they change. The password is never shown."""
 
 from __future__ import annotations

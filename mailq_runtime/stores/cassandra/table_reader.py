@@ -12,7 +12,7 @@ mailbox_id is the partition key (mailboxes, message_id_table, mailbox_counters),
 imap_uid_table.
 
 The reader opens its session at its first statement, never before: knowing the tables, or that there is
-no cheap bound of their rows, costs no connection. `runtime.table_reader` keeps one reader a process, so
+no cheap bound of their rows, costs no connection. `deployments.table_reader` keeps one reader a process, so
 its session serves the process's next reads; a partition holds no secret, and a password comes from the
 environment of the process that connects.
 """

@@ -14,19 +14,34 @@ import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from ...errors import StoreUnusable
-
-if TYPE_CHECKING:
-    from .store import EmbeddedStore, Group
-
-# Turns one commit serves at most: bounds how long the first of them waits for its acknowledgement.
-GROUP_LIMIT = 64
+from .groups import GROUP_LIMIT, Group
 
 T = TypeVar("T")
 # `in_group`'s writer: the results of its items, in order.
 Write = Callable[[list[Any]], list[Any]]
+
+
+class Turn(Protocol):
+    """The store's turn, reentrant, and whether the calling thread holds it."""
+
+    def held(self) -> bool: ...
+    def __enter__(self) -> object: ...
+    def __exit__(self, *exception: object) -> object: ...
+
+
+class CombinedStore(Protocol):
+    """What the hand-over takes of the store (store.EmbeddedStore): its turn, a transaction for a member,
+    the group a write joins now, and how the group's failure is raised."""
+
+    def turn(self) -> Turn: ...
+    def transaction(self) -> AbstractContextManager: ...
+    @property
+    def open_group(self) -> Group | None: ...
+    def raise_failure(self, error: sqlite3.Error | OSError) -> NoReturn: ...
 
 
 class Task:
@@ -45,16 +60,16 @@ class Task:
         self.group: Group | None = None
         self.handed_back = False
 
-    def perform(self, store: EmbeddedStore) -> None:
+    def perform(self, store: CombinedStore) -> None:
         try:
             self.result = self.operation()
             # The group its writes joined: should it fail to commit, or be rolled back by a later member's
             # failure, these writes are lost with it.
-            self.group = store._group
+            self.group = store.open_group
         except BaseException as error:
             self.error = error
 
-    def outcome(self, store: EmbeddedStore) -> Any:
+    def outcome(self, store: CombinedStore) -> Any:
         if self.error is None and self.group is not None and self.group.error is not None:
             store.raise_failure(self.group.error)
         if self.error is not None:
@@ -67,14 +82,14 @@ class Combiner:
 
     __slots__ = ("store", "_lock", "_pending", "_active")
 
-    def __init__(self, store: EmbeddedStore) -> None:
+    def __init__(self, store: CombinedStore) -> None:
         self.store = store
         self._lock = threading.Lock()
         self._pending: deque[Task] = deque()
         self._active = False
 
     def run(self, operation: Callable[[], T], item: Any = None, write: Write | None = None) -> T:
-        if self.store._turn.held():
+        if self.store.turn().held():
             # Called from inside this thread's turn: handing it over could wait for a holder that waits
             # for this very turn.
             return operation()
@@ -97,7 +112,7 @@ class Combiner:
         store = self.store
         own = Task(operation, item, write)
         served: list[Task] = []
-        turn = store._turn
+        turn = store.turn()
         turn.__enter__()
         try:
             self._perform([own])
@@ -152,7 +167,7 @@ class Combiner:
             else:
                 for task, result in zip(batch, results, strict=True):
                     task.result = result
-                    task.group = store._group
+                    task.group = store.open_group
                 return
         for task in batch:
             task.perform(store)

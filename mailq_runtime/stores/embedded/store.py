@@ -3,10 +3,10 @@
 A process opens one connection, and its threads take turns on it (`turn()`, held through every
 transaction and read, and by the queue through whole operations): CPython runs one thread's Python at a
 time and SQLite one writer at a time, so threads contending for both only lose time handing the GIL
-back and forth. Measured with 8 threads, taking turns went about twice as fast for dequeue + done as
-a connection per thread with commits shared between threads. `transaction()` is reentrant, so a queue
-operation groups the view, the broker and the blob metadata writes of one mail into one atomic commit.
-Processes are kept apart by SQLite's own file locks.
+back and forth: with 8 threads, taking turns went about twice as fast for dequeue + done as a
+connection per thread with commits shared between threads (docs/benchmarks.md, "The embedded
+deployment"). `transaction()` is reentrant, so a queue operation groups the view, the broker and the blob
+metadata writes of one mail into one atomic commit. Processes are kept apart by SQLite's own file locks.
 
 Group commit: a sync costs as much as a whole queue operation, so the turns of concurrent threads share
 one. A thread that ends its turn while others wait for it leaves its writes in the open transaction and
@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from ...errors import StoreUnusable
-from .combining import GROUP_LIMIT, Combiner
+from .combining import Combiner
 from .files import make_private, prepare, store_failure
+from .groups import GROUP_LIMIT, Group
 from .schema import check_schema, initialise
 from .writers import WriterLock
 
@@ -116,6 +117,12 @@ class EmbeddedStore:
     def turn(self) -> _Turn:
         """Hold the store for one whole operation, reentrantly."""
         return self._turn
+
+    @property
+    def open_group(self) -> Group | None:
+        """The group of writes that the turns of now share, which a write made now joins (None: none is
+        open)."""
+        return self._group
 
     def in_turn(self, operation: Callable[[], T]) -> T:
         """Run `operation` in the store's turn, by this thread or by the thread holding the turn for
@@ -196,18 +203,6 @@ class EmbeddedStore:
             if self._wal is not None:  # closing twice must not close a descriptor reused meanwhile
                 os.close(self._wal)
                 self._wal = None
-
-
-class Group:
-    """The open transaction several turns share, and its outcome."""
-
-    __slots__ = ("members", "done", "error", "synced")
-
-    def __init__(self) -> None:
-        self.members = 0
-        self.done: threading.Event | None = None  # made by the first member to wait
-        self.error: sqlite3.Error | OSError | None = None
-        self.synced = False  # a member promises durability: the commit is followed by a sync
 
 
 class _Turn:

@@ -61,8 +61,7 @@ class EmbeddedTableReader:
     A partition is read in chunks of rowids, each chunk by one aggregate statement that returns every
     column already concatenated (`group_concat` of the values, and of their byte lengths for text and
     blobs), which Arrow then splits in C. SQLite thus walks the rows in C and Python handles a few objects
-    per chunk: in a Spark task, fetching rows with fetchmany and converting them costs about 1.7 us of
-    CPU a row, this about 1 us, mostly inside SQLite, which is what lifts 2 cores past 1M rows/s.
+    per chunk, which is what lifts 2 cores past 1M rows/s (docs/benchmarks.md, `spark_read.py`).
     All aggregates of one statement see the rows in the same order, so the columns stay aligned; every
     column's value count is checked against count(*) all the same.
     """
