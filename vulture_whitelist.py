@@ -85,3 +85,7 @@ _.lifetime
 
 # smtplib reads the encoding of the commands it sends from its client.
 _.command_encoding
+
+# Used by the tests only: the installer beside the list, and one node of the RabbitMQ cluster alone.
+INSTALLER
+_.node_server
