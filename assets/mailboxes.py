@@ -67,8 +67,13 @@ def counter_drift(spark: SparkSession, settings: Settings, scope: Scope = None) 
     expected = truth.groupBy("mailbox_id").agg(
         F.count("*").alias("count"), F.sum(_unseen("flags")).alias("unseen")
     )
-    counters = read_table(spark, settings, "mailbox_counters", mailboxes=scope).select(
-        "mailbox_id", F.col("count").alias("observed_count"), F.col("unseen").alias("observed_unseen")
+    # Summed by mailbox: Cassandra keeps one row a writer's share (tallies.py), the embedded store one.
+    counters = (
+        read_table(
+            spark, settings, "mailbox_counters", columns=["mailbox_id", "count", "unseen"], mailboxes=scope
+        )
+        .groupBy("mailbox_id")
+        .agg(F.sum("count").alias("observed_count"), F.sum("unseen").alias("observed_unseen"))
     )
     mailboxes = read_table(
         spark, settings, "mailboxes", columns=["mailbox_id", "user", "name"], mailboxes=scope

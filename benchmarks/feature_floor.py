@@ -42,7 +42,7 @@ from pathlib import Path
 
 from cassandra.query import BatchStatement, BatchType
 from process_cpu import CpuMeter
-from queue_floor import Floor, FloorMail, JamesFloor, distributed
+from queue_floor import Floor, FloorMail, JamesFloor, distributed, share
 from queue_phases import WARM_UP_MAILS, bench_mail, message, run_threads
 from queue_throughput import IDLE_TURN, ROUNDS, server_ports
 
@@ -83,9 +83,10 @@ class FeatureFloor:
 
     def enqueue(self, mail: FloorMail) -> None:
         self.floor.put_contents(mail)
-        row = ("insert", mail.row)
         references = [("add_reference", (mail.enqueue_id, blob_id, GENERATION)) for blob_id in mail.blob_ids]
-        count = ("count_enqueued", mail.row[:3])
+        now = time.time_ns() // 1000
+        row = ("insert", (*mail.row, now))
+        count = ("count_enqueued", share(mail.row, now, 1, 0))
         if self.folded:
             self._at_once([count], [row, *references])
         else:
@@ -105,8 +106,8 @@ class FeatureFloor:
             for blob_id in mail.blob_ids
         ]
         released.append(("remove_references", (enqueue_id, list(mail.blob_ids))))
-        mark = ("mark", (queue, enqueue_id))
-        count = ("count_deleted", mail.row[:3])
+        mark = ("mark", (queue, enqueue_id, now))
+        count = ("count_deleted", share(mail.row, now, 0, 1))
         if self.folded:
             self._at_once([count], [mark, *released])
         else:

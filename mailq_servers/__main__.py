@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import FACTS, ON_DEMAND, SERVERS, ServerError, cache_root
+from . import FACTS, ON_DEMAND, SERVERS, TLS_VARIANTS, ServerError, cache_root
 from .base import Proc
 
 
@@ -31,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         default = "all but " + ", ".join(sorted(ON_DEMAND)) if command == "up" else "all"
         sub.add_argument(
             "servers", nargs="*", metavar="server", help=f"{' | '.join(SERVERS)} (default: {default})"
+        )
+        sub.add_argument(
+            "--tls",
+            action="store_true",
+            help=f"the TLS servers instead: {', '.join(TLS_VARIANTS.values())} (for those named, their own)",
         )
     fresh = commands.add_parser(
         "deployment",
@@ -58,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.servers if name not in SERVERS]
     if unknown:
         parser.error(f"unknown server {unknown[0]!r} (choose from {', '.join(SERVERS)})")
-    names = selected(args.command, args.servers)
+    names = selected(args.command, args.servers, args.tls)
     try:
         if args.command == "env":
             return env(names, named=bool(args.servers))
@@ -100,9 +105,13 @@ def _on(host: str, argv: list[str]) -> int:
     return subprocess.run(command, env={**os.environ, **running_facts().client_env()}).returncode
 
 
-def selected(command: str, named: list[str]) -> list[str]:
+def selected(command: str, named: list[str], tls: bool = False) -> list[str]:
     """The servers a command acts on: those named, once each; else `up` starts the servers the whole
-    suite shares (not ON_DEMAND's), and down, status and env take every server."""
+    suite shares (not ON_DEMAND's), and down, status and env take every server. With `tls`, the TLS
+    servers: those of the names given (a server that has none stays itself), else the single ones."""
+    if tls:
+        names = named or [name for name in TLS_VARIANTS if name not in ON_DEMAND]
+        return list(dict.fromkeys(TLS_VARIANTS.get(name, name) for name in names))
     if named:
         return list(dict.fromkeys(named))
     return [name for name in SERVERS if command != "up" or name not in ON_DEMAND]

@@ -25,11 +25,13 @@ from .base import Place, Proc, Running, Server, ServerError, log_contains, port_
 from .cassandra import (
     DATACENTER,
     Cassandra,
+    CassandraServer,
     cql_round_trip,
     launch_node,
     listening_line,
     write_node_config,
 )
+from .certificates import ClientTls
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -57,9 +59,12 @@ class CassandraClusterServer:
     hosts: tuple[str, ...]
     port: int
     datacenter: str
+    tls: ClientTls | None = None  # the CA and client certificate of a cluster that speaks TLS only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hosts", tuple(self.hosts))  # a list once read back from JSON
+        if isinstance(self.tls, dict):
+            object.__setattr__(self, "tls", ClientTls(**self.tls))
 
     @property
     def contact_points(self) -> str:
@@ -75,6 +80,8 @@ class CassandraClusterServer:
             load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=self.datacenter), request_timeout=60
         )
         options.setdefault("execution_profiles", {EXEC_PROFILE_DEFAULT: profile})
+        if self.tls is not None:
+            options.setdefault("ssl_context", self.tls.context())
         return Cluster(list(self.hosts), port=self.port, **options)
 
     def env(self) -> dict[str, str]:
@@ -91,6 +98,8 @@ class CassandraCluster(Server):
         "storage": ("MAILQ_CASSANDRA_CLUSTER_STORAGE_PORT", 27000),
     }
     main_process = "node1"
+    cluster_name = CLUSTER_NAME
+    heap_setting = ("MAILQ_CASSANDRA_CLUSTER_HEAP", "1g")
 
     def __init__(
         self,
@@ -112,7 +121,7 @@ class CassandraCluster(Server):
         numbers = range(1, len(self.places) + 1)
         self.node_dirs = tuple(node_dirs or (self.run_dir / f"node{n}" for n in numbers))
         self._ports = ports
-        self.heap = heap or os.environ.get("MAILQ_CASSANDRA_CLUSTER_HEAP", "1g")
+        self.heap = heap or os.environ.get(*self.heap_setting)
 
     def ports(self) -> dict[str, int]:
         return dict(self._ports) if self._ports is not None else super().ports()
@@ -147,10 +156,10 @@ class CassandraCluster(Server):
             address=place.address,
             token=TOKENS[node - 1],
             seeds=self.addresses[0],
-            cluster_name=CLUSTER_NAME,
+            cluster_name=self.cluster_name,
             counter_write_timeout=COUNTER_WRITE_TIMEOUT,
             unsafe=False,
-            extra=EXTRA_YAML,
+            extra=EXTRA_YAML + self.extra_yaml(node),
         )
         ports = self.ports()
         return launch_node(
@@ -162,6 +171,14 @@ class CassandraCluster(Server):
             unsafe=False,
             place=place,
         )
+
+    def extra_yaml(self, node: int) -> str:
+        """What node `node`'s cassandra.yaml adds to the common one and EXTRA_YAML."""
+        return ""
+
+    def client_tls(self) -> ClientTls | None:
+        """The CA and client certificate of a cluster whose clients must speak TLS; None for plaintext."""
+        return None
 
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         for role, proc in procs.items():
@@ -178,7 +195,7 @@ class CassandraCluster(Server):
             alive=proc.alive,
             logs=[log, log.with_name("stdout.log")],
         )
-        cql_round_trip(address, port)
+        cql_round_trip(CassandraServer(address, port, DATACENTER, tls=self.client_tls()))
 
     def wait_ring(self, addresses: tuple[str, ...] | None = None, timeout: float = 120) -> None:
         """Until a driver connection sees the nodes at `addresses` up and each node's gossip sees them
@@ -186,7 +203,7 @@ class CassandraCluster(Server):
         addresses = self.addresses if addresses is None else addresses
         deadline = time.monotonic() + timeout
         facts = CassandraClusterServer(**self.facts())
-        cluster = facts.cluster(connect_timeout=30)
+        cluster = facts.cluster(connect_timeout=30, control_connection_timeout=30)
         try:
             session = cluster.connect()
             while True:
@@ -203,7 +220,9 @@ class CassandraCluster(Server):
             cluster.shutdown()
 
     def facts(self) -> dict:
-        return asdict(CassandraClusterServer(self.addresses, self.ports()["native"], DATACENTER))
+        return asdict(
+            CassandraClusterServer(self.addresses, self.ports()["native"], DATACENTER, self.client_tls())
+        )
 
     def serving(self, running: Running) -> bool:
         """Every node alive and holding its ports (each on its own address: the ports are the same)."""

@@ -30,6 +30,7 @@ from .base import (
     say,
     wait_for,
 )
+from .certificates import ClientTls
 from .system_packages import missing_program
 
 if TYPE_CHECKING:
@@ -51,14 +52,26 @@ class RabbitMQServer:
     password: str
     vhost: str
     node: str
+    tls: ClientTls | None = None  # the CA and client certificate of a node that speaks amqps only
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tls, dict):  # as read back from the state file
+            object.__setattr__(self, "tls", ClientTls(**self.tls))
+
+    @property
+    def scheme(self) -> str:
+        return "amqps" if self.tls else "amqp"
 
     @property
     def url(self) -> str:
-        return f"amqp://{self.username}:{self.password}@{self.host}:{self.port}/{quote(self.vhost, safe='')}"
+        where = f"{self.host}:{self.port}/{quote(self.vhost, safe='')}"
+        return f"{self.scheme}://{self.username}:{self.password}@{where}"
 
     def connection_parameters(self, **options: Any) -> pika.ConnectionParameters:
         import pika
 
+        if self.tls is not None:
+            options.setdefault("ssl_options", pika.SSLOptions(self.tls.context(), server_hostname=self.host))
         return pika.ConnectionParameters(
             host=self.host,
             port=self.port,
@@ -68,6 +81,8 @@ class RabbitMQServer:
         )
 
     def env(self) -> dict[str, str]:
+        if self.tls:
+            return {"MAILQ_AMQPS_URL": self.url, **self.tls.env()}
         return {"MAILQ_AMQP_URL": self.url}
 
 
@@ -88,15 +103,19 @@ class RabbitMQ(Server):
         place: Place = LOOPBACK,
         run_dir: Path | None = None,
         user: tuple[str, str] = GUEST,
+        distribution_tls: Path | None = None,
     ) -> None:
         """A node at `place` (this machine's loopback by default); `user`, when not RabbitMQ's guest, is
-        made at the node's first boot for the clients of other hosts, which guest may not serve."""
+        made at the node's first boot for the clients of other hosts, which guest may not serve;
+        `distribution_tls`: the ssl_dist_optfile of a node whose links to its peers (and rabbitmqctl's
+        to it) speak TLS, None for the Erlang distribution in the clear."""
         super().__init__(cache, run_dir=run_dir)
         self.node = node
         self._ports = ports
         self._epmd_port = epmd_port
         self.place = place
         self.user = user
+        self.distribution_tls = distribution_tls
         self.pid_file = self.run_dir / "rabbit.pid"
         self.log = self.run_dir / "log" / "rabbit.log"
         self.launch_log = self.run_dir / "log" / "launch.log"
@@ -138,8 +157,7 @@ class RabbitMQ(Server):
         )
         conf = self.run_dir / "rabbitmq.conf"
         conf.write_text(
-            f"listeners.tcp.default = {address}:{ports['amqp']}\n"
-            f"distribution.listener.interface = {address}\n"
+            self.listener_conf(ports["amqp"]) + f"distribution.listener.interface = {address}\n"
             f"distribution.listener.port_range.min = {ports['distribution']}\n"
             f"distribution.listener.port_range.max = {ports['distribution']}\n" + default_user
         )
@@ -158,6 +176,9 @@ class RabbitMQ(Server):
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 timeout=120,
+                # The detached VM in a session of its own, as `spawn` does: a shell or job that ends and
+                # signals its process group does not take the node down with it.
+                start_new_session=True,
             )
         if launcher.returncode != 0:
             failed = f"rabbitmq-server -detached failed (exit {launcher.returncode})"
@@ -172,6 +193,14 @@ class RabbitMQ(Server):
             time.sleep(0.1)
         return {"server": Proc.of(self._pid_from_file())}
 
+    def listener_conf(self, port: int) -> str:
+        """The rabbitmq.conf lines of the client listener."""
+        return f"listeners.tcp.default = {self.place.address}:{port}\n"
+
+    def listener_env(self, port: int) -> dict[str, str]:
+        """The variables of the client listener (rabbitmqctl reads them too)."""
+        return {"RABBITMQ_NODE_IP_ADDRESS": self.place.address, "RABBITMQ_NODE_PORT": str(port)}
+
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
         ports = self.ports()
@@ -185,20 +214,26 @@ class RabbitMQ(Server):
 
     def shut_down(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
-        if server.alive():
+        # Over the TLS distribution `rabbitmqctl stop` never returned (180 s, three nodes of three): such a
+        # node is stopped by SIGTERM alone, which it takes as a graceful shutdown.
+        if server.alive() and self.distribution_tls is None:
             # The pid file form waits until the VM has exited; plain `stop` returns before.
             ctl = [str(SCRIPTS / "rabbitmqctl"), "-n", self.node, "stop", str(self.pid_file)]
-            stop = subprocess.run(
-                self.place.command(ctl),
-                env=self._env(),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=180,
-            )
-            if stop.returncode != 0:
-                say(f"rabbitmq: rabbitmqctl stop failed ({stop.stderr.strip()[-200:]}), sending SIGTERM")
-            server.terminate("rabbitmq", timeout=60)
+            try:
+                stop = subprocess.run(
+                    self.place.command(ctl),
+                    env=self._env(),
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    text=True,
+                    timeout=180,
+                )
+                failed = stop.stderr.strip()[-200:] if stop.returncode != 0 else None
+            except subprocess.TimeoutExpired:
+                failed = "no answer in 180 s"
+            if failed is not None:
+                say(f"rabbitmq: rabbitmqctl stop failed ({failed}), sending SIGTERM")
+        server.terminate("rabbitmq", timeout=60)
         self._stop_epmd()
 
     def kill(self) -> None:
@@ -238,13 +273,15 @@ class RabbitMQ(Server):
         run = self.run_dir
         ports = self.ports()
         address = self.place.address
+        distribution = ""
+        if self.distribution_tls is not None:
+            distribution = f" -proto_dist inet_tls -ssl_dist_optfile {self.distribution_tls}"
         return {
             **os.environ,
             # The Erlang cookie lives in $HOME: this node's own, shared with rabbitmqctl.
             "HOME": str(run / "home"),
             "RABBITMQ_NODENAME": self.node,
-            "RABBITMQ_NODE_IP_ADDRESS": address,
-            "RABBITMQ_NODE_PORT": str(ports["amqp"]),
+            **self.listener_env(ports["amqp"]),
             "RABBITMQ_DIST_PORT": str(ports["distribution"]),
             "RABBITMQ_CONFIG_FILE": str(run / "rabbitmq.conf"),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(run / "advanced.config"),
@@ -257,8 +294,10 @@ class RabbitMQ(Server):
             "ERL_EPMD_ADDRESS": address,
             "ERL_EPMD_PORT": str(self.epmd_port()),
             # Schedulers that sleep instead of spinning: the machine is small and shared.
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "+sbwt none +sbwtdcpu none +sbwtdio none",
-            "RABBITMQ_CTL_ERL_ARGS": f"-kernel inet_dist_use_interface {{{address.replace('.', ',')}}}",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": f"+sbwt none +sbwtdcpu none +sbwtdio none{distribution}",
+            "RABBITMQ_CTL_ERL_ARGS": (
+                f"-kernel inet_dist_use_interface {{{address.replace('.', ',')}}}{distribution}"
+            ),
         }
 
     def _pid_from_file(self) -> int:

@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
@@ -25,7 +26,6 @@ from .rabbitmq import GUEST, RabbitMQ, RabbitMQServer
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from pathlib import Path
 
 NODES = 3
 CLUSTER_NAME = "mailq-cluster"
@@ -125,7 +125,12 @@ class RabbitMQCluster(Server):
             place=self.places[index - 1],
             run_dir=self.node_dirs[index - 1],
             user=self.user,
+            distribution_tls=self.distribution_tls(),
         )
+
+    def distribution_tls(self) -> Path | None:
+        """The ssl_dist_optfile of a cluster whose nodes speak TLS to each other; None for the clear."""
+        return None
 
     def nodes(self) -> list[RabbitMQ]:
         return [self.node(index) for index in range(1, NODES + 1)]

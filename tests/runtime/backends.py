@@ -424,16 +424,13 @@ class CassandraBackend(Backend):
         )
 
     def mailbox_state(self) -> MailboxState:
-        """A counter never written reads as 0, as Cassandra's counters do."""
+        """Counters summed over the writers' shares (stores/cassandra/tallies.py); none written reads as 0."""
         entries = "SELECT mailbox_id, uid, message_id, flags FROM"
         mailboxes = {m for (m,) in self._rows("SELECT mailbox_id FROM mailboxes")}
         counters = dict.fromkeys(mailboxes, (0, 0))
-        counters.update(
-            {
-                m: (c or 0, u or 0)
-                for m, c, u in self._rows("SELECT mailbox_id, count, unseen FROM mailbox_counters")
-            }
-        )
+        for m, c, u in self._rows("SELECT mailbox_id, count, unseen FROM mailbox_counters"):
+            count, unseen = counters.get(m, (0, 0))
+            counters[m] = (count + (c or 0), unseen + (u or 0))
         return MailboxState(
             mailboxes=mailboxes,
             source_of_truth=set(self._rows(f"{entries} imap_uid_table")),
@@ -470,11 +467,11 @@ class CassandraBackend(Backend):
         self._write(cql, (owner, blob_id, generation))
 
     def miscount_slice(self, queue: str, slice_start: int, extra: int) -> None:
-        """In one of its buckets' rows."""
+        """In one of its buckets: a share of a writer of its own, in an epoch long settled."""
         self._write(
-            "UPDATE {keyspace}.slice_counters SET enqueued = enqueued + ? "
-            "WHERE queue = ? AND slice_start = ? AND bucket = 0",
-            (extra, queue, slice_start),
+            "INSERT INTO {keyspace}.slice_counters (queue, slice_start, bucket, epoch, writer, enqueued, "
+            "deleted) VALUES (?, ?, 0, 0, 'damage', ?, 0)",
+            (queue, slice_start, extra),
         )
 
     def move_starts(
@@ -493,12 +490,16 @@ class CassandraBackend(Backend):
                 self._write(cql, (name, start, start))
 
     def lose_counters(self, mailbox_id: str) -> None:
-        """Zeroed, as a counter deleted in Cassandra cannot be counted again."""
-        count, unseen = self.mailbox_state().counters[mailbox_id]
+        """Zeroed, by a share of a writer of its own (a deleted row would come back with the next write of
+        the runtime's share)."""
+        shares = self._rows(
+            "SELECT writer, count, unseen FROM mailbox_counters WHERE mailbox_id = ?", (mailbox_id,)
+        )
+        others = [(c or 0, u or 0) for writer, c, u in shares if writer != "damage"]
         self._write(
-            "UPDATE {keyspace}.mailbox_counters SET count = count - ?, unseen = unseen - ? "
-            "WHERE mailbox_id = ?",
-            (count, unseen, mailbox_id),
+            "INSERT INTO {keyspace}.mailbox_counters (mailbox_id, writer, count, unseen) "
+            "VALUES (?, 'damage', ?, ?)",
+            (mailbox_id, -sum(c for c, _ in others), -sum(u for _, u in others)),
         )
 
     def put_projection_entry(self, mailbox_id: str, uid: int, message_id: str, flags: str) -> None:

@@ -30,6 +30,7 @@ from mailq_servers.prometheus import Prometheus, PrometheusServer
 from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from mailq_servers.s3 import S3Server, remove_bucket
 from mailq_servers.spark import SparkCluster
+from mailq_servers.tls_servers import CassandraClusterTLS, RabbitMQClusterTLS, RabbitMQTLS
 from tests.runtime.backends import CassandraS3
 
 os.environ.setdefault(UNSAFE_VARIABLE, "1")
@@ -96,6 +97,35 @@ def host_bed() -> Iterator[HostBed]:
     yield bed
     if did != "reused":
         bed.stop()
+
+
+@pytest.fixture(scope="module")
+def cassandra_cluster_tls() -> Iterator[CassandraClusterServer]:
+    """The three-node cluster with TLS on every link, as `cassandra_cluster` starts and stops its own."""
+    cluster = CassandraClusterTLS()
+    try:
+        with _untimed():
+            running, did = cluster.ensure()
+    except ServerError as error:
+        pytest.fail(f"cassandra-cluster-tls could not start: {error}", pytrace=False)
+    yield CassandraClusterServer(**running.facts)
+    if did.startswith(("started", "installed")):
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_cluster_tls(rabbitmq_server: RabbitMQServer) -> Iterator[RabbitMQClusterTLS]:
+    """The three-node RabbitMQ cluster whose nodes speak TLS to each other, for this module's tests
+    (rabbitmq_server first: it installs RabbitMQ when missing), stopped after them unless it ran before."""
+    cluster = RabbitMQClusterTLS()
+    try:
+        with _untimed():
+            _, did = cluster.ensure()
+    except ServerError as error:
+        pytest.fail(f"rabbitmq-cluster-tls could not start: {error}", pytrace=False)
+    yield cluster
+    if did.startswith(("started", "installed")):
+        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +227,39 @@ def cassandra_s3(cassandra_server: CassandraServer, s3_server: S3Server) -> Iter
 @pytest.fixture(scope="session")
 def spark_cluster() -> SparkCluster:
     return _server("spark")
+
+
+@pytest.fixture(scope="session")
+def cassandra_tls_server() -> CassandraServer:
+    """The single Cassandra node that speaks TLS only and asks each client's certificate."""
+    return _server("cassandra-tls")
+
+
+@pytest.fixture(scope="session")
+def s3_tls_server() -> S3Server:
+    """The S3 endpoint over https (the same root keys as `s3_server`)."""
+    return _server("s3-tls")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_tls_server() -> RabbitMQServer:
+    """The RabbitMQ node that speaks amqps only."""
+    return _server("rabbitmq-tls")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_tls_vhosts(rabbitmq_tls_server: RabbitMQServer) -> Iterator[Vhosts]:
+    """Fresh virtual hosts on the amqps node, deleted at the session's end."""
+    vhosts = Vhosts(RabbitMQTLS(), rabbitmq_tls_server.username)
+    yield vhosts
+    vhosts.delete_all()
+
+
+@pytest.fixture(scope="session")
+def cassandra_s3_tls(cassandra_tls_server: CassandraServer, s3_tls_server: S3Server) -> Iterator[CassandraS3]:
+    """`cassandra_s3` on the TLS servers."""
+    cluster = cassandra_tls_server.cluster()
+    s3 = s3_tls_server.client()
+    yield CassandraS3(cassandra_tls_server, s3_tls_server, cluster.connect(), s3)
+    cluster.shutdown()
+    s3.close()

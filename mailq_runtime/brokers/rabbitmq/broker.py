@@ -8,17 +8,19 @@ from functools import partial
 
 import pika
 
-from ...errors import BrokerUnavailable
+from ...errors import BrokerRefused, BrokerUnavailable
+from ...tls import certificate_refused
 from ..base import BrokerCounts, BrokerDeadLetter, Delivery
 from .dead_letters import DeadLetterDrain
 from .leases import Leases
+from .messages import describe
 from .names import QUORUM, band_queue, queue_name
 from .options import BrokerOptions
 from .publish_channel import ROUTE_LOST
 from .publishes import Publish
 from .receiver import Receiver
 from .session import Session
-from .short_connections import ShortConnections
+from .short_connections import ShortConnections, blocking_connection
 from .waits import COUNT_WAIT
 
 
@@ -44,6 +46,9 @@ class RabbitMQBroker:
                 virtual_host=options.vhost,
                 credentials=pika.PlainCredentials(options.user, options.password),
                 heartbeat=options.heartbeat,
+                ssl_options=None
+                if options.ssl_context is None
+                else pika.SSLOptions(options.ssl_context, server_hostname=one),
                 connection_attempts=1,
                 socket_timeout=10,
                 stack_timeout=15,
@@ -58,6 +63,22 @@ class RabbitMQBroker:
 
     def __repr__(self) -> str:
         return f"RabbitMQBroker({self.target})"
+
+    def check_certificates(self) -> None:
+        """For amqps, one short connection to the first node that answers: a certificate that fails
+        verification, the server's or this client's, is BrokerRefused now, at open, naming the node and
+        the reason (waiting does not cure it). A broker that does not answer passes: the queue rides out
+        its outage as it does on amqp."""
+        if self._session.options.ssl_context is None:
+            return
+        for parameters in self._session.parameters:
+            try:
+                blocking_connection([parameters]).close()
+                return
+            except pika.exceptions.AMQPError as error:
+                if certificate_refused(error):
+                    node = f"{parameters.host}:{parameters.port}"
+                    raise BrokerRefused(f"RabbitMQ at {node} (amqps): {describe(error)}") from None
 
     # Publishing.
 
