@@ -106,9 +106,9 @@ class RabbitMQ(Server):
         distribution_tls: Path | None = None,
     ) -> None:
         """A node at `place` (this machine's loopback by default); `user`, when not RabbitMQ's guest, is
-        made at the node's first boot for the clients of other hosts, which guest may not serve.
-        `distribution_tls`: the ssl_dist_optfile of a node whose links to its peers (and rabbitmqctl's to
-        it) speak TLS; None for the Erlang distribution in the clear."""
+        made at the node's first boot for the clients of other hosts, which guest may not serve;
+        `distribution_tls`: the ssl_dist_optfile of a node whose links to its peers (and rabbitmqctl's
+        to it) speak TLS, None for the Erlang distribution in the clear."""
         super().__init__(cache, run_dir=run_dir)
         self.node = node
         self._ports = ports

@@ -122,10 +122,10 @@ class RabbitMQCluster(Server):
             node=self.node_names[index - 1],
             ports={"amqp": ports[f"amqp{index}"], "distribution": ports[f"distribution{index}"]},
             epmd_port=self.epmd_port(),
-            distribution_tls=self.distribution_tls(),
             place=self.places[index - 1],
             run_dir=self.node_dirs[index - 1],
             user=self.user,
+            distribution_tls=self.distribution_tls(),
         )
 
     def distribution_tls(self) -> Path | None:

@@ -85,6 +85,21 @@ def cassandra_cluster() -> Iterator[CassandraClusterServer]:
 
 
 @pytest.fixture(scope="module")
+def host_bed() -> Iterator[HostBed]:
+    """The host bed (mailq_servers/host_bed.py), started for this module's tests and taken down after
+    them, unless it was running before they began."""
+    bed = HostBed()
+    try:
+        with _untimed():
+            _, did = bed.ensure()
+    except ServerError as error:
+        pytest.fail(f"the host bed could not start: {error}", pytrace=False)
+    yield bed
+    if did != "reused":
+        bed.stop()
+
+
+@pytest.fixture(scope="module")
 def cassandra_cluster_tls() -> Iterator[CassandraClusterServer]:
     """The three-node cluster with TLS on every link, as `cassandra_cluster` starts and stops its own."""
     cluster = CassandraClusterTLS()
@@ -111,21 +126,6 @@ def rabbitmq_cluster_tls(rabbitmq_server: RabbitMQServer) -> Iterator[RabbitMQCl
     yield cluster
     if did.startswith(("started", "installed")):
         cluster.stop()
-
-
-@pytest.fixture(scope="module")
-def host_bed() -> Iterator[HostBed]:
-    """The host bed (mailq_servers/host_bed.py), started for this module's tests and taken down after
-    them, unless it was running before they began."""
-    bed = HostBed()
-    try:
-        with _untimed():
-            _, did = bed.ensure()
-    except ServerError as error:
-        pytest.fail(f"the host bed could not start: {error}", pytrace=False)
-    yield bed
-    if did != "reused":
-        bed.stop()
 
 
 @pytest.fixture(scope="module")
