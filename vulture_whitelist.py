@@ -52,7 +52,9 @@ _.delete_all
 Vhosts
 _.web_ui_url
 _.cores
-debian_program
+# The host bed's faults and its check of the hosts' views of the files, which the bed's tests use.
+_.pause
+processes_reading_elsewhere
 # The Prometheus server's controls the metrics tests use.
 _.scraping
 _.await_value

@@ -2,6 +2,7 @@
 resources they run with."""
 
 import os
+import warnings
 from pathlib import Path
 
 import dagster as dg
@@ -12,6 +13,14 @@ from resources import MailqRuntime, spark_resource
 from resources.parquet_io import SparkParquetIOManager
 
 from . import automation, blobs, gc_plan, jobs, mailboxes, orphan_sweep, queue, queue_overview
+
+# Dagster warns that SensorDefinition's `owners` is in beta each time it re-creates a sensor to bind its job's
+# resources, passing on the owners that mailq never sets: a warning about nothing mailq does.
+warnings.filterwarnings(
+    "ignore",
+    message=r"Parameter `owners` of initializer `SensorDefinition.__init__`",
+    category=dg.BetaWarning,
+)
 
 # The GC's destructive steps are asset specs (reported.py), which no "Materialize all" selects: their ops
 # run only in their jobs.

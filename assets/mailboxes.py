@@ -92,13 +92,14 @@ def counter_drift(spark: SparkSession, settings: Settings, scope: Scope = None) 
 
 # Rows of the corrections table: every corrected mailbox up to this many, then a note of the rest.
 CORRECTIONS_SHOWN = 200
+# The figures come before the owner's address, which would push them off a laptop's screen.
 CORRECTION_COLUMNS = [
-    ("user", "string", "the mailbox's owner"),
     ("mailbox", "string", "the mailbox's name"),
     ("count_before", "int", "messages the counter held (-1: no counter row)"),
     ("count_after", "int", "messages the mailbox holds, counted from imap_uid_table"),
     ("unseen_before", "int", "unseen messages the counter held (-1: no counter row)"),
     ("unseen_after", "int", "messages without \\Seen, counted from imap_uid_table"),
+    ("user", "string", "the mailbox's owner"),
 ]
 
 

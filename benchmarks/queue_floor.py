@@ -503,7 +503,9 @@ def distributed(
             from rabbitmq_floor import RabbitMQFloorBroker, mail_queue_objects
 
             objects = mail_queue_objects(mail_queues)
-            broker = RabbitMQFloorBroker(settings.amqp, settings.cassandra.keyspace, threads, objects)
+            broker = RabbitMQFloorBroker(
+                settings.amqp, settings.tls_files, settings.cassandra.keyspace, threads, objects
+            )
         floor = Floor(settings, session, s3, broker)
         try:
             yield floor

@@ -15,7 +15,7 @@ import dns.exception
 import dns.resolver
 
 from .base import HOST, ServerError, log_tail, wait_for
-from .debian import debian_program
+from .system_packages import system_program
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class DnsServer:
         return f"{HOST}:{self.port}"
 
     def __enter__(self) -> DnsServer:
-        program = debian_program("dnsmasq", "dnsmasq-base")
+        program = system_program("dnsmasq")
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "dnsmasq.conf"
         config.write_text(self.zone.config(self.port, self.log))

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .base import HOST, ServerError, port_answers, wait_for
-from .debian import debian_program
+from .system_packages import system_program
 
 _MAIN = """compatibility_level = 3.6
 queue_directory = {root}/queue
@@ -73,7 +73,7 @@ class PrivatePostfix:
         self.root: Path | None = None
 
     def __enter__(self) -> PrivatePostfix:
-        postfix = debian_program("postfix", "postfix")
+        postfix = system_program("postfix")
         self.root = Path(tempfile.mkdtemp(prefix="mailq-postfix-"))
         self.root.chmod(0o755)  # Postfix's processes, as the user postfix, reach their queue through it
         config = self._configure(self.root)

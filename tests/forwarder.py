@@ -5,8 +5,9 @@ carries, both ways (the client sees its connection reset, the server a client go
 one as soon as it is accepted, until `restore()`: an outage as the client sees one, while the server,
 shared with other tests and engineers, runs on undisturbed. `replies_held()` lets every request reach the
 server and holds back every byte of its answers until it ends, then hands them over in order: replies
-that come after the client's timeout, of requests the server has applied. The forwarder listens on
-127.0.0.1 only.
+that come after the client's timeout, of requests the server has applied. The forwarder listens on a
+loopback address, 127.0.0.1 unless told (another one is a host name that a server's certificate does not
+give).
 """
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ def _reset(sock: socket.socket) -> None:
 
 
 class Forwarder:
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, listen: str = "127.0.0.1") -> None:
+        if not listen.startswith("127."):
+            raise ValueError(f"the forwarder listens on loopback only, not {listen!r}")
         self.target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.listen = listen
+        self._listener = socket.create_server((listen, 0))
         self._listener.settimeout(_POLL)
         self.port: int = self._listener.getsockname()[1]
         self._cut = threading.Event()

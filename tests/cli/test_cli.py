@@ -36,11 +36,22 @@ def worker(mailq, idle_exit: str = "0.3") -> dict:
 
 
 def enqueue(mailq, eml: Path, *extra: str, sender: str = ALICE, rcpt: tuple[str, ...] = (BOB,)) -> str:
-    """Enqueue `eml` in the queue 'spool'; returns the enqueue id."""
+    """Enqueue `eml` in the queue 'spool', its recipients of example.org made local users (`mailq users
+    add`) unless they are; returns the enqueue id."""
     recipients = [arg for address in rcpt for arg in ("--rcpt", address)]
     status, out, err = mailq("--json", "enqueue", "spool", str(eml), "--sender", sender, *recipients, *extra)
     assert (status, err) == (0, ""), err
+    add_users(mailq, *rcpt)
     return json.loads(out)["enqueue_id"]
+
+
+def add_users(mailq, *addresses: str) -> None:
+    """`mailq users add` for each of `addresses` in example.org that is not a user yet."""
+    users = json.loads(mailq("--json", "users", "list")[1])
+    for address in addresses:
+        if address.lower().endswith("@example.org") and address.lower() not in users:
+            assert mailq("users", "add", address)[0] == 0
+            users.append(address.lower())
 
 
 def assert_bad_input(result: tuple[int, str, str], *words: str) -> None:

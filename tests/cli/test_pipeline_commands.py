@@ -46,6 +46,8 @@ def traffic(url: str) -> None:
     """Nine mails delivered to three INBOXes, one expunged, three spam mails removed from the queue: the
     spam's and the expunged message's blobs have no reference left; the others live in the mailboxes."""
     with Runtime.open(url, create=True) as runtime:
+        for user in USERS:  # the local users, as `mailq users add` makes them
+            runtime.mailboxes.create(user, INBOX)
         queue = runtime.queue("spool")
         for n in range(9):
             user = USERS[n % 3]
@@ -377,13 +379,30 @@ def test_demo_end_to_end(tmp_path, capsys):
         "mailbox_counters",
         "mail_queue_slices",
         "mail_queue_cleanup",
+        # The overviews too: every asset's page in the UI has a materialisation after the demo.
+        "mail_queue_overview",
+        "mail_queue_domains",
+        "mail_queue_dead_letters",
     }
-    assert len(pipeline["checks"]) == 5 and all(c["passed"] for c in pipeline["checks"].values())
-    assert [run["job"] for run in pipeline["runs"]] == ["blob_gc_and_orphan_sweep_job", "maintenance_job"]
+    assert len(pipeline["checks"]) == 6 and all(c["passed"] for c in pipeline["checks"].values())
+    assert [run["job"] for run in pipeline["runs"]] == [
+        "blob_gc_and_orphan_sweep_job",
+        "maintenance_job",
+        "queue_overview_job",
+        "dead_letters_job",
+    ]
+    overview = pipeline["assets"]["mail_queue_overview"]
+    assert overview["live_mails"] == summary["mailboxes"]["queue_size_after"]
     tables = summary["tables"]
     assert tables["after"]["blobs"] == tables["before"]["blobs"] - summary["collected"]["blobs"]
     text = "\n".join(demo.describe(summary))
-    for heading in ("collected    ", "repaired     ", "cleaned      ", "checks       5 of 5 passed"):
+    for heading in (
+        "collected    ",
+        "repaired     ",
+        "cleaned      ",
+        "checks       6 of 6 passed",
+        "queues       ",
+    ):
         assert heading in text
 
 

@@ -9,6 +9,7 @@ tests themselves do not change.
 - `CassandraBackend`: Cassandra for the metadata, S3 for the content, on the harness's servers
   (mailq_servers), with the embedded broker in a directory of the test's own.
 - `RabbitMQBackend`: the same with RabbitMQ as the broker, in a virtual host of the test's own.
+- `HostBedBackend`: the same on the host bed's servers, each on a host of its own (tests/hosts).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import secrets
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
     from mailq_servers.cassandra import CassandraServer
     from mailq_servers.rabbitmq import RabbitMQServer, Vhosts
+    from mailq_servers.rabbitmq_cluster import RabbitMQClusterServer
     from mailq_servers.s3 import S3Server
 
 AGENT = Path(__file__).with_name("agent.py")
@@ -666,6 +668,53 @@ class RabbitMQBackend(CassandraBackend):
 
     def corrupt_broker_message(self, queue: str, enqueue_id: str) -> None:
         self._rewrite(queue, enqueue_id, lambda body: b'{"not": "a mail"')
+
+
+class HostBedBackend(RabbitMQBackend):
+    """The whole deployment on the host bed (docs/hosts.md): a keyspace replicated on its three Cassandra
+    hosts, a bucket on its objects host and quorum queues on its three RabbitMQ hosts, in a vhost of the
+    module's own. This process reaches them across the bed's bridge, and the agents it starts run on a
+    client host (`on_host` makes an argv one run there), as clients on other machines would."""
+
+    name = "hosts"
+
+    def __init__(
+        self,
+        servers: CassandraS3,
+        keyspace: str,
+        bucket: str,
+        cluster: RabbitMQClusterServer,
+        vhost: str,
+        on_host: Callable[[list[str]], list[str]],
+    ) -> None:
+        super().__init__(servers, keyspace, bucket, cluster.node_server(1, vhost), vhost, queue_type="quorum")
+        self.cluster = cluster
+        self.on_host = on_host
+
+    def agent(self, *arguments: str, **options: object) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.on_host([sys.executable, str(AGENT), self.url(**options), *arguments]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def url(self, **options: object) -> str:
+        broker = self.cluster.broker_url(self.vhost, queues="quorum")
+        return CassandraBackend.url(self, broker=broker, replication=3, **options)
+
+    def close(self) -> None:
+        # One vhost serves a module's tests: each leaves it without queues, so no message of its own (a
+        # dead letter waiting to be drained, say) reaches the next test.
+        CassandraBackend.close(self)
+        self._delete_queues()
+        if self._probe is not None and self._probe.is_open:
+            self._probe.close()
+
+    def elsewhere(self) -> HostBedBackend:
+        return HostBedBackend(
+            self.servers, f"{self.keyspace}_elsewhere", self.bucket, self.cluster, self.vhost
+        )
 
 
 def replace_vhost(parameters: pika.ConnectionParameters, vhost: str) -> pika.ConnectionParameters:

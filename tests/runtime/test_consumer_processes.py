@@ -92,6 +92,7 @@ def finish(processes: list[subprocess.Popen], timeout: float = 120) -> list[str]
 
 def test_several_consumer_processes_and_a_worker_process_each_mail_exactly_once(backend, tmp_path):
     runtime = backend.open(visibility_timeout=LEASE)
+    runtime.mailboxes.create(RECIPIENT, INBOX)  # the worker's local user
     queue = runtime.queue(QUEUE)
     # Due once every process has had the time to start (the worker's command imports the most): the
     # first to start would otherwise take every mail, on a loaded machine, before the last is up.
@@ -127,6 +128,7 @@ def test_consumers_killed_in_the_middle_of_a_mail_lose_none_and_only_mails_in_fl
     backend, tmp_path
 ):
     runtime = backend.open(visibility_timeout=LEASE)
+    runtime.mailboxes.create(RECIPIENT, INBOX)  # the worker's local user
     queue = runtime.queue(QUEUE)
     ids = {f"m{n:03d}": queue.enqueue(make_mail(f"m{n:03d}", recipients=(RECIPIENT,))) for n in range(300)}
     chance = random.Random(11)

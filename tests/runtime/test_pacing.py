@@ -18,9 +18,11 @@ def test_twenty_operations_at_ten_a_second_take_about_two_seconds() -> None:
         limit.wait()
         turns.append(time.monotonic())
     elapsed = time.monotonic() - started
-    assert 1.9 <= elapsed < 3.0
+    # The limit promises a floor (each turn at least 1/rate after the last); the ceiling only catches a
+    # limiter that waits a turn twice, with room for a loaded machine's late wake-ups.
+    assert 1.9 <= elapsed < 3.8
     assert all(b - a >= 0.099 for a, b in zip(turns, turns[1:], strict=False))
-    assert limit.operations == 20 and 1.9 <= limit.seconds() < 3.0
+    assert limit.operations == 20 and 1.9 <= limit.seconds() < 3.8
 
 
 def test_without_a_limit_nothing_waits() -> None:

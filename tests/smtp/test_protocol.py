@@ -268,9 +268,10 @@ def test_an_enqueue_under_way_does_not_hold_the_other_sessions(running):
             with client(running.port) as other:
                 answered = time.monotonic()
                 assert other.noop()[0] == 250
-                assert time.monotonic() - answered < 0.5
+                # Answered while every enqueue still sleeps: no enqueue holds the event loop.
+                assert time.monotonic() - answered < 0.7
             assert all(future.result() == {} for future in sent)
-        assert time.monotonic() - started < 3.0  # four one-second enqueues side by side, not one by one
+        assert time.monotonic() - started < 3.7  # four one-second enqueues side by side, not one by one
     finally:
         queue.enqueue = enqueue
     assert running.size() == 4

@@ -9,7 +9,7 @@ import subprocess
 from functools import cache
 
 from mailq_runtime.worker import run_worker
-from mailq_servers.debian import debian_program
+from mailq_servers.system_packages import system_program
 
 from .conftest import DOMAIN, QUEUE, USER
 from .helpers import MESSAGE, SENDER, SmtpProcess, client, free_port, mailq_command
@@ -17,7 +17,7 @@ from .helpers import MESSAGE, SENDER, SmtpProcess, client, free_port, mailq_comm
 
 @cache
 def smtp_source_program() -> str:
-    return debian_program("smtp-source", "postfix")
+    return system_program("smtp-source")
 
 
 def smtp_source(port: int, *options: str) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,7 @@ import subprocess
 from functools import cache
 
 from mailq_runtime.smtp.access import tls_context
-from mailq_servers.debian import debian_program
+from mailq_servers.system_packages import system_program
 
 from .conftest import USER
 from .helpers import SENDER
@@ -16,7 +16,7 @@ from .helpers import SENDER
 
 @cache
 def swaks_program() -> str:
-    return debian_program("swaks", "swaks")
+    return system_program("swaks")
 
 
 def swaks(port: int, *options: str) -> subprocess.CompletedProcess[str]:

@@ -366,9 +366,12 @@ class CassandraMailboxTables:
 
     def message(self, message_id: str) -> MessageRow | None:
         row = self.store.execute(
-            "SELECT header_blob_id, body_blob_id FROM messages WHERE message_id = ?", (message_id,)
+            "SELECT header_blob_id, body_blob_id, size, internal_date FROM messages WHERE message_id = ?",
+            (message_id,),
         ).one()
-        return None if row is None else MessageRow(row.header_blob_id, row.body_blob_id)
+        if row is None:
+            return None
+        return MessageRow(row.header_blob_id, row.body_blob_id, row.size, row.internal_date)
 
     def delete_message(self, message_id: str) -> None:
         self.store.execute("DELETE FROM messages WHERE message_id = ?", (message_id,))

@@ -49,6 +49,7 @@ from cassandra.pool import NoConnectionsAvailable
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from ...errors import MailqError, NoStore, StoreUnavailable, StoreUnusable
+from ...tls import tls_failure
 from .options import CassandraOptions
 from .schema import TABLES, create_schema, missing_columns
 from .tallies import Tallies
@@ -99,6 +100,7 @@ class CassandraStore:
                 if options.username is None
                 else PlainTextAuthProvider(options.username, options.password),
                 execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+                ssl_context=options.ssl_context,
                 connect_timeout=connect_timeout,
                 # Connecting reads the schema of every keyspace, which a busy node may take more than the
                 # driver's default 2 s to return: it is slow, not away.
@@ -125,7 +127,7 @@ class CassandraStore:
         try:
             session = self.cluster.connect()
         except _FAILURES as error:
-            reason = _reason(error)
+            reason = tls_failure(error) or _reason(error)
             if password:
                 reason = reason.replace(password, "***")
             raise StoreUnavailable(f"cannot connect to Cassandra at {self.where}: {reason}") from None
