@@ -10,10 +10,10 @@ needs (a floor, not a design), measured against the James-like floor in the same
 
 What the feature floor adds to James's statements, a mail:
 
-  enqueue         UPDATE the slice's counter (enqueued + 1), the row size() reads
+  enqueue         INSERT the writer's share of the slice's count, the row size() reads
                   INSERT the two references (blob_references), one unlogged batch of one partition, at the
                   reference generation taken as known (no read)
-  dequeue + done  UPDATE the slice's counter (deleted + 1)
+  dequeue + done  INSERT the writer's share of the slice's count
                   INSERT the two blobs' deletions (blob_deletions) and DELETE the references, one unlogged
                   batch (a logged one is what would keep them together)
 
