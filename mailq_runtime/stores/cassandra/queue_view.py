@@ -301,11 +301,9 @@ class CassandraQueueView:
             folded = [row for row in counted if row.bucket == bucket and row.epoch < settled]
             was_enqueued = sum(row.enqueued for row in folded)
             was_deleted = sum(row.deleted for row in folded)
-            if [row.epoch for row in folded] == [FOLDED] and (was_enqueued, was_deleted) == (
-                enqueued,
-                deleted,
-            ):
-                continue
+            shares = any(row.epoch != FOLDED for row in folded)
+            if not shares and (was_enqueued, was_deleted) == (enqueued, deleted):
+                continue  # folded already, and right
             self.slice_counters.fold(queue, slice_start, bucket, settled, enqueued, deleted)
             corrected += abs(was_enqueued - enqueued) + abs(was_deleted - deleted)
         return corrected
