@@ -16,7 +16,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from urllib.parse import quote, urlsplit
 
@@ -42,7 +42,6 @@ HELD = 3.0  # seconds of replies held back: past a try's timeout, within the sto
 EPOCH, SETTLE, RECOUNT_INTERVAL = 1.0, 6.0, 3.0
 BOUND = EPOCH + SETTLE + RECOUNT_INTERVAL
 PRODUCERS, CONSUMERS = 2, 2
-QUIET = 1.5  # seconds for the calls under way at a pause to end
 
 
 @pytest.fixture
@@ -88,58 +87,83 @@ def deployment(
 
 class Traffic:
     """Producers enqueueing and consumers delivering into a mailbox, the whole time, until `stop`; on
-    `pause`, producers stop enqueueing and consumers hold what they took, unsettled."""
+    `pause`, once the calls under way have ended, producers enqueue nothing and consumers hold what they
+    took, unsettled."""
 
     def __init__(self, runtime: Runtime, queue: MailQueue) -> None:
         self.runtime, self.queue = runtime, queue
         self.mailbox = runtime.mailboxes.get_or_create(f"user@{DOMAIN}", "INBOX")
         self.paused, self.stopped = threading.Event(), threading.Event()
         self.enqueued = self.delivered = 0
+        self._lock = threading.Lock()
+        self._under_way = 0  # calls started before a pause and not ended yet
         self.threads = [threading.Thread(target=self._produce, args=(n,)) for n in range(PRODUCERS)]
         self.threads += [threading.Thread(target=self._consume) for _ in range(CONSUMERS)]
         for thread in self.threads:
             thread.start()
 
+    def _call(self, call: Callable[[], None]) -> bool:
+        """Run `call` unless paused (then False, at once); a backend's failure ends it too."""
+        with self._lock:
+            if self.paused.is_set():
+                return False
+            self._under_way += 1
+        try:
+            call()
+        except BACKEND_FAILURES:
+            pass  # not accepted, or not settled: its producer keeps it, or it is delivered again
+        finally:
+            with self._lock:
+                self._under_way -= 1
+        return True
+
     def _produce(self, producer: int) -> None:
         n = 0
         while not self.stopped.is_set():
-            if self.paused.is_set():
+            mail = make_mail(f"p{producer}-{n}", recipients=(f"user@{DOMAIN}",))
+            if not self._call(functools.partial(self._enqueue, mail)):
                 time.sleep(0.05)
                 continue
-            try:
-                self.queue.enqueue(make_mail(f"p{producer}-{n}", recipients=(f"user@{DOMAIN}",)))
-                self.enqueued += 1
-            except BACKEND_FAILURES:
-                pass  # not accepted: its producer keeps it, as an SMTP client does after a 4xx
             n += 1
             time.sleep(0.02)
 
+    def _enqueue(self, mail) -> None:
+        self.queue.enqueue(mail)
+        self.enqueued += 1
+
     def _consume(self) -> None:
+        taken: list = []
         while not self.stopped.is_set():
-            if self.paused.is_set():
+            if not self._call(lambda: taken.append(self.queue.dequeue(timeout=0.2))):
                 time.sleep(0.05)
                 continue
-            try:
-                item = self.queue.dequeue(timeout=0.2)
-            except BACKEND_FAILURES:
-                continue
-            if item is None:
-                continue
-            while self.paused.is_set() and not self.stopped.is_set():
-                time.sleep(0.05)  # holds what it took
-            try:
-                self.runtime.mailboxes.append(self.mailbox, item.mail.message)
-                item.done()
-                self.delivered += 1
-            except BACKEND_FAILURES:
-                pass  # delivered again once its lease ends or the broker sees it given back
+            item = taken.pop() if taken else None
+            # Held, unsettled, while paused.
+            while (
+                item is not None
+                and not self.stopped.is_set()
+                and not self._call(functools.partial(self._deliver, item))
+            ):
+                time.sleep(0.05)
+
+    def _deliver(self, item) -> None:
+        self.runtime.mailboxes.append(self.mailbox, item.mail.message)
+        item.done()
+        self.delivered += 1
+
+    def _pause(self) -> None:
+        with self._lock:
+            self.paused.set()
+        deadline = time.monotonic() + 60
+        while self._under_way and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not self._under_way, "calls still under way a minute after the pause"
 
     def check(self) -> tuple[int, int, str]:
         """Pause, compare every count with a browse, resume: the mails enqueued and delivered so far,
         and what was compared, for the report."""
-        self.paused.set()
+        self._pause()
         try:
-            time.sleep(QUIET)
             browsed = [item.name for item in self.queue.browse()]
             overview = self.queue.overview()
             by_domain = {
