@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(BIN)/python)
 
-.PHONY: demo demo-distributed test lint setup system-packages ui ui-distributed clean servers servers-down
+.PHONY: demo demo-distributed demo-hosts test lint setup system-packages ui ui-distributed clean servers servers-down
 
 $(BIN)/mailq: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,19 @@ demo-distributed: setup $(DAGSTER_DIR)/dagster.yaml
 	$(BIN)/python -m mailq_servers deployment $(DISTRIBUTED_DIR)
 	$(SERVERS_ENV) && $(BIN)/mailq --url "$$(cat $(DISTRIBUTED_DIR)/url)" demo $(DEMO_OPTIONS)
 
+# The same demo on the host bed (docs/hosts.md): the servers on hosts of their own (network namespaces,
+# as root), `mailq demo` run on the bed's driver host, the pipeline on the bed's Spark cluster (workers on
+# the three server hosts). Its outputs go under $(HOSTS_DIR), which every host sees: the pipeline's
+# shared disk.
+HOSTS_DIR := $(abspath .mailq-demo-hosts)
+
+demo-hosts: export DAGSTER_HOME := $(DAGSTER_DIR)
+demo-hosts: export MAILQ_PIPELINE_DIR := $(HOSTS_DIR)/pipeline
+demo-hosts: setup $(DAGSTER_DIR)/dagster.yaml
+	$(BIN)/python -m mailq_servers up hosts
+	$(BIN)/python -m mailq_servers deployment --hosts $(HOSTS_DIR)
+	$(BIN)/python -m mailq_servers on driver $(abspath $(BIN)/mailq) --url "$$(cat $(HOSTS_DIR)/url)" demo $(DEMO_OPTIONS)
+
 # The suite in two processes, then the tests that need the machine to themselves (tests/conftest.py).
 test: setup system-packages
 	$(BIN)/pytest -n 2 -m 'not alone'
@@ -63,21 +76,24 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/vulture mailq_runtime mailq_cli mailq_servers assets resources mailq_demo benchmarks vulture_whitelist.py
 
+# `dagster dev` through a launcher that stops it, its webserver, daemon and code server within seconds of
+# Ctrl-C or SIGTERM (mailq_demo/ui.py).
 ui: export DAGSTER_HOME := $(DAGSTER_DIR)
 ui: export MAILQ_URL := embedded://$(DEMO_DIR)
 ui: setup $(DAGSTER_DIR)/dagster.yaml
 	@test -f $(DEMO_DIR)/mailq.db || { echo "no demo data in $(DEMO_DIR): run 'make demo' first" >&2; exit 1; }
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1
+	$(BIN)/python -m mailq_demo.ui -w workspace.yaml -h 127.0.0.1
 
 ui-distributed: export DAGSTER_HOME := $(DAGSTER_DIR)
 ui-distributed: export MAILQ_PIPELINE_DIR := $(DISTRIBUTED_DIR)/pipeline
 ui-distributed: setup $(DAGSTER_DIR)/dagster.yaml
 	@test -f $(DISTRIBUTED_DIR)/url || { echo "no distributed demo: run 'make demo-distributed' first" >&2; exit 1; }
 	$(BIN)/python -m mailq_servers up
-	$(SERVERS_ENV) && MAILQ_URL="$$(cat $(DISTRIBUTED_DIR)/url)" $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1
+	$(SERVERS_ENV) && MAILQ_URL="$$(cat $(DISTRIBUTED_DIR)/url)" $(BIN)/python -m mailq_demo.ui -w workspace.yaml -h 127.0.0.1
 
 # The distributed demo's keyspace, bucket and vhost are removed from the servers when they run (`-`: the
 # rest is cleaned either way).
 clean:
 	-[ ! -f $(DISTRIBUTED_DIR)/url ] || $(BIN)/python -m mailq_servers deployment --remove $(DISTRIBUTED_DIR)
-	rm -rf $(VENV) .mailq .mailq-demo .dagster $(DISTRIBUTED_DIR)
+	-[ ! -f $(HOSTS_DIR)/url ] || $(BIN)/python -m mailq_servers deployment --hosts --remove $(HOSTS_DIR)
+	rm -rf $(VENV) .mailq .mailq-demo .dagster $(DISTRIBUTED_DIR) $(HOSTS_DIR)

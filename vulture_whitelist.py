@@ -58,6 +58,9 @@ _.delete_all
 Vhosts
 _.web_ui_url
 _.cores
+# The host bed's faults and its check of the hosts' views of the files, which the bed's tests use.
+_.pause
+processes_reading_elsewhere
 # The Prometheus server's controls the metrics tests use.
 _.scraping
 _.await_value
@@ -82,3 +85,7 @@ _.lifetime
 
 # smtplib reads the encoding of the commands it sends from its client.
 _.command_encoding
+
+# Used by the tests only: the installer beside the list, and one node of the RabbitMQ cluster alone.
+INSTALLER
+_.node_server

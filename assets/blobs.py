@@ -53,9 +53,17 @@ from .spark.collect import collect_blobs, retire_deletions
 from .spark.table_source import read_table
 
 GROUP = "blob_gc"
+# What starts the GC, on the pages of the assets its runs report (Dagster links a sensor to the assets of
+# the asset jobs it requests, not to an op-based job's).
+GC_AUTOMATION = (
+    "deletions_waiting_sensor, which requests blob_gc_job when deletions wait (off until turned on under "
+    "Automation)"
+)
 
 
-@dg.asset(group_name=GROUP, kinds={"python"}, io_manager_key="spark_parquet")
+@dg.asset(
+    group_name=GROUP, kinds={"python"}, io_manager_key="spark_parquet", metadata={"automation": GC_AUTOMATION}
+)
 def reference_generations(mailq: MailqRuntime) -> dg.Output[dict]:
     """The reference generations and GC iterations, and which generations this iteration may collect."""
     return generations_output(mailq)
@@ -104,7 +112,9 @@ def generations_output(mailq: MailqRuntime) -> dg.Output[dict]:
     )
 
 
-@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
+@dg.asset(
+    group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet", metadata={"automation": GC_AUTOMATION}
+)
 def deletion_sets(
     reference_generations: dict, mailq: MailqRuntime, pyspark: LazyPySparkResource
 ) -> dg.Output[DataFrame]:
@@ -171,7 +181,9 @@ class BloomFilterConfig(dg.Config):
     lookup_limit: int = LOOKUP_LIMIT
 
 
-@dg.asset(group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet")
+@dg.asset(
+    group_name=GROUP, kinds={"spark"}, io_manager_key="spark_parquet", metadata={"automation": GC_AUTOMATION}
+)
 def live_reference_filter(
     config: BloomFilterConfig,
     deletion_sets: DataFrame,
@@ -269,6 +281,7 @@ COLLECTED_BLOBS = reported.spec(
         it did with each blob examined goes to `gc_runs/<record_id>` (gc_records.py), for `mailq blobs
         explain`."""
     ),
+    started_by=GC_AUTOMATION,
 )
 
 
@@ -418,7 +431,9 @@ def _collect_figures(mode: str, concerned: int, figures: dict, started: float) -
     reclaimed = figures.get("bytes", 0)
     return {
         "mode": mode,
-        "references_read": mode in ("exact anti-join", "bloom filter"),
+        # Read by blob id in the lookups' mode, the whole table (its blob ids) in the others'.
+        "references_read": mode != "nothing to examine",
+        "references_table_read": mode in ("exact anti-join", "bloom filter"),
         "concerned_blobs": concerned,
         "deleted_blobs": deleted,
         "kept_still_referenced": kept_live,

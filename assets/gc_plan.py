@@ -25,11 +25,21 @@ from resources.parquet_io import SparkParquetIOManager
 from . import blobs, gc_records, reported
 from .blobs import GROUP, NO_LIVE_BLOB_COLLECTED
 from .gc_mark import mark, no_live_blob_among, record_run
-from .metadata import DATETIME, table, when
+from .metadata import DATETIME, short_blob_id, table, when
 from .spark.collect import collect_blobs, lookup_references, lookup_rows
 
 # The plan's blobs shown in the UI; the plan itself holds them all.
 BLOBS_SHOWN = 50
+# The columns a person reads first come first; a blob id (68 characters) would push them off a laptop's
+# screen, so it comes last, after its short form.
+KEPT_COLUMNS = [("reason", "string", "why blobs of the plan were kept"), ("blobs", "int", "how many")]
+DELETED_COLUMNS = [
+    ("owners", "string", "the owners whose releases made it garbage"),
+    ("generation", "string", "its reference generation"),
+    ("bytes", "int", "its size"),
+    ("blob", "string", "the blob, shortened (its generation and the first hex digits of its hash)"),
+    ("blob_id", "string", f"the blob's full id (the first {BLOBS_SHOWN}: deleted_blobs counts them all)"),
+]
 
 
 class PlanConfig(dg.Config):
@@ -139,15 +149,21 @@ def gc_plan(
             **table(
                 "blobs",
                 [
-                    ("blob_id", "string", "the blob"),
+                    ("owners", "string", "the owners whose releases wrote its deletion rows"),
                     ("bytes", "int", "its size"),
                     ("deletions", "int", "its deletion rows"),
                     ("last_deleted", DATETIME, "the newest of them"),
-                    ("owners", "string", "the owners whose releases wrote them"),
                     ("found_by", "string", "how it was found unreferenced"),
+                    (
+                        "blob",
+                        "string",
+                        "the blob, shortened (its generation and the first hex digits of its hash)",
+                    ),
+                    ("blob_id", "string", "the blob's full id"),
                 ],
                 [
                     {
+                        "blob": short_blob_id(r["blob_id"]),
                         "blob_id": r["blob_id"],
                         "bytes": r["bytes"],
                         "deletions": r["deletions"],
@@ -176,7 +192,8 @@ APPLIED_GC_PLAN = reported.spec(
     [GC_PLAN],
     GROUP,
     "gc_apply_job",
-    "Applies the plan `plan_id` (by default the newest plan with blobs not applied yet): deletes exactly "
+    "Applies the plan `plan_id` (by default the newest plan with blobs not applied yet; when the newest "
+    "plan holds none, nothing, and its `note` says so): deletes exactly "
     "its blobs that are still collectable, and keeps the others with the reason (`kept`); the first blobs "
     "deleted are listed with their owners (`deleted`). Applying a plan again deletes nothing: its blobs "
     "are gone already.",
@@ -193,7 +210,18 @@ def applied_gc_plan(
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
     """Apply a plan (APPLIED_GC_PLAN), then check that no blob it deleted has a reference."""
     base = spark_parquet.base_path
-    plan_id = _chosen_plan(config.plan_id, base)
+    plan_id, nothing = _chosen_plan(config.plan_id, base)
+    if nothing:
+        # Nothing to apply is news, not a failure: the run succeeds and says so, with zeros.
+        yield dg.AssetMaterialization(
+            asset_key=APPLIED_GC_PLAN.key, metadata=_nothing_to_apply(plan_id, nothing)
+        )
+        yield reported.evaluation(
+            APPLIED_GC_PLAN,
+            NO_LIVE_BLOB_COLLECTED,
+            dg.AssetCheckResult(passed=True, metadata={"collected_blobs_checked": 0, "note": nothing}),
+        )
+        return
     spark = pyspark.spark_session
     now = mailq.runtime.clock()
     plan = spark.read.parquet(gc_records.path(base, gc_records.PLANS, plan_id))
@@ -224,12 +252,7 @@ def applied_gc_plan(
         "deleted_blobs": deleted,
         "bytes_reclaimed": reclaimed,
         "kept_blobs": total - deleted,
-        **table(
-            "kept",
-            [("reason", "string", "why blobs of the plan were kept"), ("blobs", "int", "how many")],
-            kept,
-            "none kept: every blob of the plan was deleted",
-        ),
+        **table("kept", KEPT_COLUMNS, kept, "none kept: every blob of the plan was deleted"),
         **_deleted_table(written, plan),
     }
     gone = counts.get(gc_records.KEPT_GONE, (0, 0))[0]
@@ -248,23 +271,44 @@ def applied_gc_plan(
     )
 
 
-def _chosen_plan(configured: str | None, base: str) -> str:
-    """The plan a run applies: the one its config names, which must exist, or else the newest one with
-    blobs that is not applied yet."""
-    if configured is None:
-        newest = gc_records.newest_unapplied_plan(base)
-        if newest is None:
+def _chosen_plan(configured: str | None, base: str) -> tuple[str, str]:
+    """The plan a run applies and "", or the newest plan and why there is nothing to apply: the plan its
+    config names, which must exist; else the newest plan with blobs that is not applied yet, unless the
+    newest plan holds none. With no plan at all to choose from, the run fails, naming the job that
+    makes one."""
+    if configured is not None:
+        plan_id = gc_records.check_plan_id(configured)
+        if not gc_records.exists(base, gc_records.PLANS, plan_id):
             raise dg.Failure(
-                f"no GC plan to apply: every plan with blobs under {base}/{gc_records.PLANS} is applied "
-                "(gc_plan_job, or `mailq gc --dry-run`, makes a new one)"
+                f"unknown GC plan {plan_id}: none at {gc_records.path(base, gc_records.PLANS, plan_id)}"
             )
-        return newest
-    plan_id = gc_records.check_plan_id(configured)
-    if not gc_records.exists(base, gc_records.PLANS, plan_id):
+        return plan_id, ""
+    newest = gc_records.newest_plan(base)
+    if newest is None:
         raise dg.Failure(
-            f"unknown GC plan {plan_id}: none at {gc_records.path(base, gc_records.PLANS, plan_id)}"
+            f"no GC plan to apply: none under {base}/{gc_records.PLANS} yet (gc_plan_job, or `mailq gc "
+            "--dry-run`, makes one)"
         )
-    return plan_id
+    if not newest[1]:
+        return newest[0], f"the newest plan, {newest[0]}, holds no blob: nothing to apply"
+    unapplied = gc_records.newest_unapplied_plan(base)
+    if unapplied is None:
+        return newest[0], f"every plan with blobs is applied, the newest, {newest[0]}, too: nothing to apply"
+    return unapplied, ""
+
+
+def _nothing_to_apply(plan_id: str, note: str) -> dict[str, dg.MetadataValue | str | int]:
+    """An application's figures when there is nothing to apply: zeros, and why."""
+    return {
+        "plan_id": plan_id,
+        "note": note,
+        "planned_blobs": 0,
+        "deleted_blobs": 0,
+        "bytes_reclaimed": 0,
+        "kept_blobs": 0,
+        **table("kept", KEPT_COLUMNS, [], "nothing to apply"),
+        **table("deleted", DELETED_COLUMNS, [], "nothing to apply"),
+    }
 
 
 def _deleted_table(written: DataFrame, plan: DataFrame) -> dict[str, dg.MetadataValue]:
@@ -278,18 +322,14 @@ def _deleted_table(written: DataFrame, plan: DataFrame) -> dict[str, dg.Metadata
     )
     return table(
         "deleted",
-        [
-            ("blob_id", "string", f"a blob deleted (the first {BLOBS_SHOWN}: deleted_blobs counts them all)"),
-            ("generation", "string", "its reference generation"),
-            ("bytes", "int", "its size"),
-            ("owners", "string", "the owners whose releases made it garbage"),
-        ],
+        DELETED_COLUMNS,
         [
             {
-                "blob_id": r["blob_id"],
+                "owners": ", ".join(r["owners"] or []) or "not recorded",
                 "generation": f"rg{r['generation']}",
                 "bytes": r["bytes"],
-                "owners": ", ".join(r["owners"] or []) or "not recorded",
+                "blob": short_blob_id(r["blob_id"]),
+                "blob_id": r["blob_id"],
             }
             for r in shown
         ],

@@ -92,6 +92,15 @@ def _dataset(base: str, kind: str, record_id: str) -> ds.Dataset | None:
     return dataset if "blob_id" in dataset.schema.names else None
 
 
+def newest_plan(base: str) -> tuple[str, int] | None:
+    """The newest plan written whole and how many blobs it holds; None when there is none."""
+    for plan_id in sorted(_ids(base, PLANS), reverse=True):
+        if exists(base, PLANS, plan_id):
+            dataset = _dataset(base, PLANS, plan_id)
+            return plan_id, 0 if dataset is None else dataset.count_rows()
+    return None
+
+
 def newest_unapplied_plan(base: str) -> str | None:
     """The newest plan with blobs that no application has recorded: what gc_apply_job applies when its
     config names none. Every blob of an applied plan has a row in the application's record, so a record

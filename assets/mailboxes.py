@@ -67,8 +67,13 @@ def counter_drift(spark: SparkSession, settings: Settings, scope: Scope = None) 
     expected = truth.groupBy("mailbox_id").agg(
         F.count("*").alias("count"), F.sum(_unseen("flags")).alias("unseen")
     )
-    counters = read_table(spark, settings, "mailbox_counters", mailboxes=scope).select(
-        "mailbox_id", F.col("count").alias("observed_count"), F.col("unseen").alias("observed_unseen")
+    # Summed by mailbox: Cassandra keeps one row a writer's share (tallies.py), the embedded store one.
+    counters = (
+        read_table(
+            spark, settings, "mailbox_counters", columns=["mailbox_id", "count", "unseen"], mailboxes=scope
+        )
+        .groupBy("mailbox_id")
+        .agg(F.sum("count").alias("observed_count"), F.sum("unseen").alias("observed_unseen"))
     )
     mailboxes = read_table(
         spark, settings, "mailboxes", columns=["mailbox_id", "user", "name"], mailboxes=scope
@@ -87,13 +92,14 @@ def counter_drift(spark: SparkSession, settings: Settings, scope: Scope = None) 
 
 # Rows of the corrections table: every corrected mailbox up to this many, then a note of the rest.
 CORRECTIONS_SHOWN = 200
+# The figures come before the owner's address, which would push them off a laptop's screen.
 CORRECTION_COLUMNS = [
-    ("user", "string", "the mailbox's owner"),
     ("mailbox", "string", "the mailbox's name"),
     ("count_before", "int", "messages the counter held (-1: no counter row)"),
     ("count_after", "int", "messages the mailbox holds, counted from imap_uid_table"),
     ("unseen_before", "int", "unseen messages the counter held (-1: no counter row)"),
     ("unseen_after", "int", "messages without \\Seen, counted from imap_uid_table"),
+    ("user", "string", "the mailbox's owner"),
 ]
 
 

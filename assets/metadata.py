@@ -43,3 +43,10 @@ def table(key: str, columns: list[Column], records: list[dict], empty: str) -> d
     if not records:
         entries[f"{key}_note"] = dg.MetadataValue.text(empty)
     return entries
+
+
+def short_blob_id(blob_id: str) -> str:
+    """A blob id as a table shows it first: its generation and the first 12 hex digits of its hash
+    (`g1_0123456789ab…`), enough to tell the blobs of a table apart; the full id has its own column."""
+    generation, _, digest = blob_id.partition("_")
+    return f"{generation}_{digest[:12]}…" if len(digest) > 12 else blob_id

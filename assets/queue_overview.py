@@ -88,7 +88,17 @@ def mail_queue_overview(mailq: MailqRuntime) -> dg.MaterializeResult:
 
 
 def _domain_rows(queue: str, shape: DomainShape, now: int) -> list[dict]:
-    """The table's rows of one destination domain: one per state, as `mailq queues --by-domain`."""
+    """The table's rows of one destination domain: one per state that holds mails (a domain with none, one
+    row of state `none`), as `mailq queues --by-domain`. The domain's own figures (its oldest mail, its
+    suspension, remote delivery's note) are on its first row only: the others have none of their own."""
+    states = [state for state in STATES if shape.total(state)] or ["none"]
+    domain_figures = {
+        "oldest_minutes": None if shape.oldest is None else _oldest_minutes(shape, now),
+        "suspended_until": _shown(shape.suspended_until),
+        "next_attempt": _shown(shape.next_attempt),
+        "last_error": shape.last_error or "",
+        "last_error_at": _shown(shape.last_error_at),
+    }
     return [
         {
             "queue": queue,
@@ -96,13 +106,9 @@ def _domain_rows(queue: str, shape: DomainShape, now: int) -> list[dict]:
             "state": state,
             "mails": shape.total(state),
             **dict(zip(BUCKET_COLUMNS, shape.buckets.get(state, (0,) * len(BUCKET_NAMES)), strict=True)),
-            "oldest_minutes": _oldest_minutes(shape, now),
-            "suspended_until": _shown(shape.suspended_until),
-            "next_attempt": _shown(shape.next_attempt),
-            "last_error": shape.last_error or "",
-            "last_error_at": _shown(shape.last_error_at),
+            **(domain_figures if index == 0 else dict.fromkeys(domain_figures)),
         }
-        for state in STATES
+        for index, state in enumerate(states)
     ]
 
 
@@ -141,7 +147,8 @@ def mail_queue_domains(mailq: MailqRuntime) -> dg.MaterializeResult:
     state (queued, deferred, held) in doubling age buckets, the oldest, remote delivery's last error there and
     its next attempt, read from the counters kept as mail moves (never a browse of the queue). Totals
     and the top domains' figures as numbers, to plot across materialisations; the top domains' rows as
-    a table."""
+    a table. Its counts are of mails per recipient domain: a mail to two domains counts in each, so
+    `waiting_by_domain` may exceed mail_queue_overview's `live_mails`."""
     runtime = mailq.runtime
     now = runtime.clock()
     shapes = [
@@ -151,10 +158,10 @@ def mail_queue_domains(mailq: MailqRuntime) -> dg.MaterializeResult:
     return dg.MaterializeResult(
         metadata={
             "domains": len({shape.domain for _, shape in shapes}),
-            # A mail counts once per domain it has a recipient in, as in qshape.
-            "waiting": sum(_waiting(shape) for _, shape in shapes),
-            "deferred": sum(shape.total("deferred") for _, shape in shapes),
-            "held": sum(shape.total("held") for _, shape in shapes),
+            # A mail counts once per domain it has a recipient in, as in qshape: the names say so.
+            "waiting_by_domain": sum(_waiting(shape) for _, shape in shapes),
+            "deferred_by_domain": sum(shape.total("deferred") for _, shape in shapes),
+            "held_by_domain": sum(shape.total("held") for _, shape in shapes),
             "domains_retrying": sum(1 for _, shape in shapes if _retrying(shape, now)),
             "domains_suspended": sum(1 for _, shape in shapes if shape.suspended_until is not None),
             "oldest_minutes": max((_oldest_minutes(shape, now) for _, shape in shapes), default=-1),
@@ -168,14 +175,24 @@ def mail_queue_domains(mailq: MailqRuntime) -> dg.MaterializeResult:
                         "state",
                         "string",
                         "queued: never tried or due; deferred: waiting for a retry or delay; held: by an "
-                        "operator until released",
+                        "operator until released; none: no mail (a row for the domain's figures)",
                     ),
-                    ("mails", "int", "mails with a recipient in the domain, in this state"),
+                    (
+                        "mails",
+                        "int",
+                        "mails with a recipient in the domain, in this state (a mail to two "
+                        "domains counts in each)",
+                    ),
                     *[
                         (column, "int", f"of them, enqueued {name} minutes ago")
                         for column, name in BUCKET_AGES
                     ],
-                    ("oldest_minutes", "int", "age of the oldest mail waiting, to the 5 minutes (-1: none)"),
+                    (
+                        "oldest_minutes",
+                        "int",
+                        "age of the domain's oldest mail waiting, in any state, to the 5 minutes (on its "
+                        "first row)",
+                    ),
                     ("suspended_until", DATETIME, "while an operator suspends the domain"),
                     ("next_attempt", DATETIME, "when remote delivery tries the domain again"),
                     ("last_error", "string", "remote delivery's last failure at the domain"),

@@ -20,15 +20,25 @@ from resources.parquet_io import STORED_AS, SparkParquetIOManager
 from . import gc_records
 from .gc_mark import no_live_blob_among
 
+# What starts a step that no sensor or schedule starts.
+BY_AN_OPERATOR = "none: an operator launches its job"
 
-def spec(name: str, deps: Sequence, group: str, job: str, description: str) -> dg.AssetSpec:
-    """The asset spec of a step that only its job runs; the Catalog's description says which job."""
+
+def spec(
+    name: str, deps: Sequence, group: str, job: str, description: str, *, started_by: str = BY_AN_OPERATOR
+) -> dg.AssetSpec:
+    """The asset spec of a step that only its job runs; the Catalog's description says which job and what
+    starts it (`started_by`: a sensor, or BY_AN_OPERATOR). Dagster links a sensor to the assets of the
+    asset jobs it requests, not to an op-based job's, so the asset's page names it in its definition's
+    metadata (`automation`) instead of under Automation details."""
     return dg.AssetSpec(
         name,
         deps=deps,
         group_name=group,
         kinds={"spark"},
-        description=f"{description}\n\nRun by {job} (Jobs, then Launchpad): Materialize never selects it.",
+        description=f"{description}\n\nRun by {job} (Jobs, then Launchpad): Materialize never selects it. "
+        f"Automation: {started_by}.",
+        metadata={"job": job, "automation": started_by},
     )
 
 

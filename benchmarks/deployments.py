@@ -30,7 +30,7 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 def cassandra_cluster(settings: Settings) -> Cluster:
-    """A cluster of the URL's Cassandra with the execution profile the runtime's store uses."""
+    """A cluster of the URL's Cassandra with the execution profile and the TLS the runtime's store uses."""
     cassandra = settings.cassandra
     assert cassandra is not None
     level = ConsistencyLevel.name_to_value[cassandra.consistency.upper()]
@@ -48,6 +48,7 @@ def cassandra_cluster(settings: Settings) -> Cluster:
         port=cassandra.contact_points[0][1],
         auth_provider=None if cassandra.user is None else PlainTextAuthProvider(cassandra.user, password),
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        ssl_context=settings.tls_files.context() if cassandra.tls else None,
     )
 
 
@@ -63,7 +64,14 @@ def s3_client(settings: Settings):
         response_checksum_validation="when_supported",
         s3={"addressing_style": "path"} if s3.endpoint else None,
     )
-    return boto3.client("s3", endpoint_url=s3.endpoint, region_name=s3.region, config=config)
+    ca = settings.tls_files.ca
+    return boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        region_name=s3.region,
+        config=config,
+        verify=None if ca is None else str(ca),
+    )
 
 
 def drop_deployment(session: Session, s3, keyspace: str, bucket: str) -> None:

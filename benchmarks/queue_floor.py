@@ -9,9 +9,10 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
                   content.put x2                 PutObject with a CRC32 checksum, one after the other
                   blob_tables.add_blobs          INSERT INTO blobs x2, one unlogged batch
                   blob_tables.add_references     one unlogged batch of two INSERTs (one partition)
-                  view.insert                    UPDATE the slice counter, then INSERT INTO enqueued_mails
-                  (destinations.count)           UPDATE the destination domain's counter (untimed, as
-                                                 mailq's)
+                  view.insert                    INSERT the writer's share of the slice's count, then
+                                                 INSERT INTO enqueued_mails
+                  (destinations.count)           INSERT the writer's share of the destination domain's
+                                                 count (untimed, as mailq's)
                   broker.publish                 a SQLite transaction: INSERT INTO broker_messages;
                                                  RabbitMQ: a publish, waiting for its confirmation
   dequeue + done  broker.receive                 a SQLite transaction: claim the next message;
@@ -19,8 +20,9 @@ that their ratio says what mailq's own work costs. The calls, in mailq's order a
                   view.is_live                   SELECT the deletion mark and browse_start, concurrently
                                                  (mailq: the mark alone for a mail of the current slice)
                   content.get x2                 GetObject, checksum checked, one after the other
-                  view.mark_done                 INSERT INTO deleted_mails, then UPDATE the slice's and
-                                                 the destination domain's counters, one counter batch
+                  view.mark_done                 INSERT INTO deleted_mails, then INSERT the writer's
+                                                 shares of the slice's and the destination domain's
+                                                 counts, one unlogged batch
                   blob_tables.current            SELECT the current GC iteration (mailq: once a second)
                   blob_tables.add_deletions      INSERT INTO blob_deletions x2 (the blob ids the row
                                                  names), one unlogged batch
@@ -80,22 +82,33 @@ from mailq_runtime.settings import Settings
 from mailq_runtime.stores.embedded import SYNCHRONOUS
 from mailq_runtime.stores.records import EnqueuedMail
 
+_SHARE = (
+    "INSERT INTO slice_counters (queue, slice_start, bucket, epoch, writer, enqueued, deleted) "
+    "VALUES (?, ?, ?, ?, 'floor', ?, ?) USING TIMESTAMP ?"
+)
+_EPOCH = 10_000_000  # mailq_runtime/stores/cassandra/queue_view.py's EPOCH, microseconds
+
+
+def share(row: tuple, now: int, enqueued: int, deleted: int) -> tuple:
+    """A share's parameters for the mail of `row` at `now` (the values stand for the running counts)."""
+    return (*row[:3], now - now % _EPOCH, enqueued, deleted, now)
+
+
 _STATEMENTS = {
     "generation": "SELECT number FROM generations WHERE kind = ? LIMIT 1",
     "add_blob": "INSERT INTO blobs (blob_id, generation, size, created_at) VALUES (?, ?, ?, ?)",
     "add_reference": "INSERT INTO blob_references (owner, blob_id, generation) VALUES (?, ?, ?)",
-    "count_enqueued": "UPDATE slice_counters SET enqueued = enqueued + 1 "
-    "WHERE queue = ? AND slice_start = ? AND bucket = ?",
+    # A writer's share (mailq_runtime/stores/cassandra/tallies.py): the slice's counts of an epoch.
+    "count_enqueued": _SHARE,
     "insert": "INSERT INTO enqueued_mails (queue, slice_start, bucket, enqueue_id, enqueued_time, "
-    "next_delivery, priority, name, sender, recipients, header_blob_id, body_blob_id, metadata) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "next_delivery, priority, name, sender, recipients, header_blob_id, body_blob_id, metadata, counted_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "is_marked": "SELECT enqueue_id FROM deleted_mails WHERE queue = ? AND enqueue_id = ?",
     "browse_start": "SELECT browse_start FROM browse_start WHERE queue = ?",
-    "mark": "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)",
-    "count_deleted": "UPDATE slice_counters SET deleted = deleted + 1 "
-    "WHERE queue = ? AND slice_start = ? AND bucket = ?",
-    "count_destination": "UPDATE destination_counters SET mails = mails + ? "
-    "WHERE queue = ? AND domain = ? AND state = ? AND slot = ?",
+    "mark": "INSERT INTO deleted_mails (queue, enqueue_id, counted_at) VALUES (?, ?, ?)",
+    "count_deleted": _SHARE,
+    "count_destination": "INSERT INTO destination_counters (queue, domain, state, slot, writer, mails) "
+    "VALUES (?, ?, ?, ?, 'floor', ?) USING TIMESTAMP ?",
     "add_deletion": "INSERT INTO blob_deletions (generation, shard, blob_id, deleted_at, gc_iteration) "
     "VALUES (?, ?, ?, ?, ?)",
     "remove_references": "DELETE FROM blob_references WHERE owner = ? AND blob_id IN ?",
@@ -123,8 +136,9 @@ _HISTORY = {
     "content_start": "INSERT INTO content_start (queue, content_start) VALUES (?, ?)",
     "row": _STATEMENTS["insert"],
     "mark": "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)",
-    "counters": "UPDATE slice_counters SET enqueued = enqueued + ?, deleted = deleted + ? "
-    "WHERE queue = ? AND slice_start = ? AND bucket = ?",
+    # The slices' folded rows, as a recount leaves them.
+    "counters": "INSERT INTO slice_counters (queue, slice_start, bucket, epoch, writer, enqueued, deleted) "
+    "VALUES (?, ?, ?, -1, '', ?, ?)",
 }
 
 _JAMES_STATEMENTS = {
@@ -318,9 +332,9 @@ class Floor:
             )
             counts[slice_start] = counts.get(slice_start, 0) + 1
         for statement, parameters in (
-            (statements["row"], rows),
+            (statements["row"], [(*row, row[4]) for row in rows]),
             (statements["mark"], [(queue, row[3]) for row in rows]),
-            (statements["counters"], [(n, n, queue, start, 0) for start, n in counts.items()]),
+            (statements["counters"], [(queue, start, 0, n, n) for start, n in counts.items()]),
         ):
             execute_concurrent_with_args(
                 self.session, statement, parameters, concurrency=64, raise_on_first_error=True
@@ -374,12 +388,12 @@ class Floor:
         self._timed("blob_tables.add_references", add_references)
 
         def insert() -> None:
-            session.execute(statements["count_enqueued"], mail.row[:3])
-            session.execute(statements["insert"], mail.row)
+            session.execute(statements["count_enqueued"], share(mail.row, now, 1, 0))
+            session.execute(statements["insert"], (*mail.row, now))
 
         self._timed("view.insert", insert)
         session.execute(
-            statements["count_destination"], (1, mail.row[0], "example.org", "queued", slot_of(now))
+            statements["count_destination"], (mail.row[0], "example.org", "queued", slot_of(now), 1, now)
         )
         self._timed(
             "broker.publish", lambda: self.broker.publish(mail.row[0], mail.enqueue_id, mail.payload, 5)
@@ -401,11 +415,12 @@ class Floor:
         self.get_contents(mail)
 
         def mark_done() -> None:
-            session.execute(statements["mark"], (queue, mail.enqueue_id))
-            counts = BatchStatement(batch_type=BatchType.COUNTER)
-            counts.add(statements["count_deleted"], mail.row[:3])
+            session.execute(statements["mark"], (queue, mail.enqueue_id, now))
+            counts = BatchStatement(batch_type=BatchType.UNLOGGED)
+            counts.add(statements["count_deleted"], share(mail.row, now, 0, 1))
             counts.add(
-                statements["count_destination"], (-1, queue, "example.org", "queued", slot_of(mail.row[4]))
+                statements["count_destination"],
+                (queue, "example.org", "queued", slot_of(mail.row[4]), 0, now),
             )
             session.execute(counts)
 
@@ -488,7 +503,9 @@ def distributed(
             from rabbitmq_floor import RabbitMQFloorBroker, mail_queue_objects
 
             objects = mail_queue_objects(mail_queues)
-            broker = RabbitMQFloorBroker(settings.amqp, settings.cassandra.keyspace, threads, objects)
+            broker = RabbitMQFloorBroker(
+                settings.amqp, settings.tls_files, settings.cassandra.keyspace, threads, objects
+            )
         floor = Floor(settings, session, s3, broker)
         try:
             yield floor

@@ -144,7 +144,7 @@ def messaging_leg(
     settings = runtime.settings
     assert settings.amqp is not None and settings.cassandra is not None
     size = len(floor.new_mail(name, 0, message(1024), 0).payload)
-    parameters = connection_parameters(settings.amqp)
+    parameters = connection_parameters(settings.amqp, settings.tls_files)
     queue = raw_queue(settings.cassandra.keyspace)
     figures = compare(parameters, runtime.broker, name, queue, size, messages, LEG_ROUNDS, prefetch=PREFETCH)
     return size, figures

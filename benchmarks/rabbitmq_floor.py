@@ -29,6 +29,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from mailq_runtime.brokers.rabbitmq import BrokerOptions, dead_letter_queue, queue_name
 from mailq_runtime.settings import AmqpSettings
+from mailq_runtime.tls import TlsFiles
 
 # The runtime opens its broker with the default prefetch.
 PREFETCH: int = BrokerOptions().prefetch
@@ -36,10 +37,10 @@ PREFETCH: int = BrokerOptions().prefetch
 _RECEIVE_WAIT = 30
 
 
-def connection_parameters(amqp: AmqpSettings) -> pika.ConnectionParameters:
+def connection_parameters(amqp: AmqpSettings, tls: TlsFiles) -> pika.ConnectionParameters:
     """As the runtime connects (runtime.py): without a user, RabbitMQ's guest; the password from the
-    environment. No heartbeats: a blocking connection answers them only while called, and the floor's
-    sit idle while mailq takes its turn."""
+    environment; amqps with the URL's TLS files. No heartbeats: a blocking connection answers them only
+    while called, and the floor's sit idle while mailq takes its turn."""
     password = amqp.password()
     if password is None:
         password = "guest" if amqp.user is None else ""
@@ -49,6 +50,7 @@ def connection_parameters(amqp: AmqpSettings) -> pika.ConnectionParameters:
         virtual_host=amqp.vhost,
         credentials=pika.PlainCredentials(amqp.user or "guest", password),
         heartbeat=0,
+        ssl_options=pika.SSLOptions(tls.context(), server_hostname=amqp.host) if amqp.tls else None,
     )
 
 
@@ -62,8 +64,10 @@ class RabbitMQFloorBroker:
     queues the run will make (the mail queues' objects): refused if one exists already, deleted at the
     end with the floor's own."""
 
-    def __init__(self, amqp: AmqpSettings, tag: str, publishers: int, owned: Iterable[str]) -> None:
-        self.parameters = connection_parameters(amqp)
+    def __init__(
+        self, amqp: AmqpSettings, tls: TlsFiles, tag: str, publishers: int, owned: Iterable[str]
+    ) -> None:
+        self.parameters = connection_parameters(amqp, tls)
         self.tag = tag
         self.connections: list[pika.BlockingConnection] = []
         self.made: list[str] = []

@@ -7,8 +7,9 @@
 3. faults (`mailq_demo.mailboxes.inject_counter_faults`): a few mailbox operations die between their writes,
    leaving counters and projection entries for the recomputation to repair;
 4. a second rotation: the traffic's generation rg1 is now two behind the current one, so eligible (n-2);
-5. the maintenance pipeline in two Dagster runs, with their checks: blob_gc_and_orphan_sweep_job (the GC's
-   destructive steps run only in their jobs), then every asset of maintenance_job, in lineage order.
+5. the maintenance pipeline in Dagster runs, with their checks: blob_gc_and_orphan_sweep_job (the GC's
+   destructive steps run only in their jobs), every asset of maintenance_job, in lineage order, then
+   queue_overview_job and dead_letters_job, so that every asset's page in the UI has a materialisation.
 
 The report says what was collected (blobs, bytes), repaired (counters, projection entries) and cleaned
 (queues). With DAGSTER_HOME set (`make demo` sets it), the run is recorded there for `make ui`.
@@ -46,6 +47,13 @@ from .pipeline_output import describe_run, human_bytes
 from .pipeline_run import run_pipeline
 
 PHASES = 5
+# The pipeline's runs, in order: the overviews last, so that they show what the maintenance left.
+DEMO_JOBS = (
+    jobs.blob_gc_and_orphan_sweep_job,
+    jobs.maintenance_job,
+    jobs.queue_overview_job,
+    jobs.dead_letters_job,
+)
 # James's default pace: the runtime advances browse_start on 1 in 1000 dequeues, so what the traffic leaves
 # behind is record 32's clean-up for the pipeline's mail_queue_cleanup (the queue demo's 1 in 50 would
 # leave it nothing to do).
@@ -185,14 +193,11 @@ def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say
         )
         left = runtime.queue(traffic.QUEUE).size()
     say(
-        f"[5/{PHASES}] pipeline: the GC and the orphan sweep, then every maintenance asset in lineage "
-        "order, with their checks (Spark starts first)"
+        f"[5/{PHASES}] pipeline: the GC and the orphan sweep, every maintenance asset in lineage order, "
+        "then the queue's overviews, with their checks (Spark starts first)"
     )
     queues_before, tables_before = _snapshot(settings)
-    runs = [
-        run_pipeline(job.name, settings, "demo")
-        for job in (jobs.blob_gc_and_orphan_sweep_job, jobs.maintenance_job)
-    ]
+    runs = [run_pipeline(job.name, settings, "demo") for job in DEMO_JOBS]
     queues_after, tables_after = _snapshot(settings)
     pipeline = {
         "success": all(run["success"] for run in runs),
@@ -288,7 +293,7 @@ def describe(summary: dict[str, Any]) -> list[str]:
         f"generations  rotated twice: current rg{g['current']}; eligible: "
         + (", ".join(f"rg{n}" for n in g["eligible"]) or "none"),
         "",
-        "pipeline (blob_gc_and_orphan_sweep_job, then every asset of maintenance_job in lineage order):",
+        f"pipeline ({', '.join(job.name for job in DEMO_JOBS)}):",
         *(f"  {line}" for run in pipeline["runs"] for line in describe_run(run)),
         "",
         f"collected    {summary['collected']['blobs']} blobs, {human_bytes(summary['collected']['bytes'])} "

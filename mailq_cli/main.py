@@ -31,6 +31,7 @@ from .control_commands import (
     add_suspend_parser,
 )
 from .dead_letter_commands import add_dead_letters_parser
+from .mailbox_commands import add_mailbox_parser
 from .queue_commands import (
     add_browse_parser,
     add_clear_parser,
@@ -72,6 +73,7 @@ SUBCOMMANDS: list[AddParser] = [
     add_schema_parser,
     add_smtp_parser,
     add_users_parser,
+    add_mailbox_parser,
 ]
 
 

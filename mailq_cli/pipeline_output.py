@@ -143,6 +143,24 @@ def _cleanup(f: dict) -> list[str]:
     ]
 
 
+def _overview(f: dict) -> list[str]:
+    return [
+        f"queues       {f['queues']} queue(s): {f['live_mails']} live mail(s) ({f['ready_mails']} ready, "
+        f"{f['in_flight_mails']} in flight, {f['delayed_mails']} delayed), {f['dead_letters']} dead letter(s)"
+    ]
+
+
+def _domains(f: dict) -> list[str]:
+    return [
+        f"domains      {f['domains']} destination domain(s), counted by domain: {f['waiting_by_domain']} "
+        f"waiting, {f['deferred_by_domain']} deferred, {f['held_by_domain']} held"
+    ]
+
+
+def _dead_letters(f: dict) -> list[str]:
+    return [f"dead letters {f['dead_letters']} in {f['queues_with_dead_letters']} queue(s)"]
+
+
 # In lineage order. An asset without a renderer is shown as its scalar figures.
 RENDERERS = {
     "reference_generations": _generations,
@@ -155,6 +173,9 @@ RENDERERS = {
     "mailbox_counters": _counters,
     "mail_queue_slices": _slices,
     "mail_queue_cleanup": _cleanup,
+    "mail_queue_overview": _overview,
+    "mail_queue_domains": _domains,
+    "mail_queue_dead_letters": _dead_letters,
 }
 
 

@@ -76,14 +76,14 @@ def _relay(args: argparse.Namespace) -> Callable[[Runtime, Limiter], RemoteDeliv
         return None
     router = Router(dict(args.transport or ()), args.resolver, args.mx_port)
     schedule = RetrySchedule.of(args.retry_first, args.retry_longest, args.max_age)
-    hostname = args.hostname or socket.getfqdn()
-    queue = args.queue
+    queue, hostname = args.queue, args.hostname
     return lambda runtime, limiter: RemoteDelivery(
         runtime.queue(queue), router, schedule, hostname, runtime.clock, limiter
     )
 
 
 def _worker(args: argparse.Namespace) -> Report:
+    args.hostname = args.hostname or socket.getfqdn()
     relay = _relay(args)
     limits = _limits(args)
     stop = threading.Event()
@@ -117,6 +117,7 @@ def _worker(args: argparse.Namespace) -> Report:
                     retry_delay=args.retry_delay,
                     max_attempts=args.max_attempts,
                     relay=remote,
+                    hostname=args.hostname,
                 )
             except BaseException:
                 stop.set()  # the others finish their mail in hand and return: the command fails whole
@@ -145,7 +146,8 @@ def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         required=True,
         metavar="DOMAIN",
-        help="a local domain; repeat it for more (other recipients are dead-lettered)",
+        help="a local domain; repeat it for more (its addresses without a mailbox are bounced, other "
+        "domains' recipients dead-lettered)",
     )
     parser.add_argument(
         "--idle-exit",
@@ -162,6 +164,10 @@ def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--max-attempts", type=count_argument("max_attempts"), default=5, metavar="N", help="then dead-letter"
+    )
+    parser.add_argument(
+        "--hostname",
+        help="this host's name in the notifications of bounces and in remote delivery's EHLO (default: FQDN)",
     )
     relay = parser.add_argument_group("remote delivery")
     relay.add_argument(
@@ -199,7 +205,6 @@ def add_worker_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="DURATION",
         help="then a deferred mail is returned to its sender (default: 5d)",
     )
-    relay.add_argument("--hostname", help="this host's name in EHLO and notifications (default: FQDN)")
     relay.add_argument(
         "--destination-concurrency",
         default=DEFAULT_CONCURRENCY,

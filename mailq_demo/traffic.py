@@ -13,6 +13,7 @@ import base64
 import os
 import random
 import shutil
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -26,9 +27,11 @@ from mailq_runtime.clock import MICROS_PER_SECOND, system_clock, to_datetime
 from mailq_runtime.config import QueueViewConfiguration
 from mailq_runtime.deployments import data_dir_holds_store
 from mailq_runtime.errors import InvalidInput, StoreUnusable, shown
+from mailq_runtime.mailbox import INBOX
 from mailq_runtime.mailboxes import Mailboxes
 from mailq_runtime.model import Mail, normalise_domains
 from mailq_runtime.queue import MailQueue
+from mailq_runtime.relay.dsn import Notifications
 from mailq_runtime.runtime import Runtime
 from mailq_runtime.settings import Settings
 from mailq_runtime.worker import WorkerStats, handle
@@ -310,6 +313,7 @@ def deliver(
     started = time.perf_counter()
     step = DELIVERY_SPAN // count
     stats = WorkerStats()
+    notifications = Notifications(queue, socket.getfqdn())
     with progress("deliver", count) as advance:
         for _ in range(count):
             clock.now += step
@@ -321,7 +325,7 @@ def deliver(
                 item.retry(delay=RETRY_DELAY)
                 stats.retried += 1
             else:
-                handle(mailboxes, [item], LOCAL_DOMAINS, RETRY_DELAY, MAX_ATTEMPTS, stats)
+                handle(mailboxes, [item], LOCAL_DOMAINS, RETRY_DELAY, MAX_ATTEMPTS, stats, notifications)
     return {
         "delivered": stats.delivered,
         "retried": stats.retried,
@@ -365,6 +369,8 @@ def describe_configuration(configuration: QueueViewConfiguration) -> dict[str, i
 def simulate(runtime: Runtime, clock: SimulatedClock, mails: int, progress: Progress) -> dict[str, Any]:
     """The traffic: `mails` generated mails enqueued, most delivered to the local INBOXes, the spam run
     removed by the operator. Returns the figures of each step."""
+    for user in LOCAL_USERS:  # as `mailq users add` makes them: the local users are those with a mailbox
+        runtime.mailboxes.create(user, INBOX)
     queue = runtime.queue(QUEUE)
     traffic = generate_traffic(queue, clock, mails, random.Random(), progress)
     delivery = deliver(queue, runtime.mailboxes, clock, round(mails * DELIVERED_SHARE), progress)

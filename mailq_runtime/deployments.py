@@ -48,7 +48,8 @@ from .stores.protocols import (
 from .tables import TableReader
 from .unit_of_work import UNGROUPED, GroupedWork, UnitOfWork
 
-if TYPE_CHECKING:  # the driver is imported only by a process on the distributed deployment
+if TYPE_CHECKING:  # the drivers are imported only by a process on the distributed deployment
+    from .blobs.s3_store import S3BlobStore
     from .stores.cassandra import CassandraStore
 
 
@@ -135,6 +136,7 @@ def _rabbitmq(settings: Settings, clock: Clock) -> Broker:
         queue_type=amqp.queues,
         clock=clock,
         visibility_timeout=settings.visibility_timeout,
+        ssl_context=settings.tls_files.context() if amqp.tls else None,
     )
     return RabbitMQBroker(options)
 
@@ -160,6 +162,7 @@ def open_cassandra(settings: Settings, *, create: bool = False) -> CassandraStor
         password=cassandra.password(),
         consistency=cassandra.consistency,
         replication={"class": "SimpleStrategy", "replication_factor": cassandra.replication},
+        ssl_context=settings.tls_files.context() if cassandra.tls else None,
     )
     return CassandraStore(options, create=create)
 
@@ -193,11 +196,26 @@ def _open_table_reader(settings: Settings) -> TableReader:
     return EmbeddedTableReader.of(settings.data_dir, settings.shown())
 
 
+def _s3_store(settings: Settings) -> S3BlobStore:
+    from .blobs.s3_store import S3BlobStore
+
+    s3 = settings.s3
+    if s3 is None:
+        raise InvalidInput(f"{settings.shown()} names no S3 bucket")
+    return S3BlobStore(
+        s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix, tls=settings.tls_files
+    )
+
+
 def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
     """Cassandra for the metadata, S3 for the content, RabbitMQ or the embedded broker in its own
     directory. The drivers are imported here, so that a process on the embedded deployment never loads
-    them."""
-    from .blobs.s3_store import S3BlobStore
+    them.
+
+    Each link is reached before anything is made: RabbitMQ's certificates checked and the bucket looked
+    at, then the keyspace opened (made, with `create`), then the bucket and the embedded broker's store
+    made where missing. So a link that fails (a certificate refused, an endpoint away) leaves nothing made
+    on the others, and a mistyped URL's missing keyspace is named before its missing bucket."""
     from .stores.cassandra import (
         CassandraBlobTables,
         CassandraConfigurationEvents,
@@ -209,21 +227,28 @@ def _distributed(settings: Settings, clock: Clock, create: bool) -> Deployment:
         CassandraQueueView,
     )
 
-    s3 = settings.s3
-    assert s3 is not None
     opened: list[Callable[[], None]] = []
     try:
-        # The keyspace first: it is what a mistyped URL most likely names wrong.
+        broker: Broker | None = None
+        if settings.amqp is not None:
+            rabbitmq = _rabbitmq(settings, clock)
+            opened.append(rabbitmq.close)
+            rabbitmq.check_certificates()
+            broker = rabbitmq
+        content = _s3_store(settings)
+        opened.append(content.close)
+        try:
+            content.open_bucket(create=False)
+            missing_bucket = None
+        except NoStore as missing:
+            missing_bucket = missing
         metadata = open_cassandra(settings, create=create)
         opened.append(metadata.close)
-        content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
-        opened.append(content.close)
-        content.open_bucket(create)
-        broker: Broker
-        if settings.amqp is not None:
-            broker = _rabbitmq(settings, clock)
-            opened.append(broker.close)
-        else:
+        if missing_bucket is not None:
+            if not create:
+                raise missing_bucket
+            content.open_bucket(create=True)
+        if broker is None:
             assert settings.data_dir is not None
             broker_store = EmbeddedStore(settings.data_dir, settings.durability, create)
             opened.append(broker_store.close)
@@ -266,12 +291,7 @@ def s3_content_sample(settings: Settings) -> str | None:
     """One blob id whose content the S3 bucket of `settings` holds under its prefix, or None: looked at
     without the metadata store (a deployment opens its keyspace first), and None when the bucket does
     not exist yet."""
-    from .blobs.s3_store import S3BlobStore
-
-    s3 = settings.s3
-    if s3 is None:
-        raise InvalidInput(f"{settings.shown()} names no S3 bucket")
-    content = S3BlobStore(s3.bucket, endpoint_url=s3.endpoint, region=s3.region, prefix=s3.prefix)
+    content = _s3_store(settings)
     try:
         content.open_bucket(create=False)
         return next(iter(content.list_ids()), None)

@@ -97,6 +97,12 @@ def check_uid(uid: int) -> int:
     return uid
 
 
+def unknown_user_reply(recipient: str) -> str:
+    """The reply for a local domain's address without a mailbox, as Postfix's: `mailq smtp` answers RCPT
+    with it, and the worker's notification of a bounce quotes it."""
+    return f"550 5.1.1 <{recipient}>: Recipient address rejected: User unknown in local recipient table"
+
+
 def user_address(user: str) -> MailAddress:
     # Users are compared case-insensitively, as the delivery worker addresses them: one INBOX per person.
     return MailAddress(MailAddress(user).lower())
@@ -120,6 +126,19 @@ class MessageEntry:
     uid: int
     message_id: MessageId
     flags: frozenset[str]
+
+
+@dataclass(frozen=True)
+class MessageSummary:
+    """A message as a listing shows it: its projection entry, its size and arrival (`internal_date`, in
+    microseconds) and its header section."""
+
+    uid: int
+    message_id: MessageId
+    flags: frozenset[str]
+    size: int
+    internal_date: int
+    header: bytes
 
 
 class Appended(NamedTuple):

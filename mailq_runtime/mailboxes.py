@@ -37,6 +37,7 @@ from .clock import Clock
 from .errors import InvalidInput, UnknownMailbox, shown
 from .faults import FaultInjector
 from .mailbox import (
+    INBOX,
     Appended,
     Counters,
     Mailbox,
@@ -44,6 +45,7 @@ from .mailbox import (
     MailboxRef,
     MailboxTables,
     MessageEntry,
+    MessageSummary,
     check_uid,
     entry_at,
     existing,
@@ -99,6 +101,19 @@ class Mailboxes:
             self.tables.create_mailbox(MailboxId.generate(self.clock()), user, name)
             row = self.tables.find_mailbox(user, name)
         return MailboxId(row[0])
+
+    def has_user(self, user: str) -> bool:
+        """Whether `user` is a local user: one with a mailbox (`mailq users add` gives one an INBOX). The
+        one definition that `mailq smtp` refuses recipients by and the worker bounces them by."""
+        return bool(self.tables.mailboxes(user_address(user)))
+
+    def delivery_inbox(self, user: str) -> MailboxId | None:
+        """The INBOX that mail for `user` goes to; None when `user` is not a local user (`has_user`). A
+        user whose INBOX was deleted gets a new one."""
+        row = self.tables.find_mailbox(user_address(user), INBOX)
+        if row is not None:
+            return MailboxId(row[0])
+        return self.get_or_create(user, INBOX) if self.has_user(user) else None
 
     # builtins.list in this class: its own `list` method would shadow the type for a type checker.
     def list(self, user: str | None = None) -> builtins.list[Mailbox]:
@@ -170,13 +185,32 @@ class Mailboxes:
             for uid, message_id, flags in self.tables.projection(mailbox_id)
         ]
 
-    def read(self, mailbox: MailboxRef, uid: int) -> bytes:
+    def summaries(self, mailbox: MailboxRef) -> builtins.list[MessageSummary]:
+        """The mailbox's messages by uid (`list_messages`), each with its size, arrival and header section;
+        one that is expunged while they are read is left out."""
+        summaries = []
+        for entry in self.list_messages(mailbox):
+            row = self.tables.message(entry.message_id)
+            if row is not None:
+                summary = MessageSummary(
+                    entry.uid,
+                    entry.message_id,
+                    entry.flags,
+                    row.size,
+                    row.internal_date,
+                    self.blobs.read(row.header_blob_id),
+                )
+                summaries.append(summary)
+        return summaries
+
+    def read(self, mailbox: MailboxRef, uid: int, *, header_only: bool = False) -> bytes:
         mailbox_id = existing(self.tables, mailbox)
         message_id, _ = entry_at(self.tables, mailbox_id, check_uid(uid))
         row = self.tables.message(message_id)
         if row is None:  # expunged between the two reads
             raise UnknownMailbox(f"no message with uid {uid} in mailbox {mailbox_id}")
-        return self.blobs.read(row[0]) + self.blobs.read(row[1])
+        header = self.blobs.read(row.header_blob_id)
+        return header if header_only else header + self.blobs.read(row.body_blob_id)
 
     def locate(self, message_id: str) -> dict[MailboxId, int]:
         """Where the source of truth has the message: mailbox id -> uid (empty if nowhere)."""

@@ -7,9 +7,14 @@ The embedded deployment keeps the metadata, the broker and the content in one SQ
 dir. The distributed one keeps the metadata in Cassandra (port 9042 unless given; `consistency`, default
 LOCAL_QUORUM; `replication`, default 1, used when `mailq schema create` makes the keyspace), the content in
 an S3 bucket (`s3_endpoint`, `s3_region`, `s3_prefix` optional) and its broker is `embedded:<dir>` or
-`amqp://[user@]host[:port][,host[:port]...]/<vhost>[?queues=classic|quorum]`: the nodes of one RabbitMQ
+`amqp[s]://[user@]host[:port][,host[:port]...]/<vhost>[?queues=classic|quorum]`: the nodes of one RabbitMQ
 cluster (the broker connects to any that answers), and its queues' type, classic (the default) or quorum
 (replicated; see brokers/rabbitmq/). Both take the queue options of `_QUEUE_OPTIONS`.
+
+TLS (tls.py): `amqps://` and an `https://` s3_endpoint encrypt those links; `tls=on` encrypts Cassandra's
+too and refuses any link in the clear. `ca`, `cert` and `key` name the PEM files (absolute paths) of the
+CA that verifies every server (the system's CAs without it) and of a client certificate. Without TLS, every
+byte crosses the network in the clear: for loopback set-ups only.
 
 A mailq URL never carries a password: Cassandra's and RabbitMQ's come from MAILQ_CASSANDRA_PASSWORD and
 MAILQ_AMQP_PASSWORD, S3's credentials from the standard AWS chain, each read by the process that connects
@@ -29,6 +34,7 @@ from .clock import MICROS_PER_SECOND
 from .config import QueueViewConfiguration
 from .errors import InvalidInput, shown
 from .model import parse_count, parse_duration
+from .tls import TlsFiles, tls_files
 from .url_parts import (
     BUCKET,
     KEYSPACE,
@@ -51,6 +57,7 @@ EMBEDDED = "embedded"
 CASSANDRA = "cassandra"
 CASSANDRA_PORT = 9042
 AMQP_PORT = 5672
+AMQPS_PORT = 5671
 DEFAULT_CONSISTENCY = "LOCAL_QUORUM"
 # The levels that serve reads and writes alike (ANY only writes; SERIAL and LOCAL_SERIAL only order
 # lightweight transactions).
@@ -74,7 +81,17 @@ _QUEUE_OPTIONS = (
     "durability",
     *_CONFIGURATION_OPTIONS,
 )
-_DISTRIBUTED_OPTIONS = ("s3", "s3_endpoint", "s3_region", "s3_prefix", "broker", "consistency", "replication")
+_TLS_OPTIONS = ("tls", "ca", "cert", "key")
+_DISTRIBUTED_OPTIONS = (
+    "s3",
+    "s3_endpoint",
+    "s3_region",
+    "s3_prefix",
+    "broker",
+    "consistency",
+    "replication",
+    *_TLS_OPTIONS,
+)
 OPTIONS = {EMBEDDED: _QUEUE_OPTIONS, CASSANDRA: (*_DISTRIBUTED_OPTIONS, *_QUEUE_OPTIONS)}
 # The options of the broker's own amqp:// URL.
 BROKER_OPTIONS = ("queues",)
@@ -118,6 +135,7 @@ class CassandraSettings:
     user: str | None = None
     consistency: str = DEFAULT_CONSISTENCY
     replication: int = 1
+    tls: bool = False
 
     def password(self) -> str | None:
         """Read from the environment of the process that connects, never from the URL."""
@@ -145,6 +163,7 @@ class AmqpSettings:
     user: str | None = None
     more_hosts: tuple[tuple[str, int], ...] = ()
     queues: str = "classic"
+    tls: bool = False  # amqps://
 
     @property
     def hosts(self) -> tuple[tuple[str, int], ...]:
@@ -173,6 +192,7 @@ class Settings:
     cassandra: CassandraSettings | None = None
     s3: S3Settings | None = None
     amqp: AmqpSettings | None = None  # None: the embedded broker in data_dir
+    tls_files: TlsFiles = TlsFiles()  # of every link that speaks TLS
     url: str = field(default="", compare=False)  # as given, for messages: always through `redact`
 
     @classmethod
@@ -216,6 +236,12 @@ class Settings:
             options["broker"] = _broker_text(self.amqp, data_dir)
             options["consistency"] = cassandra.consistency
             options["replication"] = str(cassandra.replication)
+            if cassandra.tls:
+                options["tls"] = "on"
+            for name in ("ca", "cert", "key"):
+                path = getattr(self.tls_files, name)
+                if path is not None:
+                    options[name] = str(path)
         else:
             head = f"embedded://{data_dir}"
         defaults = Settings(backend=self.backend)
@@ -242,7 +268,7 @@ def _broker_text(amqp: AmqpSettings | None, data_dir: Path | None) -> str:
     vhost = "" if amqp.vhost == "/" else quote(amqp.vhost, safe="")
     hosts = ",".join(f"{_host_text(host)}:{port}" for host, port in amqp.hosts)
     queues = "" if amqp.queues == "classic" else f"?queues={amqp.queues}"
-    return f"amqp://{user}{hosts}/{vhost}{queues}"
+    return f"{'amqps' if amqp.tls else 'amqp'}://{user}{hosts}/{vhost}{queues}"
 
 
 # Parsing ----------------------------------------------------------------------------------------------------
@@ -369,14 +395,22 @@ def _cassandra(url: str, authority: str, path: str, options: dict[str, str]) -> 
             options.get("consistency", DEFAULT_CONSISTENCY), "consistency", CONSISTENCY_LEVELS, str.upper
         ),
         replication=parse_count(options.get("replication", "1"), "replication"),
+        tls=choice(options.get("tls", "off"), "tls", ("on", "off"), str.lower) == "on",
     )
     amqp, data_dir = _broker(options["broker"], url)
+    s3 = _s3(options)
     return Settings(
         backend=CASSANDRA,
         data_dir=data_dir,
         cassandra=cassandra,
-        s3=_s3(options),
+        s3=s3,
         amqp=amqp,
+        tls_files=tls_files(
+            options,
+            cassandra_tls=cassandra.tls,
+            s3_endpoint=s3.endpoint,
+            broker_tls=None if amqp is None else amqp.tls,
+        ),
         url=url,
         **_queue_values(options),
     )
@@ -412,8 +446,9 @@ def _broker(value: str, url: str) -> tuple[AmqpSettings | None, Path | None]:
     if value.startswith("embedded:") and not value.startswith("embedded://"):
         directory = value.removeprefix("embedded:")
         return None, Path(directory)
-    expected = "amqp://[user@]host[:port][,host[:port]...]/<vhost>[?queues=classic|quorum]"
-    if not value.startswith("amqp://"):
+    expected = "amqp[s]://[user@]host[:port][,host[:port]...]/<vhost>[?queues=classic|quorum]"
+    tls = value.startswith("amqps://")
+    if not value.startswith("amqp://") and not tls:
         raise InvalidInput(f"invalid broker {shown(redact(value))}: expected embedded:<dir> or {expected}")
     _refuse_password(value, url, "the broker URL in")
     _, authority, tail = split_authority(value)
@@ -421,12 +456,13 @@ def _broker(value: str, url: str) -> tuple[AmqpSettings | None, Path | None]:
     path, question, query = tail.partition("?")
     if "#" in tail or not hosts:
         raise InvalidInput(f"invalid broker {shown(redact(value))}: expected {expected}")
-    (host, port), *more_hosts = (host_port(one, "broker host", AMQP_PORT) for one in hosts.split(","))
+    default_port = AMQPS_PORT if tls else AMQP_PORT
+    (host, port), *more_hosts = (host_port(one, "broker host", default_port) for one in hosts.split(","))
     vhost = unquote(path.removeprefix("/")) or "/"
     matching(VHOST, vhost, "broker vhost", "printable ASCII")
     options = _broker_options(query, value) if question else {}
     queues = choice(options.get("queues", "classic"), "broker queues", BROKER_QUEUE_TYPES, str.lower)
-    amqp = AmqpSettings(host, port, vhost, user, more_hosts=tuple(more_hosts), queues=queues)
+    amqp = AmqpSettings(host, port, vhost, user, more_hosts=tuple(more_hosts), queues=queues, tls=tls)
     return amqp, None
 
 

@@ -7,6 +7,10 @@ workers, threads or processes, may serve one queue on one data directory: the br
 one of them, and the mailboxes allocate uids atomically. A worker extends the lease of the mail in hand
 while its delivery runs, so a slow delivery is not given to another worker meanwhile.
 
+A local domain's recipient who is not a local user (no mailbox: `Mailboxes.has_user`, the definition
+`mailq smtp` refuses recipients by) is bounced: the sender gets an RFC 3464 notification (5.1.1), none
+for a null sender, enqueued before the mail is settled, as remote delivery's bounces are.
+
 With remote delivery (`mailq_runtime.relay`), the same worker sends the other domains' recipients by
 SMTP, and settles the mail once for both: done, or retried to the deferred remote recipients only.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from .clock import MICROS_PER_SECOND
 from .errors import BACKEND_FAILURES, BrokerRefused, InvalidInput, LeaseExpired
-from .mailbox import INBOX
+from .mailbox import INBOX, unknown_user_reply
 from .mailboxes import Mailboxes
 from .model import (
     Mail,
@@ -39,6 +44,7 @@ from .model import (
 )
 from .queue import MailQueueItem
 from .relay import Outcome, RemoteDelivery
+from .relay.dsn import Failed, Notifications
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -65,7 +71,8 @@ class WorkerStats:
     dead_lettered: int = 0  # mails rejected: malformed, unknown recipients, or out of attempts
     appended: int = 0  # messages appended to mailboxes (a redelivered copy already there is not counted)
     lease_expired: int = 0  # mails not settled here: their lease was lost, another worker settles them
-    bounced: int = 0  # recipients in other domains whose mail was returned to its sender (remote delivery)
+    # recipients whose mail was returned to its sender: local users unknown, and remote delivery's
+    bounced: int = 0
     throttled: int = 0  # mails given back untried for a destination's limit (remote delivery)
 
     @classmethod
@@ -78,7 +85,8 @@ class WorkerStats:
 class DeliveryReport:
     appended: int
     already_delivered: int
-    unknown_recipients: tuple[MailAddress, ...]
+    unknown_recipients: tuple[MailAddress, ...]  # outside the local domains
+    unknown_users: tuple[MailAddress, ...] = ()  # in a local domain, without a mailbox: to be bounced
 
 
 def delivery_message_id(enqueue_id: str, recipient: str) -> MessageId:
@@ -91,10 +99,11 @@ def delivery_message_id(enqueue_id: str, recipient: str) -> MessageId:
 def deliver(
     mailboxes: Mailboxes, enqueue_id: str, mail: Mail, local_domains: Collection[str]
 ) -> DeliveryReport:
-    """Append `mail` to the INBOX of each local recipient (created if missing), once per recipient.
+    """Append `mail` to the INBOX of each local user among its recipients, once per recipient.
 
     Raises InvalidInput, before appending anything, if the message is malformed: that mail is never
-    deliverable. The recipients outside `local_domains` are returned, not delivered."""
+    deliverable. The recipients outside `local_domains`, and those in them who are no local user, are
+    returned, not delivered."""
     return _deliver(mailboxes, enqueue_id, mail, normalise_domains(local_domains))
 
 
@@ -102,6 +111,7 @@ def _deliver(mailboxes: Mailboxes, enqueue_id: str, mail: Mail, domains: frozens
     """`deliver` to domains normalised already (`handle`'s, normalised once per worker)."""
     message = check_message(mail.message)
     appended = already = 0
+    unknown_users: list[MailAddress] = []
     recipients = dict.fromkeys(MailAddress(r.lower()) for r in mail.recipients)
     unknown = tuple(recipient for recipient in recipients if recipient.domain not in domains)
     if len(unknown) == len(recipients):
@@ -124,11 +134,14 @@ def _deliver(mailboxes: Mailboxes, enqueue_id: str, mail: Mail, domains: frozens
                     mailboxes.heal_projection(mailbox_id, message_id)
                 already += 1
                 continue
-            inbox = mailboxes.get_or_create(recipient, INBOX)
+            inbox = mailboxes.delivery_inbox(recipient)
+            if inbox is None:
+                unknown_users.append(recipient)
+                continue
             # Placed nowhere, as read just now: the append does not look for the copy again.
             mailboxes.writes.append_unplaced(inbox, message, message_id)
             appended += 1
-    return DeliveryReport(appended, already, unknown)
+    return DeliveryReport(appended, already, unknown, tuple(unknown_users))
 
 
 def run_worker(
@@ -141,6 +154,7 @@ def run_worker(
     retry_delay: timedelta | int | float | str = "5m",
     max_attempts: int = 5,
     relay: RemoteDelivery | None = None,
+    hostname: str | None = None,
 ) -> WorkerStats:
     """Deliver the mails of `queue_name` to local mailboxes until stopped; returns what it did.
 
@@ -156,7 +170,8 @@ def run_worker(
 
     With `relay`, recipients outside `local_domains` are delivered by SMTP instead of dead-lettered:
     retried on the relay's schedule to those deferred only, and bounced to the sender with a delivery
-    status notification (see `mailq_runtime.relay`).
+    status notification (see `mailq_runtime.relay`). Notifications name `hostname` (default: the
+    machine's FQDN; with `relay`, the relay's) as their reporting MTA.
 
     Raises UnknownQueue, naming the known queues, if no enqueue has created `queue_name`. Returns when
     `stop` is set (the mail in hand is finished first, the rest of its batch given back: the CLI sets
@@ -171,6 +186,9 @@ def run_worker(
     # A worker serves a queue that enqueues have created: a typo must fail, not create an empty queue.
     queue = runtime.queue(queue_name, create=False)
     mailboxes = runtime.mailboxes
+    notifications = (
+        relay.notifications if relay is not None else Notifications(queue, hostname or socket.getfqdn())
+    )
     stats = WorkerStats()
     idle_since = time.monotonic()
     stop = threading.Event() if stop is None else stop
@@ -189,7 +207,18 @@ def run_worker(
                     relay.idle()
                 if item is not None:
                     items = [item, *queue.dequeue_ready(BATCH - 1)]
-                    handle(mailboxes, items, domains, retry_delay, max_attempts, stats, leases, relay, stop)
+                    handle(
+                        mailboxes,
+                        items,
+                        domains,
+                        retry_delay,
+                        max_attempts,
+                        stats,
+                        notifications,
+                        leases=leases,
+                        relay=relay,
+                        stop=stop,
+                    )
                     idle_since = time.monotonic()
             except BrokerRefused:
                 raise  # its configuration must change: waiting will not help
@@ -274,6 +303,8 @@ def handle(
     retry_delay: timedelta | int | float | str,
     max_attempts: int,
     stats: WorkerStats,
+    notifications: Notifications,
+    *,
     leases: LeaseKeeper | None = None,
     relay: RemoteDelivery | None = None,
     stop: threading.Event | None = None,
@@ -282,10 +313,10 @@ def handle(
     writes (one commit on a store that groups them), counting the outcomes in `stats` and logging each
     in one line that names the mail by its enqueue id (`delivery_line`). `domains` are normalised
     (`normalise_domains`); the caller that drives its own dequeues (the demo, on simulated time) gets
-    exactly the worker's behaviour. `leases` keeps the mails' leases while they are delivered. Past
-    BATCH_SECONDS, or once `stop` is set, the mails not yet tried go back to the queue untried. A
-    backend away gives the mail it failed and those not yet tried back untried, settles those tried,
-    and is raised, for the caller to wait.
+    exactly the worker's behaviour. The notifications of bounces go through `notifications`. `leases`
+    keeps the mails' leases while they are delivered. Past BATCH_SECONDS, or once `stop` is set, the
+    mails not yet tried go back to the queue untried. A backend away gives the mail it failed and those
+    not yet tried back untried, settles those tried, and is raised, for the caller to wait.
 
     A crash before the settlements' commit sends the delivered mails again (at-least-once): local copies
     are not appended twice, and a remote recipient gets the mail again, as after a crash between any
@@ -300,7 +331,9 @@ def handle(
                     break
                 try:
                     settlements.append(
-                        _attempt(mailboxes, item, domains, retry_delay, max_attempts, stats, relay)
+                        _attempt(
+                            mailboxes, item, domains, retry_delay, max_attempts, stats, notifications, relay
+                        )
                     )
                 except BACKEND_FAILURES:
                     settlements += [_giving_back(untried, stats) for untried in items[index + 1 :]]
@@ -323,16 +356,21 @@ def _attempt(
     retry_delay: timedelta | int | float | str,
     max_attempts: int,
     stats: WorkerStats,
+    notifications: Notifications,
     relay: RemoteDelivery | None,
 ) -> Callable[[], None]:
-    """Deliver one mail: its local copies written, its remote recipients sent to; returns its settlement,
-    to run with the others of its batch. A backend away gives the mail back untried and is raised."""
+    """Deliver one mail: its local copies written, its remote recipients sent to, the notification of its
+    bounces enqueued; returns its settlement, to run with the others of its batch. A backend away gives
+    the mail back untried and is raised."""
     try:
         report = _deliver(mailboxes, item.enqueue_id, item.mail, domains)
+        bounced = [_unknown_user(item, user) for user in report.unknown_users]
         if relay is not None and report.unknown_recipients:
             remote = [r for r in item.mail.recipients if r.domain not in domains]
             outcome = relay.deliver(item.enqueue_id, item.mail, remote)
-            relay.notify(item.enqueue_id, item.mail, outcome.bounced)
+            bounced += outcome.bounced
+        # Before the settlement: a crash in between sends a second notification, never none.
+        notifications.notify(item.enqueue_id, item.mail, bounced)
     except InvalidInput as error:
         reason = f"undeliverable: {error}"
         return lambda: _dead_letter(item, reason, stats)
@@ -352,18 +390,29 @@ def _attempt(
         )
         return lambda: _retried(item, lambda: item.retry(retry_delay), stats)
     stats.appended += report.appended
+    stats.bounced += len(report.unknown_users)
     if relay is not None and report.unknown_recipients:
         return lambda: _settle_remote(item, relay, outcome, stats)
     if report.unknown_recipients:
         unknown = ", ".join(report.unknown_recipients)
         return lambda: _dead_letter(item, f"unknown recipients: {unknown}", stats)
+    if not report.appended and not report.already_delivered:  # every recipient bounced
+        return lambda: _delivered(item, stats, "bounced", "returned to its sender: no such local user")
     return lambda: _delivered(item, stats)
 
 
-def _delivered(item: MailQueueItem, stats: WorkerStats) -> None:
+def _unknown_user(item: MailQueueItem, user: MailAddress) -> Failed:
+    reply = unknown_user_reply(user)
+    log.info("%s: to=<%s>, status=bounced (%s)", item.enqueue_id, user, reply)
+    return Failed(user, "5.1.1", reply, "none")
+
+
+def _delivered(
+    item: MailQueueItem, stats: WorkerStats, status: str = "sent", detail: str = f"delivered to {INBOX}"
+) -> None:
     if _settle(item, item.done, stats):
         stats.delivered += 1
-        log.info(delivery_line(item, "sent", f"delivered to {INBOX}"))
+        log.info(delivery_line(item, status, detail))
 
 
 def _retried(item: MailQueueItem, retry: Callable[[], None], stats: WorkerStats) -> None:

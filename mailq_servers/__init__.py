@@ -13,11 +13,13 @@ from __future__ import annotations
 from .base import ServerError, cache_root
 from .cassandra import Cassandra, CassandraServer
 from .cassandra_cluster import CassandraCluster, CassandraClusterServer
+from .host_bed import HostBed, HostBedServers
 from .prometheus import Prometheus, PrometheusServer
 from .rabbitmq import RabbitMQ, RabbitMQServer
 from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
 from .s3 import S3Endpoint, S3Server
 from .spark import SparkCluster, SparkStandalone
+from .tls_servers import CassandraClusterTLS, CassandraTLS, RabbitMQClusterTLS, RabbitMQTLS, S3EndpointTLS
 
 #: In the order `up` starts them (and `down` stops them in reverse).
 SERVERS = {
@@ -28,6 +30,12 @@ SERVERS = {
     "cassandra-cluster": CassandraCluster,
     "rabbitmq-cluster": RabbitMQCluster,
     "prometheus": Prometheus,
+    "cassandra-tls": CassandraTLS,
+    "s3-tls": S3EndpointTLS,
+    "rabbitmq-tls": RabbitMQTLS,
+    "cassandra-cluster-tls": CassandraClusterTLS,
+    "rabbitmq-cluster-tls": RabbitMQClusterTLS,
+    "hosts": HostBed,
 }
 FACTS = {
     "cassandra": CassandraServer,
@@ -37,16 +45,32 @@ FACTS = {
     "cassandra-cluster": CassandraClusterServer,
     "rabbitmq-cluster": RabbitMQClusterServer,
     "prometheus": PrometheusServer,
+    "cassandra-tls": CassandraServer,
+    "s3-tls": S3Server,
+    "rabbitmq-tls": RabbitMQServer,
+    "cassandra-cluster-tls": CassandraClusterServer,
+    "rabbitmq-cluster-tls": RabbitMQClusterServer,
+    "hosts": HostBedServers,
 }
 #: Started only when named (`up cassandra-cluster`) or by the fixtures of the tests that need them: the
 #: rest of the suite does not run beside their nodes.
-ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster", "prometheus"}
+#: The servers that speak TLS only (tls_servers.py), by the plaintext server they stand beside: `--tls`.
+TLS_VARIANTS = {
+    "cassandra": "cassandra-tls",
+    "s3": "s3-tls",
+    "rabbitmq": "rabbitmq-tls",
+    "cassandra-cluster": "cassandra-cluster-tls",
+    "rabbitmq-cluster": "rabbitmq-cluster-tls",
+}
+ON_DEMAND = {"cassandra-cluster", "rabbitmq-cluster", "prometheus", "hosts", *TLS_VARIANTS.values()}
 
 __all__ = [
     "ON_DEMAND",
     "SERVERS",
+    "TLS_VARIANTS",
     "CassandraClusterServer",
     "CassandraServer",
+    "HostBedServers",
     "PrometheusServer",
     "RabbitMQClusterServer",
     "RabbitMQServer",

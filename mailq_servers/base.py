@@ -92,8 +92,8 @@ class Proc:
         return stat is not None and stat[0] not in ("Z", "X") and int(stat[19]) == self.start_ticks
 
     def owns_listener(self, port: int) -> bool:
-        """True when this process holds the socket listening on the loopback port."""
-        wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+        """True when this process holds a socket listening on the port (in its own network namespace)."""
+        wanted = {f"socket:[{inode}]" for inode in _listening_inodes(self.pid, port)}
         if not wanted:
             return False
         try:
@@ -166,9 +166,10 @@ def _start_ticks(pid: int) -> int | None:
     return None if fields is None else int(fields[19])
 
 
-def _listening_inodes(port: int) -> set[str]:
+def _listening_inodes(pid: int, port: int) -> set[str]:
     inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    # The process's own tables: a server of the host bed listens in a network namespace of its own.
+    for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
         try:
             rows = Path(table).read_text().splitlines()[1:]
         except FileNotFoundError:
@@ -287,6 +288,23 @@ def locked(path: Path, name: str) -> Iterator[None]:
 
 
 @dataclass(frozen=True)
+class Place:
+    """Where a server's processes run: the address they bind to, the name other nodes know that address
+    by, and the command prefix that runs a program there (none on this machine's loopback; on a host of
+    the bed, `ip netns exec` into its namespace, see hosts.py)."""
+
+    address: str = HOST
+    host_name: str = "localhost"
+    prefix: tuple[str, ...] = ()
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        return [*self.prefix, *argv]
+
+
+LOOPBACK = Place()
+
+
+@dataclass(frozen=True)
 class Running:
     """A started server as its state file records it: its processes, the ports its main process listens
     on, and the facts its clients need."""
@@ -306,11 +324,14 @@ class Server(ABC):
     port_settings: dict[str, tuple[str, int]]
     #: The process that holds the listening ports (the others, if any, only need to be alive).
     main_process = "server"
+    #: Where it runs: this machine's loopback unless a subclass takes a place (a host of the bed).
+    place = LOOPBACK
 
-    def __init__(self, cache: Path | None = None) -> None:
+    def __init__(self, cache: Path | None = None, *, run_dir: Path | None = None) -> None:
         self.cache = cache or cache_root()
         self.home = self.cache / self.name
-        self.run_dir = self.home / "run"
+        # What it installs stays in the cache; its data, logs and state may live elsewhere (a bed's host).
+        self.run_dir = run_dir or self.home / "run"
         self.state_file = self.run_dir / "state.json"
 
     def ports(self) -> dict[str, int]:
@@ -385,9 +406,10 @@ class Server(ABC):
                 self._clean_up(running)
             ports = self.ports()
             for role, port in ports.items():
-                if port_answers(port):
+                if port_answers(port, self.place.address):
                     raise ServerError(
-                        f"{self.name}: port {port} ({role}) is already in use by a process that is not this "
+                        f"{self.name}: port {port} ({role}) on {self.place.address} is already in use by a "
+                        "process that is not this "
                         f"harness's {self.name}: stop it or choose another port with "
                         f"{self.port_settings[role][0]}=PORT"
                     )

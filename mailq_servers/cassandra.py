@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from .base import (
     HOST,
+    LOOPBACK,
+    Place,
     Proc,
     Running,
     Server,
@@ -24,6 +26,7 @@ from .base import (
     unsafe_mode,
     wait_for,
 )
+from .certificates import ClientTls
 
 if TYPE_CHECKING:
     from cassandra.cluster import Cluster
@@ -186,9 +189,18 @@ def write_node_config(
     (conf / "logback.xml").write_text(LOGBACK_XML)
 
 
-def launch_node(lib: Path, node_dir: Path, *, native: int, storage: int, heap: str, unsafe: bool) -> Proc:
-    """Start one CassandraDaemon whose configuration is in node_dir/conf (write_node_config), its data in
-    node_dir/data and its logs in node_dir/logs."""
+def launch_node(
+    lib: Path,
+    node_dir: Path,
+    *,
+    native: int,
+    storage: int,
+    heap: str,
+    unsafe: bool,
+    place: Place = LOOPBACK,
+) -> Proc:
+    """Start one CassandraDaemon at `place` whose configuration is in node_dir/conf (write_node_config),
+    its data in node_dir/data and its logs in node_dir/logs."""
     conf = node_dir / "conf"
     logs = node_dir / "logs"
     fresh_log(logs / "system.log")
@@ -222,7 +234,7 @@ def launch_node(lib: Path, node_dir: Path, *, native: int, storage: int, heap: s
         # As root, JNA's mlockall succeeds and pins the whole JVM in memory (RSS 876 MiB instead of
         # ~390 at a 512m heap); without CAP_IPC_LOCK Cassandra only warns.
         java = ["setpriv", "--bounding-set", "-ipc_lock", *java]
-    return spawn(java, env=dict(os.environ), log=fresh_log(logs / "stdout.log"), cwd=node_dir)
+    return spawn(place.command(java), env=dict(os.environ), log=fresh_log(logs / "stdout.log"), cwd=node_dir)
 
 
 def listening_line(address: str, port: int) -> str:
@@ -240,6 +252,11 @@ class CassandraServer:
     port: int
     datacenter: str
     durable: bool = False
+    tls: ClientTls | None = None  # the CA and client certificate of a node that speaks TLS only
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tls, dict):  # as read back from the state file
+            object.__setattr__(self, "tls", ClientTls(**self.tls))
 
     @property
     def contact_points(self) -> str:
@@ -256,13 +273,17 @@ class CassandraServer:
             load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=self.datacenter), request_timeout=60
         )
         options.setdefault("execution_profiles", {EXEC_PROFILE_DEFAULT: profile})
+        if self.tls is not None:
+            options.setdefault("ssl_context", self.tls.context())
         return Cluster([self.host], port=self.port, **options)
 
     def env(self) -> dict[str, str]:
+        prefix = "MAILQ_CASSANDRA_TLS" if self.tls else "MAILQ_CASSANDRA"
         return {
-            "MAILQ_CASSANDRA_HOST": self.host,
-            "MAILQ_CASSANDRA_PORT": str(self.port),
-            "MAILQ_CASSANDRA_DATACENTER": self.datacenter,
+            f"{prefix}_HOST": self.host,
+            f"{prefix}_PORT": str(self.port),
+            f"{prefix}_DATACENTER": self.datacenter,
+            **(self.tls.env() if self.tls else {}),
         }
 
 
@@ -272,6 +293,10 @@ class Cassandra(Server):
         "native": ("MAILQ_CASSANDRA_PORT", 19042),
         "storage": ("MAILQ_CASSANDRA_STORAGE_PORT", 17000),
     }
+    cluster_name = "mailq-test"
+    # A whole suite's keyspaces, schema changes and SAI indexes outgrew a 768m heap (the JVM exits on
+    # OutOfMemoryError).
+    heap_setting = ("MAILQ_CASSANDRA_HEAP", "2g")
 
     def __init__(self, cache: Path | None = None) -> None:
         super().__init__(cache)
@@ -317,12 +342,16 @@ class Cassandra(Server):
     def launch(self) -> dict[str, Proc]:
         unsafe = unsafe_mode()
         write_node_config(
-            self.run_dir / "conf", address=HOST, token=0, seeds=HOST, cluster_name="mailq-test", unsafe=unsafe
+            self.run_dir / "conf",
+            address=HOST,
+            token=0,
+            seeds=HOST,
+            cluster_name=self.cluster_name,
+            unsafe=unsafe,
+            extra=self.extra_yaml(),
         )
         ports = self.ports()
-        # A whole suite's keyspaces, schema changes and SAI indexes outgrew a 768m heap (the JVM exits on
-        # OutOfMemoryError).
-        heap = os.environ.get("MAILQ_CASSANDRA_HEAP", "2g")
+        heap = os.environ.get(*self.heap_setting)
         proc = launch_node(
             self.lib,
             self.run_dir,
@@ -342,7 +371,11 @@ class Cassandra(Server):
             alive=server.alive,
             logs=[self.system_log, self.stdout_log],
         )
-        cql_round_trip(HOST, port)
+        cql_round_trip(CassandraServer(**self.facts()))
+
+    def extra_yaml(self) -> str:
+        """What this node's cassandra.yaml adds to the common one."""
+        return ""
 
     def facts(self) -> dict:
         return asdict(CassandraServer(HOST, self.ports()["native"], DATACENTER, durable=not unsafe_mode()))
@@ -364,12 +397,14 @@ class Cassandra(Server):
         procs["server"].terminate("cassandra", timeout=120)
 
 
-def cql_round_trip(host: str, port: int) -> None:
+def cql_round_trip(server: CassandraServer) -> None:
     from cassandra import DriverException
     from cassandra.cluster import NoHostAvailable
     from cassandra.protocol import ErrorMessage
 
-    cluster = CassandraServer(host, port, DATACENTER).cluster(connect_timeout=30)
+    # A node that just opened its port, TLS handshakes and all, may take more than the driver's 2 s to
+    # give the control connection its schema.
+    cluster = server.cluster(connect_timeout=30, control_connection_timeout=30)
     try:
         session = cluster.connect()
         session.execute("SELECT release_version FROM system.local", timeout=30).one()

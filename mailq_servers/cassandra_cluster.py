@@ -1,7 +1,8 @@
 """Three Cassandra 5.0.9 nodes on 127.0.0.1, 127.0.0.2 and 127.0.0.3, one JVM each, for the tests of a
 replicated keyspace: the same native and storage ports on each address, each node its own data and logs
 under the cache's cassandra-cluster/run/nodeN, seed 127.0.0.1, one token a node spread evenly over the
-ring, SimpleSnitch (one datacenter).
+ring, SimpleSnitch (one datacenter). The host bed (host_bed.py) runs the same class with a node on each
+of its server hosts: the first node is always the seed.
 
 The cluster is durable (no skipped syncs, whatever MAILQ_SERVERS_UNSAFE says): its point is surviving a
 node's SIGKILL. `python -m mailq_servers up` leaves it out; `up cassandra-cluster` starts it, and the
@@ -20,17 +21,20 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from .base import Proc, Running, Server, ServerError, log_contains, port_answers, say, wait_for
+from .base import Place, Proc, Running, Server, ServerError, log_contains, port_answers, say, wait_for
 from .cassandra import (
     DATACENTER,
     Cassandra,
+    CassandraServer,
     cql_round_trip,
     launch_node,
     listening_line,
     write_node_config,
 )
+from .certificates import ClientTls
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from cassandra.cluster import Cluster
@@ -38,7 +42,6 @@ if TYPE_CHECKING:
 ADDRESSES = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 # Murmur3's ring is [-2**63, 2**63): a third of it a node.
 TOKENS = (-6148914691236517206, 0, 6148914691236517206)
-SEEDS = ADDRESSES[0]
 CLUSTER_NAME = "mailq-cluster"
 # Cassandra's default rather than the single node's 15 s: a counter update whose leader replica died
 # unconvicted times out, and the store sends it again (stores/cassandra/store.py); at 5 s a few tries fit
@@ -56,9 +59,12 @@ class CassandraClusterServer:
     hosts: tuple[str, ...]
     port: int
     datacenter: str
+    tls: ClientTls | None = None  # the CA and client certificate of a cluster that speaks TLS only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hosts", tuple(self.hosts))  # a list once read back from JSON
+        if isinstance(self.tls, dict):
+            object.__setattr__(self, "tls", ClientTls(**self.tls))
 
     @property
     def contact_points(self) -> str:
@@ -74,6 +80,8 @@ class CassandraClusterServer:
             load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=self.datacenter), request_timeout=60
         )
         options.setdefault("execution_profiles", {EXEC_PROFILE_DEFAULT: profile})
+        if self.tls is not None:
+            options.setdefault("ssl_context", self.tls.context())
         return Cluster(list(self.hosts), port=self.port, **options)
 
     def env(self) -> dict[str, str]:
@@ -90,21 +98,42 @@ class CassandraCluster(Server):
         "storage": ("MAILQ_CASSANDRA_CLUSTER_STORAGE_PORT", 27000),
     }
     main_process = "node1"
-    hosts = ADDRESSES
+    cluster_name = CLUSTER_NAME
+    heap_setting = ("MAILQ_CASSANDRA_CLUSTER_HEAP", "1g")
 
-    def __init__(self, cache: Path | None = None) -> None:
-        super().__init__(cache)
+    def __init__(
+        self,
+        cache: Path | None = None,
+        *,
+        run_dir: Path | None = None,
+        places: Sequence[Place] | None = None,
+        node_dirs: Sequence[Path] | None = None,
+        ports: dict[str, int] | None = None,
+        heap: str | None = None,
+    ) -> None:
+        """The loopback cluster by default; a bed's (host_bed.py) gives each node its host (`places`), its
+        directory on that host and the ports, the same on every host."""
+        super().__init__(cache, run_dir=run_dir)
         # The jars are the single node's: one download serves both.
         self.single = Cassandra(self.cache)
+        self.places = tuple(places or (Place(address) for address in ADDRESSES))
+        self.addresses = tuple(place.address for place in self.places)
+        numbers = range(1, len(self.places) + 1)
+        self.node_dirs = tuple(node_dirs or (self.run_dir / f"node{n}" for n in numbers))
+        self._ports = ports
+        self.heap = heap or os.environ.get(*self.heap_setting)
 
-    @staticmethod
-    def role(node: int) -> str:
-        if node not in range(1, len(ADDRESSES) + 1):
-            raise ServerError(f"cassandra-cluster has nodes 1 to {len(ADDRESSES)}, not {node!r}")
+    def ports(self) -> dict[str, int]:
+        return dict(self._ports) if self._ports is not None else super().ports()
+
+    def role(self, node: int) -> str:
+        if node not in range(1, len(self.places) + 1):
+            raise ServerError(f"cassandra-cluster has nodes 1 to {len(self.places)}, not {node!r}")
         return f"node{node}"
 
     def node_dir(self, node: int) -> Path:
-        return self.run_dir / self.role(node)
+        self.role(node)  # refuses a node that is not there
+        return self.node_dirs[node - 1]
 
     def system_log(self, node: int) -> Path:
         return self.node_dir(node) / "logs" / "system.log"
@@ -118,30 +147,38 @@ class CassandraCluster(Server):
                 self.single.install()
 
     def launch(self) -> dict[str, Proc]:
-        return {self.role(node): self._launch(node) for node in range(1, len(ADDRESSES) + 1)}
+        return {self.role(node): self._launch(node) for node in range(1, len(self.places) + 1)}
 
     def _launch(self, node: int) -> Proc:
-        address = ADDRESSES[node - 1]
+        place = self.places[node - 1]
         write_node_config(
             self.node_dir(node) / "conf",
-            address=address,
+            address=place.address,
             token=TOKENS[node - 1],
-            seeds=SEEDS,
-            cluster_name=CLUSTER_NAME,
+            seeds=self.addresses[0],
+            cluster_name=self.cluster_name,
             counter_write_timeout=COUNTER_WRITE_TIMEOUT,
             unsafe=False,
-            extra=EXTRA_YAML,
+            extra=EXTRA_YAML + self.extra_yaml(node),
         )
         ports = self.ports()
-        heap = os.environ.get("MAILQ_CASSANDRA_CLUSTER_HEAP", "1g")
         return launch_node(
             self.single.lib,
             self.node_dir(node),
             native=ports["native"],
             storage=ports["storage"],
-            heap=heap,
+            heap=self.heap,
             unsafe=False,
+            place=place,
         )
+
+    def extra_yaml(self, node: int) -> str:
+        """What node `node`'s cassandra.yaml adds to the common one and EXTRA_YAML."""
+        return ""
+
+    def client_tls(self) -> ClientTls | None:
+        """The CA and client certificate of a cluster whose clients must speak TLS; None for plaintext."""
+        return None
 
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         for role, proc in procs.items():
@@ -149,7 +186,7 @@ class CassandraCluster(Server):
         self.wait_ring()
 
     def _wait_listening(self, node: int, proc: Proc) -> None:
-        address, port = ADDRESSES[node - 1], self.ports()["native"]
+        address, port = self.addresses[node - 1], self.ports()["native"]
         log = self.system_log(node)
         # The line comes just before the socket is bound: under load a connect right after it was refused.
         wait_for(
@@ -158,18 +195,19 @@ class CassandraCluster(Server):
             alive=proc.alive,
             logs=[log, log.with_name("stdout.log")],
         )
-        cql_round_trip(address, port)
+        cql_round_trip(CassandraServer(address, port, DATACENTER, tls=self.client_tls()))
 
-    def wait_ring(self, addresses: tuple[str, ...] = ADDRESSES, timeout: float = 120) -> None:
+    def wait_ring(self, addresses: tuple[str, ...] | None = None, timeout: float = 120) -> None:
         """Until a driver connection sees the nodes at `addresses` up and each node's gossip sees them
         NORMAL (`nodetool status` would say UN for them)."""
+        addresses = self.addresses if addresses is None else addresses
         deadline = time.monotonic() + timeout
         facts = CassandraClusterServer(**self.facts())
-        cluster = facts.cluster(connect_timeout=30)
+        cluster = facts.cluster(connect_timeout=30, control_connection_timeout=30)
         try:
             session = cluster.connect()
             while True:
-                seen = _ring_view(cluster, session)
+                seen = _ring_view(cluster, session, self.addresses)
                 if all(seen.get(address) == "UN" for address in addresses):
                     return
                 if time.monotonic() > deadline:
@@ -182,7 +220,9 @@ class CassandraCluster(Server):
             cluster.shutdown()
 
     def facts(self) -> dict:
-        return asdict(CassandraClusterServer(ADDRESSES, self.ports()["native"], DATACENTER))
+        return asdict(
+            CassandraClusterServer(self.addresses, self.ports()["native"], DATACENTER, self.client_tls())
+        )
 
     def serving(self, running: Running) -> bool:
         """Every node alive and holding its ports (each on its own address: the ports are the same)."""
@@ -208,7 +248,7 @@ class CassandraCluster(Server):
 
     def _refuse_busy_ports(self) -> None:
         # Server.ensure checks 127.0.0.1 alone: each node has its own address.
-        for address in ADDRESSES:
+        for address in self.addresses:
             for role, port in self.ports().items():
                 if port_answers(port, address):
                     raise ServerError(
@@ -245,7 +285,7 @@ class CassandraCluster(Server):
     def node_up(self, node: int) -> bool:
         """The node's process alive and serving CQL on its address."""
         proc = self._proc(node)
-        address, port = ADDRESSES[node - 1], self.ports()["native"]
+        address, port = self.addresses[node - 1], self.ports()["native"]
         return proc.alive() and log_contains(self.system_log(node), listening_line(address, port))
 
     def start_node(self, node: int) -> None:
@@ -268,10 +308,11 @@ class CassandraCluster(Server):
         self._write_state(Running(procs, running.ports, running.facts))
         self._wait_listening(node, proc)
         # The nodes meant to be up: a fault test may keep another one down.
-        self.wait_ring(tuple(ADDRESSES[n] for n in range(len(ADDRESSES)) if procs[self.role(n + 1)].alive()))
+        up = range(1, len(self.places) + 1)
+        self.wait_ring(tuple(self.addresses[n - 1] for n in up if procs[self.role(n)].alive()))
 
 
-def _ring_view(cluster, session) -> dict[str, str]:
+def _ring_view(cluster, session, addresses: tuple[str, ...]) -> dict[str, str]:
     """Each node's state as `nodetool status` shows it, by address: U when the driver's connection to it
     is up (D otherwise), then N when every node that answers lists it NORMAL in its gossip, J if not."""
     from cassandra import DriverException
@@ -279,7 +320,7 @@ def _ring_view(cluster, session) -> dict[str, str]:
 
     hosts = cluster.metadata.all_hosts()
     states = {host.address: "U" if host.is_up else "D" for host in hosts}
-    normal = {address: True for address in ADDRESSES}
+    normal = {address: True for address in addresses}
     for host in hosts:
         if not host.is_up:
             continue
@@ -291,6 +332,6 @@ def _ring_view(cluster, session) -> dict[str, str]:
             states[host.address] = "D"
             continue
         seen = {str(row.address): (row.status_with_port or "").startswith("NORMAL") for row in rows}
-        for address in ADDRESSES:
+        for address in addresses:
             normal[address] = normal[address] and seen.get(address, False)
     return {address: state + ("N" if normal.get(address) else "J") for address, state in states.items()}

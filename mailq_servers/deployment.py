@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mailq_runtime.settings import Settings
@@ -64,17 +65,25 @@ def remove(url: str) -> None:
     )
 
 
-def discard(directory: Path) -> None:
-    """Remove the deployment named in `directory`, then the directory."""
+def discard(directory: Path, *, remove: Callable[[str], None] = remove) -> None:
+    """Remove the deployment named in `directory` (with `remove`: the host bed's is another), then the
+    directory."""
     url_file = directory / URL_FILE
     if url_file.exists():
         remove(url_file.read_text().strip())
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def fresh(directory: Path, prefix: str = "mailq-demo") -> str:
-    """Replace the deployment named in `directory` by a new one (see the module); returns its URL."""
-    discard(directory)
+def fresh(
+    directory: Path,
+    prefix: str = "mailq-demo",
+    *,
+    make: Callable[[str], str] = make,
+    remove: Callable[[str], None] = remove,
+) -> str:
+    """Replace the deployment named in `directory` by a new one (see the module; `make` and `remove` are
+    the host bed's for a deployment there); returns its URL."""
+    discard(directory, remove=remove)
     directory.mkdir(parents=True)
     url = make(f"{prefix}-{int(time.time())}")
     (directory / URL_FILE).write_text(url + "\n")

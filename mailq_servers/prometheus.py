@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .base import HOST, Proc, Server, ServerError, fresh_log, spawn, wait_for
+from .base import LOOPBACK, Place, Proc, Server, ServerError, fresh_log, spawn, wait_for
 from .system_packages import missing_program
 
 SCRAPE_INTERVAL = "1s"
@@ -85,8 +85,12 @@ class Prometheus(Server):
     name = "prometheus"
     port_settings = {"http": ("MAILQ_PROMETHEUS_PORT", 19090)}
 
-    def __init__(self, cache: Path | None = None) -> None:
-        super().__init__(cache)
+    def __init__(
+        self, cache: Path | None = None, *, place: Place = LOOPBACK, run_dir: Path | None = None
+    ) -> None:
+        """On this machine's loopback by default; on a host of the bed at its place, data in run_dir."""
+        super().__init__(cache, run_dir=run_dir)
+        self.place = place
         self.log = self.run_dir / "prometheus.log"
         self.targets = self.run_dir / "targets"
 
@@ -109,9 +113,9 @@ class Prometheus(Server):
             f"--storage.tsdb.path={self.run_dir / 'data'}",
             # The tests read what they just did: a day of samples is plenty.
             "--storage.tsdb.retention.time=1d",
-            f"--web.listen-address={HOST}:{self.ports()['http']}",
+            f"--web.listen-address={self.place.address}:{self.ports()['http']}",
         ]
-        return {"server": spawn(argv, env={}, log=fresh_log(self.log), cwd=self.run_dir)}
+        return {"server": spawn(self.place.command(argv), env={}, log=fresh_log(self.log), cwd=self.run_dir)}
 
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         def ready() -> bool:
@@ -127,4 +131,4 @@ class Prometheus(Server):
         return {"url": self._url(), "targets": str(self.targets)}
 
     def _url(self) -> str:
-        return f"http://{HOST}:{self.ports()['http']}"
+        return f"http://{self.place.address}:{self.ports()['http']}"

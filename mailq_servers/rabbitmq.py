@@ -19,6 +19,8 @@ from urllib.parse import quote
 
 from .base import (
     HOST,
+    LOOPBACK,
+    Place,
     Proc,
     Server,
     ServerError,
@@ -28,6 +30,7 @@ from .base import (
     say,
     wait_for,
 )
+from .certificates import ClientTls
 from .system_packages import missing_program
 
 if TYPE_CHECKING:
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
 
 SCRIPTS = Path("/usr/lib/rabbitmq/bin")
 NODE = "mailq@localhost"
+#: RabbitMQ's own user, which it lets in from loopback only.
+GUEST = ("guest", "guest")
 
 
 @dataclass(frozen=True)
@@ -47,14 +52,26 @@ class RabbitMQServer:
     password: str
     vhost: str
     node: str
+    tls: ClientTls | None = None  # the CA and client certificate of a node that speaks amqps only
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tls, dict):  # as read back from the state file
+            object.__setattr__(self, "tls", ClientTls(**self.tls))
+
+    @property
+    def scheme(self) -> str:
+        return "amqps" if self.tls else "amqp"
 
     @property
     def url(self) -> str:
-        return f"amqp://{self.username}:{self.password}@{self.host}:{self.port}/{quote(self.vhost, safe='')}"
+        where = f"{self.host}:{self.port}/{quote(self.vhost, safe='')}"
+        return f"{self.scheme}://{self.username}:{self.password}@{where}"
 
     def connection_parameters(self, **options: Any) -> pika.ConnectionParameters:
         import pika
 
+        if self.tls is not None:
+            options.setdefault("ssl_options", pika.SSLOptions(self.tls.context(), server_hostname=self.host))
         return pika.ConnectionParameters(
             host=self.host,
             port=self.port,
@@ -64,6 +81,8 @@ class RabbitMQServer:
         )
 
     def env(self) -> dict[str, str]:
+        if self.tls:
+            return {"MAILQ_AMQPS_URL": self.url, **self.tls.env()}
         return {"MAILQ_AMQP_URL": self.url}
 
 
@@ -81,11 +100,22 @@ class RabbitMQ(Server):
         node: str = NODE,
         ports: dict[str, int] | None = None,
         epmd_port: int | None = None,
+        place: Place = LOOPBACK,
+        run_dir: Path | None = None,
+        user: tuple[str, str] = GUEST,
+        distribution_tls: Path | None = None,
     ) -> None:
-        super().__init__(cache)
+        """A node at `place` (this machine's loopback by default); `user`, when not RabbitMQ's guest, is
+        made at the node's first boot for the clients of other hosts, which guest may not serve;
+        `distribution_tls`: the ssl_dist_optfile of a node whose links to its peers (and rabbitmqctl's
+        to it) speak TLS, None for the Erlang distribution in the clear."""
+        super().__init__(cache, run_dir=run_dir)
         self.node = node
         self._ports = ports
         self._epmd_port = epmd_port
+        self.place = place
+        self.user = user
+        self.distribution_tls = distribution_tls
         self.pid_file = self.run_dir / "rabbit.pid"
         self.log = self.run_dir / "log" / "rabbit.log"
         self.launch_log = self.run_dir / "log" / "launch.log"
@@ -121,12 +151,17 @@ class RabbitMQ(Server):
         ports = self.ports()
         for directory in ("home", "log", "mnesia"):
             (self.run_dir / directory).mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = {HOST}:{ports['amqp']}\n"
-            f"distribution.listener.interface = {HOST}\n"
-            f"distribution.listener.port_range.min = {ports['distribution']}\n"
-            f"distribution.listener.port_range.max = {ports['distribution']}\n"
+        address = self.place.address
+        default_user = (
+            "" if self.user == GUEST else (f"default_user = {self.user[0]}\ndefault_pass = {self.user[1]}\n")
         )
+        conf = self.run_dir / "rabbitmq.conf"
+        conf.write_text(
+            self.listener_conf(ports["amqp"]) + f"distribution.listener.interface = {address}\n"
+            f"distribution.listener.port_range.min = {ports['distribution']}\n"
+            f"distribution.listener.port_range.max = {ports['distribution']}\n" + default_user
+        )
+        conf.chmod(0o600)
         (self.run_dir / "rabbitmq-env.conf").write_text("")
         (self.run_dir / "enabled_plugins").write_text("[].\n")
         self.pid_file.unlink(missing_ok=True)
@@ -134,13 +169,16 @@ class RabbitMQ(Server):
             self.log.replace(self.log.with_name("rabbit.log.previous"))
         with self.launch_log.open("w") as out:
             launcher = subprocess.run(
-                [str(SCRIPTS / "rabbitmq-server"), "-detached"],
+                self.place.command([str(SCRIPTS / "rabbitmq-server"), "-detached"]),
                 env=self._env(),
                 cwd=self.run_dir,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 timeout=120,
+                # The detached VM in a session of its own, as `spawn` does: a shell or job that ends and
+                # signals its process group does not take the node down with it.
+                start_new_session=True,
             )
         if launcher.returncode != 0:
             failed = f"rabbitmq-server -detached failed (exit {launcher.returncode})"
@@ -155,6 +193,14 @@ class RabbitMQ(Server):
             time.sleep(0.1)
         return {"server": Proc.of(self._pid_from_file())}
 
+    def listener_conf(self, port: int) -> str:
+        """The rabbitmq.conf lines of the client listener."""
+        return f"listeners.tcp.default = {self.place.address}:{port}\n"
+
+    def listener_env(self, port: int) -> dict[str, str]:
+        """The variables of the client listener (rabbitmqctl reads them too)."""
+        return {"RABBITMQ_NODE_IP_ADDRESS": self.place.address, "RABBITMQ_NODE_PORT": str(port)}
+
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
         ports = self.ports()
@@ -164,23 +210,30 @@ class RabbitMQ(Server):
         wait_for("rabbitmq", self._amqp_answers, alive=server.alive, logs=logs, timeout=60)
 
     def facts(self) -> dict:
-        return asdict(RabbitMQServer(HOST, self.ports()["amqp"], "guest", "guest", "/", self.node))
+        return asdict(RabbitMQServer(self.place.address, self.ports()["amqp"], *self.user, "/", self.node))
 
     def shut_down(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
-        if server.alive():
+        # Over the TLS distribution `rabbitmqctl stop` never returned (180 s, three nodes of three): such a
+        # node is stopped by SIGTERM alone, which it takes as a graceful shutdown.
+        if server.alive() and self.distribution_tls is None:
             # The pid file form waits until the VM has exited; plain `stop` returns before.
-            stop = subprocess.run(
-                [str(SCRIPTS / "rabbitmqctl"), "-n", self.node, "stop", str(self.pid_file)],
-                env=self._env(),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=180,
-            )
-            if stop.returncode != 0:
-                say(f"rabbitmq: rabbitmqctl stop failed ({stop.stderr.strip()[-200:]}), sending SIGTERM")
-            server.terminate("rabbitmq", timeout=60)
+            ctl = [str(SCRIPTS / "rabbitmqctl"), "-n", self.node, "stop", str(self.pid_file)]
+            try:
+                stop = subprocess.run(
+                    self.place.command(ctl),
+                    env=self._env(),
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    text=True,
+                    timeout=180,
+                )
+                failed = stop.stderr.strip()[-200:] if stop.returncode != 0 else None
+            except subprocess.TimeoutExpired:
+                failed = "no answer in 180 s"
+            if failed is not None:
+                say(f"rabbitmq: rabbitmqctl stop failed ({failed}), sending SIGTERM")
+        server.terminate("rabbitmq", timeout=60)
         self._stop_epmd()
 
     def kill(self) -> None:
@@ -196,7 +249,7 @@ class RabbitMQ(Server):
                 raise ServerError(f"rabbitmq: pid {server.pid} still alive 30 s after SIGKILL")
             # A dying VM's threads may still hold its listeners for a moment after it shows as dead.
             deadline = time.monotonic() + 30
-            while any(port_answers(port) for port in running.ports.values()):
+            while any(port_answers(port, self.place.address) for port in running.ports.values()):
                 if time.monotonic() > deadline:
                     raise ServerError("rabbitmq: its ports still answer 30 s after SIGKILL")
                 time.sleep(0.1)
@@ -204,7 +257,7 @@ class RabbitMQ(Server):
     def ctl(self, *arguments: str) -> str:
         """Run `rabbitmqctl` on this node; its output, or ServerError with its message."""
         done = subprocess.run(
-            [str(SCRIPTS / "rabbitmqctl"), "-q", "-n", self.node, *arguments],
+            self.place.command([str(SCRIPTS / "rabbitmqctl"), "-q", "-n", self.node, *arguments]),
             env=self._env(),
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -219,13 +272,16 @@ class RabbitMQ(Server):
     def _env(self) -> dict[str, str]:
         run = self.run_dir
         ports = self.ports()
+        address = self.place.address
+        distribution = ""
+        if self.distribution_tls is not None:
+            distribution = f" -proto_dist inet_tls -ssl_dist_optfile {self.distribution_tls}"
         return {
             **os.environ,
             # The Erlang cookie lives in $HOME: this node's own, shared with rabbitmqctl.
             "HOME": str(run / "home"),
             "RABBITMQ_NODENAME": self.node,
-            "RABBITMQ_NODE_IP_ADDRESS": HOST,
-            "RABBITMQ_NODE_PORT": str(ports["amqp"]),
+            **self.listener_env(ports["amqp"]),
             "RABBITMQ_DIST_PORT": str(ports["distribution"]),
             "RABBITMQ_CONFIG_FILE": str(run / "rabbitmq.conf"),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(run / "advanced.config"),
@@ -235,11 +291,13 @@ class RabbitMQ(Server):
             "RABBITMQ_LOG_BASE": str(run / "log"),
             "RABBITMQ_LOGS": str(self.log),
             "RABBITMQ_PID_FILE": str(self.pid_file),
-            "ERL_EPMD_ADDRESS": HOST,
+            "ERL_EPMD_ADDRESS": address,
             "ERL_EPMD_PORT": str(self.epmd_port()),
             # Schedulers that sleep instead of spinning: the machine is small and shared.
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "+sbwt none +sbwtdcpu none +sbwtdio none",
-            "RABBITMQ_CTL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": f"+sbwt none +sbwtdcpu none +sbwtdio none{distribution}",
+            "RABBITMQ_CTL_ERL_ARGS": (
+                f"-kernel inet_dist_use_interface {{{address.replace('.', ',')}}}{distribution}"
+            ),
         }
 
     def _pid_from_file(self) -> int:
@@ -275,9 +333,11 @@ class RabbitMQ(Server):
         if epmd is None:
             return
         port = ["-port", str(self.epmd_port())]
-        names = subprocess.run([epmd, *port, "-names"], capture_output=True, text=True, timeout=30)
+        names = subprocess.run(
+            self.place.command([epmd, *port, "-names"]), capture_output=True, text=True, timeout=30
+        )
         if names.returncode == 0 and "name " not in names.stdout:
-            subprocess.run([epmd, *port, "-kill"], capture_output=True, timeout=30)
+            subprocess.run(self.place.command([epmd, *port, "-kill"]), capture_output=True, timeout=30)
 
 
 def _free_ports(count: int) -> list[int]:

@@ -6,7 +6,8 @@ the single node's), joined with `rabbitmqctl join_cluster`, on loopback only.
 Started on demand only (`python -m mailq_servers up rabbitmq-cluster`, or the module-scoped fixture of the
 tests that need it), never by a plain `up`: it costs three Erlang VMs. The harness can SIGKILL a node and
 start it again on its data (`kill_node`, `start_node`), or the whole cluster (`kill_all`, `start_all`), and
-tell which node leads a quorum queue (`leaders`)."""
+tell which node leads a quorum queue (`leaders`). The host bed (host_bed.py) runs the same class with a
+node on each of its server hosts, each on the standard ports of its own address."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ import signal
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
-from .base import HOST, Proc, Running, Server, ServerError, port_answers, port_setting
-from .rabbitmq import RabbitMQ
+from .base import Place, Proc, Running, Server, ServerError, port_answers, port_setting
+from .rabbitmq import GUEST, RabbitMQ, RabbitMQServer
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 NODES = 3
 CLUSTER_NAME = "mailq-cluster"
@@ -32,18 +37,31 @@ def node_name(index: int) -> str:
 
 @dataclass(frozen=True)
 class RabbitMQClusterServer:
-    """How to reach the cluster: every node's AMQP port, and the broker URL naming them all."""
+    """How to reach the cluster: every node's address and AMQP port, and the broker URL naming them all
+    (with the user, unless it is RabbitMQ's guest; its password goes in MAILQ_AMQP_PASSWORD)."""
 
-    host: str
+    hosts: list[str]
     ports: list[int]
     nodes: list[str]
     username: str
     password: str
 
     def broker_url(self, vhost: str = "/", **options: str) -> str:
-        hosts = ",".join(f"{self.host}:{port}" for port in self.ports)
+        hosts = ",".join(f"{host}:{port}" for host, port in zip(self.hosts, self.ports, strict=True))
+        user = "" if (self.username, self.password) == GUEST else f"{quote(self.username, safe='')}@"
         query = f"?{urlencode(options)}" if options else ""
-        return f"amqp://{hosts}/{quote(vhost, safe='') if vhost != '/' else ''}{query}"
+        return f"amqp://{user}{hosts}/{quote(vhost, safe='') if vhost != '/' else ''}{query}"
+
+    def node_server(self, index: int, vhost: str = "/") -> RabbitMQServer:
+        """Node `index` (1..3) alone, as a client of one node reaches it."""
+        return RabbitMQServer(
+            self.hosts[index - 1],
+            self.ports[index - 1],
+            self.username,
+            self.password,
+            vhost,
+            self.nodes[index - 1],
+        )
 
     def env(self) -> dict[str, str]:
         return {"MAILQ_AMQP_CLUSTER_URL": self.broker_url()}
@@ -60,18 +78,59 @@ class RabbitMQCluster(Server):
     }
     main_process = "n1"
 
+    def __init__(
+        self,
+        cache: Path | None = None,
+        *,
+        run_dir: Path | None = None,
+        places: Sequence[Place] | None = None,
+        node_dirs: Sequence[Path] | None = None,
+        ports: dict[str, int] | None = None,
+        epmd_port: int | None = None,
+        user: tuple[str, str] = GUEST,
+    ) -> None:
+        """The loopback cluster by default; a bed's gives each node its host (`places`, the node named
+        rabbit@<host name>), its directory there, the ports (amqp1..3, distribution1..3), its epmd's
+        port and a user of its own."""
+        super().__init__(cache, run_dir=run_dir)
+        self.places = tuple(places or (Place() for _ in range(NODES)))
+        self.node_names = (
+            [f"rabbit@{place.host_name}" for place in self.places]
+            if places
+            else [node_name(index) for index in range(1, NODES + 1)]
+        )
+        self.node_dirs = tuple(
+            node_dirs or (self.run_dir / f"n{index}" / "rabbitmq" / "run" for index in range(1, NODES + 1))
+        )
+        self._ports = ports
+        self._epmd_port = epmd_port
+        self.user = user
+
+    def ports(self) -> dict[str, int]:
+        return dict(self._ports) if self._ports is not None else super().ports()
+
     def epmd_port(self) -> int:
+        if self._epmd_port is not None:
+            return self._epmd_port
         return port_setting("MAILQ_RABBITMQ_CLUSTER_EPMD_PORT", 14379)
 
     def node(self, index: int) -> RabbitMQ:
-        """Node `index` (1..3) as a RabbitMQ server of the harness, in a directory of the cluster's."""
+        """Node `index` (1..3) as a RabbitMQ server of the harness, in its directory."""
         ports = self.ports()
         return RabbitMQ(
-            self.run_dir / f"n{index}",
-            node=node_name(index),
+            self.cache,
+            node=self.node_names[index - 1],
             ports={"amqp": ports[f"amqp{index}"], "distribution": ports[f"distribution{index}"]},
             epmd_port=self.epmd_port(),
+            place=self.places[index - 1],
+            run_dir=self.node_dirs[index - 1],
+            user=self.user,
+            distribution_tls=self.distribution_tls(),
         )
+
+    def distribution_tls(self) -> Path | None:
+        """The ssl_dist_optfile of a cluster whose nodes speak TLS to each other; None for the clear."""
+        return None
 
     def nodes(self) -> list[RabbitMQ]:
         return [self.node(index) for index in range(1, NODES + 1)]
@@ -83,6 +142,7 @@ class RabbitMQCluster(Server):
         self.node(1).install()
 
     def launch(self) -> dict[str, Proc]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         cookie_file = self.run_dir / "cookie"
         if not cookie_file.exists():
             cookie_file.write_text(secrets.token_hex(16).upper())
@@ -121,14 +181,14 @@ class RabbitMQCluster(Server):
         return {f"n{index}": procs[f"n{index}"] for index in range(1, NODES + 1)}
 
     def _join(self) -> None:
-        first = node_name(1)
+        first = self.node_names[0]
         for node in self.nodes()[1:]:
             node.ctl("stop_app")
             node.ctl("join_cluster", first)
             node.ctl("start_app")
         self.node(1).ctl("set_cluster_name", CLUSTER_NAME)
         members = self.members()
-        if sorted(members) != sorted(node_name(index) for index in range(1, NODES + 1)):
+        if sorted(members) != sorted(self.node_names):
             raise ServerError(f"rabbitmq-cluster: the nodes did not join into one cluster: {members}")
         (self.run_dir / "joined").write_text("")
 
@@ -170,11 +230,10 @@ class RabbitMQCluster(Server):
         ports = self.ports()
         return asdict(
             RabbitMQClusterServer(
-                HOST,
+                [place.address for place in self.places],
                 [ports[f"amqp{index}"] for index in range(1, NODES + 1)],
-                [node_name(index) for index in range(1, NODES + 1)],
-                "guest",
-                "guest",
+                list(self.node_names),
+                *self.user,
             )
         )
 
@@ -196,7 +255,7 @@ class RabbitMQCluster(Server):
         """SIGKILL node `index` (1..3), as a crash would; `start_node` starts it again on its data."""
         with self.lock():
             running = self._recorded_or_fail()
-            _kill(running, index)
+            _kill(running, index, self.places[index - 1].address)
 
     def start_node(self, index: int) -> None:
         """Start node `index` again (after `kill_node`) and wait until it serves; it rejoins by itself."""
@@ -215,7 +274,7 @@ class RabbitMQCluster(Server):
             for index in range(1, NODES + 1):
                 running.procs[f"n{index}"].signal(signal.SIGKILL)
             for index in range(1, NODES + 1):
-                _kill(running, index)
+                _kill(running, index, self.places[index - 1].address)
 
     def start_all(self) -> None:
         """Start every node again (after `kill_all`), together, and wait until all serve."""
@@ -246,7 +305,7 @@ class RabbitMQCluster(Server):
         raise ServerError(f"rabbitmq-cluster: no node answers ({last})")
 
     def index_of(self, node: str) -> int:
-        return [node_name(index) for index in range(1, NODES + 1)].index(node) + 1
+        return self.node_names.index(node) + 1
 
     def _recorded_or_fail(self) -> Running:
         running = self.recorded()
@@ -267,7 +326,7 @@ def _share_cookie(node: RabbitMQ, cookie: str) -> None:
     path.chmod(0o400)
 
 
-def _kill(running: Running, index: int) -> None:
+def _kill(running: Running, index: int, address: str) -> None:
     """SIGKILL node `index` and wait until its process and its ports are gone."""
     proc = running.procs[f"n{index}"]
     ports = [running.ports[f"amqp{index}"], running.ports[f"distribution{index}"]]
@@ -275,7 +334,7 @@ def _kill(running: Running, index: int) -> None:
     if not proc.wait_gone(30):
         raise ServerError(f"rabbitmq-cluster: pid {proc.pid} still alive 30 s after SIGKILL")
     deadline = time.monotonic() + 30
-    while any(port_answers(port) for port in ports):
+    while any(port_answers(port, address) for port in ports):
         if time.monotonic() > deadline:
             raise ServerError("rabbitmq-cluster: a killed node's ports still answer 30 s after SIGKILL")
         time.sleep(0.1)

@@ -10,13 +10,14 @@ import json
 import os
 import secrets
 import shutil
+import ssl
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .base import HOST, Proc, Server, fresh_log, require_program, run_logged, say, spawn, wait_for
+from .base import LOOPBACK, Place, Proc, Server, fresh_log, require_program, run_logged, say, spawn, wait_for
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -35,11 +36,14 @@ class S3Server:
     # Kept out of repr, so test reports and logs never show it.
     secret_access_key: str = field(repr=False)
     region: str = REGION
+    ca: str = ""  # the CA file of an https endpoint
 
     def client(self, **options: Any) -> BaseClient:
         """A boto3 S3 client for this endpoint; options go to `boto3.client`."""
         import boto3
 
+        if self.ca:
+            options.setdefault("verify", self.ca)
         return boto3.client(
             "s3",
             endpoint_url=self.endpoint_url,
@@ -50,6 +54,9 @@ class S3Server:
         )
 
     def env(self) -> dict[str, str]:
+        if self.ca:
+            # A shell takes one S3 endpoint's variables: the plaintext one's; this one's URL and CA only.
+            return {"MAILQ_S3_TLS_ENDPOINT": self.endpoint_url, "MAILQ_TLS_CA": self.ca}
         return {
             "MAILQ_S3_ENDPOINT": self.endpoint_url,
             # boto3 reads this one itself (botocore >= 1.31), so any client in that shell finds the endpoint.
@@ -63,9 +70,14 @@ class S3Server:
 class S3Endpoint(Server):
     name = "s3"
     port_settings = {"http": ("MAILQ_S3_PORT", 17070)}
+    scheme = "http"
 
-    def __init__(self, cache: Path | None = None) -> None:
-        super().__init__(cache)
+    def __init__(
+        self, cache: Path | None = None, *, place: Place = LOOPBACK, run_dir: Path | None = None
+    ) -> None:
+        """The endpoint on this machine's loopback by default; the bed's at its place, data in run_dir."""
+        super().__init__(cache, run_dir=run_dir)
+        self.place = place
         self.binary = self.home / VERSION / "bin" / "versitygw"
         self.gopath = self.home / "go"
         self.log = self.run_dir / "versitygw.log"
@@ -113,23 +125,33 @@ class S3Endpoint(Server):
         argv = [
             str(self.binary),
             "--port",
-            f"{HOST}:{self.ports()['http']}",
+            f"{self.place.address}:{self.ports()['http']}",
             "--region",
             REGION,
             # Without it boto3's pooled connections are closed after each request and retried.
             "--keep-alive",
             "--quiet",
+            *self.tls_arguments(),
             "posix",
             str(data),
         ]
-        return {"server": spawn(argv, env=env, log=fresh_log(self.log), cwd=self.run_dir)}
+        return {"server": spawn(self.place.command(argv), env=env, log=fresh_log(self.log), cwd=self.run_dir)}
+
+    def tls_arguments(self) -> list[str]:
+        """versitygw's options for its certificate; none for plain http."""
+        return []
+
+    def url_context(self) -> ssl.SSLContext | None:
+        """How to check the endpoint's certificate; None for plain http."""
+        return None
 
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         url = self._endpoint()
+        context = self.url_context()
 
         def answers() -> bool:
             try:
-                urllib.request.urlopen(url, timeout=2).close()
+                urllib.request.urlopen(url, timeout=2, context=context).close()
             except urllib.error.HTTPError:
                 return True  # an S3 error document (access denied) is an answer
             except OSError:
@@ -143,7 +165,7 @@ class S3Endpoint(Server):
         return asdict(S3Server(self._endpoint(), keys["access_key_id"], keys["secret_access_key"], REGION))
 
     def _endpoint(self) -> str:
-        return f"http://{HOST}:{self.ports()['http']}"
+        return f"{self.scheme}://{self.place.address}:{self.ports()['http']}"
 
     def _keys(self) -> dict[str, str]:
         """The root keys, chosen once per cache and kept (owner-readable only) so data stays reachable."""

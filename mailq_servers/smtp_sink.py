@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from email.parser import BytesHeaderParser
 from pathlib import Path
 
-from .base import HOST, port_answers, wait_for
+from .base import LOOPBACK, Place, port_answers, wait_for
 from .system_packages import system_program
 
 
@@ -37,13 +37,16 @@ class SmtpSink:
         self,
         port: int,
         *,
-        host: str = HOST,
+        host: str | None = None,
+        place: Place = LOOPBACK,
         soft: Sequence[str] = (),
         hard: Sequence[str] = (),
         data_wait: int = 0,
         pipelining: bool = True,
     ) -> None:
-        self.host = host
+        # On this machine's loopback, or on a host of the bed (its address unless `host` says another).
+        self.host = host or place.address
+        self.place = place
         self.port = port
         self.options: list[str] = []
         if soft:
@@ -71,7 +74,10 @@ class SmtpSink:
             argv += ["-u", "nobody"]
         with log.open("ab") as out:
             self._process = subprocess.Popen(
-                [*argv, f"{self.host}:{self.port}", "64"], stdin=subprocess.DEVNULL, stdout=out, stderr=out
+                self.place.command([*argv, f"{self.host}:{self.port}", "64"]),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
             )
         process = self._process
         wait_for(

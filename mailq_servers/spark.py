@@ -1,6 +1,7 @@
 """A Spark standalone cluster on loopback, a master and two workers of one core each, run by the pip
 pyspark's own `spark-class` (its package directory is a SPARK_HOME). Executors run their Python workers
-with this harness's interpreter, the project's venv, where mailq and pyarrow are installed."""
+with this harness's interpreter, the project's venv, where mailq and pyarrow are installed. The host bed
+(host_bed.py) runs the same class with its master and a worker on each server host."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ import json
 import os
 import sys
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .base import HOST, Proc, Server, ServerError, fresh_log, spawn, wait_for
+from .base import HOST, LOOPBACK, Place, Proc, Server, ServerError, fresh_log, spawn, wait_for
+
+if TYPE_CHECKING:
+    from .s3 import S3Server
 
 WORKERS = 2
 WORKER_CORES = 1
@@ -21,25 +27,31 @@ WORKER_MEMORY = "2g"
 
 @dataclass(frozen=True)
 class SparkCluster:
-    """How to use the cluster: a driver on this machine with `conf()`, and PYSPARK_PYTHON set to `python`
-    before its session starts (PySpark takes its workers' interpreter from that variable only)."""
+    """How to use the cluster: a driver at `driver_host` (this machine's loopback, or the bed's driver
+    host) with `conf()`, and PYSPARK_PYTHON set to `python` before its session starts (PySpark takes its
+    workers' interpreter from that variable only)."""
 
     master_url: str
     web_ui_url: str
     workers: int
     cores: int
     python: str
+    driver_host: str = HOST
 
     def conf(self) -> dict[str, str]:
-        """The settings a client-mode driver on this machine needs for this cluster."""
+        """The settings a client-mode driver at `driver_host` needs for this cluster."""
         return {
             "spark.master": self.master_url,
-            "spark.driver.host": HOST,
-            "spark.driver.bindAddress": HOST,
+            "spark.driver.host": self.driver_host,
+            "spark.driver.bindAddress": self.driver_host,
         }
 
     def env(self) -> dict[str, str]:
-        return {"MAILQ_SPARK_MASTER": self.master_url, "SPARK_LOCAL_IP": HOST, "PYSPARK_PYTHON": self.python}
+        return {
+            "MAILQ_SPARK_MASTER": self.master_url,
+            "SPARK_LOCAL_IP": self.driver_host,
+            "PYSPARK_PYTHON": self.python,
+        }
 
 
 class SparkStandalone(Server):
@@ -47,9 +59,31 @@ class SparkStandalone(Server):
     port_settings = {"master": ("MAILQ_SPARK_PORT", 7077), "webui": ("MAILQ_SPARK_WEBUI_PORT", 18090)}
     main_process = "master"
 
-    def __init__(self, cache: Path | None = None) -> None:
-        super().__init__(cache)
+    def __init__(
+        self,
+        cache: Path | None = None,
+        *,
+        run_dir: Path | None = None,
+        master: Place = LOOPBACK,
+        workers: Sequence[tuple[Place, Path]] | None = None,
+        ports: dict[str, int] | None = None,
+        s3: S3Server | None = None,
+        driver_host: str = HOST,
+    ) -> None:
+        """The loopback cluster by default; a bed's gives the master's place, each worker's place and
+        directory, the ports, the S3 endpoint whose keys the executors get and the driver's address."""
+        super().__init__(cache, run_dir=run_dir)
         self.logs = self.run_dir / "logs"
+        self.master = master
+        self.workers = list(
+            workers or ((LOOPBACK, self.run_dir / f"worker-{n}") for n in range(1, WORKERS + 1))
+        )
+        self._ports = ports
+        self._s3 = s3
+        self.driver_host = driver_host
+
+    def ports(self) -> dict[str, int]:
+        return dict(self._ports) if self._ports is not None else super().ports()
 
     def installed(self) -> bool:
         return _spark_home() is not None
@@ -63,20 +97,21 @@ class SparkStandalone(Server):
     def launch(self) -> dict[str, Proc]:
         ports = self.ports()
         spark_class = str(_spark_home() / "bin" / "spark-class")
-        env = self._env()
         master_log = fresh_log(self.logs / "master.log")
         master = spawn(
-            [
-                spark_class,
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                HOST,
-                "--port",
-                str(ports["master"]),
-                "--webui-port",
-                str(ports["webui"]),
-            ],
-            env=env,
+            self.master.command(
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    self.master.address,
+                    "--port",
+                    str(ports["master"]),
+                    "--webui-port",
+                    str(ports["webui"]),
+                ]
+            ),
+            env=self._env(self.master.address, self.run_dir / "tmp"),
             log=master_log,
             cwd=self.run_dir,
         )
@@ -89,29 +124,30 @@ class SparkStandalone(Server):
                 alive=master.alive,
                 logs=[master_log],
             )
-            for number in range(1, WORKERS + 1):
-                work_dir = self.run_dir / f"worker-{number}"
+            for number, (place, work_dir) in enumerate(self.workers, 1):
                 work_dir.mkdir(parents=True, exist_ok=True)
                 procs[f"worker-{number}"] = spawn(
-                    [
-                        spark_class,
-                        "org.apache.spark.deploy.worker.Worker",
-                        "--host",
-                        HOST,
-                        "--cores",
-                        str(WORKER_CORES),
-                        "--memory",
-                        WORKER_MEMORY,
-                        "--work-dir",
-                        str(work_dir),
-                        # Any free port for the workers' own pages: only the master's is looked up.
-                        "--webui-port",
-                        "0",
-                        self._master_url(),
-                    ],
-                    env=env,
-                    log=fresh_log(self.logs / f"worker-{number}.log"),
-                    cwd=self.run_dir,
+                    place.command(
+                        [
+                            spark_class,
+                            "org.apache.spark.deploy.worker.Worker",
+                            "--host",
+                            place.address,
+                            "--cores",
+                            str(WORKER_CORES),
+                            "--memory",
+                            WORKER_MEMORY,
+                            "--work-dir",
+                            str(work_dir),
+                            # Any free port for the workers' own pages: only the master's is looked up.
+                            "--webui-port",
+                            "0",
+                            self._master_url(),
+                        ]
+                    ),
+                    env=self._env(place.address, work_dir / "tmp"),
+                    log=fresh_log(self._worker_log(number)),
+                    cwd=work_dir,
                 )
         except BaseException:
             self.shut_down(procs)
@@ -121,10 +157,12 @@ class SparkStandalone(Server):
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         ports = self.ports()
         master = procs["master"]
-        logs = [self.logs / f"{role}.log" for role in procs]
+        logs = [self.logs / "master.log", *(self._worker_log(n) for n in range(1, len(self.workers) + 1))]
 
         def all_workers_alive() -> bool:
-            return master.owns_listener(ports["webui"]) and self._alive_workers(ports["webui"]) == WORKERS
+            return master.owns_listener(ports["webui"]) and self._alive_workers(ports["webui"]) == len(
+                self.workers
+            )
 
         wait_for(
             "spark",
@@ -138,9 +176,10 @@ class SparkStandalone(Server):
             SparkCluster(
                 master_url=self._master_url(),
                 web_ui_url=self._web_ui_url(),
-                workers=WORKERS,
-                cores=WORKERS * WORKER_CORES,
+                workers=len(self.workers),
+                cores=len(self.workers) * WORKER_CORES,
                 python=self._python(),
+                driver_host=self.driver_host,
             )
         )
 
@@ -152,21 +191,27 @@ class SparkStandalone(Server):
 
     def _alive_workers(self, webui_port: int) -> int:
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{webui_port}/json/", timeout=5) as answer:
+            with urllib.request.urlopen(
+                f"http://{self.master.address}:{webui_port}/json/", timeout=5
+            ) as answer:
                 return int(json.load(answer).get("aliveworkers", 0))
         except (OSError, ValueError):
             return 0
 
     def _master_url(self) -> str:
-        return f"spark://{HOST}:{self.ports()['master']}"
+        return f"spark://{self.master.address}:{self.ports()['master']}"
 
     def _web_ui_url(self) -> str:
-        return f"http://{HOST}:{self.ports()['webui']}"
+        return f"http://{self.master.address}:{self.ports()['webui']}"
+
+    def _worker_log(self, number: int) -> Path:
+        """In the worker's own directory: on the bed, its host's."""
+        return self.workers[number - 1][1] / "worker.log"
 
     def _python(self) -> str:
         return os.environ.get("PYSPARK_PYTHON") or sys.executable
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, address: str, local_dirs: Path) -> dict[str, str]:
         conf_dir = self.run_dir / "conf"
         conf_dir.mkdir(parents=True, exist_ok=True)
         # The executors inherit the workers' environment, where an operator's spark-env.sh puts the
@@ -174,14 +219,15 @@ class SparkStandalone(Server):
         # needs none). Nothing secret goes through a Spark setting or a mailq URL.
         from . import ensure
 
+        s3 = self._s3 or ensure("s3")
         return {
             **os.environ,
-            **ensure("s3").env(),
+            **s3.env(),
             "SPARK_HOME": str(_spark_home()),
             "SPARK_CONF_DIR": str(conf_dir),
             # Without it a worker advertises the machine's non-loopback address.
-            "SPARK_LOCAL_IP": HOST,
-            "SPARK_LOCAL_DIRS": str(self.run_dir / "tmp"),
+            "SPARK_LOCAL_IP": address,
+            "SPARK_LOCAL_DIRS": str(local_dirs),
             "PYSPARK_PYTHON": self._python(),
             # The master and the workers only schedule: small heaps, and the C1 compiler only (on 2 cores
             # C2 compilations compete with the work).

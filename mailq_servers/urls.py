@@ -21,9 +21,18 @@ def distributed_url(
 ) -> str:
     """Keyspace `keyspace` on the harness's Cassandra (its single node, or every node of its cluster:
     `replication=3` in `options` replicates the keyspace on each), bucket `bucket` on its S3 endpoint, and
-    `broker` (`embedded:<dir>` or `amqp://...`); `options` are the URL's other options."""
+    `broker` (`embedded:<dir>` or `amqp[s]://...`); `options` are the URL's other options. A Cassandra
+    that speaks TLS adds `tls=on` and the harness's CA and client certificate."""
+    tls = cassandra.tls.url_options() if cassandra.tls is not None else {}
     query = urlencode(
-        {"s3": bucket, "s3_endpoint": s3.endpoint_url, "s3_region": s3.region, "broker": broker, **options},
+        {
+            "s3": bucket,
+            "s3_endpoint": s3.endpoint_url,
+            "s3_region": s3.region,
+            "broker": broker,
+            **tls,
+            **options,
+        },
         safe=":/",
     )
     return f"cassandra://{cassandra.contact_points}/{keyspace}?{query}"

@@ -25,8 +25,9 @@ def spark_config(environ: dict[str, str] | None = None) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={_LOG4J.as_uri()}",
         "spark.sql.shuffle.partitions": "8",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
+        # The address the executors reach the driver at: loopback, or its host's on a cluster of machines.
+        "spark.driver.host": environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+        "spark.driver.bindAddress": environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
         **PRIVATE_OUTPUTS,
     }
     for pair in filter(None, environ.get("MAILQ_SPARK_CONF", "").split(",")):

@@ -23,9 +23,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # `make test` runs the suite in two processes (pytest-xdist), then the tests marked `alone` by themselves:
-# those of the three-node clusters (started by the tests that need them, a cluster takes the machine's two
-# cores, and its fault tests time a node's loss and return) and those that time other processes' work.
-CLUSTER_FIXTURES = frozenset({"cassandra_cluster", "rabbitmq_cluster"})
+# those of the three-node clusters and of the host bed (started by the tests that need them, a cluster
+# takes the machine's two cores, and its fault tests time a node's loss and return) and those that time
+# other processes' work.
+CLUSTER_FIXTURES = frozenset(
+    {"cassandra_cluster", "rabbitmq_cluster", "cassandra_cluster_tls", "rabbitmq_cluster_tls", "host_bed"}
+)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -3,7 +3,11 @@
 A client pointed at `Forwarder.port` reaches the server through it. `cut()` resets every connection it
 carries, both ways (the client sees its connection reset, the server a client gone) and resets every new
 one as soon as it is accepted, until `restore()`: an outage as the client sees one, while the server,
-shared with other tests and engineers, runs on undisturbed. The forwarder listens on 127.0.0.1 only.
+shared with other tests and engineers, runs on undisturbed. `replies_held()` lets every request reach the
+server and holds back every byte of its answers until it ends, then hands them over in order: replies
+that come after the client's timeout, of requests the server has applied. The forwarder listens on a
+loopback address, 127.0.0.1 unless told (another one is a host name that a server's certificate does not
+give).
 """
 
 from __future__ import annotations
@@ -30,12 +34,16 @@ def _reset(sock: socket.socket) -> None:
 
 
 class Forwarder:
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, listen: str = "127.0.0.1") -> None:
+        if not listen.startswith("127."):
+            raise ValueError(f"the forwarder listens on loopback only, not {listen!r}")
         self.target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.listen = listen
+        self._listener = socket.create_server((listen, 0))
         self._listener.settimeout(_POLL)
         self.port: int = self._listener.getsockname()[1]
         self._cut = threading.Event()
+        self._held = threading.Event()
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._pairs: set[threading.Thread] = set()
@@ -67,15 +75,21 @@ class Forwarder:
 
     def _carry(self, client: socket.socket, server: socket.socket) -> None:
         """Copy bytes both ways until one side closes (then close the other in turn) or the cable is cut
-        (then reset both)."""
+        (then reset both); the server's while its replies are held, once they no longer are."""
         peers = {client: server, server: client}
+        held = bytearray()
         try:
             while not self._cut.is_set() and not self._closed.is_set():
+                if held and not self._held.is_set():
+                    client.sendall(held)
+                    held.clear()
                 readable, _, _ = select.select(list(peers), [], [], _POLL)
                 for sock in readable:
                     try:
                         data = sock.recv(_CHUNK)
-                        if data:
+                        if data and sock is server and self._held.is_set():
+                            held += data
+                        elif data:
                             peers[sock].sendall(data)
                     except OSError:
                         data = b""
@@ -105,6 +119,15 @@ class Forwarder:
             yield
         finally:
             self.restore()
+
+    @contextmanager
+    def replies_held(self) -> Iterator[None]:
+        """Hold back the server's answers while inside (its requests still reach it), then deliver them."""
+        self._held.set()
+        try:
+            yield
+        finally:
+            self._held.clear()
 
     def close(self) -> None:
         self._closed.set()

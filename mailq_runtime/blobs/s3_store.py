@@ -26,10 +26,12 @@ from botocore.exceptions import (
     EndpointConnectionError,
     NoCredentialsError,
     ReadTimeoutError,
+    SSLError,
 )
 
 from ..errors import BlobNotFound, BlobStoreUnavailable, InvalidInput, NoStore
 from ..model import BlobId
+from ..tls import TlsFiles, tls_failure
 from .store import distinct_ids
 
 MIB = 1024 * 1024
@@ -79,9 +81,12 @@ class S3BlobStore:
         region: str | None = None,
         prefix: str = "",
         max_attempts: int = 5,
+        tls: TlsFiles | None = None,
     ) -> None:
         """`endpoint_url` None is AWS itself; `region` None takes the AWS chain's (AWS_DEFAULT_REGION, the
-        profile). `max_attempts` counts the first try; retries back off exponentially (standard mode)."""
+        profile). `max_attempts` counts the first try; retries back off exponentially (standard mode).
+        `tls` names the CA that verifies an https endpoint (the system's without it) and a client
+        certificate to present."""
         if not isinstance(bucket, str) or not _BUCKET.fullmatch(bucket) or ".." in bucket:
             raise InvalidInput(
                 f"invalid S3 bucket name {bucket!r}: expected 3-63 lowercase letters, digits, '.' or '-'"
@@ -114,6 +119,7 @@ class S3BlobStore:
             # Buckets as subdomains of a private endpoint need wildcard DNS that MinIO, Ceph or a test
             # server rarely have; every S3 API serves the path style.
             s3={"addressing_style": "path"} if endpoint_url else None,
+            client_cert=None if tls is None or tls.cert is None else (str(tls.cert), str(tls.key)),
         )
         with self._failures("creating the S3 client"):
             # A session per store: sessions are not thread-safe (the client made from one is), and each
@@ -122,7 +128,11 @@ class S3BlobStore:
             botocore_session = botocore.session.get_session()
             botocore_session.register_component("data_loader", _MODELS)
             self._client = boto3.session.Session(botocore_session=botocore_session).client(
-                "s3", endpoint_url=endpoint_url, region_name=region, config=config
+                "s3",
+                endpoint_url=endpoint_url,
+                region_name=region,
+                config=config,
+                verify=None if tls is None or tls.ca is None else str(tls.ca),
             )
         self._transfer = TransferConfig(
             multipart_threshold=MULTIPART_THRESHOLD,
@@ -281,6 +291,8 @@ class S3BlobStore:
                 f"{self._where()}: no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                 f"or AWS_PROFILE ({doing})"
             ) from error
+        except SSLError as error:
+            raise BlobStoreUnavailable(f"{self._where()}: {tls_failure(error) or error} ({doing})") from error
         except (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError) as error:
             raise BlobStoreUnavailable(f"{self._where()}: endpoint unreachable: {error} ({doing})") from error
         except BotoCoreError as error:

@@ -23,10 +23,10 @@ from .settlement import Settlement
 
 log = logging.getLogger(__name__)
 
-# Seconds between an idle consumer's recounts of a queue whose counters count mails that are neither
-# delayed nor delivered to it (`_recount_if_idle`): the bound, once a queue idles, on how long a count
-# a crash left wrong stays wrong.
-RECOUNT_INTERVAL = 60.0
+# Seconds between a process's recounts of a queue, busy or idle (`_recount_when_due`): with the store's
+# settling of counts (stores/cassandra/queue_view.py), the bound on how long a count a crash left wrong
+# stays wrong.
+RECOUNT_INTERVAL = 30.0
 
 
 class MailQueueItem:
@@ -132,7 +132,7 @@ class Dequeuer(QueuePart):
         self.settlement = settlement
         self.recount = recount
         self.failed = failed
-        self._recount_at = 0.0  # time.monotonic() of the next idle recount
+        self._recount_at = 0.0  # time.monotonic() of the next recount
         self._widest_window: int | None = None  # see `_current_slice`
 
     def dequeue(self, timeout: Delay = None) -> MailQueueItem | None:
@@ -144,6 +144,7 @@ class Dequeuer(QueuePart):
         deadline = None if timeout is None else time.monotonic() + timeout
         schedule = self.publisher.schedule
         while True:
+            self._recount_when_due()
             if self.publisher.publishing_due():
                 self.publisher.publish_if_due()
             until_due = (schedule.next_due - self.clock()) / MICROS_PER_SECOND
@@ -154,7 +155,6 @@ class Dequeuer(QueuePart):
             if delivery is None:
                 # Side tasks of an idle consumer: the process's producers may have stopped meanwhile.
                 self.failed.withdraw()
-                self._recount_if_idle()
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
@@ -167,6 +167,7 @@ class Dequeuer(QueuePart):
         can), without waiting. A backend failing gives back to the broker the mails not yet taken, and
         the mails taken before it are returned (none, if the claim failed): the caller's next `dequeue`
         meets the failure and waits for the backend."""
+        self._recount_when_due()
         started = time.perf_counter()
         try:
             deliveries = self.broker.receive_ready(self.name, limit)
@@ -235,32 +236,16 @@ class Dequeuer(QueuePart):
             self._widest_window = max(windows)
         return slice_of(self.clock(), max(self._widest_window, self.context.configuration.slice_window))
 
-    def _recount_if_idle(self) -> None:
-        """Recount when nothing was delivered to this consumer, yet the counters count mails that are not
-        delayed (or a slice below zero): those are mails in flight with other consumers, or a count a
-        crash left wrong; and when a destination domain is counted below zero, or at all in an empty
-        queue. At most every RECOUNT_INTERVAL seconds; a failure is left to the next one."""
+    def _recount_when_due(self) -> None:
+        """Recount the queue every RECOUNT_INTERVAL seconds, whether it idles or not, in the one process
+        that holds the queue's lease of the looks for delayed mails (publisher_lease.py): a recount
+        folds what settled and never makes a count wrong under traffic, and one process a queue is
+        enough. A failure is left to the next one."""
         if time.monotonic() < self._recount_at:
             return
         self._recount_at = time.monotonic() + RECOUNT_INTERVAL
         try:
-            browse_start = self.view.browse_start(self.name)
-            if browse_start is None:
-                return
-            sizes = self.view.slice_sizes(self.name, browse_start)
-            counted = sum(live for _, live in sizes)
-            if (
-                counted > self.delayed.summary(self.name, self.clock()).waiting
-                or min((live for _, live in sizes), default=0) < 0
-                or self._domains_off(counted)
-            ):
+            if self.publisher.lease.held():
                 self.recount()
-        except Exception as error:  # a side task of the consumer's wait: it must not fail the dequeue
-            log.warning("queue %s: the idle recount failed, the next one retries: %s", self.name, error)
-
-    def _domains_off(self, counted: int) -> bool:
-        """Whether a destination domain's count is surely off, as a look at the counts alone can tell."""
-        counts = self.destinations.counts(self.name)
-        return any(count.mails < 0 for count in counts) or (
-            counted <= 0 and any(count.mails for count in counts)
-        )
+        except Exception as error:  # a side task of the consumer: it must not fail the dequeue
+            log.warning("queue %s: the recount failed, the next one retries: %s", self.name, error)

@@ -10,16 +10,15 @@ hold to its release or its leaving, whichever drops its held row (holds.py). Its
 summed into buckets at read time, so the cost grows with the domains and slots in the queue, not with its
 mails.
 
-The counts are eventually consistent, as the per-slice counters are: each change is
-a write after the mail's own (the view row, the deletion mark, the delayed row, the held row), so a crash
-between the two, a mail settled twice (a lease lost), a done()'s counter batch retried after a Cassandra
-node's failure (stores/cassandra/queue_view.py), or a removal or hold of a partly delivered mail while
-its copy is in the broker (its view row keeps every recipient; holds.py's `counted` reads the copy in
-the delayed mails or the held row), leaves a domain's count off (holds.py says which crashes and races of
-a hold leave one). `recount_by_domain`, a part of the queue's recount (an idle consumer's, `size()`'s
-below zero, the operator's), zeroes every count of a (domain, slot) where no live mail is. A count the
-mails cannot check (a mail's state in the broker is read nowhere) stays off while a mail of its slot and
-domain is live, and is corrected once they are all gone.
+The counts are eventually consistent: each change is a write after the mail's own (the view row, the
+deletion mark, the delayed row, the held row), so a crash between the two, a mail settled twice (a lease
+lost), or a removal or hold of a partly delivered mail while its copy is in the broker (its view row
+keeps every recipient; holds.py's `counted` reads the copy in the delayed mails or the held row), leaves
+a domain's count off (holds.py says which crashes and races of a hold leave one). `recount_by_domain`, a
+part of the queue's recount (a consumer's process's, every RECOUNT_INTERVAL, or the operator's), zeroes
+every count of a (domain, slot) where no live mail is. A count the mails cannot check (a mail's state in
+the broker is read nowhere) stays off while a mail of its slot and domain is live, and is corrected once
+they are all gone.
 """
 
 from __future__ import annotations

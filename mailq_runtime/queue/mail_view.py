@@ -73,27 +73,22 @@ class MailQueueView(QueuePart):
             )
 
     def size(self) -> int:
-        """Read from the per-slice counters: the cost does not grow with the queue's history. A slice
-        counted below zero, which no queue holds, is recounted first (see `recount`)."""
+        """Read from the per-slice counts: the cost does not grow with the queue's history. A slice
+        counted below zero (a mail settled twice, until the recount folds it) counts none."""
         browse_start = self.view.browse_start(self.name)
         if browse_start is None:
             return 0
-        sizes = self.view.slice_sizes(self.name, browse_start)
-        if any(live < 0 for _, live in sizes):
-            self.recount()
-            sizes = self.view.slice_sizes(self.name, browse_start)
-        return sum(max(live, 0) for _, live in sizes)
+        return sum(max(live, 0) for _, live in self.view.slice_sizes(self.name, browse_start))
 
     def recount(self) -> int:
-        """Correct the counters of every slice from browse_start on against its rows and deletion marks,
-        as a browse reads them, then the counts by destination domain where no live mail is
-        (`recount_by_domain`); returns the sum of the corrections' sizes (0: the counters were
-        right).
+        """Correct the counts of every slice from browse_start on against its rows and deletion marks
+        (the store's `recount`: on Cassandra, of what settled), then the counts by destination domain
+        where no live mail is (`recount_by_domain`); returns the sum of the corrections' sizes (0: the
+        counts were right).
 
-        A crash between a done()'s deletion mark and its count, or two settlements of one mail at once,
-        leaves a slice's counters wrong by one. An idle consumer recounts on its own (`dequeue`, at most
-        every RECOUNT_INTERVAL seconds while the counters count mails it cannot find), as does `size()`
-        when a slice is counted below zero. It costs two browses."""
+        A crash between a write and its count, or two settlements of one mail at once, leaves a slice's
+        count wrong by one. A consumer's process recounts on its own every RECOUNT_INTERVAL seconds,
+        busy or idle (`dequeue`). It costs a browse."""
         browse_start = self.view.browse_start(self.name)
         if browse_start is None:
             return 0

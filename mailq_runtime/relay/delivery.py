@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 
 from ..clock import MICROS_PER_SECOND, Clock
 from ..metrics import RELAY_ATTEMPTS, RELAY_THROTTLED
@@ -21,7 +20,7 @@ from ..queue import MailQueue
 from ..stores.records import DestinationNote, DomainBounce
 from .client import Reply, send
 from .connections import Connections
-from .dsn import Failed, build_dsn
+from .dsn import Failed, Notifications
 from .limits import Destination, Limit, Limiter, Throttled
 from .routes import RouteFailure, Router
 from .schedule import RetrySchedule
@@ -60,7 +59,7 @@ class RemoteDelivery:
         self.queue = queue
         self.router = router
         self.schedule = schedule
-        self.hostname = hostname
+        self.notifications = Notifications(queue, hostname)
         self.clock = clock
         self._suspended: set[str] = set()
         self._bounced: dict[str, DomainBounce] = {}
@@ -117,7 +116,8 @@ class RemoteDelivery:
             code = 550 if failure.permanent else 450
             return dict.fromkeys(group, Reply(code, failure.status, failure.text, "none"))
         destination = self._destination(domain)
-        sent = send(targets, destination, mail.sender, group, mail.message, self.hostname, self.connections)
+        hostname = self.notifications.hostname
+        sent = send(targets, destination, mail.sender, group, mail.message, hostname, self.connections)
         if isinstance(sent, Throttled):
             RELAY_THROTTLED.labels(destination.name, sent.limit).inc()
             for recipient in group:
@@ -159,16 +159,6 @@ class RemoteDelivery:
     def retry_delay(self, enqueue_id: str) -> int:
         """Microseconds until the next attempt of the mail `enqueue_id`, from its age."""
         return self.schedule.delay(self.clock() - (creation_time(enqueue_id) or self.clock()))
-
-    def notify(self, enqueue_id: str, mail: Mail, bounced: Sequence[Failed]) -> None:
-        """Enqueue the notification of `bounced` to the mail's sender; none for a null sender, whose mail
-        is itself a notification (RFC 5321 6.1: no loops of bounces)."""
-        if not bounced or mail.sender is None:
-            return
-        arrival = datetime.fromtimestamp((creation_time(enqueue_id) or 0) / MICROS_PER_SECOND, UTC)
-        report = build_dsn(self.hostname, enqueue_id, mail.sender, mail.message, arrival, bounced)
-        notice = self.queue.enqueue(Mail((mail.sender,), report, sender=None))
-        log.info("%s: sender non-delivery notification: %s", enqueue_id, notice)
 
     def _sorted(self, enqueue_id: str, replies: dict[str, Reply], age: int, spent: float) -> Outcome:
         expired = self.schedule.expired(age)

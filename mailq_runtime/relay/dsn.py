@@ -4,6 +4,7 @@ mail's headers (text/rfc822-headers, as Postfix sends by default)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,18 +14,42 @@ from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from email.utils import format_datetime, make_msgid
 
-from ..model import split_message
+from ..clock import MICROS_PER_SECOND
+from ..model import Mail, creation_time, split_message
+from ..queue import MailQueue
+
+log = logging.getLogger("mailq_runtime.relay")
 
 
 @dataclass(frozen=True)
 class Failed:
     """One recipient that will not get the mail: `status` as RFC 3463 has it, `diagnostic` the remote
-    server's reply (or what stood in for one), `relay` the server that gave it."""
+    server's reply (or what stood in for one), `relay` the server that gave it ("none": no server, as for
+    a local user unknown or an operator's bounce)."""
 
     recipient: str
     status: str
     diagnostic: str
     relay: str
+
+
+@dataclass(frozen=True)
+class Notifications:
+    """Where the notifications of a worker's bounces go: into `queue`, the queue the mails came from, sent
+    as `hostname`'s mailer daemon. Remote delivery's bounces and local delivery's (an unknown user) alike."""
+
+    queue: MailQueue
+    hostname: str
+
+    def notify(self, enqueue_id: str, mail: Mail, failed: Sequence[Failed]) -> None:
+        """Enqueue the notification of `failed` to the mail's sender; none for a null sender, whose mail
+        is itself a notification (RFC 5321 6.1: no loops of bounces)."""
+        if not failed or mail.sender is None:
+            return
+        arrival = datetime.fromtimestamp((creation_time(enqueue_id) or 0) / MICROS_PER_SECOND, UTC)
+        report = build_dsn(self.hostname, enqueue_id, mail.sender, mail.message, arrival, failed)
+        notice = self.queue.enqueue(Mail((mail.sender,), report, sender=None))
+        log.info("%s: sender non-delivery notification: %s", enqueue_id, notice)
 
 
 def build_dsn(
@@ -56,7 +81,12 @@ def _explanation(hostname: str, failed: Sequence[Failed]) -> str:
         "be delivered to one or more recipients. It's attached below.",
         "",
     ]
-    lines += [f"<{f.recipient}>: host {f.relay} said: {f.diagnostic}" for f in failed]
+    lines += [
+        f"<{f.recipient}>: {f.diagnostic}"
+        if f.relay == "none"
+        else f"<{f.recipient}>: host {f.relay} said: {f.diagnostic}"
+        for f in failed
+    ]
     return "\n".join(lines) + "\n"
 
 

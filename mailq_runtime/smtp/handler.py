@@ -18,6 +18,7 @@ from email.utils import format_datetime
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from ..errors import BACKEND_FAILURES, InvalidInput
+from ..mailbox import unknown_user_reply
 from ..mailboxes import Mailboxes
 from ..model import EnqueueId, Mail, MailAddress
 from ..queue import MailQueue
@@ -27,7 +28,6 @@ from .calls import BlockingCalls
 log = logging.getLogger("mailq_runtime.smtp")
 
 BACKEND_AWAY = "451 4.3.0 Error: queue file write error"
-UNKNOWN_USER = "User unknown in local recipient table"
 # The reserve the Received header may take of the queue's maximum message size: SIZE advertises the rest.
 RECEIVED_RESERVE = 1024
 # Characters of a client's HELO name kept in the Received header; the others show as '?'.
@@ -98,12 +98,12 @@ class MailHandler:
             return "501 5.1.3 Bad recipient address syntax"
         if recipient.domain in self.policy.local_domains:
             try:
-                known = await self._blocking(self.mailboxes.list, recipient.lower())
+                known = await self._blocking(self.mailboxes.has_user, recipient)
             except BACKEND_FAILURES as error:
                 log.warning("%s: mailbox look-up failed: %s", client_name(session), error)
                 return BACKEND_AWAY
             if not known:
-                return f"550 5.1.1 <{recipient}>: Recipient address rejected: {UNKNOWN_USER}"
+                return unknown_user_reply(recipient)
         elif not (session.authenticated or in_networks(client_address(session), self.policy.networks)):
             return f"554 5.7.1 <{recipient}>: Relay access denied"
         envelope.rcpt_tos.append(recipient)

@@ -66,7 +66,9 @@ class QueueView(Protocol):
         after_mark: Callable[[], None],
         destinations: Sequence[DestinationCount] = (),
     ) -> None: ...
-    # Correct the slice's counters from its rows and marks; the sum of the corrections' sizes.
+    # Correct the slice's counts from its rows and marks, of what no write in flight can still change (on
+    # Cassandra, the epochs that settled: stores/cassandra/queue_view.py); the sum of the corrections'
+    # sizes. Run under traffic, it never makes a count wrong.
     def recount(self, queue: str, slice_start: int) -> int: ...
     # `current_slice`: a slice start browse_start cannot be past; a mail from there on is live unless
     # marked, which spares a store the read of browse_start.

@@ -330,6 +330,8 @@ class MailboxRow(NamedTuple):
 class MessageRow(NamedTuple):
     header_blob_id: str
     body_blob_id: str
+    size: int
+    internal_date: int  # when the message was stored (microseconds), IMAP's INTERNALDATE
 
 
 class Placement(NamedTuple):

@@ -11,22 +11,11 @@ this module (twelve of the first test, seven of the second):
   other nodes' failure detectors take 16-18 s to convict it.
 - One node killed. A read at LOCAL_QUORUM whose coordinator asked the dead replica before it was
   convicted still times out with one response of two (1-3 enqueues in 3 of 8 runs): the one call the
-  kill can fail, which the test allows and names. Before the store retried anything, a run failed
-  about 10 calls, all in the first seconds: counter updates whose coordinator picked the dead, not yet
-  convicted node to lead them (WriteTimeout, write type COUNTER, no response), one lightweight
-  transaction at the kill ("CAS operation result is unknown - proposal accepted by 1 but not a
-  quorum"), and, once the node was back, counter updates it refused to lead before it saw the others
-  up (WriteFailure; its log: UnavailableException at LOCAL_QUORUM). With the store's retries
-  (stores/cassandra/store.py) no other call fails (once a counter update the restarted node refused
-  twice in a row, before the store tried up to four times), no mail is lost, and the calls caught in
-  the window wait up to ~20 s.
-- With the commit log synced every 10 s (Cassandra's default), `size()` then came out -1 on the drained
-  queue, in both runs that got that far: one (slice, bucket) partition's `enqueued` counter 259 for its
-  260 rows, its `deleted` counter 260 for its 260 marks, and no call had failed. Likely cause: a
-  restarted node replays its commit log only up to its last sync, so the killed node lost the last
-  increment of the counter shard it led, which no other replica can restore. The durable nodes sync
-  before they acknowledge (`commitlog_sync: batch`, mailq_servers/cassandra.py); since then the counts
-  equal a browse (4 runs of 4).
+  kill can fail, which the test allows and names; a lightweight transaction at the kill ("CAS
+  operation result is unknown") is sent again by the store (stores/cassandra/store.py), and every
+  other statement after a timeout, as each is idempotent: the counts are tallies, written whole, which
+  no retry counts twice. No mail is lost,
+  and the counts equal a browse once their bound has passed (docs/distributed.md, "Exact counts").
 - Two nodes killed: the calls in flight fail after the request timeouts (the first error 10-12 s after
   the kill), then every call that needs Cassandra fails at once: 6-57 enqueues, 1-23 dequeues and 0-1
   done() per run, each a one-line StoreUnavailable chained to the driver's error; no refused mail is
@@ -50,6 +39,7 @@ from cassandra import ReadTimeout
 from mailq_runtime import Runtime
 from mailq_runtime.errors import MailqError, StoreUnavailable
 from mailq_runtime.queue import MailQueue
+from mailq_runtime.stores.cassandra import slice_counts
 from mailq_servers.cassandra_cluster import ADDRESSES, CassandraCluster, CassandraClusterServer
 from mailq_servers.s3 import S3Server, remove_bucket
 from mailq_servers.urls import distributed_url
@@ -57,7 +47,7 @@ from tests.runtime.helpers import make_mail
 from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name
 
 # A mail whose done() failed comes back after the lease: short, so that it comes back within the test,
-# but longer than a counter update that waits its 15 s timeout and is sent again (store.py).
+# but longer than a write that waits its 15 s timeout and is sent again (store.py).
 VISIBILITY_TIMEOUT = "45s"
 CONSUMERS = 2
 
@@ -221,15 +211,20 @@ def _wait(condition, timeout: float) -> float | None:
 
 
 def _counter_drift(runtime: Runtime, queue: str) -> list[tuple]:
-    """The (slice, bucket) partitions whose counters disagree with the rows and deletion marks they
-    count: (slice, bucket, enqueued counter, rows, deleted counter, marked rows)."""
+    """The (slice, bucket) partitions whose counts disagree with the rows and deletion marks they count:
+    (slice, bucket, enqueued counted, rows, deleted counted, marked rows)."""
     view = runtime.view
-    drift = []
+    counted: dict[tuple[int, int], list[int]] = {}
     for row in view.slice_counters.rows_from(queue, view.browse_start(queue)):
-        mails = view.enqueued_mails.read(queue, [(row.slice_start, row.bucket)])
+        sums = counted.setdefault((row.slice_start, row.bucket), [0, 0])
+        sums[0] += row.enqueued or 0
+        sums[1] += row.deleted or 0
+    drift = []
+    for (slice_start, bucket), (enqueued, deleted) in sorted(counted.items()):
+        mails = view.enqueued_mails.read(queue, [(slice_start, bucket)])
         marked = view.deleted_mails.marked(queue, [mail.enqueue_id for mail in mails])
-        if (row.enqueued or 0, row.deleted or 0) != (len(mails), len(marked)):
-            drift.append((row.slice_start, row.bucket, row.enqueued, len(mails), row.deleted, len(marked)))
+        if (enqueued, deleted) != (len(mails), len(marked)):
+            drift.append((slice_start, bucket, enqueued, len(mails), deleted, len(marked)))
     return drift
 
 
@@ -299,7 +294,11 @@ def test_one_node_killed_mid_run_then_restarted_loses_no_mail_and_keeps_counts_e
         duplicates = [name for name, times in Counter(work.dequeued).items() if times > 1]
         assert len(duplicates) <= CONSUMERS, f"delivered twice, more than the mails in flight: {duplicates}"
 
+        # Once the counts' bound has passed (docs/distributed.md, "Exact counts"); the consumers have
+        # stopped, so the test runs the recount their schedule runs.
+        time.sleep(slice_counts.EPOCH + slice_counts.SETTLE + 1)
         for queue, expected in ((work.queue, 0), (kept.queue, len(kept.accepted))):
+            queue.recount()
             assert queue.size() == expected, _counter_drift(runtime, queue.name)
             _assert_counts_match_browse(queue)
         assert sorted(item.name for item in kept.queue.browse()) == sorted(kept.accepted)

@@ -48,7 +48,10 @@ def job_process(
         **os.environ,
         **cluster.env(),
         "MAILQ_PIPELINE_DIR": str(outputs),
-        "MAILQ_SPARK_CONF": f"spark.app.name={app}",
+        # Any settings the caller's environment gives, then the application's name.
+        "MAILQ_SPARK_CONF": ",".join(
+            filter(None, (os.environ.get("MAILQ_SPARK_CONF"), f"spark.app.name={app}"))
+        ),
     }
     env.pop("DAGSTER_HOME", None)
     return subprocess.Popen(

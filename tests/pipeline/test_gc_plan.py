@@ -122,10 +122,11 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
         leavers = sorted((1, 2), key=lambda n: str(garbage[n]))  # listed by blob id
         assert [row.data for row in applied["deleted"].records] == [
             {
-                "blob_id": str(garbage[n]),
+                "owners": f"leaver-{n}",
                 "generation": "rg1",
                 "bytes": len(GARBAGE[n]),
-                "owners": f"leaver-{n}",
+                "blob": f"{str(garbage[n])[:15]}…",
+                "blob_id": str(garbage[n]),
             }
             for n in leavers
         ]
@@ -142,7 +143,11 @@ def test_a_plan_names_the_garbage_and_why_and_its_application_rechecks_each_blob
             assert (again["deleted"].records, again["deleted_note"]) == ([], "nothing deleted")
             assert kept(again) == {gc_records.KEPT_GONE: 2, gc_records.KEPT_REFERENCED_AGAIN: 1}
         assert runtime.blobs.read(garbage[0]) == GARBAGE[0]
-        assert "no GC plan to apply: every plan with blobs" in failure_of(apply_run(resources, None))
+        # Launched as it is from the UI: nothing to apply is said, and no failure.
+        nothing = apply(resources)
+        assert nothing["note"] == (
+            f"every plan with blobs is applied, the newest, {bloomed['plan_id']}, too: nothing to apply"
+        )
 
         runtime.blobs.release("late-owner")
         last = make_plan(resources)
@@ -169,6 +174,39 @@ def test_an_unknown_plan_fails_the_run_and_changes_nothing(
             ("../etc", "invalid GC plan id"),
         ):
             assert words in failure_of(apply_run(deployment_resources, plan_id))
+        state = backend.blob_state()
+        assert (state.blobs, state.contents) == before
+    finally:
+        runtime.close()
+
+
+def test_applying_when_the_newest_plan_is_empty_succeeds_and_says_so(
+    backend: Backend, deployment_resources: dict
+) -> None:
+    runtime = backend.open()
+    try:
+        # No plan yet: the run fails, naming the job that makes one.
+        assert "no GC plan to apply: none under" in failure_of(apply_run(deployment_resources, None))
+        garbage, _ = eligible_garbage_and_live(runtime)
+        older = make_plan(deployment_resources)
+        for n in range(3):  # the garbage collected meanwhile: the next plan finds nothing
+            runtime.blob_tables.add_references(f"keeper-{n}", [garbage[n]])
+        empty = make_plan(deployment_resources)
+        assert (empty["blobs_to_delete"], older["blobs_to_delete"]) == (0, 3)
+        state = backend.blob_state()
+        before = (state.blobs, state.contents)
+
+        applied = apply(deployment_resources)
+
+        assert applied["note"] == f"the newest plan, {empty['plan_id']}, holds no blob: nothing to apply"
+        assert applied["plan_id"] == empty["plan_id"]
+        assert [applied[k] for k in ("planned_blobs", "deleted_blobs", "bytes_reclaimed", "kept_blobs")] == [
+            0,
+            0,
+            0,
+            0,
+        ]
+        assert applied["deleted"].records == [] and applied["deleted_note"] == "nothing to apply"
         state = backend.blob_state()
         assert (state.blobs, state.contents) == before
     finally:

@@ -164,7 +164,9 @@ def test_a_mail_for_other_domains_only_writes_nothing_before_its_smtp_transactio
         item = queue.dequeue(timeout=5)
         commits.clear()
         stats = WorkerStats()
-        handle(runtime.mailboxes, [item], frozenset([LOCAL]), "1s", 5, stats, relay=relay)
+        handle(
+            runtime.mailboxes, [item], frozenset([LOCAL]), "1s", 5, stats, relay.notifications, relay=relay
+        )
         relay.close()
         assert [d.recipients for d in sink.dumped()] == [("<bob@one.test>",)]
     assert commits_before_smtp == [0]

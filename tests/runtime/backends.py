@@ -9,6 +9,7 @@ tests themselves do not change.
 - `CassandraBackend`: Cassandra for the metadata, S3 for the content, on the harness's servers
   (mailq_servers), with the embedded broker in a directory of the test's own.
 - `RabbitMQBackend`: the same with RabbitMQ as the broker, in a virtual host of the test's own.
+- `HostBedBackend`: the same on the host bed's servers, each on a host of its own (tests/hosts).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import secrets
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
     from mailq_servers.cassandra import CassandraServer
     from mailq_servers.rabbitmq import RabbitMQServer, Vhosts
+    from mailq_servers.rabbitmq_cluster import RabbitMQClusterServer
     from mailq_servers.s3 import S3Server
 
 AGENT = Path(__file__).with_name("agent.py")
@@ -422,16 +424,13 @@ class CassandraBackend(Backend):
         )
 
     def mailbox_state(self) -> MailboxState:
-        """A counter never written reads as 0, as Cassandra's counters do."""
+        """Counters summed over the writers' shares (stores/cassandra/tallies.py); none written reads as 0."""
         entries = "SELECT mailbox_id, uid, message_id, flags FROM"
         mailboxes = {m for (m,) in self._rows("SELECT mailbox_id FROM mailboxes")}
         counters = dict.fromkeys(mailboxes, (0, 0))
-        counters.update(
-            {
-                m: (c or 0, u or 0)
-                for m, c, u in self._rows("SELECT mailbox_id, count, unseen FROM mailbox_counters")
-            }
-        )
+        for m, c, u in self._rows("SELECT mailbox_id, count, unseen FROM mailbox_counters"):
+            count, unseen = counters.get(m, (0, 0))
+            counters[m] = (count + (c or 0), unseen + (u or 0))
         return MailboxState(
             mailboxes=mailboxes,
             source_of_truth=set(self._rows(f"{entries} imap_uid_table")),
@@ -468,11 +467,11 @@ class CassandraBackend(Backend):
         self._write(cql, (owner, blob_id, generation))
 
     def miscount_slice(self, queue: str, slice_start: int, extra: int) -> None:
-        """In one of its buckets' rows."""
+        """In one of its buckets: a share of a writer of its own, in an epoch long settled."""
         self._write(
-            "UPDATE {keyspace}.slice_counters SET enqueued = enqueued + ? "
-            "WHERE queue = ? AND slice_start = ? AND bucket = 0",
-            (extra, queue, slice_start),
+            "INSERT INTO {keyspace}.slice_counters (queue, slice_start, bucket, epoch, writer, enqueued, "
+            "deleted) VALUES (?, ?, 0, 0, 'damage', ?, 0)",
+            (queue, slice_start, extra),
         )
 
     def move_starts(
@@ -491,12 +490,16 @@ class CassandraBackend(Backend):
                 self._write(cql, (name, start, start))
 
     def lose_counters(self, mailbox_id: str) -> None:
-        """Zeroed, as a counter deleted in Cassandra cannot be counted again."""
-        count, unseen = self.mailbox_state().counters[mailbox_id]
+        """Zeroed, by a share of a writer of its own (a deleted row would come back with the next write of
+        the runtime's share)."""
+        shares = self._rows(
+            "SELECT writer, count, unseen FROM mailbox_counters WHERE mailbox_id = ?", (mailbox_id,)
+        )
+        others = [(c or 0, u or 0) for writer, c, u in shares if writer != "damage"]
         self._write(
-            "UPDATE {keyspace}.mailbox_counters SET count = count - ?, unseen = unseen - ? "
-            "WHERE mailbox_id = ?",
-            (count, unseen, mailbox_id),
+            "INSERT INTO {keyspace}.mailbox_counters (mailbox_id, writer, count, unseen) "
+            "VALUES (?, 'damage', ?, ?)",
+            (mailbox_id, -sum(c for c, _ in others), -sum(u for _, u in others)),
         )
 
     def put_projection_entry(self, mailbox_id: str, uid: int, message_id: str, flags: str) -> None:
@@ -665,6 +668,53 @@ class RabbitMQBackend(CassandraBackend):
 
     def corrupt_broker_message(self, queue: str, enqueue_id: str) -> None:
         self._rewrite(queue, enqueue_id, lambda body: b'{"not": "a mail"')
+
+
+class HostBedBackend(RabbitMQBackend):
+    """The whole deployment on the host bed (docs/hosts.md): a keyspace replicated on its three Cassandra
+    hosts, a bucket on its objects host and quorum queues on its three RabbitMQ hosts, in a vhost of the
+    module's own. This process reaches them across the bed's bridge, and the agents it starts run on a
+    client host (`on_host` makes an argv one run there), as clients on other machines would."""
+
+    name = "hosts"
+
+    def __init__(
+        self,
+        servers: CassandraS3,
+        keyspace: str,
+        bucket: str,
+        cluster: RabbitMQClusterServer,
+        vhost: str,
+        on_host: Callable[[list[str]], list[str]],
+    ) -> None:
+        super().__init__(servers, keyspace, bucket, cluster.node_server(1, vhost), vhost, queue_type="quorum")
+        self.cluster = cluster
+        self.on_host = on_host
+
+    def agent(self, *arguments: str, **options: object) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.on_host([sys.executable, str(AGENT), self.url(**options), *arguments]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def url(self, **options: object) -> str:
+        broker = self.cluster.broker_url(self.vhost, queues="quorum")
+        return CassandraBackend.url(self, broker=broker, replication=3, **options)
+
+    def close(self) -> None:
+        # One vhost serves a module's tests: each leaves it without queues, so no message of its own (a
+        # dead letter waiting to be drained, say) reaches the next test.
+        CassandraBackend.close(self)
+        self._delete_queues()
+        if self._probe is not None and self._probe.is_open:
+            self._probe.close()
+
+    def elsewhere(self) -> HostBedBackend:
+        return HostBedBackend(
+            self.servers, f"{self.keyspace}_elsewhere", self.bucket, self.cluster, self.vhost
+        )
 
 
 def replace_vhost(parameters: pika.ConnectionParameters, vhost: str) -> pika.ConnectionParameters:

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from mailq_runtime import Runtime
-from mailq_runtime.queue import MailQueue
+from mailq_runtime.queue import MailQueue, dequeuer
+from mailq_runtime.stores.cassandra import slice_counts
 
 from .backends import Backend, open_backend
 from .helpers import FakeClock
@@ -63,3 +64,13 @@ def clocked_runtime(backend: Backend, clock: FakeClock) -> Runtime:
 @pytest.fixture
 def clocked(clocked_runtime: Runtime) -> MailQueue:
     return clocked_runtime.queue(QUEUE)
+
+
+@pytest.fixture
+def settling(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Counts that settle within a fraction of a second (stores/cassandra/slice_counts.py) and a recount at
+    every dequeue: the seconds after which what was counted has settled."""
+    monkeypatch.setattr(slice_counts, "EPOCH", 0.1)
+    monkeypatch.setattr(slice_counts, "SETTLE", 0.2)
+    monkeypatch.setattr(dequeuer, "RECOUNT_INTERVAL", 0.0)
+    return 0.4

@@ -1,5 +1,5 @@
 """The counts by destination domain through faults: a count a crash or a race left off where no live
-mail of its domain and slot is, is zeroed by the queue's recount (the operator's, or an idle consumer's
+mail of its domain and slot is, is zeroed by the queue's recount (the operator's, or a consumer's
 on its own), while the counts of live mails and of the last two slots are left as they are."""
 
 from __future__ import annotations
@@ -69,7 +69,9 @@ def test_the_recount_zeroes_a_count_where_no_mail_is_and_keeps_the_live_mails(
     assert clocked.recount() == 0
 
 
-def test_an_idle_consumer_zeroes_the_counts_of_an_empty_queue_by_itself(clocked: MailQueue, clock: FakeClock):
+def test_an_idle_consumer_zeroes_the_counts_of_an_empty_queue_by_itself(
+    clocked: MailQueue, clock: FakeClock, settling: float
+):
     first_slot = slot_of(clock())
     clocked.enqueue(make_mail("one", recipients=("x@a.test",)))
     item = clocked.dequeue(timeout=0)

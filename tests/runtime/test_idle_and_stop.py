@@ -10,6 +10,7 @@ import threading
 import time
 
 from mailq_runtime import Runtime
+from mailq_runtime.mailbox import INBOX
 
 from .conftest import QUEUE
 from .helpers import make_mail
@@ -32,6 +33,8 @@ def test_a_blocked_dequeue_does_not_burn_a_core(queue) -> None:
 
 def test_sigterm_stops_a_worker_without_losing_or_stranding_mail(backend) -> None:
     runtime = backend.open()
+    for n in range(7):  # the worker's local users
+        runtime.mailboxes.create(f"user{n}@example.org", INBOX)
     queue = runtime.queue(QUEUE)
     for n in range(MAILS):
         queue.enqueue(make_mail(f"mail-{n}", recipients=(f"user{n % 7}@example.org",)))

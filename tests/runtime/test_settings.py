@@ -16,6 +16,7 @@ from mailq_runtime.settings import (
     Settings,
     redact,
 )
+from mailq_runtime.tls import TlsFiles
 
 DISTRIBUTED = (
     "cassandra://mailq@db1,db2:9043,[::1]:9044/mail_queue?s3=mail-blobs&s3_endpoint=http://127.0.0.1:7070"
@@ -23,6 +24,10 @@ DISTRIBUTED = (
     "&consistency=quorum&replication=3&visibility_timeout=10m&bucket_count=4"
 )
 EMBEDDED_BROKER = "cassandra://db1/mailq?s3=mail-blobs&broker=embedded:/var/lib/mailq"
+TLS = (
+    "cassandra://db1,db2/mail?tls=on&ca=/etc/mailq/ca.pem&cert=/etc/mailq/c.pem&key=/etc/mailq/k.pem"
+    "&s3=mail-blobs&s3_endpoint=https://s3.internal:9000&broker=amqps://mailq@mq1,mq2/mail"
+)
 
 
 def test_the_distributed_url_parses_into_its_parts():
@@ -64,6 +69,8 @@ def test_defaults_of_the_distributed_url_and_its_embedded_broker():
         DISTRIBUTED,
         EMBEDDED_BROKER,
         "cassandra://db/ks?s3=abc&broker=amqp://mq/a%2Fb-c",
+        TLS,
+        "cassandra://db/ks?s3=abc&s3_endpoint=https://s3&ca=/ca.pem&broker=embedded:/b",
     ],
 )
 def test_settings_make_the_url_they_are_read_from(url):
@@ -97,7 +104,33 @@ REFUSED = {
     "s3-on-embedded": ("embedded:///d?s3=abc", "unknown mailq URL option(s) 's3' for embedded://"),
     "fragment": ("embedded:///d#x", "has no '#' fragment"),
     "scheme": ("redis://host/0", "unsupported mailq URL scheme 'redis'"),
+    "tls-http-s3": (
+        "cassandra://db/ks?tls=on&s3=abc&s3_endpoint=http://s3&broker=embedded:/b",
+        "tls=on encrypts every link, but the s3_endpoint 'http://s3' is http://",
+    ),
+    "tls-amqp": ("cassandra://db/ks?tls=on&s3=abc&broker=amqp://mq", "but the broker is amqp://"),
+    "tls-value": ("cassandra://db/ks?tls=yes&s3=abc&broker=amqps://mq", "invalid tls 'yes'"),
+    "relative-ca": (
+        "cassandra://db/ks?tls=on&ca=ca.pem&s3=abc&broker=amqps://mq",
+        "expected an absolute path",
+    ),
+    "cert-no-key": ("cassandra://db/ks?tls=on&cert=/c.pem&s3=abc&broker=amqps://mq", "and its key (key=)"),
+    "files-no-tls": (
+        "cassandra://db/ks?ca=/ca.pem&s3=abc&s3_endpoint=http://s3&broker=amqp://mq",
+        "name TLS files, but no link speaks TLS",
+    ),
 }
+
+
+def test_tls_on_every_link_and_the_files_that_serve_it():
+    settings = Settings.from_url(TLS)
+    assert settings.cassandra.tls and settings.amqp.tls
+    assert settings.amqp.hosts == (("mq1", 5671), ("mq2", 5671))  # amqps' port
+    assert settings.tls_files == TlsFiles(
+        Path("/etc/mailq/ca.pem"), Path("/etc/mailq/c.pem"), Path("/etc/mailq/k.pem")
+    )
+    plain = Settings.from_url(EMBEDDED_BROKER)
+    assert not plain.cassandra.tls and plain.tls_files == TlsFiles()
 
 
 @pytest.mark.parametrize("case", list(REFUSED))

@@ -32,7 +32,16 @@ def message(subject: str) -> bytes:
     return f"Subject: {subject}\r\nFrom: sender@example.net\r\n\r\nHello {subject}.\r\n".encode()
 
 
+def add_users(runtime: Runtime, *users: str) -> None:
+    """The local users among `users` (those of DOMAIN), as `mailq users add` makes them, unless they are."""
+    for user in users:
+        if user.lower().endswith(f"@{DOMAIN}") and not runtime.mailboxes.has_user(user):
+            runtime.mailboxes.create(user, INBOX)
+
+
 def enqueue(runtime: Runtime, *recipients: str, raw: bytes | None = None, subject: str = "hello") -> str:
+    """A mail from sender@example.net to `recipients`, the local ones made local users first."""
+    add_users(runtime, *recipients)
     mail = Mail(recipients=recipients, message=raw or message(subject), sender="sender@example.net")
     return runtime.queue(QUEUE).enqueue(mail)
 
@@ -366,6 +375,7 @@ def test_the_queue_accepts_exactly_the_messages_the_worker_delivers(
     mail = Mail(recipients=("alice@example.org",), message=raw, sender="sender@example.net")
     queue = runtime.queue(QUEUE)
     if accepted:
+        add_users(runtime, "alice@example.org")
         enqueue_id = queue.enqueue(mail)
         assert deliver(runtime.mailboxes, enqueue_id, mail, [DOMAIN]).appended == 1
         assert runtime.mailboxes.read(inbox_of(runtime, "alice@example.org"), 1) == raw
@@ -453,3 +463,65 @@ def test_a_batch_past_its_time_gives_the_mails_not_yet_tried_back(
     assert runtime.queue(QUEUE).size() == 0
     for user in USERS:
         assert runtime.mailboxes.counters(inbox_of(runtime, user)) == Counters(1, 1)
+
+
+def test_a_local_address_without_a_mailbox_is_bounced_to_its_sender_with_5_1_1(
+    runtime: Runtime, backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One definition of a local user, `mailq smtp`'s: a mailbox. carol sends to nobody (no mailbox) and
+    # alice; dora has an Archive but no INBOX, so she is a user and gets a new INBOX.
+    add_users(runtime, "carol@example.org", "alice@example.org")
+    runtime.mailboxes.create("dora@example.org", "Archive")
+    queue = runtime.queue(QUEUE)
+    sent = queue.enqueue(
+        Mail(("Nobody@example.org", "alice@example.org"), message("to nobody"), sender="carol@example.org")
+    )
+    from_null = queue.enqueue(Mail(("nobody@example.org",), message("a bounce"), sender=None))
+    to_dora = queue.enqueue(Mail(("dora@example.org",), message("to dora"), sender="carol@example.org"))
+
+    with caplog.at_level(logging.INFO, logger="mailq_runtime"):
+        stats = run_worker(runtime, QUEUE, local_domains=[DOMAIN], idle_timeout=0.5, hostname="mx.test")
+
+    # The three mails, then carol's notification, delivered to her INBOX; none for the null sender.
+    assert stats == WorkerStats(delivered=4, appended=3, bounced=2)
+    assert not queue.dead_letters() and queue.size() == 0
+    assert {m.user for m in runtime.mailboxes.list()} == {
+        "alice@example.org",
+        "carol@example.org",
+        "dora@example.org",
+    }
+    assert runtime.mailboxes.counters(inbox_of(runtime, "dora@example.org")) == Counters(1, 1)
+    carol = inbox_of(runtime, "carol@example.org")
+    (notice,) = runtime.mailboxes.list_messages(carol)
+    # Header lines unfolded: a long Diagnostic-Code is folded.
+    report = " ".join(runtime.mailboxes.read(carol, notice.uid).decode().split())
+    for line in (
+        "Subject: Undelivered Mail Returned to Sender",
+        "From: MAILER-DAEMON@mx.test (Mail Delivery System)",
+        "To: carol@example.org",
+        'Content-Type: multipart/report; report-type="delivery-status"',
+        "Reporting-MTA: dns; mx.test",
+        f"X-Mailq-Enqueue-Id: {sent}",
+        "Final-Recipient: rfc822; nobody@example.org",
+        "Action: failed",
+        "Status: 5.1.1",
+        "Diagnostic-Code: smtp; 550 5.1.1 <nobody@example.org>: Recipient address rejected: User unknown "
+        "in local recipient table",
+        "<nobody@example.org>: 550 5.1.1 <nobody@example.org>: Recipient address rejected: User unknown in "
+        "local recipient table",
+        "Subject: to nobody",  # the original's headers
+    ):
+        assert line in report, line
+    assert "Remote-MTA" not in report and "alice@example.org>: " not in report
+    lines = [record.getMessage() for record in caplog.records]
+    assert (
+        f"{sent}: to=<nobody@example.org>, status=bounced (550 5.1.1 <nobody@example.org>: Recipient "
+        "address rejected: User unknown in local recipient table)" in lines
+    )
+    (null_line,) = [
+        line for line in lines if line.startswith(from_null) and "status=" in line and "delay=" in line
+    ]
+    assert null_line.endswith("status=bounced (returned to its sender: no such local user)")
+    assert not [line for line in lines if "notification" in line and from_null in line]
+    assert any(line.startswith(to_dora) and "status=sent" in line for line in lines)
+    assert_delivered_state(runtime, backend, [sent, from_null, to_dora], [])

@@ -8,7 +8,7 @@ start fails the tests that need it, with the reason; none is ever skipped. `keys
 The suite asks for the servers' fast, unsafe mode (MAILQ_SERVERS_UNSAFE=1, unless the environment says
 otherwise): a single Cassandra node that skips syncs, fine for tests that never crash it. The
 `cassandra_cluster` fixture is module-scoped instead: the three nodes run only beside the tests that
-need them, and durable, as their fault tests kill nodes."""
+need them, and durable, as their fault tests kill nodes; so is `host_bed`, the hosts of the bed."""
 
 from __future__ import annotations
 
@@ -25,10 +25,12 @@ from mailq_servers import SERVERS, ServerError, ensure
 from mailq_servers.base import UNSAFE_VARIABLE
 from mailq_servers.cassandra import CassandraServer
 from mailq_servers.cassandra_cluster import CassandraCluster, CassandraClusterServer
+from mailq_servers.host_bed import HostBed
 from mailq_servers.prometheus import Prometheus, PrometheusServer
 from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from mailq_servers.s3 import S3Server, remove_bucket
 from mailq_servers.spark import SparkCluster
+from mailq_servers.tls_servers import CassandraClusterTLS, RabbitMQClusterTLS, RabbitMQTLS
 from tests.runtime.backends import CassandraS3
 
 os.environ.setdefault(UNSAFE_VARIABLE, "1")
@@ -78,6 +80,50 @@ def cassandra_cluster() -> Iterator[CassandraClusterServer]:
     except ServerError as error:
         pytest.fail(f"cassandra-cluster could not start: {error}", pytrace=False)
     yield CassandraClusterServer(**running.facts)
+    if did.startswith(("started", "installed")):
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def host_bed() -> Iterator[HostBed]:
+    """The host bed (mailq_servers/host_bed.py), started for this module's tests and taken down after
+    them, unless it was running before they began."""
+    bed = HostBed()
+    try:
+        with _untimed():
+            _, did = bed.ensure()
+    except ServerError as error:
+        pytest.fail(f"the host bed could not start: {error}", pytrace=False)
+    yield bed
+    if did != "reused":
+        bed.stop()
+
+
+@pytest.fixture(scope="module")
+def cassandra_cluster_tls() -> Iterator[CassandraClusterServer]:
+    """The three-node cluster with TLS on every link, as `cassandra_cluster` starts and stops its own."""
+    cluster = CassandraClusterTLS()
+    try:
+        with _untimed():
+            running, did = cluster.ensure()
+    except ServerError as error:
+        pytest.fail(f"cassandra-cluster-tls could not start: {error}", pytrace=False)
+    yield CassandraClusterServer(**running.facts)
+    if did.startswith(("started", "installed")):
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_cluster_tls(rabbitmq_server: RabbitMQServer) -> Iterator[RabbitMQClusterTLS]:
+    """The three-node RabbitMQ cluster whose nodes speak TLS to each other, for this module's tests
+    (rabbitmq_server first: it installs RabbitMQ when missing), stopped after them unless it ran before."""
+    cluster = RabbitMQClusterTLS()
+    try:
+        with _untimed():
+            _, did = cluster.ensure()
+    except ServerError as error:
+        pytest.fail(f"rabbitmq-cluster-tls could not start: {error}", pytrace=False)
+    yield cluster
     if did.startswith(("started", "installed")):
         cluster.stop()
 
@@ -181,3 +227,39 @@ def cassandra_s3(cassandra_server: CassandraServer, s3_server: S3Server) -> Iter
 @pytest.fixture(scope="session")
 def spark_cluster() -> SparkCluster:
     return _server("spark")
+
+
+@pytest.fixture(scope="session")
+def cassandra_tls_server() -> CassandraServer:
+    """The single Cassandra node that speaks TLS only and asks each client's certificate."""
+    return _server("cassandra-tls")
+
+
+@pytest.fixture(scope="session")
+def s3_tls_server() -> S3Server:
+    """The S3 endpoint over https (the same root keys as `s3_server`)."""
+    return _server("s3-tls")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_tls_server() -> RabbitMQServer:
+    """The RabbitMQ node that speaks amqps only."""
+    return _server("rabbitmq-tls")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_tls_vhosts(rabbitmq_tls_server: RabbitMQServer) -> Iterator[Vhosts]:
+    """Fresh virtual hosts on the amqps node, deleted at the session's end."""
+    vhosts = Vhosts(RabbitMQTLS(), rabbitmq_tls_server.username)
+    yield vhosts
+    vhosts.delete_all()
+
+
+@pytest.fixture(scope="session")
+def cassandra_s3_tls(cassandra_tls_server: CassandraServer, s3_tls_server: S3Server) -> Iterator[CassandraS3]:
+    """`cassandra_s3` on the TLS servers."""
+    cluster = cassandra_tls_server.cluster()
+    s3 = s3_tls_server.client()
+    yield CassandraS3(cassandra_tls_server, s3_tls_server, cluster.connect(), s3)
+    cluster.shutdown()
+    s3.close()

@@ -112,3 +112,10 @@ def test_up_alone_leaves_the_clusters_out_and_down_alone_stops_them():
     assert selected("up", ["cassandra-cluster"]) == ["cassandra-cluster"]
     assert "cassandra-cluster" in selected("down", []) and "cassandra-cluster" in selected("status", [])
     assert "rabbitmq-cluster" in selected("down", []) and "rabbitmq-cluster" in selected("status", [])
+
+
+def test_tls_selects_the_servers_that_speak_tls_only():
+    assert selected("up", [], tls=True) == ["cassandra-tls", "s3-tls", "rabbitmq-tls"]
+    assert selected("up", ["cassandra-cluster"], tls=True) == ["cassandra-cluster-tls"]
+    assert selected("up", ["s3", "spark"], tls=True) == ["s3-tls", "spark"]
+    assert not {"cassandra-tls", "s3-tls", "rabbitmq-tls"} & set(selected("up", []))

@@ -8,18 +8,25 @@ from functools import partial
 
 import pika
 
-from ...errors import BrokerUnavailable
+from ...errors import BrokerRefused, BrokerUnavailable
+from ...tls import certificate_refused
 from ..base import BrokerCounts, BrokerDeadLetter, Delivery
 from .dead_letters import DeadLetterDrain
 from .leases import Leases
+from .messages import describe
 from .names import QUORUM, band_queue, queue_name
 from .options import BrokerOptions
 from .publish_channel import ROUTE_LOST
 from .publishes import Publish
 from .receiver import Receiver
 from .session import Session
-from .short_connections import ShortConnections
+from .short_connections import ShortConnections, blocking_connection
 from .waits import COUNT_WAIT
+
+# pika's words for a connection the server took and then lost (reset or closed), and how many times the
+# certificate check asks a node that did that.
+_LOST_STREAM = "Stream connection lost"
+_CHECKS_OF_A_LOST_STREAM = 3
 
 
 class RabbitMQBroker:
@@ -44,6 +51,9 @@ class RabbitMQBroker:
                 virtual_host=options.vhost,
                 credentials=pika.PlainCredentials(options.user, options.password),
                 heartbeat=options.heartbeat,
+                ssl_options=None
+                if options.ssl_context is None
+                else pika.SSLOptions(options.ssl_context, server_hostname=one),
                 connection_attempts=1,
                 socket_timeout=10,
                 stack_timeout=15,
@@ -58,6 +68,29 @@ class RabbitMQBroker:
 
     def __repr__(self) -> str:
         return f"RabbitMQBroker({self.target})"
+
+    def check_certificates(self) -> None:
+        """For amqps, one short connection to the first node that answers: a certificate that fails
+        verification, the server's or this client's, is BrokerRefused now, at open, naming the node and
+        the reason (waiting does not cure it). A broker that does not answer passes: the queue rides out
+        its outage as it does on amqp."""
+        if self._session.options.ssl_context is None:
+            return
+        for parameters in self._session.parameters:
+            # In TLS 1.3 the server judges a client certificate after the client's side of the handshake:
+            # its alert may be lost to the reset of a connection closed with the client's first bytes
+            # unread, which looks like a broker going away. A node that took the connection and then
+            # lost it is asked again, so that a refusal is not mistaken for an outage.
+            for _ in range(_CHECKS_OF_A_LOST_STREAM):
+                try:
+                    blocking_connection([parameters]).close()
+                    return
+                except pika.exceptions.AMQPError as error:
+                    if certificate_refused(error):
+                        node = f"{parameters.host}:{parameters.port}"
+                        raise BrokerRefused(f"RabbitMQ at {node} (amqps): {describe(error)}") from None
+                    if _LOST_STREAM not in str(error):
+                        break
 
     # Publishing.
 

@@ -22,6 +22,7 @@ from pika.adapters.select_connection import IOLoop
 
 from ...clock import Clock
 from ...errors import BrokerRefused, BrokerUnavailable
+from ...tls import certificate_refused
 from .consumer_channels import ConsumerChannels
 from .messages import describe
 from .publish_channel import PublishChannel
@@ -146,9 +147,10 @@ class Link(threading.Thread):
         self.down = True
         if self.failures == 0:
             log.warning("RabbitMQ at %s: cannot connect (%s), retrying", self.target, self.error)
+        # Refused logins and certificates: waiting for them does not help, the configuration must change.
         if isinstance(
             error, pika.exceptions.ProbableAuthenticationError | pika.exceptions.ProbableAccessDeniedError
-        ):
+        ) or certificate_refused(error):
             self.refused = self.error
             self.publishing.fail_waiting(BrokerRefused(f"RabbitMQ at {self.target}: {self.refused}"))
             self.consuming.wake_all()

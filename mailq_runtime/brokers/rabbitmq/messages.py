@@ -7,6 +7,7 @@ import pika
 import pika.exceptions
 
 from ...clock import Clock
+from ...tls import tls_failure
 
 # Message headers of mailq's own: deliveries before this copy of the message was published, and for a
 # dead letter, why and when (microseconds since the epoch) the broker gave up on it.
@@ -25,6 +26,9 @@ def describe(error: BaseException) -> str:
         return "the virtual host was refused: it does not exist, or the user may not use it"
     if isinstance(error, pika.exceptions.ConnectionClosedByBroker | pika.exceptions.ChannelClosedByBroker):
         return f"({error.reply_code}) {error.reply_text}"
+    failure = tls_failure(error)
+    if failure is not None:
+        return failure
     text = str(error)
     # A failed connection workflow nests its causes; the last one is the reason.
     if "last exception - " in text:

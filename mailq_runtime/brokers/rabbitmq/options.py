@@ -3,6 +3,7 @@ deployment's amqp:// settings; tests and benchmarks name only what they change."
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +30,8 @@ class BrokerOptions:
     delivery_limit: int = 20
     publish_timeout: float = 30.0
     heartbeat: int = 30
+    # A client context (tls.py) for amqps; None for amqp in the clear.
+    ssl_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name, value in (("prefetch", self.prefetch), ("delivery_limit", self.delivery_limit)):

@@ -123,7 +123,7 @@ class ShortConnections:
         while True:
             self.session.usable()
             try:
-                connection = _blocking_connection(self.session.parameters)
+                connection = blocking_connection(self.session.parameters)
                 try:
                     return action(connection.channel())
                 finally:
@@ -146,7 +146,7 @@ class ShortConnections:
             delay = min(delay * 2, BACKOFF_MAX)
 
 
-def _blocking_connection(parameters: list[pika.ConnectionParameters]) -> pika.BlockingConnection:
+def blocking_connection(parameters: list[pika.ConnectionParameters]) -> pika.BlockingConnection:
     """A connection of pika's, failing as pika's connection errors do. pika 1.3 raises ValueError ("Expected
     connected socket") when the server resets the connection right after accepting it, as a server going
     down or a cut link does; it is as unreachable as a refused one."""

@@ -1,6 +1,6 @@
 """Destination counters and notes on Cassandra (the `Destinations` protocol of stores/protocols.py): one
-partition a queue in each table, so the per-domain view is two partition reads. The counters are
-Cassandra counters, changed concurrently (a counter cannot share an unlogged batch); a counter at 0
+partition a queue in each table, so the per-domain view is two partition reads. The counts are tallies
+(tallies.py), each writer's share of a (domain, state, slot) written whole, summed at read; a share at 0
 cannot be dropped without losing a concurrent change, so its row stays and reads as 0.
 
 Remote delivery's slots and send windows are lightweight transactions: two workers must never both take
@@ -12,16 +12,15 @@ from collections.abc import Sequence
 
 from ..records import DestinationCount, DestinationNote, DomainBounce, Suspension
 from .store import CassandraStore
-
-# One change of a count; the queue view sends it in the counter batch of a delivered mail's count too.
-COUNT = (
-    "UPDATE destination_counters SET mails = mails + ? "
-    "WHERE queue = ? AND domain = ? AND state = ? AND slot = ?"
-)
+from .tallies import Change
 
 
-def count_parameters(queue: str, change: DestinationCount) -> tuple:
-    return (change.mails, queue, change.domain, change.state, change.slot)
+def destination_changes(
+    store: CassandraStore, queue: str, changes: Sequence[DestinationCount]
+) -> list[Change]:
+    """The changes of this writer's shares; the queue view writes them with a delivered mail's count."""
+    tally = store.tallies.tally("destination_counters", ("queue", "domain", "state", "slot"), ("mails",))
+    return [Change(tally, (queue, c.domain, c.state, c.slot), (c.mails,)) for c in changes]
 
 
 class CassandraDestinations:
@@ -29,13 +28,26 @@ class CassandraDestinations:
         self.store = store
 
     def count(self, queue: str, changes: Sequence[DestinationCount]) -> None:
-        self.store.execute_all(COUNT, [count_parameters(queue, change) for change in changes])
+        """Add the changes; a failure takes them back, so a caller told they failed counts them again
+        or not at all (the enqueuer's failed enqueues)."""
+        counted = destination_changes(self.store, queue, changes)
+        if not counted:
+            return
+        try:
+            self.store.tallies.add(counted)
+        except BaseException:
+            self.store.tallies.take_back(counted)
+            raise
 
     def counts(self, queue: str) -> list[DestinationCount]:
         rows = self.store.execute(
             "SELECT domain, state, slot, mails FROM destination_counters WHERE queue = ?", (queue,)
         )
-        return [DestinationCount(*row) for row in rows if row.mails]
+        summed: dict[tuple[str, str, int], int] = {}
+        for row in rows:
+            key = (row.domain, row.state, row.slot)
+            summed[key] = summed.get(key, 0) + (row.mails or 0)
+        return [DestinationCount(*key, mails) for key, mails in summed.items() if mails]
 
     def note(self, queue: str, note: DestinationNote) -> None:
         self.store.execute(

@@ -1,6 +1,7 @@
 """Record 23's tables on Cassandra: mailboxes and mailbox_paths, messages, imap_uid_table (the source of
-truth), message_id_table (the projection by mailbox and uid) and mailbox_counters (Cassandra counters, as
-James's), in `CassandraMailboxTables`, which has the methods of the embedded store's mailbox tables: the
+truth), message_id_table (the projection by mailbox and uid) and mailbox_counters (tallies, tallies.py:
+each writer's share written whole, so a write whose reply was lost is sent again without counting
+twice), in `CassandraMailboxTables`, which has the methods of the embedded store's mailbox tables: the
 tables its steps join are read and written through one small DAO a table, the messages table directly.
 Each method is one step that commits on its own: `mailbox_writes.py` orders them (record 23's source of truth,
 projection, counters; a message's content first and released last), so that none needs another's
@@ -30,11 +31,11 @@ Everything else is plain writes. What a race or a crash can leave, and why it is
   recomputation repairs, as it does the projection row of the uid that lost.
 - remove_from_source_of_truth reads the entry then deletes it: two concurrent expunges of one message
   may both return it and both decrement the counters, the drift that record 23's recomputation repairs.
-- A counter incremented after its mailbox was deleted comes back as a stray row: `counters` answers
-  for existing mailboxes only.
-- reset_counters cannot compare-and-set a Cassandra counter (record 23: "counters can't be reset in an
-  atomic manner"): it reads, compares with `observed`, and adds the difference, so an increment
-  landing in between is kept rather than overwritten.
+- A share written after its mailbox was deleted (by another process) comes back as a stray row:
+  `counters` answers for existing mailboxes only.
+- reset_counters cannot compare-and-set the sum of every writer's share (record 23: "counters can't be
+  reset in an atomic manner"): it reads, compares with `observed`, and adds the difference to this
+  writer's share, so an increment landing in between is kept rather than overwritten.
 - A creation that dies before claiming its name leaves a mailbox row nothing names: it is never listed
   or found and holds no message.
 
@@ -52,6 +53,7 @@ from cassandra import WriteTimeout
 from ...errors import StoreUnavailable
 from ..records import CounterValues, MailboxRow, MessageRow, Placement, ProjectionRow, UidEntry
 from .store import CassandraStore
+from .tallies import Change
 
 _MIN_TOKEN, _MAX_TOKEN = -(2**63), 2**63 - 1
 # Paxos rounds that time out (the result unknown) before allocate_uid gives up; a lost race is not one.
@@ -261,12 +263,10 @@ class MessageIdDAO:
 class MailboxCountersDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
+        self.tally = store.tallies.tally("mailbox_counters", ("mailbox_id",), ("count", "unseen"))
 
     def add(self, mailbox_id: str, count: int, unseen: int) -> None:
-        self.store.execute(
-            "UPDATE mailbox_counters SET count = count + ?, unseen = unseen + ? WHERE mailbox_id = ?",
-            (count, unseen, mailbox_id),
-        )
+        self.store.tallies.add([Change(self.tally, (mailbox_id,), (count, unseen))])
 
     def get_async(self, mailbox_id: str):
         return self.store.execute_async(
@@ -274,6 +274,7 @@ class MailboxCountersDAO:
         )
 
     def delete(self, mailbox_id: str) -> None:
+        self.store.tallies.forget(self.tally, lambda key: key == (mailbox_id,))
         self.store.execute("DELETE FROM mailbox_counters WHERE mailbox_id = ?", (mailbox_id,))
 
 
@@ -365,9 +366,12 @@ class CassandraMailboxTables:
 
     def message(self, message_id: str) -> MessageRow | None:
         row = self.store.execute(
-            "SELECT header_blob_id, body_blob_id FROM messages WHERE message_id = ?", (message_id,)
+            "SELECT header_blob_id, body_blob_id, size, internal_date FROM messages WHERE message_id = ?",
+            (message_id,),
         ).one()
-        return None if row is None else MessageRow(row.header_blob_id, row.body_blob_id)
+        if row is None:
+            return None
+        return MessageRow(row.header_blob_id, row.body_blob_id, row.size, row.internal_date)
 
     def delete_message(self, message_id: str) -> None:
         self.store.execute("DELETE FROM messages WHERE message_id = ?", (message_id,))
@@ -425,10 +429,12 @@ class CassandraMailboxTables:
         """The counters of an existing mailbox; None if the mailbox or its counters row is missing."""
         counters = self.mailbox_counters.get_async(mailbox_id)
         mailbox = self.mailbox_rows.get_async(mailbox_id)
-        row = counters.result().one()
-        if mailbox.result().one() is None or row is None:
+        shares = list(counters.result())
+        if mailbox.result().one() is None or not shares:
             return None
-        return CounterValues(row.count or 0, row.unseen or 0)
+        return CounterValues(
+            sum(share.count or 0 for share in shares), sum(share.unseen or 0 for share in shares)
+        )
 
     # repairs of the counter recomputation (record 23)
     def heal_projection(self, mailbox_id: str, message_id: str) -> None:

@@ -5,6 +5,7 @@ benchmarks name only what they change. The password is never shown."""
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +30,8 @@ class CassandraOptions:
     # Used only where the store creates the keyspace.
     replication: Mapping[str, object] = field(default_factory=lambda: dict(DEFAULT_REPLICATION))
     request_timeout: float = 30.0
+    # A client context (tls.py) for a cluster that speaks TLS; None for one in the clear.
+    ssl_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.keyspace, str) or not _KEYSPACE.fullmatch(self.keyspace):

@@ -1,31 +1,35 @@
 """Records 31 and 32 on Cassandra: one small DAO a table as in James (`EnqueuedMailsDAO`,
-`DeletedMailsDAO`, one `SliceStartDAO` for browse_start and content_start, plus the per-slice counters
+`DeletedMailsDAO`, one `SliceStartDAO` for browse_start and content_start, plus the per-slice counts
 and the queue list), behind `CassandraQueueView`, which has the methods of the embedded store's view.
+
+The per-slice counts are tallies (tallies.py, slice_counts.py): each writer's share of a (slice,
+bucket), written whole with a plain, idempotent INSERT, so no retry of a write whose reply was lost
+counts a mail twice. A share counts the mails of one epoch (EPOCH seconds of the writer's clock): the
+epoch of `counted_at`, the time the insert or the deletion took before its first write, which its row
+or its mark keeps.
 
 Every method commits on its own; the order of the writes is what keeps a crash harmless:
 
-- insert: the slice counter first, then the row. The counter rows are what list a queue's slices and
-  buckets (size, browse, clean-up), so no row sits in a bucket that nothing lists; a crash in between
-  only counts one mail too many, which `recount` repairs.
+- insert: the share first, then the row. The counts' rows are what list a queue's slices and buckets
+  (size, browse, clean-up), so no row sits in a bucket that nothing lists; a crash in between counts
+  one mail too many until the recount folds its epoch. A write of the share that fails is taken back
+  (the row was never written), and the share is written again with the writer's next write.
 - mark_deleted (remove, clear, reject): a lightweight transaction (INSERT ... IF NOT EXISTS) marks the
   mail, and only the call whose insert applied counts the deletion, so an operator's removal racing
-  another counts each mail once. A crash between the mark and the count leaves the deleted counter one
-  short, which `recount` repairs.
+  another counts each mail once.
 - mark_done (a consumer's done(), the hot path): a plain, idempotent INSERT marks the mail, then the
-  deleted counter counts it, in one counter batch with its destination counts' changes
-  (destinations.py): one request, each partition applied on its own; no lightweight transaction. Two
-  settlements of one mail at once (a lease that expired while its consumer still worked, a done()
-  racing a remove) count it twice, as may the batch's retry after a node's failure (store.py's
-  `count_all`); a crash (or a failed write) between the mark and the count leaves it uncounted. Either
-  leaves the slice's counter wrong by one, which `recount` repairs.
-- recount: a slice's counters against its rows and marks, corrected by adding the difference (a
-  counter cannot be set). The writers' orders make every in-flight operation err on one side only: an
-  insert counts before its row lands, a done() marks before it counts. So `enqueued` is read after the
-  rows and `deleted` before the marks, and the slice is looked at twice, RECOUNT_SETTLE apart: an
-  operation in flight at one look has landed by the other, and each counter is corrected by the
-  smaller of its two errors, which is the crash's (or the double count's) unless both looks met an
-  operation in flight; a correction too large then shows as an error of the other sign at the next
-  recount, which corrects it.
+  deletion is counted, in one unlogged batch with its destination counts' changes (destinations.py): one
+  request, no lightweight transaction. A crash between the mark and the count leaves it uncounted; two
+  settlements of one mail at once (a lease that expired while its consumer still worked) count it twice:
+  both until the recount folds their epochs.
+- recount folds the settled epochs of a slice: those that ended SETTLE seconds ago or more, when every
+  insert and deletion counted in them has written its row or mark (or died). For each bucket it counts
+  the rows and marks whose `counted_at` lies before them and writes that as the bucket's folded row,
+  in one single-partition batch (atomic and isolated: a reader sees the shares or the folded row, never
+  both) with a range deletion of every share of those epochs, at a write timestamp no write reaches, so
+  that a share written late (a process stalled past SETTLE) stays deleted: its mail is in the next
+  fold. Facts that no longer move make every fold exact, busy or idle, and two recounts at once write
+  the same rows; the folded row is written at its epoch's timestamp, so the later fold wins.
 - create_queue: a lightweight transaction (INSERT ... IF NOT EXISTS) creates the queue row with the
   slice it starts at, and every creator then writes that slice as both starts. Without it, two
   processes creating one queue a slice apart would leave browse_start on the later slice, past the
@@ -35,24 +39,22 @@ Every method commits on its own; the order of the writes is what keeps a crash h
 - reschedule is an UPDATE, which in Cassandra creates the row when it is gone: one that lands after the
   clean-up deleted its row leaves a row holding next_delivery alone, which every read ignores (a mail's
   row always has its enqueued_time).
-- delete_slices: the deletion marks and the rows first, the counters last, so a retry after a failure
-  still finds the slices to delete. Cassandra cannot reset a counter: one deleted here and incremented
-  again (by a writer lagging behind browse_start, or a done() arriving after the clean-up of a removed
-  mail) comes back with its old value plus the increment. Such a slice lies behind browse_start, where
-  neither size nor browse reads; the pipeline's recount reports it.
+- delete_slices: the deletion marks and the rows first, the counts last, so a retry after a failure
+  still finds the slices to delete. A share written after it (a writer lagging behind browse_start, a
+  done() arriving after the clean-up of a removed mail) comes back; such a slice lies behind
+  browse_start, where neither size nor browse reads; the pipeline's recount reports it.
 
-Unlike the embedded view, mark_deleted takes the mail's bucket: the counters are kept per slice and
+Unlike the embedded view, mark_deleted takes the mail's bucket: the counts are kept per slice and
 bucket, which is how the reads find the buckets that hold mails whatever bucketCount a process read.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
 
 from ..records import DestinationCount, EnqueuedMail, SliceSize
-from .destinations import COUNT, count_parameters
+from .destinations import destination_changes
+from .slice_counts import FOLDED, SliceBucket, SliceCountersDAO, now_micros, settled_before
 from .store import CassandraStore
 
 _FIELDS = (
@@ -61,24 +63,6 @@ _FIELDS = (
 )
 # Marks read with one IN query, so a slice of thousands of mails costs tens of requests, not thousands.
 _IN_CHUNK = 100
-_COUNT_DELETED = (
-    "UPDATE slice_counters SET deleted = deleted + 1 WHERE queue = ? AND slice_start = ? AND bucket = ?"
-)
-# Seconds between a recount's two looks at a slice: longer than any gap between an operation's two
-# writes (the next statement of the same call), so that one in flight at the first look has landed.
-RECOUNT_SETTLE = 1.0
-
-
-class SliceBucket(NamedTuple):
-    """A partition of enqueued_mails, and a row of the slice counters."""
-
-    slice_start: int
-    bucket: int
-
-
-class SliceCounts(NamedTuple):
-    enqueued: int
-    deleted: int
 
 
 def _chunks(items: list, size: int = _IN_CHUNK) -> Iterable[list]:
@@ -113,11 +97,21 @@ class EnqueuedMailsDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
 
-    def insert(self, mail: EnqueuedMail) -> None:
+    def insert(self, mail: EnqueuedMail, counted_at: int) -> None:
         self.store.execute(
-            f"INSERT INTO enqueued_mails ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            mail.row(),
+            f"INSERT INTO enqueued_mails ({_FIELDS}, counted_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*mail.row(), counted_at),
         )
+
+    def counted_times(self, queue: str, slice_start: int, bucket: int) -> dict[str, int]:
+        """The `counted_at` of each mail of the (slice, bucket), by enqueue id (0 for a row without)."""
+        rows = self.store.execute(
+            "SELECT enqueue_id, enqueued_time, counted_at FROM enqueued_mails "
+            "WHERE queue = ? AND slice_start = ? AND bucket = ?",
+            (queue, slice_start, bucket),
+        )
+        return {row.enqueue_id: row.counted_at or 0 for row in rows if row.enqueued_time is not None}
 
     def read(self, queue: str, slices: list[SliceBucket]) -> list[EnqueuedMail]:
         """The mails of these (slice, bucket) partitions, partition by partition in enqueue id order."""
@@ -158,15 +152,19 @@ class DeletedMailsDAO:
     def __init__(self, store: CassandraStore) -> None:
         self.store = store
 
-    def mark(self, queue: str, enqueue_id: str) -> bool:
+    def mark(self, queue: str, enqueue_id: str, counted_at: int) -> bool:
         """True if this call marked the mail, False if it was marked already."""
         return self.store.applied(
-            "INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?) IF NOT EXISTS", (queue, enqueue_id)
+            "INSERT INTO deleted_mails (queue, enqueue_id, counted_at) VALUES (?, ?, ?) IF NOT EXISTS",
+            (queue, enqueue_id, counted_at),
         ).applied
 
-    def put(self, queue: str, enqueue_id: str) -> None:
+    def put(self, queue: str, enqueue_id: str, counted_at: int) -> None:
         """Mark the mail, whether it was marked or not: an idempotent write."""
-        self.store.execute("INSERT INTO deleted_mails (queue, enqueue_id) VALUES (?, ?)", (queue, enqueue_id))
+        self.store.execute(
+            "INSERT INTO deleted_mails (queue, enqueue_id, counted_at) VALUES (?, ?, ?)",
+            (queue, enqueue_id, counted_at),
+        )
 
     def is_marked(self, queue: str, enqueue_id: str):
         """A future whose result has a row if the mail is marked."""
@@ -175,82 +173,20 @@ class DeletedMailsDAO:
         )
 
     def marked(self, queue: str, enqueue_ids: list[str]) -> set[str]:
+        return set(self.counted_times(queue, enqueue_ids))
+
+    def counted_times(self, queue: str, enqueue_ids: list[str]) -> dict[str, int]:
+        """The `counted_at` of each mail marked among these, by enqueue id (0 for a mark without)."""
         results = self.store.execute_all(
-            "SELECT enqueue_id FROM deleted_mails WHERE queue = ? AND enqueue_id IN ?",
+            "SELECT enqueue_id, counted_at FROM deleted_mails WHERE queue = ? AND enqueue_id IN ?",
             [(queue, chunk) for chunk in _chunks(enqueue_ids)],
         )
-        return {row.enqueue_id for rows in results for row in rows}
+        return {row.enqueue_id: row.counted_at or 0 for rows in results for row in rows}
 
     def unmark(self, queue: str, enqueue_ids: list[str]) -> None:
         self.store.execute_all(
             "DELETE FROM deleted_mails WHERE queue = ? AND enqueue_id IN ?",
             [(queue, chunk) for chunk in _chunks(enqueue_ids)],
-        )
-
-
-class SliceCountersDAO:
-    def __init__(self, store: CassandraStore) -> None:
-        self.store = store
-
-    def count_enqueued(self, queue: str, slice_start: int, bucket: int) -> None:
-        self.store.execute(
-            "UPDATE slice_counters SET enqueued = enqueued + 1 "
-            "WHERE queue = ? AND slice_start = ? AND bucket = ?",
-            (queue, slice_start, bucket),
-        )
-
-    def count_deleted(
-        self, queue: str, slice_start: int, bucket: int, destinations: Sequence[DestinationCount] = ()
-    ) -> None:
-        """Count one deletion in the slice's bucket, and the destination counts' changes with it in one
-        counter batch (see the module's docstring)."""
-        counted = (queue, slice_start, bucket)
-        if not destinations:
-            self.store.execute(_COUNT_DELETED, counted)
-            return
-        self.store.count_all(
-            [(_COUNT_DELETED, counted)]
-            + [(COUNT, count_parameters(queue, change)) for change in destinations]
-        )
-
-    def correct(self, queue: str, slice_start: int, bucket: int, enqueued: int, deleted: int) -> None:
-        """Add `enqueued` and `deleted` (either may be negative) to the counters of a slice's bucket."""
-        self.store.execute(
-            "UPDATE slice_counters SET enqueued = enqueued + ?, deleted = deleted + ? "
-            "WHERE queue = ? AND slice_start = ? AND bucket = ?",
-            (enqueued, deleted, queue, slice_start, bucket),
-        )
-
-    def of_slice(self, queue: str, slice_start: int) -> dict[int, SliceCounts]:
-        """The counts of one slice, by bucket."""
-        rows = self.store.execute(
-            "SELECT bucket, enqueued, deleted FROM slice_counters WHERE queue = ? AND slice_start = ?",
-            (queue, slice_start),
-        )
-        return {row.bucket: SliceCounts(row.enqueued or 0, row.deleted or 0) for row in rows}
-
-    def rows_from(self, queue: str, start: int) -> list:
-        return list(
-            self.store.execute(
-                "SELECT slice_start, bucket, enqueued, deleted FROM slice_counters "
-                "WHERE queue = ? AND slice_start >= ?",
-                (queue, start),
-            )
-        )
-
-    def buckets(self, queue: str, start: int, end: int) -> list[SliceBucket]:
-        """The buckets counted in the slices [start, end)."""
-        rows = self.store.execute(
-            "SELECT slice_start, bucket FROM slice_counters "
-            "WHERE queue = ? AND slice_start >= ? AND slice_start < ?",
-            (queue, start, end),
-        )
-        return [SliceBucket(row.slice_start, row.bucket) for row in rows]
-
-    def delete(self, queue: str, start: int, end: int) -> None:
-        self.store.execute(
-            "DELETE FROM slice_counters WHERE queue = ? AND slice_start >= ? AND slice_start < ?",
-            (queue, start, end),
         )
 
 
@@ -282,6 +218,7 @@ class SliceStartDAO:
 
 class CassandraQueueView:
     def __init__(self, store: CassandraStore) -> None:
+        self.store = store
         self.queues = QueuesDAO(store)
         self.enqueued_mails = EnqueuedMailsDAO(store)
         self.deleted_mails = DeletedMailsDAO(store)
@@ -305,18 +242,27 @@ class CassandraQueueView:
 
     # enqueued_mails and deleted_mails
     def insert(self, mail: EnqueuedMail) -> None:
-        self.slice_counters.count_enqueued(mail.queue, mail.slice_start, mail.bucket)
-        self.enqueued_mails.insert(mail)
+        counted_at = now_micros()
+        counted = [self.slice_counters.counting(mail.queue, mail.slice_start, mail.bucket, counted_at, 1)]
+        try:
+            self.slice_counters.count(counted)
+        except BaseException:
+            self.store.tallies.take_back(counted)
+            raise
+        self.enqueued_mails.insert(mail, counted_at)
 
     def insert_many(self, mails: Sequence[EnqueuedMail]) -> None:
         for mail in mails:
             self.insert(mail)
 
     def mark_deleted(self, queue: str, enqueue_id: str, slice_start: int, bucket: int) -> bool:
-        """Record the mail as deleted; True only the first time, so counters count each mail once."""
-        if not self.deleted_mails.mark(queue, enqueue_id):
+        """Record the mail as deleted; True only the first time, so counts count each mail once."""
+        counted_at = now_micros()
+        if not self.deleted_mails.mark(queue, enqueue_id, counted_at):
             return False
-        self.slice_counters.count_deleted(queue, slice_start, bucket)
+        self.slice_counters.count(
+            [self.slice_counters.counting(queue, slice_start, bucket, counted_at, deleted=1)]
+        )
         return True
 
     def mark_done(
@@ -331,49 +277,36 @@ class CassandraQueueView:
         """Record a delivered mail as deleted and count it, in its slice and by `destinations`, with no
         transaction (see the module's docstring); `after_mark` runs between the two writes (the fault
         seam)."""
-        self.deleted_mails.put(queue, enqueue_id)
+        counted_at = now_micros()
+        self.deleted_mails.put(queue, enqueue_id, counted_at)
         after_mark()
-        self.slice_counters.count_deleted(queue, slice_start, bucket, destinations)
+        self.slice_counters.count(
+            [
+                self.slice_counters.counting(queue, slice_start, bucket, counted_at, deleted=1),
+                *destination_changes(self.store, queue, destinations),
+            ]
+        )
 
     def recount(self, queue: str, slice_start: int) -> int:
-        """Correct the slice's counters from its rows and marks (see the module's docstring); returns the
-        sum of the corrections' sizes, 0 when the counters were right."""
-        first = self._errors(queue, slice_start)
-        if not any(enqueued or deleted for enqueued, deleted in first.values()):
-            return 0
-        time.sleep(RECOUNT_SETTLE)
-        second = self._errors(queue, slice_start)
+        """Fold the slice's settled epochs (see the module's docstring); returns the sum of the
+        corrections' sizes, 0 when their shares were right."""
+        settled = settled_before(now_micros())
+        counted = self.slice_counters.of_slice(queue, slice_start)
         corrected = 0
-        for bucket in first.keys() & second.keys():
-            (enqueued_1, deleted_1), (enqueued_2, deleted_2) = first[bucket], second[bucket]
-            # In flight, an insert makes `enqueued` count too many and a done() `deleted` too few: the
-            # true error is at most the smaller `enqueued` error, at least the larger `deleted` one.
-            enqueued = min(enqueued_1, enqueued_2)
-            deleted = max(deleted_1, deleted_2)
-            if enqueued or deleted:
-                self.slice_counters.correct(queue, slice_start, bucket, -enqueued, -deleted)
-                corrected += abs(enqueued) + abs(deleted)
+        for bucket in sorted({row.bucket for row in counted}):
+            rows = self.enqueued_mails.counted_times(queue, slice_start, bucket)
+            marks = self.deleted_mails.counted_times(queue, list(rows))
+            enqueued = sum(at < settled for at in rows.values())
+            deleted = sum(at < settled for at in marks.values())
+            folded = [row for row in counted if row.bucket == bucket and row.epoch < settled]
+            was_enqueued = sum(row.enqueued for row in folded)
+            was_deleted = sum(row.deleted for row in folded)
+            shares = any(row.epoch != FOLDED for row in folded)
+            if not shares and (was_enqueued, was_deleted) == (enqueued, deleted):
+                continue  # folded already, and right
+            self.slice_counters.fold(queue, slice_start, bucket, settled, enqueued, deleted)
+            corrected += abs(was_enqueued - enqueued) + abs(was_deleted - deleted)
         return corrected
-
-    def _errors(self, queue: str, slice_start: int) -> dict[int, SliceCounts]:
-        """The counts counted minus found, by bucket. `deleted` is read before the marks and
-        `enqueued` after the rows, so an operation in flight errs on one side only."""
-        before = self.slice_counters.of_slice(queue, slice_start)
-        mails = self.enqueued_mails.read(queue, [SliceBucket(slice_start, bucket) for bucket in before])
-        marked = self.deleted_mails.marked(queue, [mail.enqueue_id for mail in mails])
-        after = self.slice_counters.of_slice(queue, slice_start)
-        rows = dict.fromkeys(before, 0)
-        marks = dict.fromkeys(before, 0)
-        for mail in mails:
-            rows[mail.bucket] += 1
-            marks[mail.bucket] += mail.enqueue_id in marked
-        return {
-            bucket: SliceCounts(
-                after.get(bucket, before[bucket]).enqueued - rows[bucket],
-                before[bucket].deleted - marks[bucket],
-            )
-            for bucket in before
-        }
 
     def is_live(self, mail: EnqueuedMail, current_slice: int | None = None) -> bool:
         """From browse_start on, a mail is live unless marked in deleted_mails. Behind browse_start, the

@@ -44,23 +44,26 @@ TABLES = {
     "enqueued_mails": f"""CREATE TABLE IF NOT EXISTS enqueued_mails (
         queue text, slice_start bigint, bucket int, enqueue_id text,
         enqueued_time bigint, next_delivery bigint, priority int, name text, sender text,
-        recipients text, header_blob_id text, body_blob_id text, metadata text,
+        recipients text, header_blob_id text, body_blob_id text, metadata text, counted_at bigint,
         PRIMARY KEY ((queue, slice_start, bucket), enqueue_id)
     ) WITH {_TIME_WINDOWS}""",
     # One partition a mail, as James's deletedMailsV2: a lightweight transaction marks it only once
-    # and contends with nothing else.
+    # and contends with nothing else. `counted_at` here and in enqueued_mails: the time of the share
+    # that counts the mark or the row (queue_view.py).
     "deleted_mails": f"""CREATE TABLE IF NOT EXISTS deleted_mails (
-        queue text, enqueue_id text, PRIMARY KEY ((queue, enqueue_id))
+        queue text, enqueue_id text, counted_at bigint, PRIMARY KEY ((queue, enqueue_id))
     ) WITH {_TIME_WINDOWS}""",
     "browse_start": "CREATE TABLE IF NOT EXISTS browse_start (queue text PRIMARY KEY, browse_start bigint)",
     "content_start": (
         "CREATE TABLE IF NOT EXISTS content_start (queue text PRIMARY KEY, content_start bigint)"
     ),
-    # The per-slice counters, one row a (slice, bucket) in one partition a queue: size() is one
-    # partition read, and the rows tell which slices and buckets hold mails.
+    # The per-slice counts, in one partition a queue: size() is one partition read, and the rows tell
+    # which slices and buckets hold mails. A row a (slice, bucket, epoch, writer): each writer's share
+    # of the mails counted in an epoch, and one row (epoch -1) of the epochs folded (queue_view.py).
     "slice_counters": """CREATE TABLE IF NOT EXISTS slice_counters (
-        queue text, slice_start bigint, bucket int, enqueued counter, deleted counter,
-        PRIMARY KEY ((queue), slice_start, bucket)
+        queue text, slice_start bigint, bucket int, epoch bigint, writer text,
+        enqueued bigint, deleted bigint,
+        PRIMARY KEY ((queue), slice_start, bucket, epoch, writer)
     )""",
     # The event-sourced configuration: an aggregate's events by position.
     "configuration_events": """CREATE TABLE IF NOT EXISTS configuration_events (
@@ -85,10 +88,11 @@ TABLES = {
         queue text, enqueue_id text, held_at bigint, parks int, payload text,
         PRIMARY KEY ((queue), enqueue_id)
     )""",
-    # Per destination domain: a queue's mails by state and enqueue-time slot, and the last failure.
+    # Per destination domain: a queue's mails by state and enqueue-time slot (each writer's share,
+    # tallies.py), and the last failure.
     "destination_counters": """CREATE TABLE IF NOT EXISTS destination_counters (
-        queue text, domain text, state text, slot bigint, mails counter,
-        PRIMARY KEY ((queue), domain, state, slot)
+        queue text, domain text, state text, slot bigint, writer text, mails bigint,
+        PRIMARY KEY ((queue), domain, state, slot, writer)
     )""",
     "destination_notes": """CREATE TABLE IF NOT EXISTS destination_notes (
         queue text, domain text, error text, noted_at bigint, next_attempt bigint,
@@ -146,8 +150,9 @@ TABLES = {
     "imap_uid_table": """CREATE TABLE IF NOT EXISTS imap_uid_table (
         message_id text, mailbox_id text, uid bigint, flags text, PRIMARY KEY ((message_id), mailbox_id)
     )""",
+    # A mailbox's count and unseen, each writer's share (tallies.py).
     "mailbox_counters": """CREATE TABLE IF NOT EXISTS mailbox_counters (
-        mailbox_id text PRIMARY KEY, count counter, unseen counter
+        mailbox_id text, writer text, count bigint, unseen bigint, PRIMARY KEY ((mailbox_id), writer)
     )""",
 }
 

@@ -7,16 +7,18 @@ default); lightweight transactions run their Paxos round at LOCAL_SERIAL (SERIAL
 LOCAL_ one). Built from its options (options.py): the URL and the environment are the settings' business. The
 password goes to the driver's auth provider and nowhere else: no error or log of this module shows it.
 
-Every statement runs through this module (`execute`, `execute_async`, `execute_all`, `batch`, `applied`),
-and every failure of the driver reaches the DAOs' callers as a mailq error chained to the driver's, the
-next pages of a paged result included: StoreUnavailable for an outage (no host, too few replicas, a
-timeout, a lost connection), StoreUnusable for a statement the server refuses as written (a table or
-column missing or altered under a running process, a permission revoked), which waiting does not cure.
+Every statement runs through this module (`execute`, `execute_async`, `execute_all`, `batch`,
+`write_all`, `applied`), and every failure of the driver reaches the DAOs' callers as a mailq error
+chained to the driver's, the next pages of a paged result included: StoreUnavailable for an outage (no
+host, too few replicas, a timeout, a lost connection), StoreUnusable for a statement the server refuses
+as written (a table or column missing or altered under a running process, a permission revoked), which
+waiting does not cure.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,9 +26,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from cassandra import (
     AuthenticationFailed,
     DriverException,
+    OperationTimedOut,
+    ReadTimeout,
     RequestValidationException,
     UnresolvableContactPoints,
-    WriteFailure,
+    WriteTimeout,
     protocol,
 )
 from cassandra.auth import PlainTextAuthProvider
@@ -40,19 +44,15 @@ from cassandra.cluster import (
 )
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.connection import ConnectionException
-from cassandra.policies import (
-    DCAwareRoundRobinPolicy,
-    ExponentialReconnectionPolicy,
-    RetryPolicy,
-    TokenAwarePolicy,
-    WriteType,
-)
+from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.pool import NoConnectionsAvailable
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from ...errors import MailqError, NoStore, StoreUnavailable, StoreUnusable
+from ...tls import tls_failure
 from .options import CassandraOptions
 from .schema import TABLES, create_schema, missing_columns
+from .tallies import Tallies
 
 # The table a statement names, after FROM, INTO or UPDATE.
 _TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
@@ -90,7 +90,6 @@ class CassandraStore:
             consistency_level=options.consistency_level,
             serial_consistency_level=options.serial_consistency_level,
             request_timeout=options.request_timeout,
-            retry_policy=CounterLeaderRetryPolicy(),
         )
         connect_timeout = max(5.0, options.request_timeout / 3)
         try:
@@ -101,6 +100,7 @@ class CassandraStore:
                 if options.username is None
                 else PlainTextAuthProvider(options.username, options.password),
                 execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+                ssl_context=options.ssl_context,
                 connect_timeout=connect_timeout,
                 # Connecting reads the schema of every keyspace, which a busy node may take more than the
                 # driver's default 2 s to return: it is slow, not away.
@@ -120,12 +120,14 @@ class CassandraStore:
             raise
         self._prepared: dict[str, PreparedStatement] = {}
         self._preparing = threading.Lock()
+        # This process's shares of the counts, under a writer id of its own (tallies.py).
+        self.tallies = Tallies(self, secrets.token_hex(8))
 
     def _connect(self, create: bool, replication: dict, password: str | None) -> Session:
         try:
             session = self.cluster.connect()
         except _FAILURES as error:
-            reason = _reason(error)
+            reason = tls_failure(error) or _reason(error)
             if password:
                 reason = reason.replace(password, "***")
             raise StoreUnavailable(f"cannot connect to Cassandra at {self.where}: {reason}") from None
@@ -171,17 +173,22 @@ class CassandraStore:
     def execute(self, cql: str, parameters: Sequence = ()):
         """The statement's result set (rows, `.one()`). Run again after a failure `_worth_a_retry`."""
         try:
-            rows = self._retried(self.statement(cql), parameters)
+            rows = self._retried(self.statement(cql), parameters, idempotent=_idempotent(cql))
         except _FAILURES as error:
             raise self.failure(error, _doing(cql)) from error
         return _Pages(self, cql, rows) if rows.has_more_pages else rows
 
-    def _retried(self, statement, parameters: Sequence | None = None):
+    def _retried(self, statement, parameters: Sequence | None = None, *, idempotent: bool):
         """The statement run, and run again after a failure `_worth_a_retry`."""
-        tries_left = _RETRIES
+        tries_left, timeouts_left = _RETRIES, _TIMEOUT_RETRIES
         while True:
             try:
                 return self.session.execute(statement, parameters)
+            except _TIMEOUTS:
+                if not idempotent or not timeouts_left:
+                    raise
+                timeouts_left -= 1
+                continue
             except _FAILURES as error:
                 if not tries_left or not _worth_a_retry(error):
                     raise
@@ -230,15 +237,17 @@ class CassandraStore:
         except _FAILURES as error:
             raise self.failure(error, _doing(cql)) from error
 
-    def count_all(self, statements: Sequence[tuple[str, Sequence]]) -> None:
-        """Run counter updates (CQL and parameters) in one counter batch, one request, each partition's
-        applied on its own, and retried as a lone update is (`_worth_a_retry`, CounterLeaderRetryPolicy):
-        a retry after one partition's leader failed may count another partition's update twice."""
-        batch = BatchStatement(batch_type=BatchType.COUNTER)
+    def write_all(self, statements: Sequence[tuple[str, Sequence]]) -> None:
+        """Run idempotent writes (CQL and parameters) in one unlogged batch, one request, each partition's
+        applied on its own; retried after a timeout as a lone idempotent write is. At least one."""
+        if len(statements) == 1:
+            self.execute(*statements[0])
+            return
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         for cql, parameters in statements:
             batch.add(self.statement(cql), parameters)
         try:
-            self._retried(batch)
+            self._retried(batch, idempotent=True)
         except _FAILURES as error:
             raise self.failure(error, _doing(statements[0][0])) from error
 
@@ -263,35 +272,6 @@ class CassandraStore:
                 "(a schema made by another version of mailq, or changed since this process started?)"
             )
         return StoreUnavailable(f"Cassandra at {self.where} failed {doing}: {reason}")
-
-
-class CounterLeaderRetryPolicy(RetryPolicy):
-    """The driver's default, and up to three more tries for a counter update that timed out with no
-    response from the replica its coordinator chose to lead it.
-
-    Cassandra applies a counter update on one replica, the leader, which the coordinator picks at random
-    among the replicas its failure detector believes alive, then copies it to the others. For the 16-18 s
-    a failure detector took to convict a SIGKILLed node of the harness's cluster, a coordinator may pick
-    the dead node: the update waits the counter write timeout (5 s by default) and fails with no response
-    (10 of some 600 counter updates around one kill). The dead node never received it, so it was not
-    applied, and failing it would fail an enqueue that could succeed, or a done() whose deletion mark is
-    written already, leaving the deleted counter one short for good (the mark makes the redelivered
-    mail's done() count nothing). So it is sent again, and the coordinator picks a leader again, while the
-    request's own timeout allows. It counts twice only when a leader applied the update and then failed
-    to answer within the timeout (died in between, or was that slow)."""
-
-    tries = 4
-
-    def on_write_timeout(
-        self, query, consistency, write_type, required_responses, received_responses, retry_num
-    ):
-        if write_type == WriteType.COUNTER and received_responses == 0 and retry_num < self.tries - 1:
-            # The same coordinator: it picks the leader again, and with two of three nodes alive the
-            # next host may be the last one left in the query plan.
-            return self.RETRY, consistency
-        return super().on_write_timeout(
-            query, consistency, write_type, required_responses, received_responses, retry_num
-        )
 
 
 class Pending:
@@ -341,28 +321,30 @@ class _Pages:
 
 # Cassandra's CAS_WRITE_UNKNOWN: a Paxos round's proposal was accepted by some replicas, not a quorum.
 _CAS_WRITE_UNKNOWN = 0x1700
-# How many more times, and how long apart, a statement `_worth_a_retry` is sent: a restarted node refused
-# to lead counter updates until its failure detector saw the others, for a second or so, once for more
-# than 1.5 s on a loaded machine (a done() then failed in the one-node fault test). Nothing was written by
-# a refused update, so the retries only make the caller wait, at most 5 s.
+# How many more times, and how long apart, a statement `_worth_a_retry` is sent. Nothing was written by
+# such a failure, so the retries only make the caller wait, at most 5 s.
 _RETRIES, _RETRY_PAUSE = 10, 0.5
+# A timeout leaves unknown whether the statement was applied (its reply lost, or late): an idempotent one
+# is sent again this many more times, each with the request timeout, and a lost reply costs the caller a
+# wait, not a failure. The counts are idempotent writes too (tallies.py).
+_TIMEOUTS = (OperationTimedOut, WriteTimeout, ReadTimeout)
+_TIMEOUT_RETRIES = 2
+# A lightweight transaction: sent again, it may find its own first write (see `_worth_a_retry`).
+_CONDITIONAL = re.compile(r"\bIF\s+(NOT\s+EXISTS|EXISTS|\w+\s*=)", re.IGNORECASE)
+
+
+def _idempotent(cql: str) -> bool:
+    """Whether the statement may be run twice with the result of once: every statement but a lightweight
+    transaction (mailq writes no counter: tallies.py)."""
+    return _CONDITIONAL.search(cql) is None
 
 
 def _worth_a_retry(error: BaseException) -> bool:
-    """Two failures of a node's crash or restart that another try cures without writing anything twice
-    (the driver retries neither):
-
-    - a counter update whose leader replica (see CounterLeaderRetryPolicy) failed it: a node just
-      restarted, whose failure detector does not see the others up yet, refuses to lead an update at
-      LOCAL_QUORUM before applying it (UnavailableException in its log), while the others already send
-      it updates to lead.
-    - a lightweight transaction whose result is unknown because the coordinator lost replicas in the
-      middle of its Paxos round. The next round first completes or supersedes the proposal left behind,
-      then answers: a row not applied may then be this call's own first write, which each caller reads
-      as written by another (the existing row's values, or "marked already"): the same as the failed
-      call's retry by its caller would see."""
-    if isinstance(error, WriteFailure):
-        return error.write_type == WriteType.COUNTER and error.received_responses == 0
+    """A lightweight transaction whose result is unknown because the coordinator lost replicas in the
+    middle of its Paxos round (the driver does not retry it). The next round first completes or
+    supersedes the proposal left behind, then answers: a row not applied may then be this call's own
+    first write, which each caller reads as written by another (the existing row's values, or "marked
+    already"): the same as the failed call's retry by its caller would see."""
     return isinstance(error, protocol.ErrorMessage) and error.code == _CAS_WRITE_UNKNOWN
 
 

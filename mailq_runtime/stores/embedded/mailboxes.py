@@ -84,7 +84,8 @@ class EmbeddedMailboxTables:
 
     def message(self, message_id: str) -> MessageRow | None:
         row = self.store.read_one(
-            "SELECT header_blob_id, body_blob_id FROM messages WHERE message_id = ?", (message_id,)
+            "SELECT header_blob_id, body_blob_id, size, internal_date FROM messages WHERE message_id = ?",
+            (message_id,),
         )
         return None if row is None else MessageRow(*row)
 
