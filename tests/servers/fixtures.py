@@ -217,6 +217,10 @@ def rabbitmq_vhosts(rabbitmq_server: RabbitMQServer) -> Iterator[Vhosts]:
 def cassandra_s3(cassandra_server: CassandraServer, s3_server: S3Server) -> Iterator[CassandraS3]:
     """One probe session on Cassandra and one S3 client for the whole test session (connecting costs more
     than most probes)."""
+    yield from _probes(cassandra_server, s3_server)
+
+
+def _probes(cassandra_server: CassandraServer, s3_server: S3Server) -> Iterator[CassandraS3]:
     cluster = cassandra_server.cluster()
     s3 = s3_server.client()
     yield CassandraS3(cassandra_server, s3_server, cluster.connect(), s3)
@@ -258,8 +262,4 @@ def rabbitmq_tls_vhosts(rabbitmq_tls_server: RabbitMQServer) -> Iterator[Vhosts]
 @pytest.fixture(scope="session")
 def cassandra_s3_tls(cassandra_tls_server: CassandraServer, s3_tls_server: S3Server) -> Iterator[CassandraS3]:
     """`cassandra_s3` on the TLS servers."""
-    cluster = cassandra_tls_server.cluster()
-    s3 = s3_tls_server.client()
-    yield CassandraS3(cassandra_tls_server, s3_tls_server, cluster.connect(), s3)
-    cluster.shutdown()
-    s3.close()
+    yield from _probes(cassandra_tls_server, s3_tls_server)
