@@ -21,6 +21,8 @@ from ..stores.protocols import Destinations
 log = logging.getLogger(__name__)
 
 LEASE = 10 * MICROS_PER_SECOND
+# The destination the lease of a queue is a slot of: a space, so no domain's name.
+LEASE_DESTINATION = "delayed mails of queue {}"
 
 
 class PublisherLease:
@@ -29,7 +31,7 @@ class PublisherLease:
     def __init__(self, destinations: Destinations, queue_name: str, clock: Clock) -> None:
         self.destinations = destinations
         self.clock = clock
-        self._name = f"delayed mails of queue {queue_name}"  # a space: no domain's name
+        self._name = LEASE_DESTINATION.format(queue_name)
         self._holder = uuid.uuid4().hex
         self._slot: int | None = None
         self._taken_at = 0.0  # time.monotonic() at the last take or renewal

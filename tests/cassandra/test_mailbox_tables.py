@@ -138,7 +138,7 @@ def test_source_of_truth_projection_and_counters_as_the_embedded_ones(both):
         return seen
 
     seen = same_on_both(both, scenario)
-    assert seen["message"] == [("g1_" + "a" * 64, "g1_" + "b" * 64), None]
+    assert seen["message"] == [("g1_" + "a" * 64, "g1_" + "b" * 64, 120, T0), None]
     assert seen["added"] == [True, False, True, True]
     assert seen["source"] == [[(INBOX, 1)], [], (M2, "\\Seen \\Flagged"), None, [1, 2, 3], [], (3, 2), (0, 0)]
     assert seen["projection"] == [(1, M1, ""), (2, M2, "\\Seen \\Flagged"), (3, M3, "$Seen")]

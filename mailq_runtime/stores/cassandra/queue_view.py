@@ -242,13 +242,13 @@ class CassandraQueueView:
 
     # enqueued_mails and deleted_mails
     def insert(self, mail: EnqueuedMail) -> None:
+        """Count the mail, then write its row. An insert that raises has counted its mail all the same
+        (a share whose write failed is written with the writer's next write, tallies.py), whether its
+        row was written or not: the process withdraws the mail by a mark that counts its deletion
+        (queue/enqueuer.py's FailedEnqueues), which leaves the count exact at once."""
         counted_at = now_micros()
         counted = [self.slice_counters.counting(mail.queue, mail.slice_start, mail.bucket, counted_at, 1)]
-        try:
-            self.slice_counters.count(counted)
-        except BaseException:
-            self.store.tallies.take_back(counted)
-            raise
+        self.slice_counters.count(counted)
         self.enqueued_mails.insert(mail, counted_at)
 
     def insert_many(self, mails: Sequence[EnqueuedMail]) -> None:
