@@ -8,8 +8,10 @@ role), never from arguments, so no repr, error or log of this store can hold the
 
 from __future__ import annotations
 
+import base64
 import io
 import re
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlsplit
@@ -47,8 +49,10 @@ MAX_POOL_CONNECTIONS = 32
 MULTIPART_CONCURRENCY = 4
 CONNECT_TIMEOUT_SECONDS = 5
 READ_TIMEOUT_SECONDS = 60
-#: Integrity of every put: boto3 sends this checksum of the content and the server refuses content that
-#: does not match it; gets ask for it back and boto3 checks what it read.
+#: Integrity of every put: the server refuses content that does not match this checksum of it; gets ask
+#: for it back and boto3 checks what it read. A single put sends it as a header of its own
+#: (`_crc32`): over https boto3 would send it as an aws-chunked trailer, which versitygw 1.8 leaves
+#: partly unread on a kept-alive connection, failing the next request there with BadRequest.
 CHECKSUM = "CRC32"
 
 _MODELS = botocore.loaders.create_loader()
@@ -183,7 +187,7 @@ class S3BlobStore:
         key = self.prefix + str(target)
         with self._failures(f"putting blob {target}"):
             if len(data) < MULTIPART_THRESHOLD:
-                self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ChecksumAlgorithm=CHECKSUM)
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ChecksumCRC32=_crc32(data))
             else:
                 self._client.upload_fileobj(
                     io.BytesIO(data),
@@ -298,6 +302,11 @@ class S3BlobStore:
         except BotoCoreError as error:
             # botocore's messages name variables and URLs, never a credential's value.
             raise BlobStoreUnavailable(f"{self._where()}: {error} ({doing})") from error
+
+
+def _crc32(data: bytes) -> str:
+    """The content's CRC32 as S3's x-amz-checksum-crc32 header gives it: base64 of its 4 bytes."""
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
 
 
 def _code(error: ClientError) -> str:
