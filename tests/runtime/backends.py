@@ -32,8 +32,8 @@ import pytest
 from mailq_runtime import Runtime
 from mailq_runtime.brokers.rabbitmq import rabbitmq_queues
 from mailq_runtime.clock import Clock, system_clock
-from mailq_runtime.stores.records import EnqueuedMail
 from mailq_runtime.stores.cassandra.schema import TABLES as CASSANDRA_TABLES
+from mailq_runtime.stores.records import EnqueuedMail
 from mailq_servers.urls import distributed_url
 
 from .probes import BlobState, MailboxState, QueueRows

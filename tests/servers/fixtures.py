@@ -25,7 +25,6 @@ from mailq_servers import SERVERS, ServerError, ensure
 from mailq_servers.base import UNSAFE_VARIABLE
 from mailq_servers.cassandra import CassandraServer
 from mailq_servers.cassandra_cluster import CassandraCluster, CassandraClusterServer
-from mailq_servers.host_bed import HostBed
 from mailq_servers.prometheus import Prometheus, PrometheusServer
 from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer, Vhosts
 from mailq_servers.s3 import S3Server, remove_bucket
@@ -46,7 +45,7 @@ def fresh_bucket_name() -> str:
 
 
 @contextmanager
-def _untimed() -> Iterator[None]:
+def untimed() -> Iterator[None]:
     """pytest-timeout's alarm also runs during fixture set-up, and a cold install takes minutes that are
     not the test's: hold the alarm while installing, and give the test its full time afterwards."""
     remaining, interval = signal.getitimer(signal.ITIMER_REAL)
@@ -62,7 +61,7 @@ def _server(name: str):
     try:
         if SERVERS[name]().installed():
             return ensure(name)
-        with _untimed():
+        with untimed():
             return ensure(name)
     except ServerError as error:
         reason = str(error)
@@ -75,7 +74,7 @@ def cassandra_cluster() -> Iterator[CassandraClusterServer]:
     down is restarted) and stopped after them, unless it was running before they began."""
     cluster = CassandraCluster()
     try:
-        with _untimed():
+        with untimed():
             running, did = cluster.ensure()
     except ServerError as error:
         pytest.fail(f"cassandra-cluster could not start: {error}", pytrace=False)
@@ -85,26 +84,11 @@ def cassandra_cluster() -> Iterator[CassandraClusterServer]:
 
 
 @pytest.fixture(scope="module")
-def host_bed() -> Iterator[HostBed]:
-    """The host bed (mailq_servers/host_bed.py), started for this module's tests and taken down after
-    them, unless it was running before they began."""
-    bed = HostBed()
-    try:
-        with _untimed():
-            _, did = bed.ensure()
-    except ServerError as error:
-        pytest.fail(f"the host bed could not start: {error}", pytrace=False)
-    yield bed
-    if did != "reused":
-        bed.stop()
-
-
-@pytest.fixture(scope="module")
 def cassandra_cluster_tls() -> Iterator[CassandraClusterServer]:
     """The three-node cluster with TLS on every link, as `cassandra_cluster` starts and stops its own."""
     cluster = CassandraClusterTLS()
     try:
-        with _untimed():
+        with untimed():
             running, did = cluster.ensure()
     except ServerError as error:
         pytest.fail(f"cassandra-cluster-tls could not start: {error}", pytrace=False)
@@ -119,7 +103,7 @@ def rabbitmq_cluster_tls(rabbitmq_server: RabbitMQServer) -> Iterator[RabbitMQCl
     (rabbitmq_server first: it installs RabbitMQ when missing), stopped after them unless it ran before."""
     cluster = RabbitMQClusterTLS()
     try:
-        with _untimed():
+        with untimed():
             _, did = cluster.ensure()
     except ServerError as error:
         pytest.fail(f"rabbitmq-cluster-tls could not start: {error}", pytrace=False)
@@ -133,7 +117,7 @@ def prometheus_server() -> Iterator[PrometheusServer]:
     """The Prometheus server, for this module's tests, stopped after them unless it ran before."""
     server = Prometheus()
     try:
-        with _untimed():
+        with untimed():
             running, did = server.ensure()
     except ServerError as error:
         pytest.fail(f"prometheus could not start: {error}", pytrace=False)
