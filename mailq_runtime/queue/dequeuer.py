@@ -122,7 +122,7 @@ class Dequeuer(QueuePart):
         context: QueueContext,
         publisher: DelayedMailPublisher,
         settlement: Settlement,
-        recount: Callable[[], int],
+        recount: Callable[[Callable[[], bool]], int],
         holds: Holds,
         failed: FailedEnqueues,
     ) -> None:
@@ -240,13 +240,11 @@ class Dequeuer(QueuePart):
         """Recount the queue every RECOUNT_INTERVAL seconds, whether it idles or not, in the one process
         that holds the queue's lease of the looks for delayed mails (publisher_lease.py): a recount
         folds what settled and never makes a count wrong under traffic, and one process a queue is
-        enough. A failure is left to the next one. A queue not yet created (no browse_start: named, no
-        mail enqueued) has nothing to recount, and its consumer takes no lease for it."""
+        enough. A failure is left to the next one."""
         if time.monotonic() < self._recount_at:
             return
         self._recount_at = time.monotonic() + RECOUNT_INTERVAL
         try:
-            if self.view.browse_start(self.name) is not None and self.publisher.lease.held():
-                self.recount()
+            self.recount(self.publisher.lease.held)
         except Exception as error:  # a side task of the consumer: it must not fail the dequeue
             log.warning("queue %s: the recount failed, the next one retries: %s", self.name, error)

@@ -80,17 +80,19 @@ class MailQueueView(QueuePart):
             return 0
         return sum(max(live, 0) for _, live in self.view.slice_sizes(self.name, browse_start))
 
-    def recount(self) -> int:
+    def recount(self, allowed: Callable[[], bool] = lambda: True) -> int:
         """Correct the counts of every slice from browse_start on against its rows and deletion marks
         (the store's `recount`: on Cassandra, of what settled), then the counts by destination domain
         where no live mail is (`recount_by_domain`); returns the sum of the corrections' sizes (0: the
-        counts were right).
+        counts were right). `allowed` is asked once the queue is known to be created (a queue named and
+        never enqueued to has nothing to recount, and writes nothing, not even a lease); False: no
+        recount.
 
         A crash between a write and its count, or two settlements of one mail at once, leaves a slice's
         count wrong by one. A consumer's process recounts on its own every RECOUNT_INTERVAL seconds,
         busy or idle (`dequeue`). It costs a browse."""
         browse_start = self.view.browse_start(self.name)
-        if browse_start is None:
+        if browse_start is None or not allowed():
             return 0
         corrected = 0
         for slice_start in self.view.slices_from(self.name, browse_start):
