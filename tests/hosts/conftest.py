@@ -14,11 +14,11 @@ import pytest
 
 from mailq_runtime import Runtime
 from mailq_runtime.queue import MailQueue
-from mailq_servers import ServerError, bed_deployment
+from mailq_servers import bed_deployment
 from mailq_servers.host_bed import HostBed, running_facts
 from mailq_servers.s3 import remove_bucket
 from tests.runtime.backends import CassandraS3, HostBedBackend
-from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name, untimed
+from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name, held_for_the_tests
 
 QUEUE = "spool"
 
@@ -28,14 +28,8 @@ def host_bed() -> Iterator[HostBed]:
     """The host bed (mailq_servers/host_bed.py), started for the tests of this package and taken down
     after the last of them, unless it was running before they began: one start for every module."""
     bed = HostBed()
-    try:
-        with untimed():
-            _, did = bed.ensure()
-    except ServerError as error:
-        pytest.fail(f"the host bed could not start: {error}", pytrace=False)
-    yield bed
-    if did != "reused":
-        bed.stop()
+    with held_for_the_tests(bed):
+        yield bed
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import pytest
 
 from mailq_servers import SERVERS, ServerError, ensure
-from mailq_servers.base import UNSAFE_VARIABLE
+from mailq_servers.base import UNSAFE_VARIABLE, Running, Server
 from mailq_servers.cassandra import CassandraServer
 from mailq_servers.cassandra_cluster import CassandraCluster, CassandraClusterServer
 from mailq_servers.prometheus import Prometheus, PrometheusServer
@@ -57,6 +57,20 @@ def untimed() -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, remaining, interval)
 
 
+@contextmanager
+def held_for_the_tests(server: Server) -> Iterator[Running]:
+    """`server` running for the tests of a fixture's scope (started untimed if it is not, failing those
+    tests with the reason if it cannot start), and stopped after them unless it was running before."""
+    try:
+        with untimed():
+            running, did = server.ensure()
+    except ServerError as error:
+        pytest.fail(f"{server.name} could not start: {error}", pytrace=False)
+    yield running
+    if did.startswith(("started", "installed")):
+        server.stop()
+
+
 def _server(name: str):
     try:
         if SERVERS[name]().installed():
@@ -72,29 +86,15 @@ def _server(name: str):
 def cassandra_cluster() -> Iterator[CassandraClusterServer]:
     """The three-node cluster, started for this module's tests (with every node up: one a test left
     down is restarted) and stopped after them, unless it was running before they began."""
-    cluster = CassandraCluster()
-    try:
-        with untimed():
-            running, did = cluster.ensure()
-    except ServerError as error:
-        pytest.fail(f"cassandra-cluster could not start: {error}", pytrace=False)
-    yield CassandraClusterServer(**running.facts)
-    if did.startswith(("started", "installed")):
-        cluster.stop()
+    with held_for_the_tests(CassandraCluster()) as running:
+        yield CassandraClusterServer(**running.facts)
 
 
 @pytest.fixture(scope="module")
 def cassandra_cluster_tls() -> Iterator[CassandraClusterServer]:
     """The three-node cluster with TLS on every link, as `cassandra_cluster` starts and stops its own."""
-    cluster = CassandraClusterTLS()
-    try:
-        with untimed():
-            running, did = cluster.ensure()
-    except ServerError as error:
-        pytest.fail(f"cassandra-cluster-tls could not start: {error}", pytrace=False)
-    yield CassandraClusterServer(**running.facts)
-    if did.startswith(("started", "installed")):
-        cluster.stop()
+    with held_for_the_tests(CassandraClusterTLS()) as running:
+        yield CassandraClusterServer(**running.facts)
 
 
 @pytest.fixture(scope="module")
@@ -102,28 +102,15 @@ def rabbitmq_cluster_tls(rabbitmq_server: RabbitMQServer) -> Iterator[RabbitMQCl
     """The three-node RabbitMQ cluster whose nodes speak TLS to each other, for this module's tests
     (rabbitmq_server first: it installs RabbitMQ when missing), stopped after them unless it ran before."""
     cluster = RabbitMQClusterTLS()
-    try:
-        with untimed():
-            _, did = cluster.ensure()
-    except ServerError as error:
-        pytest.fail(f"rabbitmq-cluster-tls could not start: {error}", pytrace=False)
-    yield cluster
-    if did.startswith(("started", "installed")):
-        cluster.stop()
+    with held_for_the_tests(cluster):
+        yield cluster
 
 
 @pytest.fixture(scope="module")
 def prometheus_server() -> Iterator[PrometheusServer]:
     """The Prometheus server, for this module's tests, stopped after them unless it ran before."""
-    server = Prometheus()
-    try:
-        with untimed():
-            running, did = server.ensure()
-    except ServerError as error:
-        pytest.fail(f"prometheus could not start: {error}", pytrace=False)
-    yield PrometheusServer(**running.facts)
-    if did.startswith(("started", "installed")):
-        server.stop()
+    with held_for_the_tests(Prometheus()) as running:
+        yield PrometheusServer(**running.facts)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
