@@ -61,9 +61,10 @@ demo-hosts: setup $(DAGSTER_DIR)/dagster.yaml
 	$(BIN)/python -m mailq_servers on driver $(abspath $(BIN)/mailq) --url "$$(cat $(HOSTS_DIR)/url)" demo $(DEMO_OPTIONS)
 
 # The suite in two processes, then the tests that need the machine to themselves (tests/conftest.py);
-# these run whatever the first part found, and `make test` fails if either part failed.
+# these run whatever the first part found, and `make test` fails if either part failed. Each part ends with
+# its slowest tests, the figures for keeping .ci/run within its time.
 test: setup system-packages
-	$(BIN)/pytest -n 2 -m 'not alone'; first=$$?; $(BIN)/pytest -m alone && exit $$first
+	$(BIN)/pytest -n 2 -m 'not alone' --durations=30; first=$$?; $(BIN)/pytest -m alone --durations=15 && exit $$first
 
 # The real servers of the distributed deployment (mailq_servers), installed into ~/.cache/mailq-servers.
 servers: setup
