@@ -10,7 +10,7 @@ the bed), with the host's name as its host name (a UTS namespace), in a mount na
 every other host's directory is covered by an empty, read-only tmpfs, so no process of one host reads
 another's data.
 
-The faults of a network (issue 38's tests) are functions here: `partition()` cuts a host off from chosen
+The faults of a network are functions here: `partition()` cuts a host off from chosen
 others (blackhole routes both ways: packets vanish, as in a real partition, and connections time out),
 `heal()` undoes it, `link_down()`/`link_up()` unplug the host's cable. This kernel has no netem qdisc
 (CONFIG_NET_SCH_NETEM is not set), so delay and loss on a link are not offered here."""
@@ -158,7 +158,7 @@ def remove_all() -> None:
         _ip("link", "delete", link, check=False)
 
 
-# Faults of the network, for the tests of issue 38.
+# Faults of the network: partitions and unplugged links.
 
 
 def partition(host: Host, others: Sequence[Host]) -> None:
