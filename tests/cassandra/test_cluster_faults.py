@@ -98,12 +98,13 @@ class Workload:
     producing: list[threading.Thread] = field(default_factory=list)
     consuming: list[threading.Thread] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    enough: threading.Event = field(default_factory=threading.Event)  # the producers stop, the consumers go on
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def produce(self, prefix: str, count: int, pause: float) -> None:
         def run() -> None:
             for n in range(count):
-                if self.stop.is_set():
+                if self.stop.is_set() or self.enough.is_set():
                     return
                 name = f"{prefix}-{n}"
                 try:
@@ -307,7 +308,9 @@ def test_one_node_killed_mid_run_then_restarted_loses_no_mail_and_keeps_counts_e
 def test_two_nodes_down_callers_get_store_unavailable_and_work_resumes_when_one_returns(url: str):
     nodes = CassandraCluster()
     with Runtime.open(url, create=True) as runtime, _at_work(runtime, "outage") as (work,):
-        work.produce("a", 200, pause=0.05)
+        # More mails than the test needs, until it has seen enqueues accepted again: refusals come at once
+        # while the store is down, and a producer with a few hundred mails could spend them all there.
+        work.produce("a", 5000, pause=0.05)
         work.consume()
         assert _wait(lambda: work.produced() >= 40, 60) is not None
 
@@ -326,13 +329,15 @@ def test_two_nodes_down_callers_get_store_unavailable_and_work_resumes_when_one_
         # Work resumes by itself: the same runtime, the same threads, mails accepted again.
         accepted_before = len(work.accepted)
         resumed = _wait(lambda: len(work.accepted) > accepted_before + 5, 60)
+        work.enough.set()
         work.finish(time.monotonic() + 90)
+        last_refusal = max((at - returning for at, call, _ in work.errors if call == "enqueue"), default=None)
 
         kinds = Counter((call, type(error).__name__) for _, call, error in work.errors)
         report = (
             f"first error {first_error} s after the kill; {errors_while_down} errors and "
             f"{refused_while_down} refused enqueues in {returning - down:.1f} s down; accepting again "
-            f"{resumed} s after node 2 was back; kinds {kinds}"
+            f"{resumed} s after node 2 was back (the last refusal {last_refusal} s); kinds {kinds}"
         )
         print(report)
         assert first_error is not None, report
