@@ -98,7 +98,7 @@ class Workload:
     producing: list[threading.Thread] = field(default_factory=list)
     consuming: list[threading.Thread] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
-    enough: threading.Event = field(default_factory=threading.Event)  # the producers stop, the consumers go on
+    enough: threading.Event = field(default_factory=threading.Event)  # producers stop, consumers go on
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def produce(self, prefix: str, count: int, pause: float) -> None:
