@@ -309,7 +309,8 @@ def test_two_nodes_down_callers_get_store_unavailable_and_work_resumes_when_one_
     nodes = CassandraCluster()
     with Runtime.open(url, create=True) as runtime, _at_work(runtime, "outage") as (work,):
         # More mails than the test needs, until it has seen enqueues accepted again: refusals come at once
-        # while the store is down, and a producer with a few hundred mails could spend them all there.
+        # for seconds after a node returns (from a coordinator that has not yet seen it back), and a
+        # producer of a few hundred mails could spend them all there.
         work.produce("a", 5000, pause=0.05)
         work.consume()
         assert _wait(lambda: work.produced() >= 40, 60) is not None
