@@ -3,7 +3,8 @@
 The UI's run launcher starts a fresh process per run, which loads the code location, starts Spark when a
 step first needs it, and runs the job's steps in that one process (in_process_executor). Each run here is
 such a process: `dagster job execute -m assets.definitions -j JOB` (the module workspace.yaml names), on
-the demo's embedded store (`mailq demo`, a small one), recorded in a temporary instance whose event log
+an embedded store holding the traffic, mailboxes, faults and generations of `mailq demo` (a small
+one, before the demo's own pipeline runs), recorded in a temporary instance whose event log
 splits the run:
 
   start    the process's start to the run's start: the interpreter, imports, the code location, the run;
@@ -32,6 +33,8 @@ from pathlib import Path
 import dagster as dg
 from harness import REPOSITORY, data_dir
 from quick import parse_args
+
+from mailq_cli import demo
 
 JOBS = (
     "queue_overview_job",
@@ -119,20 +122,7 @@ def main() -> None:
             "PYSPARK_PYTHON": PYTHON,
         }
         Path(home, "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-        subprocess.run(
-            [
-                str(Path(PYTHON).with_name("mailq")),
-                "demo",
-                "--data-dir",
-                str(store),
-                "--mails",
-                str(args.mails),
-            ],
-            env=env,
-            cwd=REPOSITORY,
-            check=True,
-            capture_output=True,
-        )
+        demo.seed(demo.embedded(store, args.mails), args.mails, say=lambda _: None)
         floors = {"import_code_location": [], "spark_session": []}
         results: dict[str, list[dict]] = {job: [] for job in jobs}
         for _ in range(args.repeat):  # interleaved: the machine's drift lands on every job alike

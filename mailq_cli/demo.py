@@ -158,11 +158,9 @@ def _snapshot(settings: Settings) -> tuple[dict[str, dict[str, int]], dict[str, 
         return _queues(live, by_queue), tables
 
 
-def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say) -> dict[str, Any]:
-    """The whole demo on the deployment of `settings`, made by it (`embedded` or `new_deployment`);
-    returns its figures (see `describe`)."""
-    started = time.monotonic()
-    settings = settings.absolute()
+def seed(settings: Settings, mails: int, say: Callable[[str], None] = _say) -> dict[str, Any]:
+    """The demo's first four phases on the deployment of `settings`: the traffic, the mailboxes, the
+    faults and the generations, all that the pipeline then maintains; returns their figures."""
     url = settings.url
     runtime, clock = traffic.open_demo(settings, CONFIGURATION, later=SETTLE)
     place = f"in {settings.data_dir}" if settings.backend == EMBEDDED else f"on {redact(url)}"
@@ -192,6 +190,20 @@ def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say
             + ", ".join(f"rg{g}" for g in generations["eligible"])
         )
         left = runtime.queue(traffic.QUEUE).size()
+    return {
+        **steps,
+        "mailboxes": {**mailboxes, "queue_size_after": left, "details": details},
+        "faults": faults,
+        "generations": generations,
+    }
+
+
+def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say) -> dict[str, Any]:
+    """The whole demo on the deployment of `settings`, made by it (`embedded` or `new_deployment`);
+    returns its figures (see `describe`)."""
+    started = time.monotonic()
+    settings = settings.absolute()
+    seeded = seed(settings, mails, say)
     say(
         f"[5/{PHASES}] pipeline: the GC and the orphan sweep, every maintenance asset in lineage order, "
         "then the queue's overviews, with their checks (Spark starts first)"
@@ -210,13 +222,10 @@ def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say
     counters = assets.get("mailbox_counters", {})
     return {
         "data_dir": str(settings.data_dir) if settings.backend == EMBEDDED else None,
-        "url": redact(url),
+        "url": redact(settings.url),
         "queue": traffic.QUEUE,
         "configuration": traffic.describe_configuration(CONFIGURATION),
-        **steps,
-        "mailboxes": {**mailboxes, "queue_size_after": left, "details": details},
-        "faults": faults,
-        "generations": generations,
+        **seeded,
         "pipeline": pipeline,
         "collected": {
             "blobs": collected.get("deleted_blobs", 0) + orphans.get("deleted_blobs", 0),

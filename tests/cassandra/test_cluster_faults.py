@@ -21,6 +21,8 @@ this module (twelve of the first test, seven of the second):
   done() per run, each a one-line StoreUnavailable chained to the driver's error; no refused mail is
   ever delivered, and enqueues are accepted again 0.4-1.5 s after one node is back, through the same
   runtime, every accepted mail delivered.
+- A busy queue, producers and consumers never stopping while a node is killed and restarted: its counts
+  equal a browse once their bound has passed since the node's return, no idle moment needed.
 """
 
 from __future__ import annotations
@@ -39,10 +41,16 @@ from cassandra import ReadTimeout
 from mailq_runtime import Runtime
 from mailq_runtime.errors import MailqError, StoreUnavailable
 from mailq_runtime.queue import MailQueue
-from mailq_runtime.stores.cassandra import slice_counts
 from mailq_servers.cassandra_cluster import ADDRESSES, CassandraCluster, CassandraClusterServer
 from mailq_servers.s3 import S3Server, remove_bucket
 from mailq_servers.urls import distributed_url
+from tests.runtime.busy_traffic import (
+    BOUND,
+    RECOUNT_INTERVAL,
+    Traffic,
+    assert_traffic_between,
+    shorten_the_bound,
+)
 from tests.runtime.helpers import make_mail
 from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace_name
 
@@ -248,8 +256,9 @@ def _assert_counts_match_browse(queue: MailQueue) -> None:
 
 
 def test_one_node_killed_mid_run_then_restarted_loses_no_mail_and_keeps_counts_exact(
-    url: str,
+    url: str, monkeypatch: pytest.MonkeyPatch
 ):
+    shorten_the_bound(monkeypatch)
     nodes = CassandraCluster()
     # "kept": mails never consumed, which the counters written through the fault must still count.
     with Runtime.open(url, create=True) as runtime, _at_work(runtime, "faults", "kept") as (work, kept):
@@ -295,9 +304,9 @@ def test_one_node_killed_mid_run_then_restarted_loses_no_mail_and_keeps_counts_e
         duplicates = [name for name, times in Counter(work.dequeued).items() if times > 1]
         assert len(duplicates) <= CONSUMERS, f"delivered twice, more than the mails in flight: {duplicates}"
 
-        # Once the counts' bound has passed (docs/distributed.md, "Exact counts"); the consumers have
-        # stopped, so the test runs the recount their schedule runs.
-        time.sleep(slice_counts.EPOCH + slice_counts.SETTLE + 1)
+        # Once the counts' bound (shortened) has passed since the last write (docs/distributed.md, "Exact
+        # counts"); the consumers have stopped, so the test runs the recount their schedule runs.
+        time.sleep(BOUND + 1)
         for queue, expected in ((work.queue, 0), (kept.queue, len(kept.accepted))):
             queue.recount()
             assert queue.size() == expected, _counter_drift(runtime, queue.name)
@@ -354,3 +363,31 @@ def test_two_nodes_down_callers_get_store_unavailable_and_work_resumes_when_one_
         # leaves the mail delivered and marked, and its redelivery is skipped.
         assert set(work.dequeued) >= set(work.accepted), "accepted mails never delivered"
         nodes.start_node(3)
+
+
+def test_a_busy_queue_keeps_exact_counts_through_a_node_killed_and_back(
+    url: str, monkeypatch: pytest.MonkeyPatch
+):
+    """Producers and consumers never stop while node 2 is SIGKILLed and restarted: once the counts' bound
+    (shortened, busy_traffic.py) has passed since the node came back, size(), the overview and the counts
+    by domain equal a browse, with no idle moment for a recount to wait for."""
+    shorten_the_bound(monkeypatch)
+    nodes = CassandraCluster()
+    with Runtime.open(url, create=True) as runtime:
+        traffic = Traffic(runtime, runtime.queue("busy"))
+        try:
+            time.sleep(4)
+            reports = [traffic.check()]
+            nodes.kill(2)
+            time.sleep(10)
+            nodes.start_node(2)
+            back = _wait(lambda: _host(runtime, ADDRESSES[1]).is_up, 60)
+            assert back is not None, "the driver never saw node 2 back"
+            time.sleep(BOUND + 2)
+            reports.append(traffic.check())
+            time.sleep(RECOUNT_INTERVAL + 1)
+            reports.append(traffic.check())
+        finally:
+            traffic.stop()
+    print(reports)
+    assert_traffic_between(reports)
