@@ -19,6 +19,7 @@ from .base import (
     ServerError,
     fresh_log,
     log_contains,
+    port_answers,
     require_program,
     run_logged,
     say,
@@ -365,9 +366,10 @@ class Cassandra(Server):
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
         port = self.ports()["native"]
+        # Cassandra logs the line, then binds the port: a connect in between is refused.
         wait_for(
             "cassandra",
-            lambda: log_contains(self.system_log, listening_line(HOST, port)),
+            lambda: log_contains(self.system_log, listening_line(HOST, port)) and port_answers(port, HOST),
             alive=server.alive,
             logs=[self.system_log, self.stdout_log],
         )
