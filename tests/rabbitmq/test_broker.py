@@ -120,7 +120,13 @@ def test_requeue_gives_the_message_back_with_its_deliveries_counted(brokers: Bro
     assert not broker.extend(delivery, system_clock())
     assert not broker.requeue(delivery)
 
-    again = broker.receive(QUEUE, 0)  # its place again: before the later one
+    # Once RabbitMQ has sent it back (the later one may be here already, prefetched), its place again:
+    # before the later one.
+    deadline = time.monotonic() + 10
+    while ("again", None) not in broker.held(QUEUE):
+        assert time.monotonic() < deadline, broker.held(QUEUE)
+        time.sleep(0.05)
+    again = broker.receive(QUEUE, 0)
     assert (again.enqueue_id, again.attempts) == ("again", 2)
     assert broker.ack(again)
     assert take_all(broker) == ["later"]
