@@ -35,12 +35,6 @@ def shorten_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dequeuer, "RECOUNT_INTERVAL", RECOUNT_INTERVAL)
 
 
-def assert_traffic_between(reports: list[tuple[int, int, str]]) -> None:
-    """Mails enqueued and delivered between every two checks, through whatever fault came between."""
-    for (enqueued, delivered, _), (later_enqueued, later_delivered, _) in itertools.pairwise(reports):
-        assert later_enqueued > enqueued and later_delivered > delivered, reports
-
-
 class Traffic:
     """Producers enqueueing and consumers delivering into a mailbox, the whole time, until `stop`; on
     `pause`, once the calls under way have ended, producers enqueue nothing and consumers hold what they
@@ -137,6 +131,20 @@ class Traffic:
             return self.enqueued, self.delivered, report
         finally:
             self.paused.clear()
+
+    def checked_through(self, fault: Callable[[], None]) -> None:
+        """Exact at once before `fault`, then once the bound has passed after it, and again a recount
+        later, with mails enqueued and delivered between every two checks (their reports printed)."""
+        time.sleep(4)
+        reports = [self.check()]
+        fault()
+        time.sleep(BOUND + 2)
+        reports.append(self.check())
+        time.sleep(RECOUNT_INTERVAL + 1)
+        reports.append(self.check())
+        print(reports)
+        for (enqueued, delivered, _), (later_enqueued, later_delivered, _) in itertools.pairwise(reports):
+            assert later_enqueued > enqueued and later_delivered > delivered, reports
 
     def stop(self) -> None:
         self.stopped.set()
