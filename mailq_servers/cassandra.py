@@ -243,6 +243,12 @@ def listening_line(address: str, port: int) -> str:
     return f"Starting listening for CQL clients on /{address}:{port}"
 
 
+def serves_cql(log: Path, address: str, port: int) -> bool:
+    """The node of `log` says it listens for CQL on `address`:`port`, and the port answers: the line comes
+    just before the socket is bound, and under load a connect right after it was refused."""
+    return log_contains(log, listening_line(address, port)) and port_answers(port, address)
+
+
 @dataclass(frozen=True)
 class CassandraServer:
     """How to reach the node: `Cluster([host], port=port)`, local datacenter `datacenter`; `durable` is
@@ -366,10 +372,9 @@ class Cassandra(Server):
     def wait_ready(self, procs: dict[str, Proc]) -> None:
         server = procs["server"]
         port = self.ports()["native"]
-        # Cassandra logs the line, then binds the port: a connect in between is refused.
         wait_for(
             "cassandra",
-            lambda: log_contains(self.system_log, listening_line(HOST, port)) and port_answers(port, HOST),
+            lambda: serves_cql(self.system_log, HOST, port),
             alive=server.alive,
             logs=[self.system_log, self.stdout_log],
         )

@@ -29,6 +29,7 @@ from .cassandra import (
     cql_round_trip,
     launch_node,
     listening_line,
+    serves_cql,
     write_node_config,
 )
 from .certificates import ClientTls
@@ -188,10 +189,9 @@ class CassandraCluster(Server):
     def _wait_listening(self, node: int, proc: Proc) -> None:
         address, port = self.addresses[node - 1], self.ports()["native"]
         log = self.system_log(node)
-        # The line comes just before the socket is bound: under load a connect right after it was refused.
         wait_for(
             f"cassandra-cluster node {node}",
-            lambda: log_contains(log, listening_line(address, port)) and port_answers(port, address),
+            lambda: serves_cql(log, address, port),
             alive=proc.alive,
             logs=[log, log.with_name("stdout.log")],
         )
