@@ -58,20 +58,36 @@ VISIBILITY_TIMEOUT = "45s"
 CONSUMERS = 2
 
 
+@pytest.fixture(scope="module")
+def deployment(cassandra_cluster: CassandraClusterServer, s3_server: S3Server) -> Iterator[tuple[str, str]]:
+    """A keyspace and a bucket for this module's tests, each test on queues of its own, removed after the
+    last: a keyspace's tables take about 20 s to agree on three nodes, once rather than a test."""
+    keyspace, bucket = fresh_keyspace_name(), fresh_bucket_name()
+    yield keyspace, bucket
+    CassandraCluster().ensure()
+    cluster = cassandra_cluster.cluster()
+    try:
+        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+    finally:
+        cluster.shutdown()
+    remove_bucket(s3_server.client(), bucket)
+
+
 @pytest.fixture
 def url(
     cassandra_cluster: CassandraClusterServer,
     s3_server: S3Server,
+    deployment: tuple[str, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[str]:
-    """A deployment of its own on the cluster (replication 3, LOCAL_QUORUM) with every node up at the
-    start and at the end, removed afterwards."""
+    """The module's deployment on the cluster (replication 3, LOCAL_QUORUM) with a broker of the test's
+    own and every node up at the start and at the end."""
     for variable, value in s3_server.env().items():
         monkeypatch.setenv(variable, value)
     nodes = CassandraCluster()
     nodes.ensure()  # a node an earlier test left down comes back first
-    keyspace, bucket = fresh_keyspace_name(), fresh_bucket_name()
+    keyspace, bucket = deployment
     yield distributed_url(
         cassandra_cluster,
         s3_server,
@@ -83,12 +99,6 @@ def url(
         visibility_timeout=VISIBILITY_TIMEOUT,
     )
     nodes.ensure()
-    cluster = cassandra_cluster.cluster()
-    try:
-        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
-    finally:
-        cluster.shutdown()
-    remove_bucket(s3_server.client(), bucket)
 
 
 @dataclass
