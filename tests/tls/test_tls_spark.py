@@ -67,7 +67,7 @@ def test_the_blob_gc_runs_on_the_cluster_over_tls(
             runtime.generations.rotate()
             runtime.close()
             app = f"mailq-tls-test-{secrets.token_hex(4)}"
-            process = job_process("blob_gc_job", TlsBackend(url), spark_cluster, tmp_path / "outputs", app)
+            process = job_process(("blob_gc_job",), TlsBackend(url), spark_cluster, tmp_path / "outputs", app)
             try:
                 out, err = process.communicate(timeout=800)
             finally:
