@@ -66,6 +66,25 @@ def job_process(
     )
 
 
+def run_jobs(
+    jobs: tuple[str, ...], backend: Backend, cluster: SparkCluster, outputs: Path, app: str
+) -> dict[str, dict]:
+    """Run `jobs` in one job process to the end; every job must succeed. Their assets' figures, merged."""
+    process = job_process(jobs, backend, cluster, outputs, app)
+    try:
+        out, err = process.communicate(timeout=800)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, err[-3000:]
+    assets: dict[str, dict] = {}
+    for line in out.strip().splitlines()[-len(jobs) :]:
+        summary = json.loads(line)
+        assert summary["success"], summary["failures"] or summary["checks"]
+        assets |= summary["assets"]
+    return assets
+
+
 def test_the_gc_and_maintenance_jobs_run_on_the_cluster_and_do_all_their_work(
     backend: Backend, spark_cluster: SparkCluster, tmp_path: Path
 ) -> None:
@@ -96,18 +115,7 @@ def test_the_gc_and_maintenance_jobs_run_on_the_cluster_and_do_all_their_work(
 
     # The GC's destructive steps run only in the GC jobs; maintenance_job holds the rest.
     jobs = ("blob_gc_job", "maintenance_job")
-    process = job_process(jobs, backend, spark_cluster, tmp_path / "outputs", app)
-    try:
-        out, err = process.communicate(timeout=800)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 0, err[-3000:]
-    summaries = [json.loads(line) for line in out.strip().splitlines()[-len(jobs) :]]
-    assets = {}
-    for summary in summaries:
-        assert summary["success"], summary["failures"] or summary["checks"]
-        assets |= summary["assets"]
+    assets = run_jobs(jobs, backend, spark_cluster, tmp_path / "outputs", app)
     assert (assets["collected_blobs"]["concerned_blobs"], assets["collected_blobs"]["deleted_blobs"]) == (
         1,
         1,

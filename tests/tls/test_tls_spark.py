@@ -4,11 +4,9 @@ against the TLS servers, its tasks in the workers' executors, and collects what 
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from mailq_runtime.settings import Settings
 from mailq_servers.s3 import S3Server, remove_bucket
 from mailq_servers.spark import SparkCluster
 from mailq_servers.urls import distributed_url
-from tests.pipeline.test_cluster import applications, job_process
+from tests.pipeline.test_cluster import applications, run_jobs
 from tests.runtime.backends import CassandraS3
 from tests.runtime.helpers import FakeClock
 from tests.servers.fixtures import fresh_bucket_name, fresh_keyspace
@@ -67,16 +65,8 @@ def test_the_blob_gc_runs_on_the_cluster_over_tls(
             runtime.generations.rotate()
             runtime.close()
             app = f"mailq-tls-test-{secrets.token_hex(4)}"
-            process = job_process(("blob_gc_job",), TlsBackend(url), spark_cluster, tmp_path / "outputs", app)
-            try:
-                out, err = process.communicate(timeout=800)
-            finally:
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
-            assert process.returncode == 0, err[-3000:]
-            summary = json.loads(out.strip().splitlines()[-1])
-            assert summary["success"], summary["failures"] or summary["checks"]
-            collected = summary["assets"]["collected_blobs"]
+            assets = run_jobs(("blob_gc_job",), TlsBackend(url), spark_cluster, tmp_path / "outputs", app)
+            collected = assets["collected_blobs"]
             assert (collected["concerned_blobs"], collected["deleted_blobs"]) == (1, 1)
             keys = {
                 entry["Key"]
