@@ -8,8 +8,10 @@
    leaving counters and projection entries for the recomputation to repair;
 4. a second rotation: the traffic's generation rg1 is now two behind the current one, so eligible (n-2);
 5. the maintenance pipeline in Dagster runs, with their checks: blob_gc_and_orphan_sweep_job (the GC's
-   destructive steps run only in their jobs), every asset of maintenance_job, in lineage order, then
-   queue_overview_job and dead_letters_job, so that every asset's page in the UI has a materialisation.
+   destructive steps run only in their jobs), then the operator's path, gc_plan_job and gc_apply_job, on
+   what the GC left (an empty plan, applied as nothing to apply), every asset of maintenance_job, in
+   lineage order, then queue_overview_job and dead_letters_job, so that every asset's page in the UI has
+   a materialisation.
 
 The report says what was collected (blobs, bytes), repaired (counters, projection entries) and cleaned
 (queues). With DAGSTER_HOME set (`make demo` sets it), the run is recorded there for `make ui`.
@@ -50,6 +52,8 @@ PHASES = 5
 # The pipeline's runs, in order: the overviews last, so that they show what the maintenance left.
 DEMO_JOBS = (
     jobs.blob_gc_and_orphan_sweep_job,
+    jobs.gc_plan_job,
+    jobs.gc_apply_job,
     jobs.maintenance_job,
     jobs.queue_overview_job,
     jobs.dead_letters_job,
@@ -205,8 +209,9 @@ def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say
     settings = settings.absolute()
     seeded = seed(settings, mails, say)
     say(
-        f"[5/{PHASES}] pipeline: the GC and the orphan sweep, every maintenance asset in lineage order, "
-        "then the queue's overviews, with their checks (Spark starts first)"
+        f"[5/{PHASES}] pipeline: the GC and the orphan sweep, the GC's plan and its application, every "
+        "maintenance asset in lineage order, then the queue's overviews, with their checks (Spark starts "
+        "first)"
     )
     queues_before, tables_before = _snapshot(settings)
     runs = [run_pipeline(job.name, settings, "demo") for job in DEMO_JOBS]
@@ -218,8 +223,9 @@ def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say
         "runs": runs,
     }
     assets = pipeline["assets"]
+    # The plan, made after the GC, may hold garbage the GC's filter kept back: what it applies is collected.
     collected, orphans = assets.get("collected_blobs", {}), assets.get("orphan_blobs", {})
-    counters = assets.get("mailbox_counters", {})
+    applied, counters = assets.get("applied_gc_plan", {}), assets.get("mailbox_counters", {})
     return {
         "data_dir": str(settings.data_dir) if settings.backend == EMBEDDED else None,
         "url": redact(settings.url),
@@ -228,8 +234,8 @@ def run(settings: Settings, mails: int = 3000, say: Callable[[str], None] = _say
         **seeded,
         "pipeline": pipeline,
         "collected": {
-            "blobs": collected.get("deleted_blobs", 0) + orphans.get("deleted_blobs", 0),
-            "bytes": collected.get("bytes_reclaimed", 0) + orphans.get("bytes_reclaimed", 0),
+            "blobs": sum(each.get("deleted_blobs", 0) for each in (collected, orphans, applied)),
+            "bytes": sum(each.get("bytes_reclaimed", 0) for each in (collected, orphans, applied)),
             "kept_still_referenced": collected.get("kept_still_referenced", 0),
             "kept_by_filter_false_positive": collected.get("kept_by_filter_false_positive", 0),
             "orphans": orphans.get("deleted_blobs", 0),

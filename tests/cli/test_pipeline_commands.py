@@ -377,6 +377,8 @@ def test_demo_end_to_end(tmp_path, capsys):
         "live_reference_filter",
         "collected_blobs",
         "orphan_blobs",
+        "gc_plan",
+        "applied_gc_plan",
         "mailbox_counters",
         "mail_queue_slices",
         "mail_queue_cleanup",
@@ -388,12 +390,16 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert len(pipeline["checks"]) == 6 and all(c["passed"] for c in pipeline["checks"].values())
     assert [run["job"] for run in pipeline["runs"]] == [
         "blob_gc_and_orphan_sweep_job",
+        "gc_plan_job",
+        "gc_apply_job",
         "maintenance_job",
         "queue_overview_job",
         "dead_letters_job",
     ]
     overview = pipeline["assets"]["mail_queue_overview"]
     assert overview["live_mails"] == summary["mailboxes"]["queue_size_after"]
+    plan, applied = pipeline["assets"]["gc_plan"], pipeline["assets"]["applied_gc_plan"]
+    assert applied["deleted_blobs"] == plan["blobs_to_delete"]
     tables = summary["tables"]
     assert tables["after"]["blobs"] == tables["before"]["blobs"] - summary["collected"]["blobs"]
     text = "\n".join(demo.describe(summary))

@@ -179,10 +179,10 @@ def test_a_newcomer_s_walk_after_the_demo(tmp_path: Path, monkeypatch: pytest.Mo
 
     with ui(tmp_path, environment) as base:
         nodes = {"/".join(n["assetKey"]["path"]): n for n in graphql(base, ASSETS)["assetNodes"]}
-        # Every asset's page has data after the demo, the overviews too; none is "Never materialized"
-        # but the dry run and its application, which only an operator launches.
+        # Every asset's page has data after the demo, the overviews and the GC's plan and its application
+        # too: none is "Never materialized".
         never = {name for name, node in nodes.items() if not node["assetMaterializations"]}
-        assert never == {"gc_plan", "applied_gc_plan"}
+        assert never == set()
         # The automation that drives an asset: Dagster's own link for an asset job's sensor, the
         # definition's metadata for the GC's op-based jobs.
         assert [i["name"] for i in nodes["mailbox_counters"]["targetingInstigators"]] == [
