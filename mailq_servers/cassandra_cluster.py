@@ -51,6 +51,8 @@ COUNTER_WRITE_TIMEOUT = "5000ms"
 # Only right while the cluster is empty or restarts on its own data: a node that joins a cluster holding
 # data would serve its token range empty.
 EXTRA_YAML = "auto_bootstrap: false\n"
+# How long a stop waits for a node's own shutdown (it flushes its memtables) before it kills it.
+STOP_WAIT = 120
 
 
 @dataclass(frozen=True)
@@ -258,11 +260,14 @@ class CassandraCluster(Server):
                     )
 
     def shut_down(self, procs: dict[str, Proc]) -> None:
-        # SIGTERM to every node at once, so they stop together rather than one after the other.
+        # SIGTERM to every node at once, so they stop together rather than one after the other, and one
+        # wait for them all: nodes that hang in their shutdown (seen on a loaded machine, none logging it)
+        # cost the wait once, not once a node.
         for proc in procs.values():
             proc.signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT
         for role, proc in procs.items():
-            proc.terminate(f"{self.name} {role}", timeout=120)
+            proc.terminate(f"{self.name} {role}", timeout=max(0.0, deadline - time.monotonic()))
 
     # One node at a time, for fault tests.
 
@@ -280,7 +285,7 @@ class CassandraCluster(Server):
             raise ServerError(f"{self.name} node {node} (pid {proc.pid}) still runs 30 s after SIGKILL")
 
     def stop_node(self, node: int) -> None:
-        self._proc(node).terminate(f"{self.name} node {node}", timeout=120)
+        self._proc(node).terminate(f"{self.name} node {node}", timeout=STOP_WAIT)
 
     def node_up(self, node: int) -> bool:
         """The node's process alive and serving CQL on its address."""

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from mailq_runtime.settings import Settings
-from mailq_servers import deployment
+from mailq_servers import cassandra_cluster, deployment
 from mailq_servers.__main__ import selected
 from mailq_servers.base import Proc, ServerError
 from mailq_servers.cassandra import CassandraServer
+from mailq_servers.cassandra_cluster import CassandraCluster
 from mailq_servers.rabbitmq import RabbitMQ, RabbitMQServer
 from mailq_servers.s3 import S3Endpoint, S3Server
 
@@ -34,6 +35,26 @@ def test_a_zombie_is_not_alive():
     os.kill(child.pid, 0)
     assert not proc.alive()
     child.wait()
+
+
+def test_cluster_nodes_hanging_in_their_shutdown_cost_one_wait_and_are_killed(monkeypatch):
+    monkeypatch.setattr(cassandra_cluster, "STOP_WAIT", 2)
+    # Three nodes that ignore SIGTERM, as Cassandra nodes hanging in their shutdown do.
+    ignoring = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print(flush=True); time.sleep(60)"
+    )
+    children = [subprocess.Popen([sys.executable, "-c", ignoring], stdout=subprocess.PIPE) for _ in range(3)]
+    for child in children:
+        child.stdout.readline()  # SIGTERM is ignored from here on
+    procs = {f"node{n}": Proc.of(child.pid) for n, child in enumerate(children, 1)}
+    started = time.monotonic()
+    CassandraCluster().shut_down(procs)
+    took = time.monotonic() - started
+    assert not any(proc.alive() for proc in procs.values())
+    assert took < 2 * cassandra_cluster.STOP_WAIT, f"one wait for the three, not one a node: {took:.1f} s"
+    for child in children:
+        child.wait()
 
 
 def test_a_port_held_by_another_process_is_refused_with_the_variable_to_change(tmp_path, monkeypatch):
