@@ -9,9 +9,9 @@
 4. a second rotation: the traffic's generation rg1 is now two behind the current one, so eligible (n-2);
 5. the maintenance pipeline in Dagster runs, with their checks: blob_gc_and_orphan_sweep_job (the GC's
    destructive steps run only in their jobs), then the operator's path, gc_plan_job and gc_apply_job, on
-   what the GC left (an empty plan, applied as nothing to apply), every asset of maintenance_job, in
-   lineage order, then queue_overview_job and dead_letters_job, so that every asset's page in the UI has
-   a materialisation.
+   what the GC left (most often an empty plan, applied as nothing to apply), every asset of
+   maintenance_job, in lineage order, then queue_overview_job and dead_letters_job, so that every asset's
+   page in the UI has a materialisation.
 
 The report says what was collected (blobs, bytes), repaired (counters, projection entries) and cleaned
 (queues). With DAGSTER_HOME set (`make demo` sets it), the run is recorded there for `make ui`.
