@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(BIN)/python)
 
-.PHONY: demo demo-distributed demo-hosts test lint setup system-packages ui ui-distributed clean servers servers-down
+.PHONY: demo demo-distributed demo-hosts test lint setup system-packages s3a-jars ui ui-distributed clean servers servers-down
 
 $(BIN)/mailq: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,16 @@ setup: $(BIN)/mailq
 # step; as root, or it prints the command to run with sudo. Nothing else, no test, installs a system package.
 system-packages:
 	@bash mailq_servers/install-system-packages
+
+# The jars of the pipeline's s3a:// outputs (resources/s3a.py), fetched from Maven Central into Spark's Ivy
+# cache once, so that no run or test waits on the download.
+S3A_JARS := $(VENV)/s3a-jars-fetched
+
+$(S3A_JARS): resources/s3a.py $(BIN)/mailq
+	$(BIN)/python -m resources.s3a >$(VENV)/s3a-jars.log 2>&1 || { cat $(VENV)/s3a-jars.log; exit 1; }
+	touch $@
+
+s3a-jars: $(S3A_JARS)
 
 # The demo's runs are recorded in a persistent Dagster instance, which `make ui` opens on the demo's data.
 DAGSTER_DIR := $(abspath .dagster)
@@ -63,7 +73,7 @@ demo-hosts: setup $(DAGSTER_DIR)/dagster.yaml
 # The suite in two processes, then the tests that need the machine to themselves (tests/conftest.py);
 # these run whatever the first part found, and `make test` fails if either part failed. Each part ends with
 # its slowest tests, the figures for keeping .ci/run within its time.
-test: setup system-packages
+test: setup system-packages s3a-jars
 	$(BIN)/pytest -n 2 -m 'not alone' --durations=30; first=$$?; $(BIN)/pytest -m alone --durations=15 && exit $$first
 
 # The real servers of the distributed deployment (mailq_servers), installed into ~/.cache/mailq-servers.

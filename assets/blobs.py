@@ -363,7 +363,7 @@ def _collect(
         context.log.warning(f"could not collect {row['blob_id']}: {row['error']}")
     record_id = new_id(context.run.run_id, now)
     record_run(
-        spark_parquet.base_path,
+        spark_parquet.outputs,
         record_id,
         context.run.run_id,
         None,

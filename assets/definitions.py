@@ -7,10 +7,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from mailq_runtime.errors import InvalidInput
 from mailq_runtime.settings import DEFAULT_URL, EMBEDDED, URL_VARIABLE, Settings
-from resources import MailqRuntime, spark_resource
+from resources import MailqRuntime, s3a, spark_resource
+from resources.outputs import Outputs
 from resources.parquet_io import SparkParquetIOManager
+from resources.spark import spark_config
 
 from . import automation, blobs, gc_plan, jobs, mailboxes, orphan_sweep, queue, queue_overview
 
@@ -33,43 +34,52 @@ ASSETS = [
 ]
 CHECKS = dg.load_asset_checks_from_modules([blobs, gc_plan, mailboxes, orphan_sweep, queue])
 PIPELINE_DIR_VARIABLE = "MAILQ_PIPELINE_DIR"
+PIPELINE_PREFIX = "pipeline"
 
 
 def pipeline_dir(settings: Settings) -> str:
-    """Where the assets' Parquet outputs go: MAILQ_PIPELINE_DIR, else, for the embedded deployment,
-    `<data dir>/pipeline`."""
+    """Where the assets' outputs go: MAILQ_PIPELINE_DIR (a directory, or an s3a:// location), else the
+    embedded deployment's `<data dir>/pipeline`, else `pipeline/` in the distributed deployment's bucket
+    (beside its blobs, under its key prefix: keys no blob has, which the blob store never reads), where a
+    Spark cluster's driver and workers all reach it."""
     configured = os.environ.get(PIPELINE_DIR_VARIABLE)
     if configured:
         return configured
-    if settings.backend != EMBEDDED:
-        raise InvalidInput(
-            f"set {PIPELINE_DIR_VARIABLE} to where the pipeline's outputs go: the deployment of "
-            f"{settings.shown()} has no data dir of its own"
-        )
-    return str(Path(settings.data_dir, "pipeline").resolve())
+    if settings.backend == EMBEDDED:
+        return str(Path(settings.data_dir, PIPELINE_PREFIX).resolve())
+    assert settings.s3 is not None  # a distributed deployment keeps its content in a bucket
+    return f"{s3a.SCHEME}{settings.s3.bucket}/{settings.s3.prefix}{PIPELINE_PREFIX}"
+
+
+def outputs(settings: Settings) -> Outputs:
+    return Outputs.of(pipeline_dir(settings), settings)
 
 
 def build_resources(url: str | dg.EnvVar, data_dir_url: str) -> dict:
-    """The resources of every asset: the runtime at `url`, Spark, and the Parquet hand-over."""
-    pyspark = spark_resource()
+    """The resources of every asset: the runtime at `url`, Spark, and the Parquet hand-over. Their place
+    is not checked here: a place the deployment cannot hold fails the runs that use it, while the code
+    location loads."""
+    settings = Settings.from_url(data_dir_url)
+    place = Outputs(pipeline_dir(settings), settings.s3, settings.tls_files.ca)
+    pyspark = spark_resource(place)
+    mailq = MailqRuntime(url=url)
     return {
-        "mailq": MailqRuntime(url=url),
+        "mailq": mailq,
         "pyspark": pyspark,
-        "spark_parquet": SparkParquetIOManager(
-            base_path=pipeline_dir(Settings.from_url(data_dir_url)), pyspark=pyspark
-        ),
+        "spark_parquet": SparkParquetIOManager(base_path=place.base, pyspark=pyspark, mailq=mailq),
     }
 
 
 def resources_config(url: str) -> dict:
     """Run config that points a run of this code location at the runtime of `url`, whatever MAILQ_URL
     the location was loaded with: a command-line run carries its store in its config, so a re-execution
-    from the UI acts on the same store."""
-    settings = Settings.from_url(url)  # a bad URL is refused whether or not the variable is set
+    from the UI acts on the same store, with the Spark settings its outputs' place needs (none secret)."""
+    place = outputs(Settings.from_url(url))  # a bad URL is refused whether or not the variable is set
     return {
         "resources": {
             "mailq": {"config": {"url": url}},
-            "spark_parquet": {"config": {"base_path": pipeline_dir(settings)}},
+            "pyspark": {"config": {"spark_config": spark_config(outputs=place)}},
+            "spark_parquet": {"config": {"base_path": place.base}},
         }
     }
 

@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mailq_runtime.settings import Settings
+from resources.outputs import Outputs
 
 from .gc_records import RUNS
 from .gc_records import path as records_path
@@ -153,7 +154,7 @@ def mark(
 
 
 def record_run(
-    base: str, record_id: str, run_id: str, plan_id: str | None, now: int, outcomes: DataFrame
+    outputs: Outputs, record_id: str, run_id: str, plan_id: str | None, now: int, outcomes: DataFrame
 ) -> None:
     """Write what a run did with each blob (outcomes: blob_id, generation, outcome, detail, bytes)."""
     outcomes.select(
@@ -166,7 +167,7 @@ def record_run(
         "detail",
         "bytes",
         F.lit(now).cast("long").alias("at"),
-    ).write.mode("errorifexists").parquet(records_path(base, RUNS, record_id))
+    ).write.mode("errorifexists").parquet(records_path(outputs, RUNS, record_id))
 
 
 def collect_totals(collected: DataFrame):

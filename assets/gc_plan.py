@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from resources import MailqRuntime
+from resources.outputs import Outputs
 from resources.parquet_io import SparkParquetIOManager
 
 from . import blobs, gc_records, reported
@@ -100,7 +101,7 @@ def gc_plan(
             )
         )
         marked.live.unpersist()
-    where = gc_records.path(spark_parquet.base_path, gc_records.PLANS, plan_id)
+    where = gc_records.path(spark_parquet.outputs, gc_records.PLANS, plan_id)
     planned.write.mode("errorifexists").parquet(where)
     planned = spark.read.parquet(where)  # what the plan holds, not a second mark
     per_generation = (
@@ -209,8 +210,8 @@ def applied_gc_plan(
     spark_parquet: dg.ResourceParam[SparkParquetIOManager],
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
     """Apply a plan (APPLIED_GC_PLAN), then check that no blob it deleted has a reference."""
-    base = spark_parquet.base_path
-    plan_id, nothing = _chosen_plan(config.plan_id, base)
+    outputs = spark_parquet.outputs
+    plan_id, nothing = _chosen_plan(config.plan_id, outputs)
     if nothing:
         # Nothing to apply is news, not a failure: the run succeeds and says so, with zeros.
         yield dg.AssetMaterialization(
@@ -224,7 +225,7 @@ def applied_gc_plan(
         return
     spark = pyspark.spark_session
     now = mailq.runtime.clock()
-    plan = spark.read.parquet(gc_records.path(base, gc_records.PLANS, plan_id))
+    plan = spark.read.parquet(gc_records.path(outputs, gc_records.PLANS, plan_id))
     planned = plan.select("blob_id", "generation", "found_by").cache()
     current = mailq.runtime.generations.current()
     rows = lookup_rows(planned, mailq.settings)
@@ -235,9 +236,9 @@ def applied_gc_plan(
     collected = collect_blobs(approved, mailq.settings, dry_run=False)
     outcomes = _apply_outcomes(planned, rows, present, eligible, looked, collected)
     record_id = gc_records.new_id(context.run.run_id, now)
-    record_run(base, record_id, context.run.run_id, plan_id, now, outcomes)
+    record_run(outputs, record_id, context.run.run_id, plan_id, now, outcomes)
     written = spark.read.schema(gc_records.RUN_SCHEMA).parquet(
-        gc_records.path(base, gc_records.RUNS, record_id)
+        gc_records.path(outputs, gc_records.RUNS, record_id)
     )
     counts = {r["outcome"]: (r["blobs"], r["bytes"] or 0) for r in _by_outcome(written)}
     deleted, reclaimed = counts.pop(gc_records.DELETED, (0, 0))
@@ -271,27 +272,27 @@ def applied_gc_plan(
     )
 
 
-def _chosen_plan(configured: str | None, base: str) -> tuple[str, str]:
+def _chosen_plan(configured: str | None, outputs: Outputs) -> tuple[str, str]:
     """The plan a run applies and "", or the newest plan and why there is nothing to apply: the plan its
     config names, which must exist; else the newest plan with blobs that is not applied yet, unless the
     newest plan holds none. With no plan at all to choose from, the run fails, naming the job that
     makes one."""
     if configured is not None:
         plan_id = gc_records.check_plan_id(configured)
-        if not gc_records.exists(base, gc_records.PLANS, plan_id):
+        if not gc_records.exists(outputs, gc_records.PLANS, plan_id):
             raise dg.Failure(
-                f"unknown GC plan {plan_id}: none at {gc_records.path(base, gc_records.PLANS, plan_id)}"
+                f"unknown GC plan {plan_id}: none at {gc_records.path(outputs, gc_records.PLANS, plan_id)}"
             )
         return plan_id, ""
-    newest = gc_records.newest_plan(base)
+    newest = gc_records.newest_plan(outputs)
     if newest is None:
         raise dg.Failure(
-            f"no GC plan to apply: none under {base}/{gc_records.PLANS} yet (gc_plan_job, or `mailq gc "
-            "--dry-run`, makes one)"
+            f"no GC plan to apply: none under {outputs.path(gc_records.PLANS)} yet (gc_plan_job, or "
+            "`mailq gc --dry-run`, makes one)"
         )
     if not newest[1]:
         return newest[0], f"the newest plan, {newest[0]}, holds no blob: nothing to apply"
-    unapplied = gc_records.newest_unapplied_plan(base)
+    unapplied = gc_records.newest_unapplied_plan(outputs)
     if unapplied is None:
         return newest[0], f"every plan with blobs is applied, the newest, {newest[0]}, too: nothing to apply"
     return unapplied, ""

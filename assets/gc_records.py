@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 
 from mailq_runtime.clock import to_datetime
 from mailq_runtime.errors import InvalidInput, shown
-from resources.parquet_io import filesystem
+from resources.outputs import Outputs
 
 PLANS = "gc_plans"
 RUNS = "gc_runs"
@@ -64,70 +64,70 @@ def check_plan_id(text: str) -> str:
     return text
 
 
-def path(base: str, kind: str, record_id: str) -> str:
-    return f"{base.rstrip('/')}/{kind}/{record_id}"
+def path(outputs: Outputs, kind: str, record_id: str) -> str:
+    return outputs.path(kind, record_id)
 
 
-def exists(base: str, kind: str, record_id: str) -> bool:
+def exists(outputs: Outputs, kind: str, record_id: str) -> bool:
     """Whether the record was written whole: Spark's _SUCCESS marks a committed write."""
-    fs, where = filesystem(path(base, kind, record_id) + "/_SUCCESS")
+    fs, where = outputs.filesystem(path(outputs, kind, record_id) + "/_SUCCESS")
     return fs.get_file_info(where).type == pafs.FileType.File
 
 
-def _ids(base: str, kind: str) -> list[str]:
-    fs, where = filesystem(f"{base.rstrip('/')}/{kind}")
+def _ids(outputs: Outputs, kind: str) -> list[str]:
+    fs, where = outputs.filesystem(outputs.path(kind))
     if fs.get_file_info(where).type != pafs.FileType.Directory:
         return []
     entries = fs.get_file_info(pafs.FileSelector(where))
     return [e.base_name for e in entries if e.type == pafs.FileType.Directory and _ID.fullmatch(e.base_name)]
 
 
-def _dataset(base: str, kind: str, record_id: str) -> ds.Dataset | None:
+def _dataset(outputs: Outputs, kind: str, record_id: str) -> ds.Dataset | None:
     """A whole record as a pyarrow dataset; None for one not written whole, or with no part file (Spark
     may write none for an empty one)."""
-    if not exists(base, kind, record_id):
+    if not exists(outputs, kind, record_id):
         return None
-    fs, where = filesystem(path(base, kind, record_id))
+    fs, where = outputs.filesystem(path(outputs, kind, record_id))
     dataset = ds.dataset(where, filesystem=fs, format="parquet")
     return dataset if "blob_id" in dataset.schema.names else None
 
 
-def newest_plan(base: str) -> tuple[str, int] | None:
+def newest_plan(outputs: Outputs) -> tuple[str, int] | None:
     """The newest plan written whole and how many blobs it holds; None when there is none."""
-    for plan_id in sorted(_ids(base, PLANS), reverse=True):
-        if exists(base, PLANS, plan_id):
-            dataset = _dataset(base, PLANS, plan_id)
+    for plan_id in sorted(_ids(outputs, PLANS), reverse=True):
+        if exists(outputs, PLANS, plan_id):
+            dataset = _dataset(outputs, PLANS, plan_id)
             return plan_id, 0 if dataset is None else dataset.count_rows()
     return None
 
 
-def newest_unapplied_plan(base: str) -> str | None:
+def newest_unapplied_plan(outputs: Outputs) -> str | None:
     """The newest plan with blobs that no application has recorded: what gc_apply_job applies when its
     config names none. Every blob of an applied plan has a row in the application's record, so a record
     of a plan with blobs is never empty."""
     applied = set()
-    for record_id in _ids(base, RUNS):
-        dataset = _dataset(base, RUNS, record_id)
+    for record_id in _ids(outputs, RUNS):
+        dataset = _dataset(outputs, RUNS, record_id)
         if dataset is not None:
             applied.update(dataset.to_table(columns=["plan_id"]).column("plan_id").unique().to_pylist())
-    for plan_id in sorted(_ids(base, PLANS), reverse=True):
-        dataset = _dataset(base, PLANS, plan_id)
+    for plan_id in sorted(_ids(outputs, PLANS), reverse=True):
+        dataset = _dataset(outputs, PLANS, plan_id)
         if plan_id not in applied and dataset is not None and dataset.count_rows():
             return plan_id
     return None
 
 
-def latest_about(base: str, blob_id: str) -> tuple[str, dict] | None:
+def latest_about(outputs: Outputs, blob_id: str) -> tuple[str, dict] | None:
     """The newest plan or run record that names the blob: (PLANS or RUNS, its row), or None. Records are
     read newest first, each by its blob_id column, until one names it. A record that found the blob gone
     already (a plan applied twice) says less than the one that deleted it: the search goes on past it,
     and returns it only when no older record names the blob."""
     found = sorted(
-        ((record_id, kind) for kind in (PLANS, RUNS) for record_id in _ids(base, kind)), reverse=True
+        ((record_id, kind) for kind in (PLANS, RUNS) for record_id in _ids(outputs, kind)), reverse=True
     )
     gone = None
     for record_id, kind in found:
-        dataset = _dataset(base, kind, record_id)
+        dataset = _dataset(outputs, kind, record_id)
         if dataset is None:
             continue
         rows = dataset.to_table(filter=ds.field("blob_id") == blob_id)

@@ -74,7 +74,7 @@ def no_live_blob_in_latest_record(
     deleted = pyspark.spark_session.createDataFrame([], "blob_id string, generation long")
     if "record_id" in metadata:
         record = pyspark.spark_session.read.schema(gc_records.RUN_SCHEMA).parquet(
-            gc_records.path(spark_parquet.base_path, gc_records.RUNS, metadata["record_id"].value)
+            gc_records.path(spark_parquet.outputs, gc_records.RUNS, metadata["record_id"].value)
         )
         deleted = record.where(F.col("outcome") == gc_records.DELETED)
     return no_live_blob_among(deleted, mailq.settings)

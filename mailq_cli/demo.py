@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from assets import jobs
-from assets.definitions import pipeline_dir
+from assets.definitions import outputs
 from mailq_demo import traffic
 from mailq_demo.mailboxes import deliver_and_maintain, inject_counter_faults
 from mailq_runtime.clock import MICROS_PER_SECOND, to_datetime
@@ -92,11 +92,11 @@ def embedded(data_dir: Path, mails: int) -> Settings:
 def new_deployment(url: str, mails: int) -> Settings:
     """The deployment of `url`, which the demo makes: refused, before anything is written, when it holds
     a store already (a keyspace, a data dir, an embedded broker's directory) or its bucket holds content
-    under its prefix, whose owner's blobs the orphan sweep would delete. The pipeline's outputs need a
-    place: MAILQ_PIPELINE_DIR for a deployment without a data dir."""
+    under its prefix, whose owner's blobs the orphan sweep would delete, or when MAILQ_PIPELINE_DIR names
+    an object store the deployment has not."""
     traffic.check_size(mails)
     settings = Settings.from_url(url).absolute()
-    pipeline_dir(settings)
+    outputs(settings)
     try:
         Runtime(settings).close()
     except NoStore:

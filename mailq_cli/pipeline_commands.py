@@ -38,10 +38,10 @@ def _gc(args: argparse.Namespace) -> Report:
             raise InvalidInput("gc --apply takes no other option: the plan says what to delete")
         # Refused here, before Spark starts, as the asset would refuse it.
         plan_id = gc_records.check_plan_id(args.apply)
-        base = definitions.pipeline_dir(settings)
-        if not gc_records.exists(base, gc_records.PLANS, plan_id):
+        outputs = definitions.outputs(settings)
+        if not gc_records.exists(outputs, gc_records.PLANS, plan_id):
             raise InvalidInput(
-                f"unknown GC plan {plan_id}: none at {gc_records.path(base, gc_records.PLANS, plan_id)}"
+                f"unknown GC plan {plan_id}: none at {gc_records.path(outputs, gc_records.PLANS, plan_id)}"
             )
         ops: dict[str, Any] = {"applied_gc_plan": {"config": {"plan_id": plan_id}}}
         return report(run_pipeline(jobs.gc_apply_job.name, settings, "gc --apply", {"ops": ops}))
@@ -85,7 +85,7 @@ def _blobs_explain(args: argparse.Namespace) -> Report:
     settings = pipeline_settings(args.url)
     with Runtime(settings) as runtime:
         facts = runtime.blobs.explain(args.blob_id)
-    last = gc_records.latest_about(definitions.pipeline_dir(settings), str(facts.blob_id))
+    last = gc_records.latest_about(definitions.outputs(settings), str(facts.blob_id))
     data = {
         "blob_id": str(facts.blob_id),
         "generation": facts.blob_id.generation,

@@ -6,7 +6,7 @@ all go to the instance, so the UI shows the runs."""
 import os
 import time
 
-from assets import runner
+from assets import definitions, runner
 from mailq_runtime.deployments import build
 from mailq_runtime.errors import InvalidInput, shown
 from mailq_runtime.settings import Settings
@@ -37,6 +37,8 @@ def run_pipeline(job: str, settings: Settings, command: str, run_config: dict | 
     """Run the code location's job named `job` on the store of `settings` and return `runner.summarise`'s
     figures, with the job's name, the run's duration and where it was recorded."""
     check_dagster_home()
+    # A place of the outputs that cannot be written is one line too, before Spark starts.
+    definitions.outputs(settings).check_writable()
     started = time.monotonic()
     result = runner.run_job(
         job, settings.url, {**runner.QUIET_CONSOLE, **(run_config or {})}, command=command

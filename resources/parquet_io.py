@@ -1,39 +1,40 @@
-"""Hands the assets' outputs to each other under one base path (MAILQ_PIPELINE_DIR): a Spark DataFrame as
+"""Hands the assets' outputs to each other under one base path (outputs.py): a Spark DataFrame as
 Parquet, so each output is data a person can inspect and a downstream asset (or a rerun of one) reads
 without recomputing the upstream work; a plain value (reference_generations' generations) as JSON."""
 
 import json
 import os
-import re
-from pathlib import Path
 
 import dagster as dg
 import pyarrow.fs as pafs
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 
-
-def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    """pyarrow's file system of a path or URI; Hadoop's s3a:// is S3 to pyarrow."""
-    if "://" not in location:
-        return pafs.LocalFileSystem(), location
-    return pafs.FileSystem.from_uri(re.sub(r"^s3a://", "s3://", location))
-
+from .outputs import Outputs
+from .runtime import MailqRuntime
 
 STORED_AS = "stored_as"
 
 
 class SparkParquetIOManager(dg.ConfigurableIOManager):
-    base_path: str = os.path.abspath(".mailq/pipeline")
+    """Outputs under `base_path`, a directory or an s3a:// location of the deployment's object store,
+    which `mailq`'s settings say how to reach."""
+
+    base_path: str
     pyspark: dg.ResourceDependency[LazyPySparkResource]
+    mailq: dg.ResourceDependency[MailqRuntime]
+
+    @property
+    def outputs(self) -> Outputs:
+        return Outputs.of(self.base_path, self.mailq.settings)
 
     def _path(self, context: dg.OutputContext | dg.InputContext) -> str:
         if context.has_asset_key:
-            return str(Path(self.base_path, *context.asset_key.path))
+            return self.outputs.path(*context.asset_key.path)
         # An op of an op-based job (jobs.py) that runs an asset's computation stores its output where
         # the asset's goes: its Out names the asset (`stored_as`).
         output = context if isinstance(context, dg.OutputContext) else context.upstream_output
-        return str(Path(self.base_path, output.definition_metadata[STORED_AS]))
+        return self.outputs.path(output.definition_metadata[STORED_AS])
 
     def handle_output(self, context: dg.OutputContext, obj: DataFrame | dict) -> None:
         path = self._path(context)
@@ -41,22 +42,22 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             obj.write.mode("overwrite").parquet(path)
         else:
             # Written without Spark: an asset with no Spark work never starts a session.
-            _write_private(path + ".json", json.dumps(obj).encode())
+            _write_private(self.outputs, path + ".json", json.dumps(obj).encode())
         context.add_output_metadata({"path": dg.MetadataValue.path(path)})
 
     def load_input(self, context: dg.InputContext) -> DataFrame | dict:
         path = self._path(context)
         if context.dagster_type.typing_type is dict:
-            fs, where = filesystem(path + ".json")
+            fs, where = self.outputs.filesystem(path + ".json")
             with fs.open_input_stream(where) as stream:
                 return json.loads(stream.read())
         return self.pyspark.spark_session.read.parquet(path)
 
 
-def _write_private(path: str, data: bytes) -> None:
+def _write_private(outputs: Outputs, path: str, data: bytes) -> None:
     """Private to its owner whatever the umask, as Spark's outputs are (resources/spark.py); object storage
     has no modes."""
-    fs, where = filesystem(path)
+    fs, where = outputs.filesystem(path)
     if not isinstance(fs, pafs.LocalFileSystem):
         with fs.open_output_stream(where) as stream:
             stream.write(data)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from mailq_runtime.faults import AFTER_PROJECTION, InjectedFault
+from mailq_runtime.settings import Settings
 from mailq_servers.spark import SparkCluster
 from tests.runtime.backends import Backend
 from tests.runtime.helpers import FakeClock, make_mail
@@ -44,18 +45,22 @@ def applications(cluster: SparkCluster) -> dict[str, list[dict]]:
 
 
 def job_process(
-    jobs: tuple[str, ...], backend: Backend, cluster: SparkCluster, outputs: Path, app: str
+    jobs: tuple[str, ...], backend: Backend, cluster: SparkCluster, outputs: Path | None, app: str
 ) -> subprocess.Popen:
+    """The jobs' process; their outputs in the directory `outputs`, or with None where the deployment
+    keeps them by default: its bucket, through s3a."""
     env = {
         **os.environ,
         **cluster.env(),
-        "MAILQ_PIPELINE_DIR": str(outputs),
         # Any settings the caller's environment gives, then the application's name.
         "MAILQ_SPARK_CONF": ",".join(
             filter(None, (os.environ.get("MAILQ_SPARK_CONF"), f"spark.app.name={app}"))
         ),
     }
     env.pop("DAGSTER_HOME", None)
+    env.pop("MAILQ_PIPELINE_DIR", None)
+    if outputs is not None:
+        env["MAILQ_PIPELINE_DIR"] = str(outputs)
     return subprocess.Popen(
         [sys.executable, "-c", RUN_JOBS, backend.url(), *jobs],
         env=env,
@@ -67,7 +72,7 @@ def job_process(
 
 
 def run_jobs(
-    jobs: tuple[str, ...], backend: Backend, cluster: SparkCluster, outputs: Path, app: str
+    jobs: tuple[str, ...], backend: Backend, cluster: SparkCluster, outputs: Path | None, app: str
 ) -> dict[str, dict]:
     """Run `jobs` in one job process to the end; every job must succeed. Their assets' figures, merged."""
     process = job_process(jobs, backend, cluster, outputs, app)
@@ -113,9 +118,10 @@ def test_the_gc_and_maintenance_jobs_run_on_the_cluster_and_do_all_their_work(
     runtime.close()
     app = f"mailq-test-{secrets.token_hex(4)}"
 
-    # The GC's destructive steps run only in the GC jobs; maintenance_job holds the rest.
+    # The GC's destructive steps run only in the GC jobs; maintenance_job holds the rest. Their outputs
+    # go to the deployment's bucket: the executors and the driver share no disk.
     jobs = ("blob_gc_job", "maintenance_job")
-    assets = run_jobs(jobs, backend, spark_cluster, tmp_path / "outputs", app)
+    assets = run_jobs(jobs, backend, spark_cluster, None, app)
     assert (assets["collected_blobs"]["concerned_blobs"], assets["collected_blobs"]["deleted_blobs"]) == (
         1,
         1,
@@ -129,6 +135,12 @@ def test_the_gc_and_maintenance_jobs_run_on_the_cluster_and_do_all_their_work(
     # Both ran on the cluster, in the process's one application, with both workers' cores.
     ran = [a["cores"] for a in applications(spark_cluster)["completed"] if a["name"] == app]
     assert ran == [spark_cluster.cores]
+    s3 = Settings.from_url(backend.url()).s3
+    assert s3 is not None
+    listed = backend.servers.s3.list_objects_v2(Bucket=s3.bucket, Prefix=f"{s3.prefix}pipeline/")
+    written = {item["Key"].removeprefix(f"{s3.prefix}pipeline/") for item in listed.get("Contents", ())}
+    assert {"reference_generations.json", "deletion_sets/_SUCCESS", "mail_queue_slices/_SUCCESS"} <= written
+    assert any(key.startswith("gc_runs/") and key.endswith("/_SUCCESS") for key in written)
 
 
 def test_cancelling_a_run_stops_its_spark_application(
