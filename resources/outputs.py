@@ -7,6 +7,7 @@ with boto3, reaching the object store as the deployment does."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ class Outputs:
         bucket, _, key = location[len(s3a.SCHEME) :].partition("/")
         return bucket, key
 
-    def _s3(self, done: str, call: Any) -> Any:
+    def _s3(self, done: str, call: Callable[[Any], Any]) -> Any:
         """`call` on a client of the deployment's object store; its failure as StoreUnusable naming the
         place. No checksum is sent unless the request needs one: versitygw misreads the SDK's default."""
         assert self.s3 is not None  # `of` refuses an s3a:// base without an object store
