@@ -28,6 +28,9 @@ from pathlib import Path
 from .base import Place, ServerError, say
 
 BRIDGE = "mailq-bed0"
+#: How long a link plugged back may take to forward (`link_up`), and the bridge port state that does.
+LINK_UP_SECONDS = 30
+BRIDGE_PORT_FORWARDING = "3"
 #: The bed's private range: on the bridge only.
 NETWORK_PREFIX = "10.213.0."
 PREFIX_LENGTH = 24
@@ -181,4 +184,24 @@ def link_down(host: Host) -> None:
 
 
 def link_up(host: Host) -> None:
+    """Plug the host back, and return once its link carries traffic: the kernel brings a bridge port
+    back to forwarding from a work queue of its own, which a loaded machine runs seconds late."""
     _ip("link", "set", host.link, "up")
+    port = Path("/sys/class/net", host.link)
+    deadline = time.monotonic() + LINK_UP_SECONDS
+    while not _forwarding(host, port):
+        if time.monotonic() > deadline:
+            raise ServerError(
+                f"host {host.name}: its link {host.link} did not forward within {LINK_UP_SECONDS} s"
+            )
+        time.sleep(0.05)
+
+
+def _forwarding(host: Host, port: Path) -> bool:
+    """Both ends of the host's link up (its eth0 in its namespace too), and the bridge's port forwarding."""
+    inside = _ip("-n", host.namespace, "-o", "link", "show", "eth0").stdout
+    return (
+        (port / "operstate").read_text().strip() == "up"
+        and (port / "brport" / "state").read_text().strip() == BRIDGE_PORT_FORWARDING
+        and "state UP" in inside
+    )
