@@ -58,13 +58,11 @@ demo-distributed: setup s3a-jars $(DAGSTER_DIR)/dagster.yaml
 
 # The same demo on the host bed (docs/hosts.md): the servers on hosts of their own (network namespaces,
 # as root), `mailq demo` run on the bed's driver host, the pipeline on the bed's Spark cluster (workers on
-# the three server hosts). Its outputs go under $(HOSTS_DIR), which every host sees: the pipeline's
-# shared disk.
+# the three server hosts). Its outputs go to the deployment's bucket on the objects host, through s3a.
 HOSTS_DIR := $(abspath .mailq-demo-hosts)
 
 demo-hosts: export DAGSTER_HOME := $(DAGSTER_DIR)
-demo-hosts: export MAILQ_PIPELINE_DIR := $(HOSTS_DIR)/pipeline
-demo-hosts: setup $(DAGSTER_DIR)/dagster.yaml
+demo-hosts: setup s3a-jars $(DAGSTER_DIR)/dagster.yaml
 	$(BIN)/python -m mailq_servers up hosts
 	$(BIN)/python -m mailq_servers deployment --hosts $(HOSTS_DIR)
 	$(BIN)/python -m mailq_servers on driver $(abspath $(BIN)/mailq) --url "$$(cat $(HOSTS_DIR)/url)" demo $(DEMO_OPTIONS)
