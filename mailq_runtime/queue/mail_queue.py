@@ -32,6 +32,8 @@ class MailQueue:
         self.backends = backends
         self.name = context.name
         self.clock = context.clock
+        self.configuration = context.configuration
+        self.configurations = context.configurations
         self.max_message_size = context.max_message_size
         b = backends
         self.clean_up = ContentCleanUp(

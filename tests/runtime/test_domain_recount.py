@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mailq_runtime.queue import MailQueue, destinations
-from mailq_runtime.queue.backends.destinations import slot_of
+from mailq_runtime.queue.destinations import slot_of
 from mailq_runtime.stores.records import DestinationCount
 
 from .conftest import QUEUE
