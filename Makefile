@@ -45,14 +45,13 @@ demo: setup $(DAGSTER_DIR)/dagster.yaml
 
 # The same demo on the harness's servers: Cassandra, S3 and RabbitMQ, the pipeline on its Spark cluster.
 # Each run replaces the previous one's keyspace, bucket and vhost, named in $(DISTRIBUTED_DIR)/url, and
-# keeps its own for `make ui-distributed`; the pipeline's outputs go under that directory, which the
-# cluster's workers share with the driver on this machine.
+# keeps its own for `make ui-distributed`; the pipeline's outputs go to the deployment's bucket through s3a,
+# where the cluster's workers and the driver reach them without a shared disk.
 DISTRIBUTED_DIR := $(abspath .mailq-demo-distributed)
 SERVERS_ENV = eval "$$($(BIN)/python -m mailq_servers env)"
 
 demo-distributed: export DAGSTER_HOME := $(DAGSTER_DIR)
-demo-distributed: export MAILQ_PIPELINE_DIR := $(DISTRIBUTED_DIR)/pipeline
-demo-distributed: setup $(DAGSTER_DIR)/dagster.yaml
+demo-distributed: setup s3a-jars $(DAGSTER_DIR)/dagster.yaml
 	$(BIN)/python -m mailq_servers up
 	$(BIN)/python -m mailq_servers deployment $(DISTRIBUTED_DIR)
 	$(SERVERS_ENV) && $(BIN)/mailq --url "$$(cat $(DISTRIBUTED_DIR)/url)" demo $(DEMO_OPTIONS)
@@ -96,8 +95,7 @@ ui: setup $(DAGSTER_DIR)/dagster.yaml
 	$(BIN)/python -m mailq_demo.ui -w workspace.yaml -h 127.0.0.1
 
 ui-distributed: export DAGSTER_HOME := $(DAGSTER_DIR)
-ui-distributed: export MAILQ_PIPELINE_DIR := $(DISTRIBUTED_DIR)/pipeline
-ui-distributed: setup $(DAGSTER_DIR)/dagster.yaml
+ui-distributed: setup s3a-jars $(DAGSTER_DIR)/dagster.yaml
 	@test -f $(DISTRIBUTED_DIR)/url || { echo "no distributed demo: run 'make demo-distributed' first" >&2; exit 1; }
 	$(BIN)/python -m mailq_servers up
 	$(SERVERS_ENV) && MAILQ_URL="$$(cat $(DISTRIBUTED_DIR)/url)" $(BIN)/python -m mailq_demo.ui -w workspace.yaml -h 127.0.0.1

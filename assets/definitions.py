@@ -62,11 +62,10 @@ def build_resources(url: str | dg.EnvVar, data_dir_url: str) -> dict:
     settings = Settings.from_url(data_dir_url)
     place = Outputs(pipeline_dir(settings), settings.s3, settings.tls_files.ca)
     pyspark = spark_resource(place)
-    mailq = MailqRuntime(url=url)
     return {
-        "mailq": mailq,
+        "mailq": MailqRuntime(url=url),
         "pyspark": pyspark,
-        "spark_parquet": SparkParquetIOManager(base_path=place.base, pyspark=pyspark, mailq=mailq),
+        "spark_parquet": SparkParquetIOManager(base_path=place.base, url=url, pyspark=pyspark),
     }
 
 
@@ -79,7 +78,7 @@ def resources_config(url: str) -> dict:
         "resources": {
             "mailq": {"config": {"url": url}},
             "pyspark": {"config": {"spark_config": spark_config(outputs=place)}},
-            "spark_parquet": {"config": {"base_path": place.base}},
+            "spark_parquet": {"config": {"base_path": place.base, "url": url}},
         }
     }
 

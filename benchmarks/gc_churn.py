@@ -45,11 +45,10 @@ FIGURES = {
 
 def gc_run(url: str, outputs: Path) -> tuple[float, dict]:
     pyspark = LazyPySparkResource(spark_config={"spark.master": "local[2]"})
-    mailq = MailqRuntime(url=url)
     resources = {
-        "mailq": mailq,
+        "mailq": MailqRuntime(url=url),
         "pyspark": pyspark,
-        "spark_parquet": SparkParquetIOManager(base_path=str(outputs), pyspark=pyspark, mailq=mailq),
+        "spark_parquet": SparkParquetIOManager(base_path=str(outputs), url=url, pyspark=pyspark),
     }
     started = time.perf_counter()
     result = jobs.blob_gc_job.execute_in_process(resources=resources)

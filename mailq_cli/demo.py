@@ -270,8 +270,8 @@ def _ui(summary: dict[str, Any]) -> str:
     if summary["data_dir"] is not None:
         return "make ui"
     return (
-        "make ui-distributed (or dagster dev -w workspace.yaml with this run's MAILQ_URL and "
-        "MAILQ_PIPELINE_DIR)"
+        "make ui-distributed (or dagster dev -w workspace.yaml with this run's MAILQ_URL, and its "
+        "MAILQ_PIPELINE_DIR if it had one)"
     )
 
 

@@ -10,23 +10,24 @@ import pyarrow.fs as pafs
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 
+from mailq_runtime.settings import DEFAULT_URL, Settings
+
 from .outputs import Outputs
-from .runtime import MailqRuntime
 
 STORED_AS = "stored_as"
 
 
 class SparkParquetIOManager(dg.ConfigurableIOManager):
-    """Outputs under `base_path`, a directory or an s3a:// location of the deployment's object store,
-    which `mailq`'s settings say how to reach."""
+    """Outputs under `base_path`, a directory or an s3a:// location of the object store of the
+    deployment at `url` (the runtime's URL: its settings say how to reach the store; nothing is opened)."""
 
     base_path: str
+    url: str = DEFAULT_URL
     pyspark: dg.ResourceDependency[LazyPySparkResource]
-    mailq: dg.ResourceDependency[MailqRuntime]
 
     @property
     def outputs(self) -> Outputs:
-        return Outputs.of(self.base_path, self.mailq.settings)
+        return Outputs.of(self.base_path, Settings.from_url(self.url))
 
     def _path(self, context: dg.OutputContext | dg.InputContext) -> str:
         if context.has_asset_key:

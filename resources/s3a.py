@@ -17,6 +17,8 @@ from pathlib import Path
 from mailq_runtime.errors import InvalidInput, shown
 from mailq_runtime.settings import S3Settings
 
+from .cache import CACHE_DIR
+
 # hadoop-aws must be the Hadoop that PySpark bundles (its hadoop-client-api jar); the SDK version is the
 # one that hadoop-aws release is built against (hadoop-project's aws-java-sdk-v2.version).
 HADOOP_VERSION = "3.5.0"
@@ -32,7 +34,6 @@ EXCLUDES = ("software.amazon.awssdk:bundle", "software.amazon.awssdk:netty-nio-c
 SCHEME = "s3a://"
 DEFAULT_REGION = "us-east-1"
 TRUST_STORE_PASSWORD = "mailq-ca"  # guards nothing: the store holds one public certificate
-TRUST_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "mailq")
 
 
 def is_s3a(location: str) -> bool:
@@ -55,7 +56,7 @@ def region(s3: S3Settings) -> str:
 def spark_settings(location: str, s3: S3Settings, ca: Path | None) -> dict[str, str]:
     """The Spark settings for outputs at `location`, an s3a:// URI of the object store of `s3`: the
     packages, and the endpoint settings of its bucket only (`fs.s3a.bucket.<bucket>.*`), so other buckets
-    keep s3a's defaults. A CA file becomes a JVM trust store in TRUST_DIR, which the driver reads in place
+    keep s3a's defaults. A CA file becomes a JVM trust store in CACHE_DIR, which the driver reads in place
     and Spark copies to each executor (`spark.files`)."""
     bucket = f"spark.hadoop.fs.s3a.bucket.{bucket_of(location)}."
     settings = {
@@ -69,7 +70,7 @@ def spark_settings(location: str, s3: S3Settings, ca: Path | None) -> dict[str, 
         settings[bucket + "path.style.access"] = "true"
         settings[bucket + "connection.ssl.enabled"] = str(s3.endpoint.startswith("https://")).lower()
     if ca is not None and s3.endpoint is not None and s3.endpoint.startswith("https://"):
-        store = trust_store(ca, TRUST_DIR)
+        store = trust_store(ca, CACHE_DIR)
         trust = (
             f"-Djavax.net.ssl.trustStorePassword={TRUST_STORE_PASSWORD} -Djavax.net.ssl.trustStoreType=PKCS12"
         )

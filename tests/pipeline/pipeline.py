@@ -19,11 +19,10 @@ def resources_for(url: str, outputs: Path, spark_config: dict[str, str] | None =
     """The pipeline's resources on `url`, the Parquet outputs in `outputs`; Spark on local[2] unless
     `spark_config` says otherwise (a session already running is shared: getOrCreate finds it)."""
     pyspark = LazyPySparkResource(spark_config=spark_config or {"spark.master": "local[2]"})
-    mailq = MailqRuntime(url=url)
     return {
-        "mailq": mailq,
+        "mailq": MailqRuntime(url=url),
         "pyspark": pyspark,
-        "spark_parquet": SparkParquetIOManager(base_path=str(outputs), pyspark=pyspark, mailq=mailq),
+        "spark_parquet": SparkParquetIOManager(base_path=str(outputs), url=url, pyspark=pyspark),
     }
 
 

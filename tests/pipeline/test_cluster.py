@@ -22,6 +22,7 @@ import pytest
 from mailq_runtime.faults import AFTER_PROJECTION, InjectedFault
 from mailq_runtime.settings import Settings
 from mailq_servers.spark import SparkCluster
+from resources.spark import code_zip
 from tests.runtime.backends import Backend
 from tests.runtime.helpers import FakeClock, make_mail
 
@@ -34,6 +35,22 @@ import json, sys
 from assets import runner
 for job in sys.argv[2:]:
     print(json.dumps(runner.summarise(runner.run_job(job, sys.argv[1]))))
+"""
+# A session on the cluster with the pipeline's settings: where its executors' Python finds mailq.
+EXECUTOR_CODE = """
+import json
+from pyspark.sql import SparkSession
+from resources.spark import spark_config
+builder = SparkSession.builder
+for key, value in spark_config().items():
+    builder = builder.config(key, value)
+session = builder.getOrCreate()
+def imported(_):
+    import mailq_runtime
+    import assets.spark.table_source
+    return [mailq_runtime.__file__, assets.spark.table_source.__file__]
+print(json.dumps(session.sparkContext.parallelize(range(2), 2).flatMap(imported).collect()))
+session.stop()
 """
 
 
@@ -141,6 +158,24 @@ def test_the_gc_and_maintenance_jobs_run_on_the_cluster_and_do_all_their_work(
     written = {item["Key"].removeprefix(f"{s3.prefix}pipeline/") for item in listed.get("Contents", ())}
     assert {"reference_generations.json", "deletion_sets/_SUCCESS", "mail_queue_slices/_SUCCESS"} <= written
     assert any(key.startswith("gc_runs/") and key.endswith("/_SUCCESS") for key in written)
+
+
+def test_the_executors_run_the_code_the_driver_hands_them(spark_cluster: SparkCluster) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", EXECUTOR_CODE],
+        env={**os.environ, **spark_cluster.env()},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = json.loads(done.stdout.strip().splitlines()[-1])
+    # From the zip the driver made of this tree, which each executor fetched into its own directory,
+    # though the workers' interpreter has mailq installed too.
+    shipped = code_zip().name
+    assert len(imported) == 4 and all(f"/{shipped}/" in path for path in imported), imported
+    assert not any(path.startswith(str(code_zip().parent)) for path in imported)
 
 
 def test_cancelling_a_run_stops_its_spark_application(

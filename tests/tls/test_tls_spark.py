@@ -1,6 +1,8 @@
 """The Spark executors reach Cassandra and S3 over TLS the way the runtime does: from the URL, whose TLS
 files each executor reads at their paths (tls.py). The blob GC job runs on the harness's Spark cluster
-against the TLS servers, its tasks in the workers' executors, and collects what it must."""
+against the TLS servers, its tasks in the workers' executors, and collects what it must; its outputs go
+to the bucket through s3a over https, which the driver and the executors verify against the URL's CA
+(a JVM trust store made from it, resources/s3a.py)."""
 
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ def test_the_blob_gc_runs_on_the_cluster_over_tls(
             runtime.generations.rotate()
             runtime.close()
             app = f"mailq-tls-test-{secrets.token_hex(4)}"
-            assets = run_jobs(("blob_gc_job",), TlsBackend(url), spark_cluster, tmp_path / "outputs", app)
+            assets = run_jobs(("blob_gc_job",), TlsBackend(url), spark_cluster, None, app)
             collected = assets["collected_blobs"]
             assert (collected["concerned_blobs"], collected["deleted_blobs"]) == (1, 1)
             keys = {
@@ -73,6 +75,8 @@ def test_the_blob_gc_runs_on_the_cluster_over_tls(
                 for entry in cassandra_s3_tls.s3.list_objects_v2(Bucket=bucket).get("Contents", [])
             }
             assert str(garbage) not in keys and str(live) in keys
+            assert {"pipeline/reference_generations.json", "pipeline/deletion_sets/_SUCCESS"} <= keys
+            assert any(key.startswith("pipeline/gc_runs/") and key.endswith("/_SUCCESS") for key in keys)
             ran = [a["cores"] for a in applications(spark_cluster)["completed"] if a["name"] == app]
             assert ran == [spark_cluster.cores]
         finally:
