@@ -3,10 +3,8 @@ Parquet, so each output is data a person can inspect and a downstream asset (or 
 without recomputing the upstream work; a plain value (reference_generations' generations) as JSON."""
 
 import json
-import os
 
 import dagster as dg
-import pyarrow.fs as pafs
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import DataFrame
 
@@ -43,26 +41,11 @@ class SparkParquetIOManager(dg.ConfigurableIOManager):
             obj.write.mode("overwrite").parquet(path)
         else:
             # Written without Spark: an asset with no Spark work never starts a session.
-            _write_private(self.outputs, path + ".json", json.dumps(obj).encode())
+            self.outputs.write(path + ".json", json.dumps(obj).encode())
         context.add_output_metadata({"path": dg.MetadataValue.path(path)})
 
     def load_input(self, context: dg.InputContext) -> DataFrame | dict:
         path = self._path(context)
         if context.dagster_type.typing_type is dict:
-            fs, where = self.outputs.filesystem(path + ".json")
-            with fs.open_input_stream(where) as stream:
-                return json.loads(stream.read())
+            return json.loads(self.outputs.read(path + ".json"))
         return self.pyspark.spark_session.read.parquet(path)
-
-
-def _write_private(outputs: Outputs, path: str, data: bytes) -> None:
-    """Private to its owner whatever the umask, as Spark's outputs are (resources/spark.py); object storage
-    has no modes."""
-    fs, where = outputs.filesystem(path)
-    if not isinstance(fs, pafs.LocalFileSystem):
-        with fs.open_output_stream(where) as stream:
-            stream.write(data)
-        return
-    os.makedirs(os.path.dirname(where), mode=0o700, exist_ok=True)
-    with os.fdopen(os.open(where, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as output:
-        output.write(data)

@@ -31,8 +31,11 @@ pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture
-def url(cassandra_s3: CassandraS3, tmp_path: Path) -> Iterator[str]:
-    """A distributed deployment made for the test (its broker embedded: the pipeline uses none)."""
+def url(cassandra_s3: CassandraS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A distributed deployment made for the test (its broker embedded: the pipeline uses none), and the
+    S3 keys in the environment of this process and of the commands it starts."""
+    for variable, value in cassandra_s3.s3_server.env().items():
+        monkeypatch.setenv(variable, value)
     with fresh_keyspace(cassandra_s3.cassandra_server) as keyspace:
         bucket = fresh_bucket_name()
         url = distributed_url(
