@@ -128,9 +128,9 @@ def mail_queue_cleanup(mailq: MailqRuntime) -> dg.MaterializeResult:
     report = []
     for name in runtime.queues():
         queue = runtime.queue(name)
-        before = (queue.view.browse_start(name), queue.view.content_start(name))
+        before = (queue.browse_start(), queue.content_start())
         queue.update_browse_start()
-        after = (queue.view.browse_start(name), queue.view.content_start(name))
+        after = (queue.browse_start(), queue.content_start())
         report.append((name, before, after))
     moved = [r for r in report if r[1] != r[2]]
     return dg.MaterializeResult(

@@ -325,7 +325,9 @@ def deliver(
                 item.retry(delay=RETRY_DELAY)
                 stats.retried += 1
             else:
-                handle(mailboxes, [item], LOCAL_DOMAINS, RETRY_DELAY, MAX_ATTEMPTS, stats, notifications)
+                handle(
+                    queue, mailboxes, [item], LOCAL_DOMAINS, RETRY_DELAY, MAX_ATTEMPTS, stats, notifications
+                )
     return {
         "delivered": stats.delivered,
         "retried": stats.retried,

@@ -117,13 +117,13 @@ class Runtime:
             queue = MailQueue(
                 QueueContext(
                     name,
-                    self.queue_backends,
                     self.view_configuration,
                     self.configuration,
                     self.clock,
                     self.settings.max_message_size,
                     self.settings.clock_skew_grace,
-                )
+                ),
+                self.queue_backends,
             )
             self._queues[name] = queue
         return queue

@@ -42,7 +42,7 @@ from .model import (
     parse_count,
     parse_duration,
 )
-from .queue import MailQueueItem
+from .queue import MailQueue, MailQueueItem
 from .relay import Outcome, RemoteDelivery
 from .relay.dsn import Failed, Notifications
 
@@ -193,7 +193,7 @@ def run_worker(
     idle_since = time.monotonic()
     stop = threading.Event() if stop is None else stop
     backoff = _BACKOFF_FIRST
-    with LeaseKeeper(queue.broker.visibility_timeout / MICROS_PER_SECOND / 2) as leases:
+    with LeaseKeeper(queue.backends.broker.visibility_timeout / MICROS_PER_SECOND / 2) as leases:
         while not stop.is_set():
             wait = _POLL_SECONDS
             if idle_timeout is not None:
@@ -208,6 +208,7 @@ def run_worker(
                 if item is not None:
                     items = [item, *queue.dequeue_ready(BATCH - 1)]
                     handle(
+                        queue,
                         mailboxes,
                         items,
                         domains,
@@ -297,6 +298,7 @@ class LeaseKeeper:
 
 
 def handle(
+    queue: MailQueue,
     mailboxes: Mailboxes,
     items: Sequence[MailQueueItem],
     domains: frozenset[str],
@@ -309,14 +311,15 @@ def handle(
     relay: RemoteDelivery | None = None,
     stop: threading.Event | None = None,
 ) -> None:
-    """Deliver dequeued mails one after the other, then settle them as `run_worker` does in one group of
-    writes (one commit on a store that groups them), counting the outcomes in `stats` and logging each
-    in one line that names the mail by its enqueue id (`delivery_line`). `domains` are normalised
-    (`normalise_domains`); the caller that drives its own dequeues (the demo, on simulated time) gets
-    exactly the worker's behaviour. The notifications of bounces go through `notifications`. `leases`
-    keeps the mails' leases while they are delivered. Past BATCH_SECONDS, or once `stop` is set, the
-    mails not yet tried go back to the queue untried. A backend away gives the mail it failed and those
-    not yet tried back untried, settles those tried, and is raised, for the caller to wait.
+    """Deliver the mails dequeued from `queue` one after the other, then settle them as `run_worker` does
+    in one group of the queue's writes (one commit on a store that groups them), counting the outcomes in
+    `stats` and logging each in one line that names the mail by its enqueue id (`delivery_line`).
+    `domains` are normalised (`normalise_domains`); the caller that drives its own dequeues (the demo, on
+    simulated time) gets exactly the worker's behaviour. The notifications of bounces go through
+    `notifications`. `leases` keeps the mails' leases while they are delivered. Past BATCH_SECONDS, or
+    once `stop` is set, the mails not yet tried go back to the queue untried. A backend away gives the
+    mail it failed and those not yet tried back untried, settles those tried, and is raised, for the
+    caller to wait.
 
     A crash before the settlements' commit sends the delivered mails again (at-least-once): local copies
     are not appended twice, and a remote recipient gets the mail again, as after a crash between any
@@ -340,7 +343,7 @@ def handle(
                     raise
     finally:
         if settlements:
-            with mailboxes.writes.work.writes():
+            with queue.writes():
                 for settle in settlements:
                     settle()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import random
 
-from ..faults import CLEAN_AFTER_BROWSE_START
+from ..faults import CLEAN_AFTER_BROWSE_START, FaultInjector
+from ..stores.protocols import QueueView
 from .clean_up import ContentCleanUp
 from .context import QueueContext, QueuePart, slice_of
 
@@ -13,8 +14,12 @@ log = logging.getLogger(__name__)
 
 
 class BrowseStart(QueuePart):
-    def __init__(self, context: QueueContext, clean_up: ContentCleanUp) -> None:
+    def __init__(
+        self, context: QueueContext, *, view: QueueView, faults: FaultInjector, clean_up: ContentCleanUp
+    ) -> None:
         super().__init__(context)
+        self.view = view
+        self.faults = faults
         self.clean_up = clean_up
         self.random = random.Random()
 

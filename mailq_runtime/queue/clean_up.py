@@ -3,14 +3,27 @@ deleted."""
 
 from __future__ import annotations
 
-from ..faults import CLEAN_AFTER_DELETE, CLEAN_AFTER_RELEASE
+from ..blobs.dedup import DeduplicatingBlobStore
+from ..faults import CLEAN_AFTER_DELETE, CLEAN_AFTER_RELEASE, FaultInjector
+from ..stores.protocols import DeadLetters, QueueView
 from .context import QueueContext, QueuePart
 
 
 class ContentCleanUp(QueuePart):
-    def __init__(self, context: QueueContext) -> None:
+    def __init__(
+        self,
+        context: QueueContext,
+        *,
+        view: QueueView,
+        blobs: DeduplicatingBlobStore,
+        dead_letters: DeadLetters,
+        faults: FaultInjector,
+    ) -> None:
         super().__init__(context)
-        self.dead_letters = context.backends.dead_letters
+        self.view = view
+        self.blobs = blobs
+        self.dead_letters = dead_letters
+        self.faults = faults
 
     def clean_content(self) -> int:
         """Record 32: release and delete what lies between content_start and browse_start, then move

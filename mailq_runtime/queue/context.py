@@ -39,21 +39,16 @@ class QueueBackends:
 
 @dataclass(frozen=True)
 class QueueContext:
-    """One queue: its name and backends, the clock, and the configuration this process writes with (read
-    once at open, as James does); readers of the view ask `configurations` for what other processes may be
-    writing with."""
+    """One queue: its name, the clock, and the configuration this process writes with (read once at open,
+    as James does); readers of the view ask `configurations` for what other processes may be writing
+    with. The backends are not here: each collaborator takes those it uses, by name."""
 
     name: QueueName
-    backends: QueueBackends
     configuration: QueueViewConfiguration
     configurations: ConfigurationStore
     clock: Clock
     max_message_size: int
     clock_skew_grace: int
-
-    def load(self, row: EnqueuedMail) -> Mail:
-        blobs = self.backends.blobs
-        return row.to_mail(blobs.read(row.header_blob_id) + blobs.read(row.body_blob_id))
 
     def created(self, start: int | None) -> int:
         """A start (browse_start, content_start) read from the view, which has none before the queue
@@ -66,22 +61,18 @@ class QueueContext:
 
 
 class QueuePart:
-    """A collaborator of one queue: its context, and the backends it works with at hand."""
+    """A collaborator of one queue: its context, name, clock and metrics."""
 
     def __init__(self, context: QueueContext) -> None:
-        backends = context.backends
         self.context = context
         self.name = context.name
         self.clock = context.clock
-        self.view = backends.view
-        self.broker = backends.broker
-        self.blobs = backends.blobs
-        self.delayed = backends.delayed
-        self.held = backends.held
-        self.destinations = backends.destinations
-        self.work = backends.work
-        self.faults = backends.faults
         self.metrics = queue_metrics(context.name)
+
+
+def load(blobs: DeduplicatingBlobStore, row: EnqueuedMail) -> Mail:
+    """The mail of a view row, its header and body read from the blob store."""
+    return row.to_mail(blobs.read(row.header_blob_id) + blobs.read(row.body_blob_id))
 
 
 def slice_of(moment: int, window: int) -> int:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..brokers.base import BrokerDeadLetter
+from ..blobs.dedup import DeduplicatingBlobStore
+from ..brokers.base import Broker, BrokerDeadLetter
 from ..clock import to_datetime
 from ..errors import BrokerUnavailable, InvalidInput
 from ..faults import (
@@ -17,10 +18,13 @@ from ..faults import (
     REJECT_AFTER_MARK,
     REQUEUE_AFTER_ENQUEUE,
     REQUEUE_AFTER_REMOVE,
+    FaultInjector,
 )
 from ..model import EnqueueId, Mail, parse_duration
+from ..stores.protocols import DeadLetters, Destinations, QueueView
 from ..stores.records import DeadLetter, DestinationCount, EnqueuedMail
-from .context import Delay, QueueContext, QueuePart
+from ..unit_of_work import UnitOfWork
+from .context import Delay, QueueContext, QueuePart, load
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +42,13 @@ class DeadLetterItem:
     recipients: list[str]
     enqueued_time: datetime | None
     _row: EnqueuedMail | None = field(repr=False)
-    _context: QueueContext = field(repr=False)
+    _blobs: DeduplicatingBlobStore = field(repr=False)
 
     @property
     def mail(self) -> Mail:
         if self._row is None:
             raise InvalidInput(f"dead letter {self.enqueue_id} holds no readable mail: {self.reason}")
-        return self._context.load(self._row)
+        return load(self._blobs, self._row)
 
 
 def _readable(payload: str) -> EnqueuedMail | None:
@@ -58,11 +62,25 @@ class DeadLetterOffice(QueuePart):
     def __init__(
         self,
         context: QueueContext,
+        *,
+        records: DeadLetters,
+        view: QueueView,
+        broker: Broker,
+        blobs: DeduplicatingBlobStore,
+        destinations: Destinations,
+        work: UnitOfWork,
+        faults: FaultInjector,
         enqueue: Callable[..., EnqueueId],
         leaving: Callable[[EnqueuedMail], list[DestinationCount]],
     ) -> None:
         super().__init__(context)
-        self.records = context.backends.dead_letters
+        self.records = records
+        self.view = view
+        self.broker = broker
+        self.blobs = blobs
+        self.destinations = destinations
+        self.work = work
+        self.faults = faults
         self.enqueue = enqueue
         self.leaving = leaving  # a leaving mail's count changes per destination domain (holds.py)
 
@@ -99,7 +117,7 @@ class DeadLetterOffice(QueuePart):
             [] if row is None else row.recipient_list,
             None if row is None else to_datetime(row.enqueued_time),
             row,
-            self.context,
+            self.blobs,
         )
 
     def requeue(self, enqueue_id: str | None = None, *, every: bool = False) -> list[EnqueueId]:
@@ -124,7 +142,7 @@ class DeadLetterOffice(QueuePart):
                 ) from None
         requeued = []
         for letter, row in zip(letters, rows, strict=True):
-            requeued.append(self.enqueue(self.context.load(row), priority=row.priority))
+            requeued.append(self.enqueue(load(self.blobs, row), priority=row.priority))
             self.faults.reached(REQUEUE_AFTER_ENQUEUE)
             self.records.remove(self.name, letter.enqueue_id)
             self.faults.reached(REQUEUE_AFTER_REMOVE)

@@ -9,11 +9,14 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..brokers.base import Broker
 from ..clock import LATEST
 from ..errors import BrokerRefused, BrokerUnavailable
-from ..faults import FLUSH_AFTER_DELAYED_ROWS, PUBLISH_DUE_AFTER_PUBLISH
+from ..faults import FLUSH_AFTER_DELAYED_ROWS, PUBLISH_DUE_AFTER_PUBLISH, FaultInjector
 from ..model import address_key
+from ..stores.protocols import DelayedMails, Destinations, QueueView
 from ..stores.records import DelayedMail, EnqueuedMail
+from ..unit_of_work import UnitOfWork
 from .context import QueueContext, QueuePart
 from .mail_view import live_rows
 from .publisher_lease import PublisherLease
@@ -60,15 +63,30 @@ class DueSchedule:
 
 class DelayedMailPublisher(QueuePart):
     def __init__(
-        self, context: QueueContext, schedule: DueSchedule, drain_dead_letters: Callable[[], int]
+        self,
+        context: QueueContext,
+        *,
+        view: QueueView,
+        broker: Broker,
+        delayed: DelayedMails,
+        destinations: Destinations,
+        work: UnitOfWork,
+        faults: FaultInjector,
+        schedule: DueSchedule,
+        drain_dead_letters: Callable[[], int],
     ) -> None:
         super().__init__(context)
+        self.view = view
+        self.broker = broker
+        self.delayed = delayed
+        self.work = work
+        self.faults = faults
         self.schedule = schedule
         self.drain_dead_letters = drain_dead_letters
         # One publisher at a time in this process (it takes the store after this lock, never before), and
         # one process at a time of the deployment for the looks of waiting consumers (publisher_lease.py).
         self._publishing = threading.Lock()
-        self.lease = PublisherLease(self.destinations, self.name, self.clock)
+        self.lease = PublisherLease(destinations, self.name, self.clock)
 
     def publishing_due(self) -> bool:
         return time.monotonic() >= self.schedule.look_at or self.clock() >= self.schedule.next_due
@@ -154,5 +172,5 @@ class DelayedMailPublisher(QueuePart):
                     for mail in waiting[first : first + _PUBLISH_BATCH]:
                         self._hand_over(mail)
         self.faults.reached(FLUSH_AFTER_DELAYED_ROWS)
-        self.view.reschedule([row for row in live_rows(self.context) if row.next_delivery > now], now)
+        self.view.reschedule([row for row in live_rows(self.view, self.name) if row.next_delivery > now], now)
         return len(waiting)

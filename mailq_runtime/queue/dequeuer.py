@@ -9,13 +9,16 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from types import TracebackType
 
-from ..brokers.base import Delivery
+from ..blobs.dedup import DeduplicatingBlobStore
+from ..brokers.base import Broker, Delivery
 from ..clock import MICROS_PER_SECOND
 from ..errors import BACKEND_FAILURES, BlobNotFound, InvalidInput, LeaseExpired, shown
 from ..metrics import seconds_since
 from ..model import Mail, MailAddress, delivery_time, parse_duration
+from ..stores.protocols import QueueView
 from ..stores.records import EnqueuedMail
-from .context import Delay, QueueContext, QueuePart, slice_of
+from ..unit_of_work import UnitOfWork
+from .context import Delay, QueueContext, QueuePart, load, slice_of
 from .delays import DelayedMailPublisher
 from .enqueuer import FailedEnqueues
 from .holds import Holds
@@ -120,6 +123,11 @@ class Dequeuer(QueuePart):
     def __init__(
         self,
         context: QueueContext,
+        *,
+        view: QueueView,
+        broker: Broker,
+        blobs: DeduplicatingBlobStore,
+        work: UnitOfWork,
         publisher: DelayedMailPublisher,
         settlement: Settlement,
         recount: Callable[[Callable[[], bool]], int],
@@ -127,6 +135,10 @@ class Dequeuer(QueuePart):
         failed: FailedEnqueues,
     ) -> None:
         super().__init__(context)
+        self.view = view
+        self.broker = broker
+        self.blobs = blobs
+        self.work = work
         self.holds = holds
         self.publisher = publisher
         self.settlement = settlement
@@ -216,7 +228,7 @@ class Dequeuer(QueuePart):
             self.settlement.ack_settled(delivery)  # its held row keeps it until released
             return None
         try:
-            mail = self.context.load(row)
+            mail = load(self.blobs, row)
         except BlobNotFound as error:
             with self.work.writes():
                 self.settlement.bury(delivery, row, f"content missing: {error}")

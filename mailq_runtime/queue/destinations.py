@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..clock import MICROS_PER_SECOND, to_datetime
-from ..model import address_key
+from ..model import QueueName, address_key
+from ..stores.protocols import Destinations
 from ..stores.records import DestinationCount, EnqueuedMail
-from .context import QueueContext
 
 SLOT = 300 * MICROS_PER_SECOND  # five minutes, qshape's smallest bucket
 # qshape's bucket edges, in minutes; the last bucket holds every mail older than the last edge.
@@ -73,28 +73,27 @@ def moves(row: EnqueuedMail, mails: int, state: str | None = None) -> list[Desti
     return [DestinationCount(domain, counted, slot, mails) for domain in domains]
 
 
-def recount_by_domain(context: QueueContext, live: Iterable[EnqueuedMail], now: int) -> int:
+def recount_by_domain(
+    destinations: Destinations, queue: QueueName, live: Iterable[EnqueuedMail], now: int
+) -> int:
     """Zero the counts of every (domain, slot) none of the `live` mails (a browse) has, in slots before
     the last two (an enqueue under way may not have written its row yet), where the counts read before
     the browse and RECOUNT_SETTLE after it agree (a count still moving is left to the next recount).
     Returns the sum of the corrections' sizes (0: nothing was off)."""
-    destinations = context.backends.destinations
     settled = slot_of(now) - SLOT
-    first = {
-        (c.domain, c.state, c.slot): c.mails for c in destinations.counts(context.name) if c.slot < settled
-    }
+    first = {(c.domain, c.state, c.slot): c.mails for c in destinations.counts(queue) if c.slot < settled}
     occupied = {(domain, slot_of(row.enqueued_time)) for row in live for domain in _domains(row)}
     suspects = {cell for cell in first if (cell[0], cell[2]) not in occupied}
     if not suspects:
         return 0
     time.sleep(RECOUNT_SETTLE)
-    second = {(c.domain, c.state, c.slot): c.mails for c in destinations.counts(context.name)}
+    second = {(c.domain, c.state, c.slot): c.mails for c in destinations.counts(queue)}
     wrong = [
         DestinationCount(domain, state, slot, -first[domain, state, slot])
         for domain, state, slot in sorted(suspects)
         if second.get((domain, state, slot), 0) == first[domain, state, slot]
     ]
-    destinations.count(context.name, wrong)
+    destinations.count(queue, wrong)
     return sum(abs(change.mails) for change in wrong)
 
 
@@ -107,11 +106,10 @@ def _domains(row: EnqueuedMail) -> set[str]:
     return {address_key(recipient)[1] for recipient in row.recipient_list}
 
 
-def by_domain(context: QueueContext, now: int) -> list[DomainShape]:
-    destinations = context.backends.destinations
+def by_domain(destinations: Destinations, queue: QueueName, now: int) -> list[DomainShape]:
     counted: dict[str, dict[str, list[int]]] = {}
     in_slots: dict[tuple[str, int], int] = {}
-    for count in destinations.counts(context.name):
+    for count in destinations.counts(queue):
         buckets = counted.setdefault(count.domain, {}).setdefault(count.state, [0] * len(BUCKET_NAMES))
         buckets[_bucket(now - count.slot)] += count.mails
         in_slots[count.domain, count.slot] = in_slots.get((count.domain, count.slot), 0) + count.mails
@@ -119,8 +117,8 @@ def by_domain(context: QueueContext, now: int) -> list[DomainShape]:
     for (domain, slot), mails in in_slots.items():
         if mails > 0 and slot < oldest.get(domain, slot + 1):
             oldest[domain] = slot
-    notes = {note.domain: note for note in destinations.notes(context.name)}
-    suspended = {s.domain: s.until for s in destinations.suspensions(context.name) if s.until > now}
+    notes = {note.domain: note for note in destinations.notes(queue)}
+    suspended = {s.domain: s.until for s in destinations.suspensions(queue) if s.until > now}
     shapes = []
     for domain in sorted(counted.keys() | notes.keys() | suspended.keys()):
         note = notes.get(domain)

@@ -9,11 +9,15 @@ import time
 import zlib
 from collections.abc import Callable, Iterable
 
+from ..blobs.dedup import DeduplicatingBlobStore
+from ..brokers.base import Broker
 from ..errors import BACKEND_FAILURES, BrokerRefused, BrokerUnavailable, InvalidInput
-from ..faults import ENQUEUE_AFTER_REFERENCES, ENQUEUE_AFTER_VIEW_ROW
+from ..faults import ENQUEUE_AFTER_REFERENCES, ENQUEUE_AFTER_VIEW_ROW, FaultInjector
 from ..metrics import seconds_since
 from ..model import EnqueueId, Mail, check_message, check_priority, delivery_time, split_message
+from ..stores.protocols import DelayedMails, Destinations, QueueView
 from ..stores.records import DelayedMail, DestinationCount, EnqueuedMail
+from ..unit_of_work import UnitOfWork
 from .context import Delay, QueueContext, QueuePart, slice_of
 from .delays import DueSchedule
 from .destinations import moves
@@ -53,8 +57,20 @@ class FailedEnqueues(QueuePart):
     The next enqueue and an idle consumer's wait try; a process that dies first leaves them to
     `republish`, as a crash does."""
 
-    def __init__(self, context: QueueContext) -> None:
+    def __init__(
+        self,
+        context: QueueContext,
+        *,
+        view: QueueView,
+        blobs: DeduplicatingBlobStore,
+        destinations: Destinations,
+        work: UnitOfWork,
+    ) -> None:
         super().__init__(context)
+        self.view = view
+        self.blobs = blobs
+        self.destinations = destinations
+        self.work = work
         self._lock = threading.Lock()
         self._rows: list[tuple[EnqueuedMail, bool]] = []
 
@@ -90,11 +106,26 @@ class Enqueuer(QueuePart):
     def __init__(
         self,
         context: QueueContext,
+        *,
+        view: QueueView,
+        broker: Broker,
+        blobs: DeduplicatingBlobStore,
+        delayed: DelayedMails,
+        destinations: Destinations,
+        work: UnitOfWork,
+        faults: FaultInjector,
         schedule: DueSchedule,
         browse_start_limit: Callable[[], int],
         failed: FailedEnqueues,
     ) -> None:
         super().__init__(context)
+        self.view = view
+        self.broker = broker
+        self.blobs = blobs
+        self.delayed = delayed
+        self.destinations = destinations
+        self.work = work
+        self.faults = faults
         self.schedule = schedule
         self.browse_start_limit = browse_start_limit
         self.failed = failed

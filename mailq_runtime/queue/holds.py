@@ -38,7 +38,7 @@ from datetime import datetime
 from ..brokers.base import Delivery
 from ..clock import to_datetime
 from ..errors import InvalidInput
-from ..faults import PARK_AFTER_PAYLOAD, RELEASE_AFTER_DELAYED_ROW
+from ..faults import PARK_AFTER_PAYLOAD, RELEASE_AFTER_DELAYED_ROW, FaultInjector
 from ..model import (
     NULL_SENDER_SPELLINGS,
     DomainName,
@@ -47,6 +47,7 @@ from ..model import (
     address_key,
     creation_time,
 )
+from ..stores.protocols import DelayedMails, Destinations, HeldMails, QueueView
 from ..stores.records import DelayedMail, DestinationCount, EnqueuedMail, HeldMail
 from .context import QueueContext, QueuePart, slice_of
 from .delays import DueSchedule
@@ -90,8 +91,23 @@ def matcher(*, sender: str | None = None, recipient: str | None = None, domain: 
 
 
 class Holds(QueuePart):
-    def __init__(self, context: QueueContext, schedule: DueSchedule) -> None:
+    def __init__(
+        self,
+        context: QueueContext,
+        *,
+        view: QueueView,
+        held: HeldMails,
+        delayed: DelayedMails,
+        destinations: Destinations,
+        faults: FaultInjector,
+        schedule: DueSchedule,
+    ) -> None:
         super().__init__(context)
+        self.view = view
+        self.held = held
+        self.delayed = delayed
+        self.destinations = destinations
+        self.faults = faults
         self.schedule = schedule
         # (any held row found, time.monotonic() until which that look is trusted)
         self._any_held: tuple[bool, float] = (True, -math.inf)
@@ -110,7 +126,7 @@ class Holds(QueuePart):
         matches = matcher(**criteria)
         now = self.clock()
         held = []
-        for row in live_rows(self.context):
+        for row in live_rows(self.view, self.name):
             if matches(row) and (counted := self._hold(row, now)) is not None:
                 held.append(counted)
         if held:

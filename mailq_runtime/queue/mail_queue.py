@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 
 from ..model import EnqueueId, Mail
 from ..stores.records import DestinationNote, DomainBounce
 from .browse_start import BrowseStart
 from .clean_up import ContentCleanUp
-from .context import Delay, QueueContext, QueuePart
+from .context import Delay, QueueBackends, QueueContext
 from .dead_letters import DeadLetterItem, DeadLetterOffice
 from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
@@ -17,33 +18,134 @@ from .destinations import DomainShape, by_domain
 from .enqueuer import Enqueuer, FailedEnqueues
 from .holds import HeldItem, Holds
 from .mail_view import BrowseItem, MailQueueView
-from .overview import QueueOverview, overview
+from .overview import Overviews, QueueOverview
 from .settlement import Settlement
 from .suspensions import Suspensions
 
 
-class MailQueue(QueuePart):
-    def __init__(self, context: QueueContext) -> None:
-        super().__init__(context)
+class MailQueue:
+    """Assembles one queue's collaborators, each given the backends it uses, and offers their operations.
+    `backends` are the deployment's, for what reaches past the queue's operations (tests, the faults)."""
+
+    def __init__(self, context: QueueContext, backends: QueueBackends) -> None:
+        self.context = context
+        self.backends = backends
+        self.name = context.name
+        self.clock = context.clock
         self.configuration = context.configuration
         self.configurations = context.configurations
         self.max_message_size = context.max_message_size
-        self.clean_up = ContentCleanUp(context)
-        self.browse_starts = BrowseStart(context, self.clean_up)
+        b = backends
+        self.clean_up = ContentCleanUp(
+            context, view=b.view, blobs=b.blobs, dead_letters=b.dead_letters, faults=b.faults
+        )
+        self.browse_starts = BrowseStart(context, view=b.view, faults=b.faults, clean_up=self.clean_up)
         schedule = DueSchedule()
-        failed = FailedEnqueues(context)
-        self.enqueuer = Enqueuer(context, schedule, self.browse_starts.limit, failed)
-        self.holds = Holds(context, schedule)
-        self.letters = DeadLetterOffice(context, self.enqueuer.enqueue, self.holds.leaving)
-        self.publisher = DelayedMailPublisher(context, schedule, self.letters.drain)
+        failed = FailedEnqueues(context, view=b.view, blobs=b.blobs, destinations=b.destinations, work=b.work)
+        self.enqueuer = Enqueuer(
+            context,
+            view=b.view,
+            broker=b.broker,
+            blobs=b.blobs,
+            delayed=b.delayed,
+            destinations=b.destinations,
+            work=b.work,
+            faults=b.faults,
+            schedule=schedule,
+            browse_start_limit=self.browse_starts.limit,
+            failed=failed,
+        )
+        self.holds = Holds(
+            context,
+            view=b.view,
+            held=b.held,
+            delayed=b.delayed,
+            destinations=b.destinations,
+            faults=b.faults,
+            schedule=schedule,
+        )
+        self.letters = DeadLetterOffice(
+            context,
+            records=b.dead_letters,
+            view=b.view,
+            broker=b.broker,
+            blobs=b.blobs,
+            destinations=b.destinations,
+            work=b.work,
+            faults=b.faults,
+            enqueue=self.enqueuer.enqueue,
+            leaving=self.holds.leaving,
+        )
+        self.publisher = DelayedMailPublisher(
+            context,
+            view=b.view,
+            broker=b.broker,
+            delayed=b.delayed,
+            destinations=b.destinations,
+            work=b.work,
+            faults=b.faults,
+            schedule=schedule,
+            drain_dead_letters=self.letters.drain,
+        )
         update = self.browse_starts.maybe_update
-        self.mails = MailQueueView(context, self.enqueuer.send, update, self.holds.leaving)
-        settlement = Settlement(context, schedule, self.letters, self.holds, update)
-        self.suspensions = Suspensions(context, self.publisher.flush_domain)
-        self.dequeuer = Dequeuer(context, self.publisher, settlement, self.mails.recount, self.holds, failed)
+        self.mails = MailQueueView(
+            context,
+            view=b.view,
+            broker=b.broker,
+            blobs=b.blobs,
+            delayed=b.delayed,
+            destinations=b.destinations,
+            work=b.work,
+            faults=b.faults,
+            send=self.enqueuer.send,
+            maybe_update_browse_start=update,
+            leaving=self.holds.leaving,
+        )
+        settlement = Settlement(
+            context,
+            view=b.view,
+            broker=b.broker,
+            blobs=b.blobs,
+            delayed=b.delayed,
+            destinations=b.destinations,
+            work=b.work,
+            faults=b.faults,
+            schedule=schedule,
+            letters=self.letters,
+            holds=self.holds,
+            maybe_update_browse_start=update,
+        )
+        self.suspensions = Suspensions(
+            context, destinations=b.destinations, flush_domain=self.publisher.flush_domain
+        )
+        self.overviews = Overviews(
+            context,
+            view=b.view,
+            broker=b.broker,
+            delayed=b.delayed,
+            dead_letters=b.dead_letters,
+            held_counts=self.holds.counts,
+        )
+        self.dequeuer = Dequeuer(
+            context,
+            view=b.view,
+            broker=b.broker,
+            blobs=b.blobs,
+            work=b.work,
+            publisher=self.publisher,
+            settlement=settlement,
+            recount=self.mails.recount,
+            holds=self.holds,
+            failed=failed,
+        )
 
     def __repr__(self) -> str:
         return f"MailQueue({self.name!r})"
+
+    def writes(self) -> AbstractContextManager[None]:
+        """The queue's unit of work: what a caller groups several of its operations in (the worker, its
+        settlements), one commit on a store that groups writes (unit_of_work.py)."""
+        return self.backends.work.writes()
 
     def close(self) -> None:
         """Hand over what this process holds of the queue across the deployment: the looks for due
@@ -63,11 +165,11 @@ class MailQueue(QueuePart):
     def by_domain(self) -> list[DomainShape]:
         """Per destination domain, the mails by state in qshape's age buckets, from counters kept as
         mail moves (destinations.py)."""
-        return by_domain(self.context, self.clock())
+        return by_domain(self.backends.destinations, self.name, self.clock())
 
     def note_destination(self, note: DestinationNote) -> None:
         """Record remote delivery's last failure at a domain and its next attempt there."""
-        self.destinations.note(self.name, note)
+        self.backends.destinations.note(self.name, note)
 
     # destination domains: suspend, resume, retry now (KumoMTA's suspend, Postfix's postqueue -s)
     def suspend(self, domain: str, until: datetime | timedelta | str) -> datetime:
@@ -91,12 +193,12 @@ class MailQueue(QueuePart):
     def overview(self) -> QueueOverview:
         """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse
         (overview.py says how exact each figure is on each broker)."""
-        return overview(self.context, *self.holds.counts())
+        return self.overviews.overview()
 
     def counts(self) -> QueueOverview:
         """The overview's counts, reading no mail (its oldest ready and in-flight mails `unknown`): what
         a metrics scrape reads."""
-        return overview(self.context, *self.holds.counts(), read_oldest=False)
+        return self.overviews.overview(read_oldest=False)
 
     # the view
     def browse(self) -> Iterator[BrowseItem]:

@@ -8,12 +8,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from ..blobs.dedup import DeduplicatingBlobStore
+from ..brokers.base import Broker
 from ..clock import to_datetime
 from ..errors import InvalidInput
-from ..faults import REMOVE_AFTER_MARK, REMOVE_AFTER_RELEASE
-from ..model import NULL_SENDER_SPELLINGS, EnqueueId, Mail, MailAddress, address_key, parse_duration
+from ..faults import REMOVE_AFTER_MARK, REMOVE_AFTER_RELEASE, FaultInjector
+from ..model import (
+    NULL_SENDER_SPELLINGS,
+    EnqueueId,
+    Mail,
+    MailAddress,
+    QueueName,
+    address_key,
+    parse_duration,
+)
+from ..stores.protocols import DelayedMails, Destinations, QueueView
 from ..stores.records import DelayedMail, DestinationCount, EnqueuedMail
-from .context import Delay, QueueContext, QueuePart
+from ..unit_of_work import UnitOfWork
+from .context import Delay, QueueContext, QueuePart, load
 from .destinations import recount_by_domain
 
 log = logging.getLogger(__name__)
@@ -28,39 +40,53 @@ class BrowseItem:
     enqueued_time: datetime
     next_delivery: datetime
     _row: EnqueuedMail = field(repr=False)
-    _context: QueueContext = field(repr=False)
+    _blobs: DeduplicatingBlobStore = field(repr=False)
 
     @property
     def mail(self) -> Mail:
-        return self._context.load(self._row)
+        return load(self._blobs, self._row)
 
 
-def live_rows(context: QueueContext) -> Iterator[EnqueuedMail]:
+def live_rows(view: QueueView, queue: QueueName) -> Iterator[EnqueuedMail]:
     """The rows of the mails still enqueued, in enqueue order, read from `browse_start` on."""
-    view = context.backends.view
-    browse_start = view.browse_start(context.name)
+    browse_start = view.browse_start(queue)
     if browse_start is None:
         return  # not created yet: empty
-    for slice_start in view.slices_from(context.name, browse_start):
-        yield from view.live_mails(context.name, slice_start)
+    for slice_start in view.slices_from(queue, browse_start):
+        yield from view.live_mails(queue, slice_start)
 
 
 class MailQueueView(QueuePart):
     def __init__(
         self,
         context: QueueContext,
+        *,
+        view: QueueView,
+        broker: Broker,
+        blobs: DeduplicatingBlobStore,
+        delayed: DelayedMails,
+        destinations: Destinations,
+        work: UnitOfWork,
+        faults: FaultInjector,
         send: Callable[[EnqueuedMail, int, int], None],
         maybe_update_browse_start: Callable[[], None],
         leaving: Callable[..., list[DestinationCount]],
     ) -> None:
         super().__init__(context)
+        self.view = view
+        self.broker = broker
+        self.blobs = blobs
+        self.delayed = delayed
+        self.destinations = destinations
+        self.work = work
+        self.faults = faults
         self.send = send
         self.leaving = leaving  # a leaving mail's count changes per destination domain (holds.py)
         self.maybe_update_browse_start = maybe_update_browse_start
 
     def browse(self) -> Iterator[BrowseItem]:
         """The mails still enqueued, in enqueue order, read from `browse_start` on."""
-        for row in live_rows(self.context):
+        for row in live_rows(self.view, self.name):
             yield BrowseItem(
                 row.enqueue_id,
                 row.name,
@@ -69,7 +95,7 @@ class MailQueueView(QueuePart):
                 to_datetime(row.enqueued_time),
                 to_datetime(row.next_delivery),
                 row,
-                self.context,
+                self.blobs,
             )
 
     def size(self) -> int:
@@ -97,7 +123,9 @@ class MailQueueView(QueuePart):
         corrected = 0
         for slice_start in self.view.slices_from(self.name, browse_start):
             corrected += self.view.recount(self.name, slice_start)
-        corrected += recount_by_domain(self.context, live_rows(self.context), self.context.clock())
+        corrected += recount_by_domain(
+            self.destinations, self.name, live_rows(self.view, self.name), self.clock()
+        )
         if corrected:
             log.warning("queue %s: counters corrected by %d from the rows", self.name, corrected)
         return corrected
@@ -137,7 +165,7 @@ class MailQueueView(QueuePart):
         finds the rest."""
         deleted = 0
         now = self.clock()
-        for row in list(live_rows(self.context)):
+        for row in list(live_rows(self.view, self.name)):
             if not matches(row):
                 continue
             with self.work.writes():
@@ -163,7 +191,7 @@ class MailQueueView(QueuePart):
         the rest to the next run."""
         now = self.clock()
         cutoff = now - parse_duration(older_than, "older_than")
-        candidates = [row for row in live_rows(self.context) if row.enqueued_time < cutoff]
+        candidates = [row for row in live_rows(self.view, self.name) if row.enqueued_time < cutoff]
         held = self.broker.published(self.name, [row.enqueue_id for row in candidates])
         held |= {mail.enqueue_id for mail in self.delayed.all(self.name)}
         republished = 0

@@ -27,14 +27,16 @@ which the pipeline's recount reports):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..brokers.base import BrokerCounts
+from ..brokers.base import Broker, BrokerCounts
 from ..clock import to_datetime
 from ..errors import BrokerUnavailable
-from ..model import creation_time
-from .context import QueueContext
+from ..model import QueueName, creation_time
+from ..stores.protocols import DeadLetters, DelayedMails, QueueView
+from .context import QueueContext, QueuePart
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +62,42 @@ class QueueOverview:
     unknown: tuple[str, ...] = ()  # the figures this deployment cannot tell now
 
 
-def overview(context: QueueContext, held: int, parked: int, *, read_oldest: bool = True) -> QueueOverview:
-    """`held` mails an operator holds, `parked` of them out of the broker and the delayed mails. Without
-    `read_oldest` no mail is read: the oldest ready and in-flight mails are then `unknown`."""
-    name = context.name
-    now = context.clock()
-    backends = context.backends
-    browse_start = context.created(backends.view.browse_start(name))
+class Overviews(QueuePart):
+    def __init__(
+        self,
+        context: QueueContext,
+        *,
+        view: QueueView,
+        broker: Broker,
+        delayed: DelayedMails,
+        dead_letters: DeadLetters,
+        held_counts: Callable[[], tuple[int, int]],
+    ) -> None:
+        super().__init__(context)
+        self.view = view
+        self.broker = broker
+        self.delayed = delayed
+        self.dead_letters = dead_letters
+        self.held_counts = held_counts  # held mails, and those of them parked (holds.py)
+
+    def overview(self, *, read_oldest: bool = True) -> QueueOverview:
+        """Without `read_oldest` no mail is read: the oldest ready and in-flight mails are then `unknown`."""
+        return _overview(self, *self.held_counts(), read_oldest=read_oldest)
+
+
+def _overview(parts: Overviews, held: int, parked: int, *, read_oldest: bool) -> QueueOverview:
+    """`held` mails an operator holds, `parked` of them out of the broker and the delayed mails."""
+    name = parts.name
+    now = parts.clock()
+    view = parts.view
+    browse_start = parts.context.created(view.browse_start(name))
     # A slice counted below zero (a double count not yet recounted: mail_view.py's `recount`) holds none.
-    sizes = [(start, max(live, 0)) for start, live in backends.view.slice_sizes(name, browse_start)]
+    sizes = [(start, max(live, 0)) for start, live in view.slice_sizes(name, browse_start)]
     size = sum(live for _, live in sizes)
-    delayed = backends.delayed.summary(name, now)
-    letters = backends.dead_letters.summary(name)
+    delayed = parts.delayed.summary(name, now)
+    letters = parts.dead_letters.summary(name)
     try:
-        broker: BrokerCounts | None = backends.broker.counts(name)
+        broker: BrokerCounts | None = parts.broker.counts(name)
     except BrokerUnavailable as error:
         log.warning("queue %s: the broker's counts are unknown: %s", name, error)
         broker = None
@@ -108,10 +132,10 @@ def overview(context: QueueContext, held: int, parked: int, *, read_oldest: bool
         leased_times = [t for t in map(creation_time, broker.leased) if t is not None]
         return QueueOverview(
             **counts,
-            oldest_ready=_time(_oldest_deliverable(context, sizes, now, broker.leased)) if ready else None,
+            oldest_ready=_time(_oldest_deliverable(view, name, sizes, now, broker.leased)) if ready else None,
             oldest_in_flight=_time(min(leased_times, default=None)),
         )
-    oldest = _time(_oldest_deliverable(context, sizes, now, frozenset())) if deliverable else None
+    oldest = _time(_oldest_deliverable(view, name, sizes, now, frozenset())) if deliverable else None
     unknown = ("oldest_ready", "oldest_in_flight") if ready and in_flight else ()
     return QueueOverview(
         **counts,
@@ -132,14 +156,14 @@ def _split(broker: BrokerCounts, deliverable: int, fallen_due: int) -> tuple[int
 
 
 def _oldest_deliverable(
-    context: QueueContext, sizes: list[tuple[int, int]], now: int, skip: frozenset[str]
+    view: QueueView, name: QueueName, sizes: list[tuple[int, int]], now: int, skip: frozenset[str]
 ) -> int | None:
     """The enqueue time of the first live mail from browse_start on that is deliverable now (its next
     delivery come) and not in `skip`."""
     for slice_start, live in sizes:
         if live <= 0:
             continue
-        for row in context.backends.view.live_mails(context.name, slice_start):
+        for row in view.live_mails(name, slice_start):
             if row.next_delivery <= now and row.enqueue_id not in skip:
                 return row.enqueued_time
     return None

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from ..brokers.base import Delivery
+from ..blobs.dedup import DeduplicatingBlobStore
+from ..brokers.base import Broker, Delivery
 from ..clock import LATEST, MICROS_PER_SECOND
 from ..errors import BACKEND_FAILURES, BrokerUnavailable, LeaseExpired
 from ..faults import (
@@ -17,8 +18,11 @@ from ..faults import (
     DONE_AFTER_RELEASE,
     RETRY_AFTER_ACK,
     RETRY_AFTER_DELAYED_ROW,
+    FaultInjector,
 )
+from ..stores.protocols import DelayedMails, Destinations, QueueView
 from ..stores.records import DelayedMail, EnqueuedMail
+from ..unit_of_work import UnitOfWork
 from .context import QueueContext, QueuePart
 from .dead_letters import DeadLetterOffice
 from .delays import DueSchedule
@@ -38,12 +42,27 @@ class Settlement(QueuePart):
     def __init__(
         self,
         context: QueueContext,
+        *,
+        view: QueueView,
+        broker: Broker,
+        blobs: DeduplicatingBlobStore,
+        delayed: DelayedMails,
+        destinations: Destinations,
+        work: UnitOfWork,
+        faults: FaultInjector,
         schedule: DueSchedule,
         letters: DeadLetterOffice,
         holds: Holds,
         maybe_update_browse_start: Callable[[], None],
     ) -> None:
         super().__init__(context)
+        self.view = view
+        self.broker = broker
+        self.blobs = blobs
+        self.delayed = delayed
+        self.destinations = destinations
+        self.work = work
+        self.faults = faults
         self.schedule = schedule
         self.letters = letters
         self.holds = holds

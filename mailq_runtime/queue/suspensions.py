@@ -14,13 +14,17 @@ from datetime import datetime, timedelta
 from ..clock import from_datetime, to_datetime
 from ..errors import InvalidInput, shown
 from ..model import DomainName, parse_duration
+from ..stores.protocols import Destinations
 from ..stores.records import DomainBounce, Suspension
 from .context import QueueContext, QueuePart
 
 
 class Suspensions(QueuePart):
-    def __init__(self, context: QueueContext, flush_domain: Callable[[str], int]) -> None:
+    def __init__(
+        self, context: QueueContext, *, destinations: Destinations, flush_domain: Callable[[str], int]
+    ) -> None:
         super().__init__(context)
+        self.destinations = destinations
         self.flush_domain = flush_domain
 
     def suspend(self, domain: str, until: datetime | timedelta | str) -> datetime:

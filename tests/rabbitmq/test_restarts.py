@@ -215,7 +215,7 @@ def test_an_enqueue_while_rabbitmq_is_down_returns_and_is_delivered_once_it_is_b
             # None waits for the publish's timeout (30 s); a stall of the loaded machine may slow one.
             assert max(times[1:]) < 5.0 and statistics.median(times[1:]) < 1.0, times
             # Accepted: held as delayed mails due now, for the next publisher of due mails.
-            assert sorted(mail.enqueue_id for mail in queue.delayed.all(name)) == sorted(during)
+            assert sorted(mail.enqueue_id for mail in queue.backends.delayed.all(name)) == sorted(during)
         finally:
             private_node.ensure()
         received = []
@@ -226,4 +226,4 @@ def test_an_enqueue_while_rabbitmq_is_down_returns_and_is_delivered_once_it_is_b
                 received.append(item.mail.name)
                 item.done()
         assert sorted(received) == sorted(["before", *(f"during-{n}" for n in range(20))])
-        assert queue.delayed.all(name) == [] and queue.size() == 0
+        assert queue.backends.delayed.all(name) == [] and queue.size() == 0

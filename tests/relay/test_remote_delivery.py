@@ -165,7 +165,15 @@ def test_a_mail_for_other_domains_only_writes_nothing_before_its_smtp_transactio
         commits.clear()
         stats = WorkerStats()
         handle(
-            runtime.mailboxes, [item], frozenset([LOCAL]), "1s", 5, stats, relay.notifications, relay=relay
+            queue,
+            runtime.mailboxes,
+            [item],
+            frozenset([LOCAL]),
+            "1s",
+            5,
+            stats,
+            relay.notifications,
+            relay=relay,
         )
         relay.close()
         assert [d.recipients for d in sink.dumped()] == [("<bob@one.test>",)]

@@ -105,7 +105,7 @@ def test_clean_up_releases_what_a_delete_left_referenced_and_spares_other_queues
     enqueue_id = clocked.enqueue(make_mail("x", body=b"x content"))
     # A delete that stopped after marking the mail (a non-transactional store can do that): record 32's
     # clean-up is what releases its content.
-    assert clocked.view.mark_deleted(QUEUE, enqueue_id, t0, 0)
+    assert clocked.backends.view.mark_deleted(QUEUE, enqueue_id, t0, 0)
     assert references(clocked_runtime, enqueue_id) == 2
     deletions = len(backend.blob_state().deletions)
     clock.advance(2)
@@ -148,9 +148,9 @@ def test_a_failed_clean_up_leaves_content_start_behind_and_the_next_update_redoe
 ):
     t0 = clock()
     enqueue_id = clocked.enqueue(make_mail("a"))
-    clocked.view.mark_deleted(QUEUE, enqueue_id, t0, 0)
+    clocked.backends.view.mark_deleted(QUEUE, enqueue_id, t0, 0)
     clock.advance(2)
-    release = clocked.blobs.release
+    release = clocked.backends.blobs.release
     failures = []
 
     def release_failing_once(*args, **kwargs):
@@ -159,7 +159,7 @@ def test_a_failed_clean_up_leaves_content_start_behind_and_the_next_update_redoe
             raise OSError("blob store unavailable")
         return release(*args, **kwargs)
 
-    monkeypatch.setattr(clocked.blobs, "release", release_failing_once)
+    monkeypatch.setattr(clocked.backends.blobs, "release", release_failing_once)
     with pytest.raises(OSError, match="unavailable"):
         clocked.update_browse_start()
     assert starts(clocked) == (t0 + 2 * SECOND, t0)
@@ -200,7 +200,7 @@ def test_a_failed_clean_up_does_not_fail_the_dequeue_that_triggered_it(backend, 
     clock.advance(2)
     queue.enqueue(make_mail("b"))
     clock.advance(2)  # t0 + 4 s
-    delete_slices = queue.view.delete_slices
+    delete_slices = queue.backends.view.delete_slices
     calls = []
 
     def delete_slices_failing_once(*args):
@@ -209,7 +209,7 @@ def test_a_failed_clean_up_does_not_fail_the_dequeue_that_triggered_it(backend, 
             raise OSError("store unavailable")
         return delete_slices(*args)
 
-    monkeypatch.setattr(queue.view, "delete_slices", delete_slices_failing_once)
+    monkeypatch.setattr(queue.backends.view, "delete_slices", delete_slices_failing_once)
     take(queue).done()
     assert calls, "the clean-up ran"
     assert starts(queue) == (t0 + 2 * SECOND, t0)
@@ -324,4 +324,4 @@ def test_size_matches_browse_after_random_operations(backend, clock, seed):
         browsed = [item.enqueue_id for item in queue.browse()]
         assert browsed == sorted(live, key=lambda e: live[e]["seq"]), f"step {step} ({operation})"
         assert queue.size() == len(browsed), f"step {step} ({operation})"
-    assert queue.view.browse_start(QUEUE) > clock() - 400 * SECOND, "browse_start never moved"
+    assert queue.backends.view.browse_start(QUEUE) > clock() - 400 * SECOND, "browse_start never moved"

@@ -47,7 +47,7 @@ def test_a_rejected_mail_is_a_dead_letter_with_its_whole_content(clocked, clock)
     assert letter.died_at == to_datetime(clock())
     assert clocked.dead_letter(enqueue_id).mail == mail
     assert clocked.size() == 0 and list(clocked.browse()) == []
-    assert len(clocked.blobs.references_of(enqueue_id)) == 2
+    assert len(clocked.backends.blobs.references_of(enqueue_id)) == 2
 
 
 def test_requeue_puts_the_mail_back_under_a_new_enqueue_id(clocked, clock):
@@ -63,7 +63,7 @@ def test_requeue_puts_the_mail_back_under_a_new_enqueue_id(clocked, clock):
     item = clocked.dequeue(timeout=0)  # its priority came back with it
     assert (item.enqueue_id, item.mail, item.attempts) == (new, mail, 1)
     item.done()
-    assert clocked.blobs.references_of(old) == []
+    assert clocked.backends.blobs.references_of(old) == []
 
 
 def test_requeue_every_dead_letter_in_enqueue_order(clocked, clock):
@@ -80,7 +80,7 @@ def test_purge_deletes_the_letter_and_releases_its_content(clocked):
     enqueue_id = rejected(clocked, make_mail("poison"))
     assert clocked.purge_dead_letters(enqueue_id) == 1
     assert clocked.dead_letters() == []
-    assert clocked.blobs.references_of(enqueue_id) == []
+    assert clocked.backends.blobs.references_of(enqueue_id) == []
     with pytest.raises(InvalidInput, match=f"holds no dead letter {enqueue_id}"):
         clocked.dead_letter(enqueue_id)
 
@@ -92,8 +92,8 @@ def test_purge_older_than_keeps_the_younger_letters(clocked, clock):
     clock.advance(1)
     assert clocked.purge_dead_letters(older_than="1h") == 1
     assert [letter.enqueue_id for letter in clocked.dead_letters()] == [young]
-    assert clocked.blobs.references_of(old) == []
-    assert len(clocked.blobs.references_of(young)) == 2
+    assert clocked.backends.blobs.references_of(old) == []
+    assert len(clocked.backends.blobs.references_of(young)) == 2
     assert clocked.purge_dead_letters(older_than="0s") == 1
     assert clocked.dead_letters() == []
 

@@ -22,14 +22,15 @@ def _look(queue: MailQueue) -> None:
 
 
 def _delayed(queue: MailQueue) -> list[str]:
-    return sorted(EnqueuedMail.from_payload(mail.payload)[0].name for mail in queue.delayed.all(queue.name))
+    delayed = queue.backends.delayed.all(queue.name)
+    return sorted(EnqueuedMail.from_payload(mail.payload)[0].name for mail in delayed)
 
 
 def _deliverable(queue: MailQueue) -> list[str]:
     names = []
-    while (item := queue.broker.receive(queue.name, 1)) is not None:
+    while (item := queue.backends.broker.receive(queue.name, 1)) is not None:
         names.append(EnqueuedMail.from_payload(item.payload)[0].name)
-        queue.broker.ack(item)
+        queue.backends.broker.ack(item)
     return sorted(names)
 
 

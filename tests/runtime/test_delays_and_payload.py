@@ -40,12 +40,12 @@ LEGACY_ORDER = (
 def test_a_delayed_mail_waits_in_the_delayed_mails_not_in_the_broker(backend, clocked):
     enqueue_id = clocked.enqueue(make_mail("later"), delay="5000y")
     (item,) = clocked.browse()
-    (delayed,) = clocked.delayed.all(QUEUE)
+    (delayed,) = clocked.backends.delayed.all(QUEUE)
     assert (delayed.enqueue_id, delayed.due) == (enqueue_id, int(item.next_delivery.timestamp() * 1e6))
     assert backend.broker_messages() == 0
     assert clocked.publish_due() == 0
     assert clocked.flush() == 1
-    assert (backend.broker_messages(), clocked.delayed.all(QUEUE)) == (1, [])
+    assert (backend.broker_messages(), clocked.backends.delayed.all(QUEUE)) == (1, [])
     assert clocked.dequeue(timeout=0).mail.name == "later"
 
 
@@ -62,7 +62,7 @@ def test_a_consumer_publishes_the_delays_another_process_wrote(backend):
 def test_removing_a_delayed_mail_drops_its_delayed_row(clocked):
     clocked.enqueue(make_mail("later"), delay="1h")
     assert clocked.remove(name="later") == 1
-    assert clocked.delayed.all(QUEUE) == []
+    assert clocked.backends.delayed.all(QUEUE) == []
 
 
 def test_a_retry_after_a_delay_keeps_counting_the_attempts(clocked, clock):
@@ -109,13 +109,13 @@ def test_republish_delays_again_a_mail_whose_delayed_row_was_never_written(backe
     # Each write commits on its own, as without transactions.
     runtime = backend.open(clock, group_writes=False, slice_window="1s", clock_skew_grace="0s")
     queue = runtime.queue(QUEUE)
-    queue.faults.arm(ENQUEUE_AFTER_VIEW_ROW)
+    queue.backends.faults.arm(ENQUEUE_AFTER_VIEW_ROW)
     with pytest.raises(InjectedFault):
         queue.enqueue(make_mail("later"), delay="1h")
     clock.advance(1)
     assert queue.republish("0s") == 1
     (item,) = queue.browse()
-    (delayed,) = queue.delayed.all(QUEUE)
+    (delayed,) = queue.backends.delayed.all(QUEUE)
     assert delayed.due == int(item.next_delivery.timestamp() * 1e6)
     assert backend.broker_messages() == 0
     assert queue.republish("0s") == 0

@@ -24,9 +24,7 @@ def short_settle(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def counts(queue: MailQueue) -> dict[tuple[str, str, int], int]:
     return {
-        (c.domain, c.state, c.slot): c.mails
-        for c in queue.context.backends.destinations.counts(QUEUE)
-        if c.mails
+        (c.domain, c.state, c.slot): c.mails for c in queue.backends.destinations.counts(QUEUE) if c.mails
     }
 
 
@@ -39,7 +37,7 @@ def test_the_recount_zeroes_a_count_where_no_mail_is_and_keeps_the_live_mails(
     item = clocked.dequeue(timeout=0)
     assert item is not None and item.enqueue_id == gone
     # What a crash between the deletion mark and its count leaves: the delivered mail still counted.
-    store = clocked.context.backends.destinations
+    store = clocked.backends.destinations
     store.count(QUEUE, [DestinationCount("b.test", "queued", first_slot, 1)])
     item.done()
     # And counts no mail accounts for: a domain with no mail, one below zero, and one of a live mail's.
@@ -77,7 +75,7 @@ def test_an_idle_consumer_zeroes_the_counts_of_an_empty_queue_by_itself(
     item = clocked.dequeue(timeout=0)
     assert item is not None
     item.done()
-    clocked.context.backends.destinations.count(QUEUE, [DestinationCount("a.test", "queued", first_slot, 1)])
+    clocked.backends.destinations.count(QUEUE, [DestinationCount("a.test", "queued", first_slot, 1)])
     clock.advance(11 * 60)
     assert {d.domain: d.total("queued") for d in clocked.by_domain()} == {"a.test": 1}
     assert clocked.size() == 0

@@ -72,13 +72,13 @@ class Crash:
         return item
 
     def crash(self, point: str, operation: Callable[[], object]) -> None:
-        self.queue.faults.arm(point)
+        self.queue.backends.faults.arm(point)
         with pytest.raises(InjectedFault, match=point):
             operation()
-        assert self.queue.faults.armed is None
+        assert self.queue.backends.faults.armed is None
 
     def references(self, enqueue_id: str) -> list:
-        return self.queue.blobs.references_of(enqueue_id)
+        return self.queue.backends.blobs.references_of(enqueue_id)
 
     def drain(self) -> list[str]:
         """Deliver what is deliverable now; each mail must be whole."""
@@ -106,7 +106,7 @@ class Crash:
         self.clock.advance(2)
         self.queue.update_browse_start()
         assert self.queue.size() == 0 and list(self.queue.browse()) == []
-        assert self.queue.delayed.all(QUEUE) == []
+        assert self.queue.backends.delayed.all(QUEUE) == []
         assert self.queue.content_start() == self.queue.browse_start()
 
 
@@ -127,7 +127,7 @@ def crash(request, backend, clock, settling) -> Crash:
 def enqueue_dies(point: str, delay: int | None) -> Callable[[Crash, object], None]:
     def scenario(c: Crash, backend) -> None:
         c.enqueue("before")
-        c.queue.faults.arm(point)
+        c.queue.backends.faults.arm(point)
         with pytest.raises(InjectedFault):
             c.queue.enqueue(make_mail("faulted", body=b"half\r\n"), delay=delay)
         # Not accepted: never delivered while it is half-written.
@@ -182,13 +182,13 @@ def done_dies_before_its_count(c: Crash, backend) -> None:
         c.settled(c.heal(), {"a"})
         return
     assert list(c.queue.browse()) == []
-    assert c.queue.view.size(QUEUE, c.queue.browse_start()) == 1  # the crash's leftover count
+    assert c.queue.backends.view.size(QUEUE, c.queue.browse_start()) == 1  # the crash's leftover count
     c.clock.advance(LEASE + 1)
     time.sleep(c.settle)
     # The broker's message is acked as not live; the consumer recounts the slice.
     assert c.queue.dequeue(timeout=0) is None
     assert backend.broker_messages() == 0
-    assert c.queue.view.size(QUEUE, c.queue.browse_start()) == 0 and c.queue.size() == 0
+    assert c.queue.backends.view.size(QUEUE, c.queue.browse_start()) == 0 and c.queue.size() == 0
     assert c.queue.recount() == 0  # nothing left to correct
     c.settled([], set())
 

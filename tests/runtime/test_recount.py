@@ -24,17 +24,18 @@ def test_a_mail_settled_twice_never_shows_a_negative_size(clocked: MailQueue, se
     row = item._row
     item.done()
     # A consumer whose lease had expired settles the same mail as well (Cassandra counts it again).
-    clocked.view.mark_done(QUEUE, row.enqueue_id, row.slice_start, row.bucket, _no_fault)
+    clocked.backends.view.mark_done(QUEUE, row.enqueue_id, row.slice_start, row.bucket, _no_fault)
     time.sleep(settling)
     clocked.recount()
     assert clocked.size() == 1 and clocked.overview().size == 1
     other = clocked.dequeue(timeout=0)
     assert other is not None
     other.done()
-    clocked.view.mark_done(QUEUE, other._row.enqueue_id, other._row.slice_start, other._row.bucket, _no_fault)
+    row = other._row
+    clocked.backends.view.mark_done(QUEUE, row.enqueue_id, row.slice_start, row.bucket, _no_fault)
     # Counted below zero (Cassandra) until the recount folds it: size() shows the queue empty meanwhile.
     assert clocked.size() == 0 and clocked.overview().size == 0
     time.sleep(settling)
     clocked.recount()
-    assert clocked.view.size(QUEUE, clocked.browse_start()) == 0 and clocked.size() == 0
+    assert clocked.backends.view.size(QUEUE, clocked.browse_start()) == 0 and clocked.size() == 0
     assert clocked.recount() == 0
