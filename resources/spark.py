@@ -59,7 +59,13 @@ def code_zip() -> Path:
     """mailq's own packages (CODE_PACKAGES) in one zip, so that a cluster's executors run the driver's
     code from no disk they share with it. Named by a digest of what it holds: a changed tree makes a new
     one, an unchanged one is made once."""
-    files = sorted(path for package in CODE_PACKAGES for path in (_ROOT / package).rglob("*.py"))
+    # Their data too (the embedded store's schema.sql), which the code reads through importlib.resources.
+    files = sorted(
+        path
+        for package in CODE_PACKAGES
+        for path in (_ROOT / package).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    )
     digest = hashlib.sha256()
     for path in files:
         digest.update(str(path.relative_to(_ROOT)).encode() + b"\0" + path.read_bytes())

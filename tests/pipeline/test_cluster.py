@@ -102,7 +102,7 @@ def run_jobs(
     assets: dict[str, dict] = {}
     for line in out.strip().splitlines()[-len(jobs) :]:
         summary = json.loads(line)
-        assert summary["success"], summary["failures"] or summary["checks"]
+        assert summary["success"], (summary["failures"] or summary["checks"], err[-3000:])
         assets |= summary["assets"]
     return assets
 
