@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from mailq_runtime import Runtime
-from mailq_runtime.faults import AFTER_PROJECTION, InjectedFault
 from mailq_runtime.settings import Settings
 from mailq_servers.host_bed import HostBed, running_facts
-from tests.pipeline.test_cluster import RUN_JOBS
-from tests.runtime.helpers import FakeClock, make_mail
+from tests.pipeline.test_cluster import RUN_JOBS, maintenance_work
+from tests.runtime.helpers import FakeClock
 
 pytestmark = pytest.mark.timeout(1200)
 JOBS = ("blob_gc_job", "maintenance_job")
@@ -32,26 +31,8 @@ FIGURES = {
 
 
 def seed(runtime: Runtime) -> dict[str, str]:
-    """The same data on either deployment: a garbage blob and a live one, eligible; a mailbox whose
-    counters an append that died after its projection left behind; two mails delivered in slices long
-    past, for the queue's clean-up."""
-    live, garbage = runtime.blobs.save("keeper", b"live content"), runtime.blobs.save("leaver", b"garbage")
-    runtime.blobs.release("leaver")
-    runtime.generations.rotate()
-    runtime.generations.rotate()
-    boxes = runtime.mailboxes
-    inbox = boxes.create("alice@example.com", "INBOX")
-    boxes.append(inbox, b"Subject: one\r\n\r\nfirst\r\n")
-    boxes.faults.arm(AFTER_PROJECTION)
-    with pytest.raises(InjectedFault):
-        boxes.append(inbox, b"Subject: two\r\n\r\nsecond\r\n")
-    spool = runtime.queue("spool")
-    for name in ("m1", "m2"):
-        spool.enqueue(make_mail(name))
-    for _ in range(2):
-        item = spool.dequeue(timeout=5)
-        assert item is not None
-        item.done()
+    """The same data on either deployment: the cluster test's work for each job (`maintenance_work`)."""
+    live, garbage, inbox = maintenance_work(runtime)
     return {"live": str(live), "garbage": str(garbage), "inbox": inbox}
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from mailq_runtime import Runtime
 from mailq_runtime.faults import AFTER_PROJECTION, InjectedFault
+from mailq_runtime.model import BlobId, MailboxId
 from mailq_runtime.settings import Settings
 from mailq_servers.spark import SparkCluster
 from resources.spark import code_zip
@@ -107,10 +109,9 @@ def run_jobs(
     return assets
 
 
-def test_the_gc_and_maintenance_jobs_run_on_the_cluster_and_do_all_their_work(
-    backend: Backend, spark_cluster: SparkCluster, tmp_path: Path
-) -> None:
-    runtime = backend.open(FakeClock())
+def maintenance_work(runtime: Runtime) -> tuple[BlobId, BlobId, MailboxId]:
+    """Work for each maintenance job, on a runtime whose clock is long past: (the live blob, the garbage
+    blob, the mailbox whose counters are behind)."""
     # Blob GC: one blob still referenced, one released, in a generation two rotations make eligible.
     live, garbage = runtime.blobs.save("keeper", b"live content"), runtime.blobs.save("leaver", b"garbage")
     runtime.blobs.release("leaver")
@@ -129,9 +130,17 @@ def test_the_gc_and_maintenance_jobs_run_on_the_cluster_and_do_all_their_work(
     for name in ("m1", "m2"):
         spool.enqueue(make_mail(name))
     for _ in range(2):
-        item = spool.dequeue(timeout=0)
+        item = spool.dequeue(timeout=5)
         assert item is not None
         item.done()
+    return live, garbage, inbox
+
+
+def test_the_gc_and_maintenance_jobs_run_on_the_cluster_and_do_all_their_work(
+    backend: Backend, spark_cluster: SparkCluster, tmp_path: Path
+) -> None:
+    runtime = backend.open(FakeClock())
+    live, garbage, inbox = maintenance_work(runtime)
     runtime.close()
     app = f"mailq-test-{secrets.token_hex(4)}"
 
