@@ -8,15 +8,15 @@ cluster, on the storage its executors share):
 
 An id is the run's start, UTC, then the first 8 hex digits of its Dagster run id: `20261123T064735Z-1a2b3c4d`.
 Ids sort by time, which is how `mailq blobs explain` finds the latest record naming a blob. Spark writes
-the records; this module reads them with pyarrow, without a Spark session.
+the records; this module reads them through `Outputs` (pyarrow), without a Spark session.
 """
 
 from __future__ import annotations
 
 import re
 
+import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 
 from mailq_runtime.clock import to_datetime
 from mailq_runtime.errors import InvalidInput, shown
@@ -70,34 +70,33 @@ def path(outputs: Outputs, kind: str, record_id: str) -> str:
 
 def exists(outputs: Outputs, kind: str, record_id: str) -> bool:
     """Whether the record was written whole: Spark's _SUCCESS marks a committed write."""
-    fs, where = outputs.filesystem(path(outputs, kind, record_id) + "/_SUCCESS")
-    return fs.get_file_info(where).type == pafs.FileType.File
+    return outputs.is_file(path(outputs, kind, record_id) + "/_SUCCESS")
 
 
 def _ids(outputs: Outputs, kind: str) -> list[str]:
-    fs, where = outputs.filesystem(outputs.path(kind))
-    if fs.get_file_info(where).type != pafs.FileType.Directory:
-        return []
-    entries = fs.get_file_info(pafs.FileSelector(where))
-    return [e.base_name for e in entries if e.type == pafs.FileType.Directory and _ID.fullmatch(e.base_name)]
+    return [name for name in outputs.directories(outputs.path(kind)) if _ID.fullmatch(name)]
 
 
-def _dataset(outputs: Outputs, kind: str, record_id: str) -> ds.Dataset | None:
-    """A whole record as a pyarrow dataset; None for one not written whole, or with no part file (Spark
-    may write none for an empty one)."""
+def _rows(
+    outputs: Outputs,
+    kind: str,
+    record_id: str,
+    columns: list[str] | None = None,
+    where: ds.Expression | None = None,
+) -> pa.Table | None:
+    """A whole record's rows (of `columns`, matching `where`); None for one not written whole, or with no
+    part file (Spark may write none for an empty one)."""
     if not exists(outputs, kind, record_id):
         return None
-    fs, where = outputs.filesystem(path(outputs, kind, record_id))
-    dataset = ds.dataset(where, filesystem=fs, format="parquet")
-    return dataset if "blob_id" in dataset.schema.names else None
+    return outputs.parquet(path(outputs, kind, record_id), columns=columns, where=where)
 
 
 def newest_plan(outputs: Outputs) -> tuple[str, int] | None:
     """The newest plan written whole and how many blobs it holds; None when there is none."""
     for plan_id in sorted(_ids(outputs, PLANS), reverse=True):
         if exists(outputs, PLANS, plan_id):
-            dataset = _dataset(outputs, PLANS, plan_id)
-            return plan_id, 0 if dataset is None else dataset.count_rows()
+            rows = _rows(outputs, PLANS, plan_id, columns=["blob_id"])
+            return plan_id, 0 if rows is None else rows.num_rows
     return None
 
 
@@ -107,12 +106,14 @@ def newest_unapplied_plan(outputs: Outputs) -> str | None:
     of a plan with blobs is never empty."""
     applied = set()
     for record_id in _ids(outputs, RUNS):
-        dataset = _dataset(outputs, RUNS, record_id)
-        if dataset is not None:
-            applied.update(dataset.to_table(columns=["plan_id"]).column("plan_id").unique().to_pylist())
+        rows = _rows(outputs, RUNS, record_id, columns=["plan_id"])
+        if rows is not None:
+            applied.update(rows.column("plan_id").unique().to_pylist())
     for plan_id in sorted(_ids(outputs, PLANS), reverse=True):
-        dataset = _dataset(outputs, PLANS, plan_id)
-        if plan_id not in applied and dataset is not None and dataset.count_rows():
+        if plan_id in applied:
+            continue
+        rows = _rows(outputs, PLANS, plan_id, columns=["blob_id"])
+        if rows is not None and rows.num_rows:
             return plan_id
     return None
 
@@ -127,11 +128,8 @@ def latest_about(outputs: Outputs, blob_id: str) -> tuple[str, dict] | None:
     )
     gone = None
     for record_id, kind in found:
-        dataset = _dataset(outputs, kind, record_id)
-        if dataset is None:
-            continue
-        rows = dataset.to_table(filter=ds.field("blob_id") == blob_id)
-        if not rows.num_rows:
+        rows = _rows(outputs, kind, record_id, where=ds.field("blob_id") == blob_id)
+        if rows is None or not rows.num_rows:
             continue
         row = rows.slice(0, 1).to_pylist()[0]
         if row.get("outcome") != KEPT_GONE:

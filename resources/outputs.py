@@ -1,20 +1,23 @@
 """Where the pipeline's outputs are: a directory of this machine (the embedded deployment's), or an
 `s3a://` location in the deployment's object store, which a Spark cluster's driver and workers reach
 without sharing a disk. Spark writes and reads them through Hadoop (s3a.py); the rest of the pipeline and
-the command line list and read the Parquet records with pyarrow, and put and get the small JSON values
-with boto3, reaching the object store as the deployment does."""
+the command line list the records and get their Parquet parts with boto3 (pyarrow's own S3 file system can
+crash its process at exit when one outlives the interpreter), reaching the object store as the deployment
+does, and read the parts with pyarrow."""
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import boto3
-import pyarrow.fs as pafs
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -50,20 +53,48 @@ class Outputs:
     def path(self, *parts: str) -> str:
         return "/".join([self.base.rstrip("/"), *parts])
 
-    def filesystem(self, location: str) -> tuple[pafs.FileSystem, str]:
-        """pyarrow's file system holding `location` (a path under `base`), and the path on it."""
+    def is_file(self, location: str) -> bool:
         if not s3a.is_s3a(location):
-            return pafs.LocalFileSystem(), location
-        assert self.s3 is not None  # `of` refuses an s3a:// base without an object store
-        endpoint = urlsplit(self.s3.endpoint) if self.s3.endpoint else None
-        # Credentials from the AWS chain, as the deployment's own S3 client takes them.
-        system = pafs.S3FileSystem(
-            region=s3a.region(self.s3),
-            endpoint_override=endpoint.netloc if endpoint else None,
-            scheme=endpoint.scheme if endpoint else "https",
-            tls_ca_file_path=str(self.ca) if self.ca is not None else None,
+            return os.path.isfile(location)
+        bucket, key = self._object(location)
+        return any(
+            item["Key"] == key for page in self._listed(bucket, key) for item in page.get("Contents", ())
         )
-        return system, location[len(s3a.SCHEME) :]
+
+    def directories(self, location: str) -> list[str]:
+        """The names of the directories (common prefixes) right under `location`."""
+        if not s3a.is_s3a(location):
+            if not os.path.isdir(location):
+                return []
+            return [entry.name for entry in os.scandir(location) if entry.is_dir()]
+        bucket, prefix = self._object(location.rstrip("/") + "/")
+        pages = self._listed(bucket, prefix, delimiter="/")
+        return [
+            item["Prefix"][len(prefix) :].rstrip("/")
+            for page in pages
+            for item in page.get("CommonPrefixes", ())
+        ]
+
+    def parquet(
+        self, location: str, columns: list[str] | None = None, where: ds.Expression | None = None
+    ) -> pa.Table | None:
+        """The rows of the Parquet parts right under `location` (those of `columns`, matching `where`);
+        None when it holds no part file, as Spark may leave an empty output. Files named `_*` or `.*` are
+        Spark's markers, not parts."""
+        if not s3a.is_s3a(location):
+            dataset = ds.dataset(location, format="parquet")
+            return dataset.to_table(columns=columns, filter=where) if dataset.files else None
+        bucket, prefix = self._object(location.rstrip("/") + "/")
+        pages = self._listed(bucket, prefix, delimiter="/")
+        names = sorted(item["Key"][len(prefix) :] for page in pages for item in page.get("Contents", ()))
+        parts = [
+            pq.read_table(
+                io.BytesIO(self.read(f"{location.rstrip('/')}/{name}")), columns=columns, filters=where
+            )
+            for name in names
+            if not name.startswith(("_", "."))
+        ]
+        return pa.concat_tables(parts) if parts else None
 
     def write(self, location: str, data: bytes) -> None:
         """`data` as the file or object at `location`: a file private to its owner whatever the umask, as
@@ -93,6 +124,17 @@ class Outputs:
         self.write(probe, b"")
         bucket, key = self._object(probe)
         self._s3("written", lambda client: client.delete_object(Bucket=bucket, Key=key))
+
+    def _listed(self, bucket: str, prefix: str, delimiter: str = "") -> list[dict]:
+        """The pages of a listing of `bucket` under `prefix`."""
+        return self._s3(
+            "listed",
+            lambda client: list(
+                client.get_paginator("list_objects_v2").paginate(
+                    Bucket=bucket, Prefix=prefix, Delimiter=delimiter
+                )
+            ),
+        )
 
     def _object(self, location: str) -> tuple[str, str]:
         bucket, _, key = location[len(s3a.SCHEME) :].partition("/")
