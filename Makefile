@@ -69,9 +69,11 @@ demo-hosts: setup s3a-jars $(DAGSTER_DIR)/dagster.yaml
 
 # The suite in two processes, then the tests that need the machine to themselves (tests/conftest.py);
 # these run whatever the first part found, and `make test` fails if either part failed. Each part ends with
-# its slowest tests, the figures for keeping .ci/run within its time.
+# its slowest tests, the figures for keeping .ci/run within its time. Work stealing gives each process one half
+# of the suite in order, so most modules' fixtures are made once, and an idle process takes tests from the
+# other's end.
 test: setup system-packages s3a-jars
-	$(BIN)/pytest -n 2 -m 'not alone' --durations=30; first=$$?; $(BIN)/pytest -m alone --durations=15 && exit $$first
+	$(BIN)/pytest -n 2 --dist worksteal -m 'not alone' --durations=30; first=$$?; $(BIN)/pytest -m alone --durations=15 && exit $$first
 
 # The real servers of the distributed deployment (mailq_servers), installed into ~/.cache/mailq-servers.
 servers: setup
