@@ -1,19 +1,26 @@
 """The host bed: the distributed deployment on separate network hosts of this machine (hosts.py), each
 with its own address and its own files, its servers reached only across the bed's bridge.
 
-    server1..3   10.213.0.11-13   a Cassandra node (9042, storage 7000), a RabbitMQ node (5672,
+    server1..3   10.213.0.11-13   a Cassandra node (9042, storage 7000), a RabbitMQ node (amqps 5671,
                                   distribution 25672, epmd 4369) and a Spark worker each: one cluster
                                   of three of each; server1 also runs the Spark master (7077, UI 8080)
-    objects      10.213.0.20      versitygw, the S3 endpoint
+    objects      10.213.0.20      versitygw, the S3 endpoint (https 17170)
     smtp, worker1, worker2, driver, sink, metrics   10.213.0.31-36: client hosts with no server of the
                                   bed's: `mailq smtp`, `mailq worker`s, the pipeline's driver, an SMTP sink,
                                   Prometheus, started there by the tests (`host(name).command(argv)`)
 
-The servers are the harness's own classes (CassandraCluster, RabbitMQCluster, S3Endpoint,
+The servers are the harness's own TLS classes (CassandraClusterTLS, RabbitMQClusterTLS, S3EndpointTLS,
 SparkStandalone) given a place on a host and a directory there; the bed is one server of the harness
 (`python -m mailq_servers up hosts`, `down hosts`), its state file recording every process. It starts its
 servers together, and `down` stops them, then removes every namespace, link and process of the bed,
-recorded or not. The Cassandra keyspaces
+recorded or not.
+
+Every link that crosses the bridge to a server speaks TLS only, with certificates of the harness's CA
+(tls_servers.py) naming each host's address and name: CQL and Cassandra's node-to-node links (each client
+presents the harness's client certificate), amqps and RabbitMQ's Erlang distribution, and S3 over https.
+A bed deployment's URL names the CA and the client certificate; every host reads them, as it reads the
+servers' binaries, from the harness's cache, as each machine of a real cluster holds them at one path.
+The Cassandra keyspaces
 of a bed deployment are replicated on the three nodes and its mail queues are quorum queues, so a
 deployment survives one server host's loss."""
 
@@ -30,11 +37,12 @@ from typing import Any
 
 from . import hosts as network
 from .base import Proc, Running, Server, ServerError
-from .cassandra_cluster import CassandraCluster, CassandraClusterServer
+from .cassandra_cluster import CassandraClusterServer
 from .hosts import NETWORK_PREFIX, Host
-from .rabbitmq_cluster import RabbitMQCluster, RabbitMQClusterServer
-from .s3 import S3Endpoint, S3Server
+from .rabbitmq_cluster import RabbitMQClusterServer
+from .s3 import S3Server
 from .spark import SparkCluster, SparkStandalone
+from .tls_servers import CassandraClusterTLS, RabbitMQClusterTLS, S3EndpointTLS
 
 SERVER_HOSTS = ("server1", "server2", "server3")
 CLIENT_HOSTS = ("smtp", "worker1", "worker2", "driver", "sink", "metrics")
@@ -45,7 +53,7 @@ ADDRESSES = {
 }
 CASSANDRA_PORTS = {"native": 9042, "storage": 7000}
 RABBITMQ_PORTS = {
-    **{f"amqp{n}": 5672 for n in (1, 2, 3)},
+    **{f"amqp{n}": 5671 for n in (1, 2, 3)},
     **{f"distribution{n}": 25672 for n in (1, 2, 3)},
 }
 EPMD_PORT = 4369
@@ -114,7 +122,7 @@ class HostBed(Server):
         super().__init__(cache)
         self.hosts = _hosts(self.run_dir)
         places = [self.hosts[name].place() for name in SERVER_HOSTS]
-        self.cassandra = CassandraCluster(
+        self.cassandra = CassandraClusterTLS(
             self.cache,
             run_dir=self.run_dir / "cassandra-cluster",
             places=places,
@@ -122,8 +130,9 @@ class HostBed(Server):
             ports=CASSANDRA_PORTS,
             heap=os.environ.get("MAILQ_BED_CASSANDRA_HEAP", CASSANDRA_HEAP),
         )
-        self.rabbitmq = RabbitMQCluster(
+        self.rabbitmq = RabbitMQClusterTLS(
             self.cache,
+            amqps=True,
             run_dir=self.run_dir / "rabbitmq-cluster",
             places=places,
             node_dirs=[self.hosts[name].directory / "rabbitmq" for name in SERVER_HOSTS],
@@ -131,7 +140,7 @@ class HostBed(Server):
             epmd_port=EPMD_PORT,
             user=(AMQP_USER, self._amqp_password()),
         )
-        self.s3 = S3Endpoint(
+        self.s3 = S3EndpointTLS(
             self.cache, place=self.hosts["objects"].place(), run_dir=self.hosts["objects"].directory / "s3"
         )
         self.spark = SparkStandalone(

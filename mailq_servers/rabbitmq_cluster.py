@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from .base import Place, Proc, Running, Server, ServerError, port_answers, port_setting
+from .certificates import ClientTls
 from .rabbitmq import GUEST, RabbitMQ, RabbitMQServer
 
 if TYPE_CHECKING:
@@ -45,12 +46,18 @@ class RabbitMQClusterServer:
     nodes: list[str]
     username: str
     password: str
+    tls: ClientTls | None = None  # the CA and client certificate of nodes that speak amqps only
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tls, dict):  # as read back from the state file
+            object.__setattr__(self, "tls", ClientTls(**self.tls))
 
     def broker_url(self, vhost: str = "/", **options: str) -> str:
         hosts = ",".join(f"{host}:{port}" for host, port in zip(self.hosts, self.ports, strict=True))
         user = "" if (self.username, self.password) == GUEST else f"{quote(self.username, safe='')}@"
         query = f"?{urlencode(options)}" if options else ""
-        return f"amqp://{user}{hosts}/{quote(vhost, safe='') if vhost != '/' else ''}{query}"
+        scheme = "amqps" if self.tls else "amqp"
+        return f"{scheme}://{user}{hosts}/{quote(vhost, safe='') if vhost != '/' else ''}{query}"
 
     def node_server(self, index: int, vhost: str = "/") -> RabbitMQServer:
         """Node `index` (1..3) alone, as a client of one node reaches it."""
@@ -61,6 +68,7 @@ class RabbitMQClusterServer:
             self.password,
             vhost,
             self.nodes[index - 1],
+            self.tls,
         )
 
     def env(self) -> dict[str, str]:
@@ -77,6 +85,7 @@ class RabbitMQCluster(Server):
         },
     }
     main_process = "n1"
+    epmd_setting = ("MAILQ_RABBITMQ_CLUSTER_EPMD_PORT", 14379)
 
     def __init__(
         self,
@@ -112,12 +121,12 @@ class RabbitMQCluster(Server):
     def epmd_port(self) -> int:
         if self._epmd_port is not None:
             return self._epmd_port
-        return port_setting("MAILQ_RABBITMQ_CLUSTER_EPMD_PORT", 14379)
+        return port_setting(*self.epmd_setting)
 
     def node(self, index: int) -> RabbitMQ:
         """Node `index` (1..3) as a RabbitMQ server of the harness, in its directory."""
         ports = self.ports()
-        return RabbitMQ(
+        return self.node_type(
             self.cache,
             node=self.node_names[index - 1],
             ports={"amqp": ports[f"amqp{index}"], "distribution": ports[f"distribution{index}"]},
@@ -125,11 +134,21 @@ class RabbitMQCluster(Server):
             place=self.places[index - 1],
             run_dir=self.node_dirs[index - 1],
             user=self.user,
-            distribution_tls=self.distribution_tls(),
+            distribution_tls=self.distribution_tls(index),
         )
 
-    def distribution_tls(self) -> Path | None:
-        """The ssl_dist_optfile of a cluster whose nodes speak TLS to each other; None for the clear."""
+    @property
+    def node_type(self) -> type[RabbitMQ]:
+        """The class of the nodes: one whose AMQP listener speaks TLS is another."""
+        return RabbitMQ
+
+    def distribution_tls(self, index: int) -> Path | None:
+        """The ssl_dist_optfile of node `index` in a cluster whose nodes speak TLS to each other; None for
+        the clear."""
+        return None
+
+    def client_tls(self) -> ClientTls | None:
+        """The CA and client certificate of a cluster whose clients must speak amqps; None for plain AMQP."""
         return None
 
     def nodes(self) -> list[RabbitMQ]:
@@ -234,6 +253,7 @@ class RabbitMQCluster(Server):
                 [ports[f"amqp{index}"] for index in range(1, NODES + 1)],
                 list(self.node_names),
                 *self.user,
+                tls=self.client_tls(),
             )
         )
 

@@ -1,7 +1,9 @@
 """The harness's servers that speak TLS only, beside the plaintext ones the suite shares: `cassandra-tls` (a
 single node whose clients must present a certificate), `s3-tls` (versitygw over https) and `rabbitmq-tls`
 (amqps). Each runs on ports of its own and presents a certificate of the harness's CA naming its address;
-`python -m mailq_servers up --tls` starts them, and the TLS tests' fixtures do.
+`python -m mailq_servers up --tls` starts them, and the TLS tests' fixtures do. The host bed (host_bed.py)
+runs the clusters and the endpoint of this module on its hosts, each certificate naming its host's address
+and name.
 
 The CA lives in the cache's `tls/` (ca.pem, and client.pem with its key, the certificate every harness
 client presents); a server's own certificate is issued again at each start into its run directory, so a
@@ -12,8 +14,9 @@ from __future__ import annotations
 import ssl
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
-from .base import HOST, Proc, port_setting, unsafe_mode
+from .base import HOST, Place, Proc, port_setting, unsafe_mode
 from .cassandra import DATACENTER, Cassandra, CassandraServer
 from .cassandra_cluster import CassandraCluster
 from .certificates import Certificate, ClientTls, HarnessCA
@@ -71,6 +74,12 @@ def node_certificate(cache: Path, run_dir: Path, hosts: list[str]) -> tuple[Harn
     return ca, ca.issue("node", hosts, directory=run_dir / "tls")
 
 
+def names_of(place: Place) -> list[str]:
+    """What a certificate of a server at `place` names: its address, which the harness's clients dial,
+    and its host's name, which the Erlang distribution checks."""
+    return [place.address, place.host_name]
+
+
 class CassandraTLS(Cassandra):
     name = "cassandra-tls"
     port_settings = {
@@ -120,8 +129,7 @@ class CassandraClusterTLS(CassandraCluster):
     cluster_name = "mailq-cluster-tls"
 
     def extra_yaml(self, node: int) -> str:
-        address = self.addresses[node - 1]
-        ca, certificate = node_certificate(self.cache, self.node_dir(node), [address])
+        ca, certificate = node_certificate(self.cache, self.node_dir(node), names_of(self.places[node - 1]))
         files = {"keystore": certificate.keystore, "ca": ca.cert}
         return CLIENT_ENCRYPTION_YAML.format(**files) + SERVER_ENCRYPTION_YAML.format(**files)
 
@@ -140,8 +148,9 @@ DISTRIBUTION_OPTIONS = """[{{server, [{{cacertfile, "{ca}"}}, {{certfile, "{cert
 
 class RabbitMQClusterTLS(RabbitMQCluster):
     """The three-node RabbitMQ cluster with its inter-node links (the Erlang distribution, rabbitmqctl's
-    included) over TLS only; its clients' AMQP stays plain (amqps is rabbitmq-tls's). Ports and an epmd
-    of its own, so it runs beside the plaintext cluster."""
+    included) over TLS only. Its clients' AMQP stays plain (amqps is rabbitmq-tls's) unless `amqps`: the
+    host bed's nodes listen for amqps only. Ports and an epmd of its own, so it runs beside the plaintext
+    cluster."""
 
     name = "rabbitmq-cluster-tls"
     port_settings = {
@@ -151,17 +160,27 @@ class RabbitMQClusterTLS(RabbitMQCluster):
             for n in range(1, NODES + 1)
         },
     }
+    epmd_setting = ("MAILQ_RABBITMQ_CLUSTER_TLS_EPMD_PORT", 14389)
 
-    def epmd_port(self) -> int:
-        return port_setting("MAILQ_RABBITMQ_CLUSTER_TLS_EPMD_PORT", 14389)
+    def __init__(self, cache: Path | None = None, *, amqps: bool = False, **options: Any) -> None:
+        super().__init__(cache, **options)
+        self.amqps = amqps
 
-    def distribution_tls(self) -> Path:
-        return self.run_dir / "tls" / "distribution.config"
+    @property
+    def node_type(self) -> type[RabbitMQ]:
+        return RabbitMQTLS if self.amqps else RabbitMQ
+
+    def client_tls(self) -> ClientTls | None:
+        return client_tls(self.cache) if self.amqps else None
+
+    def distribution_tls(self, index: int) -> Path:
+        return self.node_dirs[index - 1] / "tls" / "distribution.config"
 
     def launch(self) -> dict[str, Proc]:
-        ca, node = node_certificate(self.cache, self.run_dir, ["localhost", HOST])
-        options = DISTRIBUTION_OPTIONS.format(ca=ca.cert, cert=node.cert, key=node.key)
-        self.distribution_tls().write_text(options)
+        for index, place in enumerate(self.places, 1):
+            ca, node = node_certificate(self.cache, self.node_dirs[index - 1], names_of(place))
+            options = DISTRIBUTION_OPTIONS.format(ca=ca.cert, cert=node.cert, key=node.key)
+            self.distribution_tls(index).write_text(options)
         return super().launch()
 
 
@@ -170,8 +189,8 @@ class S3EndpointTLS(S3Endpoint):
     port_settings = {"http": ("MAILQ_S3_TLS_PORT", 17170)}
     scheme = "https"
 
-    def __init__(self, cache: Path | None = None) -> None:
-        super().__init__(cache)
+    def __init__(self, cache: Path | None = None, **options: Any) -> None:
+        super().__init__(cache, **options)
         # The binary is the shared endpoint's: one build serves both.
         self.plain = S3Endpoint(self.cache)
         self.binary = self.plain.binary
@@ -184,7 +203,7 @@ class S3EndpointTLS(S3Endpoint):
                 self.plain.install()
 
     def tls_arguments(self) -> list[str]:
-        _, node = node_certificate(self.cache, self.run_dir, [HOST])
+        _, node = node_certificate(self.cache, self.run_dir, names_of(self.place))
         return ["--cert", str(node.cert), "--key", str(node.key)]
 
     def url_context(self) -> ssl.SSLContext:
@@ -201,10 +220,11 @@ class RabbitMQTLS(RabbitMQ):
         "distribution": ("MAILQ_RABBITMQ_TLS_DIST_PORT", 26672),
     }
 
-    def __init__(self, cache: Path | None = None) -> None:
-        super().__init__(
-            cache, node="mailq-tls@localhost", epmd_port=port_setting("MAILQ_RABBITMQ_TLS_EPMD_PORT", 14469)
-        )
+    def __init__(self, cache: Path | None = None, **options: Any) -> None:
+        """The single amqps node by default; a node of a cluster that speaks amqps with `options`."""
+        options.setdefault("node", "mailq-tls@localhost")
+        options.setdefault("epmd_port", port_setting("MAILQ_RABBITMQ_TLS_EPMD_PORT", 14469))
+        super().__init__(cache, **options)
 
     def install(self) -> None:
         plain = RabbitMQ(self.cache)
@@ -214,10 +234,10 @@ class RabbitMQTLS(RabbitMQ):
 
     def listener_conf(self, port: int) -> str:
         # The PEM files as Erlang's ssl reads them; a client certificate is verified when one is given.
-        ca, node = node_certificate(self.cache, self.run_dir, [HOST])
+        ca, node = node_certificate(self.cache, self.run_dir, names_of(self.place))
         return (
             "listeners.tcp = none\n"
-            f"listeners.ssl.default = {HOST}:{port}\n"
+            f"listeners.ssl.default = {self.place.address}:{port}\n"
             f"ssl_options.cacertfile = {ca.cert}\n"
             f"ssl_options.certfile = {node.cert}\n"
             f"ssl_options.keyfile = {node.key}\n"

@@ -57,5 +57,5 @@ def test_the_clusters_span_the_three_server_hosts(host_bed: HostBed):
     host_bed.cassandra.wait_ring(timeout=60)  # each node UN in every node's gossip
     assert sorted(host_bed.rabbitmq.members()) == [f"rabbit@{name}" for name in SERVER_HOSTS]
     s3 = facts.s3_server
-    assert s3.endpoint_url == f"http://{host_bed.host('objects').address}:17070"
+    assert s3.endpoint_url == f"https://{host_bed.host('objects').address}:{host_bed.s3.ports()['http']}"
     s3.client().list_buckets()

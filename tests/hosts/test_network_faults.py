@@ -1,6 +1,7 @@
 """The bed's faults of a network, as the tests of a cluster's failures use them: a host partitioned from
 chosen others and healed, a host's link unplugged and plugged again, a server's process paused and
-resumed. Each is seen from the hosts themselves, through a TCP connection or a protocol's greeting."""
+resumed. Each is seen from the hosts themselves, through a TCP connection or a TLS handshake (every
+server of the bed speaks TLS)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ import pytest
 
 from mailq_servers.host_bed import CASSANDRA_PORTS, RABBITMQ_PORTS, HostBed
 
-# Connects to HOST PORT within 3 s, sends the AMQP 0-9-1 header when asked and waits 3 s for a reply:
-# exit 0 when connected (and answered), 2 when refused (the host answered), 1 when nothing answered.
+# Connects to HOST PORT within 3 s and, when asked, completes a TLS handshake within 3 s (the server's
+# answer, whoever signed its certificate): exit 0 when connected (and answered), 2 when refused (the host
+# answered), 1 when nothing answered.
 PROBE = """
-import socket, sys
+import socket, ssl, sys
 try:
     with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3) as connection:
         if len(sys.argv) > 3:
-            connection.sendall(b"AMQP\\x00\\x00\\x09\\x01")
-            sys.exit(0 if connection.recv(1) else 1)
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            context.wrap_socket(connection).close()
 except ConnectionRefusedError:
     sys.exit(2)
 except OSError:
@@ -28,14 +32,14 @@ except OSError:
 OUTCOMES = {0: "connected", 1: "silence", 2: "refused"}
 
 
-def probe(bed: HostBed, source: str, target: str, port: int, greeting: bool = False) -> str:
-    """What a process on host `source` meets connecting to `target`'s port (and asking for a greeting)."""
-    argv = [sys.executable, "-c", PROBE, bed.host(target).address, str(port), *(["amqp"] if greeting else [])]
+def probe(bed: HostBed, source: str, target: str, port: int, handshake: bool = False) -> str:
+    """What a process on host `source` meets connecting to `target`'s port (and shaking hands)."""
+    argv = [sys.executable, "-c", PROBE, bed.host(target).address, str(port), *(["tls"] if handshake else [])]
     return OUTCOMES[subprocess.run(bed.host(source).command(argv), timeout=30).returncode]
 
 
-def reaches(bed: HostBed, source: str, target: str, port: int, greeting: bool = False) -> bool:
-    return probe(bed, source, target, port, greeting) == "connected"
+def reaches(bed: HostBed, source: str, target: str, port: int, handshake: bool = False) -> bool:
+    return probe(bed, source, target, port, handshake) == "connected"
 
 
 def test_a_partition_cuts_a_host_off_from_the_chosen_hosts_only_until_healed(host_bed: HostBed):
@@ -67,12 +71,12 @@ def test_a_paused_server_accepts_connections_and_answers_nothing_until_resumed(h
     amqp = RABBITMQ_PORTS["amqp3"]
     host_bed.pause("server3.rabbitmq")
     try:
-        # The kernel completes the handshake of a stopped process's listener; the node says nothing.
+        # The kernel accepts a stopped process's connections; the node answers no TLS handshake.
         assert reaches(host_bed, "worker1", "server3", amqp)
-        assert probe(host_bed, "worker1", "server3", amqp, greeting=True) == "silence"
+        assert probe(host_bed, "worker1", "server3", amqp, handshake=True) == "silence"
     finally:
         host_bed.resume("server3.rabbitmq")
-    assert reaches(host_bed, "worker1", "server3", amqp, greeting=True)
+    assert reaches(host_bed, "worker1", "server3", amqp, handshake=True)
 
 
 def test_a_fault_on_a_host_the_bed_lacks_is_refused_naming_it(host_bed: HostBed):
