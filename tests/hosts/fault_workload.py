@@ -1,4 +1,4 @@
-"""The workload of the fault scenarios (issue 38), and its report: `mailq smtp` and two `mailq worker`s at
+"""The workload of the network fault scenarios, and its report: `mailq smtp` and two `mailq worker`s at
 work while producers send mail through SMTP and through the API, bounded in time and count, with a fault
 applied half-way and healed after its length; then every mail accounted for.
 
@@ -41,7 +41,7 @@ from tests.smtp.helpers import SmtpProcess, mailq_command
 
 HEADER = "X-Mailq-Workload"
 QUEUE = "spool"  # the queue `mailq smtp` and `mailq worker` serve by default
-# The delay the issue allows a mail beyond the fault's length, and the enqueue time it allows where a
+# The delay a mail may take beyond the fault's length, and the enqueue time allowed where a
 # quorum is reachable.
 DELAY_SLACK, ENQUEUE_P99 = 10.0, 1.0
 # After the counts' bound, the time a recount's own browse may take (docs/distributed.md, "Exact counts").
@@ -153,7 +153,7 @@ class MailqProcess:
 
 @dataclass
 class Report:
-    """What became of a run's mails, and the figures the issue's targets are about.
+    """What became of a run's mails, and the figures the fault scenarios' targets are about.
 
     `delays`: seconds from a mail's sending to its first copy in an INBOX; the no-fault delay is their
     median over the mails that met no fault (delivered before it began, or sent after it healed), and
@@ -203,7 +203,7 @@ class Report:
         return self.fault_end - self.fault_start
 
     def check(self, fault_seconds: float, *, quorum_reachable: bool = True) -> None:
-        """The issue's targets, every failure named in one assertion: no mail missing; duplicates only of
+        """The scenarios' targets, every failure named in one assertion: no mail missing; duplicates only of
         mails in flight at the fault; no mail delayed past the fault's length plus 10 s over the no-fault
         delay; the counts equal to a browse within their bound after the heal; errors only mailq's own,
         one line each, and only around the fault; no traceback; every process exited 0; and, where a

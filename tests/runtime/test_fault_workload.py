@@ -1,4 +1,4 @@
-"""Scenario 6 of issue 38 on the embedded deployment: a `mailq worker` frozen (SIGSTOP) past its lease while
+"""A paused worker, on the embedded deployment: a `mailq worker` frozen (SIGSTOP) past its lease while
 it holds mails, then thawed (SIGCONT), in the middle of the fault workload (tests/hosts/fault_workload.py:
 `mailq smtp`, two workers, producers through SMTP and the API). What it held is delivered once, by the
 other worker; its own late settlement is refused (the lease is another's) and changes nothing; no mail is
