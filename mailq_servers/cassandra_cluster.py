@@ -116,9 +116,11 @@ class CassandraCluster(Server):
         node_dirs: Sequence[Path] | None = None,
         ports: dict[str, int] | None = None,
         heap: str | None = None,
+        cluster_name: str | None = None,
     ) -> None:
         """The loopback cluster by default; a bed's (host_bed.py) gives each node its host (`places`), its
-        directory on that host and the ports, the same on every host."""
+        directory on that host, the ports, the same on every host, and its name (which a node's data
+        keeps: a node refuses to start under another)."""
         super().__init__(cache, run_dir=run_dir)
         # The jars are the single node's: one download serves both.
         self.single = Cassandra(self.cache)
@@ -128,6 +130,7 @@ class CassandraCluster(Server):
         self.node_dirs = tuple(node_dirs or (self.run_dir / f"node{n}" for n in numbers))
         self._ports = ports
         self.heap = heap or os.environ.get(*self.heap_setting)
+        self.cluster_name = cluster_name or self.cluster_name
 
     def ports(self) -> dict[str, int]:
         return dict(self._ports) if self._ports is not None else super().ports()

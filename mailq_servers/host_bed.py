@@ -61,6 +61,8 @@ SPARK_PORTS = {"master": 7077, "webui": 8080}
 AMQP_USER = "mailq"
 # Three nodes on a shared two-core machine: small heaps (the bed's keyspaces are few).
 CASSANDRA_HEAP = "768m"
+# The name the bed's nodes had before they spoke TLS, which their data keeps.
+CASSANDRA_CLUSTER_NAME = "mailq-cluster"
 
 
 @dataclass(frozen=True)
@@ -103,12 +105,9 @@ class HostBedServers:
     def client_env(self) -> dict[str, str]:
         """What a mailq process on the bed needs beside its URL: the AMQP password and the S3 keys, and
         for a pipeline's driver on the driver host the Spark master and the driver's address."""
-        s3 = self.s3_server.env()
         return {
             "MAILQ_AMQP_PASSWORD": self.rabbitmq_cluster.password,
-            "AWS_ACCESS_KEY_ID": s3["AWS_ACCESS_KEY_ID"],
-            "AWS_SECRET_ACCESS_KEY": s3["AWS_SECRET_ACCESS_KEY"],
-            "AWS_DEFAULT_REGION": s3["AWS_DEFAULT_REGION"],
+            **self.s3_server.keys_env(),
             **self.spark_cluster.env(),
         }
 
@@ -129,6 +128,7 @@ class HostBed(Server):
             node_dirs=[self.hosts[name].directory / "cassandra" for name in SERVER_HOSTS],
             ports=CASSANDRA_PORTS,
             heap=os.environ.get("MAILQ_BED_CASSANDRA_HEAP", CASSANDRA_HEAP),
+            cluster_name=CASSANDRA_CLUSTER_NAME,
         )
         self.rabbitmq = RabbitMQClusterTLS(
             self.cache,

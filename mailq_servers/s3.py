@@ -61,6 +61,13 @@ class S3Server:
             "MAILQ_S3_ENDPOINT": self.endpoint_url,
             # boto3 reads this one itself (botocore >= 1.31), so any client in that shell finds the endpoint.
             "AWS_ENDPOINT_URL_S3": self.endpoint_url,
+            **self.keys_env(),
+        }
+
+    def keys_env(self) -> dict[str, str]:
+        """The keys and region, as the AWS SDKs read them: what a process of a deployment on this
+        endpoint needs beside its URL."""
+        return {
             "AWS_ACCESS_KEY_ID": self.access_key_id,
             "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
             "AWS_DEFAULT_REGION": self.region,

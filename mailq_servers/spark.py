@@ -223,6 +223,7 @@ class SparkStandalone(Server):
         return {
             **os.environ,
             **s3.env(),
+            **s3.keys_env(),
             "SPARK_HOME": str(_spark_home()),
             "SPARK_CONF_DIR": str(conf_dir),
             # Without it a worker advertises the machine's non-loopback address.

@@ -94,11 +94,16 @@ def test_a_client_host_given_another_ca_gets_one_line_naming_the_server_and_noth
     right_ca = parse_qs(urlsplit(bed_url).query)["ca"][0]
     wrong_url = bed_url.replace(f"ca={right_ca}", f"ca={other.cert}")
     assert wrong_url != bed_url
+    mail = smtp.directory / "mail.eml"
+    mail.write_bytes(b"From: carol@example.org\r\nSubject: over TLS\r\n\r\nHello.\r\n")
+    enqueue = ("enqueue", "spool", str(mail), "--sender", "carol@example.org", "--rcpt", "alice@example.org")
     done = subprocess.run(
-        mailq_on(host_bed, "smtp", wrong_url, "size", "spool"), env=bed_env, capture_output=True, text=True
+        mailq_on(host_bed, "smtp", wrong_url, *enqueue), env=bed_env, capture_output=True, text=True
     )
     assert (done.returncode, done.stdout) == (2, ""), done
     assert done.stderr.startswith("mailq: error: ") and done.stderr.count("\n") == 1, done.stderr
     assert "not signed by the CA given" in done.stderr, done.stderr
     assert any(host_bed.host(name).address in done.stderr for name in (*SERVER_HOSTS, "objects")), done.stderr
-    assert run_on(host_bed, "smtp", bed_url, bed_env, "size", "spool") == "spool: 0 mails\n"
+    assert "spool" not in run_on(host_bed, "smtp", bed_url, bed_env, "queues")  # nothing was made
+    run_on(host_bed, "smtp", bed_url, bed_env, *enqueue)
+    assert run_on(host_bed, "smtp", bed_url, bed_env, "size", "spool") == "spool: 1 mails\n"
