@@ -44,7 +44,12 @@ from cassandra.cluster import (
 )
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.connection import ConnectionException
-from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
+from cassandra.policies import (
+    ConstantSpeculativeExecutionPolicy,
+    DCAwareRoundRobinPolicy,
+    ExponentialReconnectionPolicy,
+    TokenAwarePolicy,
+)
 from cassandra.pool import NoConnectionsAvailable
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
@@ -58,6 +63,14 @@ from .tallies import Tallies
 _TABLE = re.compile(r"\b(FROM|INTO|UPDATE)\s+(?=[a-z_]+\b)")
 # Seconds between looks at a node that went down: doubling from the first up to the last.
 _RECONNECT_FIRST, _RECONNECT_MAX = 0.5, 5.0
+# A node cut off by a partition answers nothing, and its requests would wait the whole request timeout:
+# an idempotent statement unanswered after this many seconds is sent to the next node as well, the first
+# answer winning (one more at most). A quorum of the others answers in milliseconds.
+_SPECULATE_AFTER, _SPECULATIONS = 0.5, 1
+# A connection that stays silent is found dead by its heartbeat (a request on an idle connection every
+# interval, unanswered after the timeout), the node then leaving the query plans until it answers again,
+# instead of after the driver's 30 + 30 s.
+_HEARTBEAT_INTERVAL, _HEARTBEAT_TIMEOUT = 5, 5
 # How many statements of one call are in flight at once (a slice's buckets, a mail's blobs ...).
 _CONCURRENCY = 32
 # What the driver raises when a statement fails: its own errors (NoHostAvailable is not one of them), a
@@ -90,6 +103,7 @@ class CassandraStore:
             consistency_level=options.consistency_level,
             serial_consistency_level=options.serial_consistency_level,
             request_timeout=options.request_timeout,
+            speculative_execution_policy=ConstantSpeculativeExecutionPolicy(_SPECULATE_AFTER, _SPECULATIONS),
         )
         connect_timeout = max(5.0, options.request_timeout / 3)
         try:
@@ -108,6 +122,8 @@ class CassandraStore:
                 # The driver's default waits up to 10 minutes between looks at a node that went down: an
                 # outage would then delay mails by that, not by its own length.
                 reconnection_policy=ExponentialReconnectionPolicy(_RECONNECT_FIRST, _RECONNECT_MAX),
+                idle_heartbeat_interval=_HEARTBEAT_INTERVAL,
+                idle_heartbeat_timeout=_HEARTBEAT_TIMEOUT,
             )
         except UnresolvableContactPoints:
             raise StoreUnavailable(
@@ -167,7 +183,10 @@ class CassandraStore:
                 prepared = self._prepared.get(cql)
                 if prepared is None:
                     qualified = _TABLE.sub(rf"\1 {self.keyspace}.", cql, count=1)
-                    prepared = self._prepared[cql] = self.session.prepare(qualified)
+                    prepared = self.session.prepare(qualified)
+                    # The driver sends only an idempotent statement speculatively.
+                    prepared.is_idempotent = _idempotent(cql)
+                    self._prepared[cql] = prepared
         return prepared
 
     def execute(self, cql: str, parameters: Sequence = ()):
@@ -230,6 +249,7 @@ class CassandraStore:
         own, no more atomic than separate writes. At least one parameter set."""
         statement = self.statement(cql)
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        batch.is_idempotent = statement.is_idempotent
         for parameters in parameter_sets:
             batch.add(statement, parameters)
         try:
@@ -244,6 +264,7 @@ class CassandraStore:
             self.execute(*statements[0])
             return
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        batch.is_idempotent = True
         for cql, parameters in statements:
             batch.add(self.statement(cql), parameters)
         try:
