@@ -14,7 +14,7 @@ from .context import Delay, QueueBackends, QueueContext
 from .dead_letters import DeadLetterItem, DeadLetterOffice
 from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
-from .destinations import DomainShape, by_domain
+from .destinations import DomainShape
 from .enqueuer import Enqueuer, FailedEnqueues
 from .holds import HeldItem, Holds
 from .mail_view import BrowseItem, MailQueueView
@@ -52,7 +52,7 @@ class MailQueue:
             work=b.work,
             faults=b.faults,
             schedule=schedule,
-            browse_start_limit=self.browse_starts.limit,
+            browse_start_limit=self.browse_starts.browse_start_limit,
             failed=failed,
         )
         self.holds = Holds(
@@ -124,6 +124,7 @@ class MailQueue:
             broker=b.broker,
             delayed=b.delayed,
             dead_letters=b.dead_letters,
+            destinations=b.destinations,
             held_counts=self.holds.counts,
         )
         self.dequeuer = Dequeuer(
@@ -134,7 +135,7 @@ class MailQueue:
             work=b.work,
             publisher=self.publisher,
             settlement=settlement,
-            recount=self.mails.recount,
+            recount=self.overviews.recount,
             holds=self.holds,
             failed=failed,
         )
@@ -165,11 +166,11 @@ class MailQueue:
     def by_domain(self) -> list[DomainShape]:
         """Per destination domain, the mails by state in qshape's age buckets, from counters kept as
         mail moves (destinations.py)."""
-        return by_domain(self.backends.destinations, self.name, self.clock())
+        return self.overviews.by_domain()
 
     def note_destination(self, note: DestinationNote) -> None:
         """Record remote delivery's last failure at a domain and its next attempt there."""
-        self.backends.destinations.note(self.name, note)
+        self.overviews.note_destination(note)
 
     # destination domains: suspend, resume, retry now (KumoMTA's suspend, Postfix's postqueue -s)
     def suspend(self, domain: str, until: datetime | timedelta | str) -> datetime:
@@ -198,7 +199,7 @@ class MailQueue:
     def counts(self) -> QueueOverview:
         """The overview's counts, reading no mail (its oldest ready and in-flight mails `unknown`): what
         a metrics scrape reads."""
-        return self.overviews.overview(read_oldest=False)
+        return self.overviews.counts()
 
     # the view
     def browse(self) -> Iterator[BrowseItem]:
@@ -208,7 +209,7 @@ class MailQueue:
         return self.mails.size()
 
     def recount(self) -> int:
-        return self.mails.recount()
+        return self.overviews.recount()
 
     def remove(
         self, *, name: str | None = None, sender: str | None = None, recipient: str | None = None
@@ -243,17 +244,17 @@ class MailQueue:
         return self.holds.release(enqueue_id, sender=sender, recipient=recipient, domain=domain)
 
     def held_mails(self) -> list[HeldItem]:
-        return self.holds.held_mails()
+        return self.holds.list()
 
     # dead letters
     def dead_letters(self) -> list[DeadLetterItem]:
-        return self.letters.dead_letters()
+        return self.letters.list()
 
     def dead_letter_reasons(self) -> list[tuple[str, datetime]]:
-        return self.letters.dead_letter_reasons()
+        return self.letters.reasons()
 
     def dead_letter(self, enqueue_id: str) -> DeadLetterItem:
-        return self.letters.dead_letter(enqueue_id)
+        return self.letters.get(enqueue_id)
 
     def requeue_dead_letters(self, enqueue_id: str | None = None, *, every: bool = False) -> list[EnqueueId]:
         return self.letters.requeue(enqueue_id, every=every)
@@ -279,13 +280,13 @@ class MailQueue:
         return self.browse_starts.content_start()
 
     def maintenance_due(self) -> bool:
-        return self.browse_starts.maintenance_due()
+        return self.browse_starts.due()
 
     def browse_start_limit(self) -> int:
-        return self.browse_starts.limit()
+        return self.browse_starts.browse_start_limit()
 
     def update_browse_start(self) -> int:
-        return self.browse_starts.update()
+        return self.browse_starts.update_browse_start()
 
     def clean_content(self) -> int:
         return self.clean_up.clean_content()
