@@ -32,7 +32,7 @@ def _criterion(args: argparse.Namespace) -> tuple[str, str]:
 def _control(args: argparse.Namespace) -> Report:
     kind, value = _criterion(args)
     with open_queue(args) as queue:
-        act = queue.hold if args.command == "hold" else queue.release
+        act = queue.holds.hold if args.command == "hold" else queue.holds.release
         count = act(value) if kind == "enqueue_id" else act(**{kind: value})
     done = "held" if args.command == "hold" else "released"
     data = {"queue": args.queue, kind: value, done: count}
@@ -51,7 +51,7 @@ def _held_entry(item: HeldItem) -> dict[str, Any]:
 
 def _held(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        entries = [_held_entry(item) for item in queue.held_mails()]
+        entries = [_held_entry(item) for item in queue.holds.list()]
     rows = [
         (e["enqueue_id"], e["enqueued_time"], e["held_at"], e["sender"] or "<>", ",".join(e["recipients"]))
         for e in entries

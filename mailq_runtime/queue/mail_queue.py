@@ -16,7 +16,7 @@ from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
 from .destinations import DomainShape
 from .enqueuer import Enqueuer, FailedEnqueues
-from .holds import HeldItem, Holds
+from .holds import Holds
 from .mail_view import BrowseItem, MailQueueView
 from .overview import Overviews, QueueOverview
 from .settlement import Settlement
@@ -221,30 +221,6 @@ class MailQueue:
 
     def republish(self, older_than: Delay) -> int:
         return self.mails.republish(older_than)
-
-    # hold and release (Postfix's postsuper -h and -H)
-    def hold(
-        self,
-        enqueue_id: str | None = None,
-        *,
-        sender: str | None = None,
-        recipient: str | None = None,
-        domain: str | None = None,
-    ) -> int:
-        return self.holds.hold(enqueue_id, sender=sender, recipient=recipient, domain=domain)
-
-    def release(
-        self,
-        enqueue_id: str | None = None,
-        *,
-        sender: str | None = None,
-        recipient: str | None = None,
-        domain: str | None = None,
-    ) -> int:
-        return self.holds.release(enqueue_id, sender=sender, recipient=recipient, domain=domain)
-
-    def held_mails(self) -> list[HeldItem]:
-        return self.holds.list()
 
     # dead letters
     def dead_letters(self) -> list[DeadLetterItem]:

@@ -139,7 +139,7 @@ def test_the_domain_table_shows_each_destination_by_state_from_the_counters(runt
     assert sorted(waiting) == [1, 2]
 
     # carol's mail held by the operator: it waits as held, no longer deferred.
-    assert outbound.hold(domain="example.net") == 1
+    assert outbound.holds.hold(domain="example.net") == 1
     figures, rows = domain_run(runtime, instance)
     assert (figures["waiting_by_domain"], figures["deferred_by_domain"], figures["held_by_domain"]) == (
         1,

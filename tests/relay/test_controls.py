@@ -15,17 +15,17 @@ def test_a_held_mail_reaches_no_server_until_released(runtime, start_worker, mx_
     queue = runtime.queue(QUEUE)
     with SmtpSink(mx_port) as sink:
         held = send(runtime, "bob@one.test")
-        assert queue.hold(held) == 1
+        assert queue.holds.hold(held) == 1
         free = send(runtime, "carol@one.test")
         worker = start_worker()
         wait_until(lambda: len(sink.dumped()) == 1)
         time.sleep(1.5)  # the held mail was dequeued and parked meanwhile: nothing more arrives
         assert [d.recipients for d in sink.dumped()] == [("<carol@one.test>",)]
         assert [item.enqueue_id for item in queue.browse()] == [held]
-        assert queue.overview().held == 1 and free not in {i.enqueue_id for i in queue.held_mails()}
+        assert queue.overview().held == 1 and free not in {i.enqueue_id for i in queue.holds.list()}
         (shape,) = queue.by_domain()
         assert (shape.domain, shape.total("held"), shape.total("queued")) == ("one.test", 1, 0)
-        assert queue.release(held) == 1
+        assert queue.holds.release(held) == 1
         wait_until(lambda: len(sink.dumped()) == 2)
         wait_until(lambda: queue.size() == 0)
         worker.stop()

@@ -332,12 +332,12 @@ def purge_dies(c: Crash, backend) -> None:
 
 def park_dies(c: Crash, backend) -> None:
     held = c.enqueue("held")
-    assert c.queue.hold(held) == 1
+    assert c.queue.holds.hold(held) == 1
     c.crash(PARK_AFTER_PAYLOAD, lambda: c.queue.dequeue(timeout=0))
     # Its broker message comes back once the lease expires, and is parked again, not delivered.
     assert c.heal() == []
-    assert [item.enqueue_id for item in c.queue.held_mails()] == [held]
-    assert c.queue.release(held) == 1
+    assert [item.enqueue_id for item in c.queue.holds.list()] == [held]
+    assert c.queue.holds.release(held) == 1
     assert c.drain() == ["held"]
     c.settled(["held"], {"held"})
 
@@ -345,13 +345,13 @@ def park_dies(c: Crash, backend) -> None:
 def release_dies(c: Crash, backend) -> None:
     held = c.enqueue("held")
     c.enqueue("free")
-    assert c.queue.hold(held) == 1
+    assert c.queue.holds.hold(held) == 1
     assert c.drain() == ["free"]  # the held one is parked
-    c.crash(RELEASE_AFTER_DELAYED_ROW, lambda: c.queue.release(held))
+    c.crash(RELEASE_AFTER_DELAYED_ROW, lambda: c.queue.holds.release(held))
     # Still held: its payload, published, is parked again; the rerun of the release delivers it.
     assert c.queue.overview().held == 1
     assert c.drain() == []
-    assert c.queue.release(held) == 1
+    assert c.queue.holds.release(held) == 1
     assert c.drain() == ["held"]
     c.settled(["free", "held"], {"free", "held"})
 
