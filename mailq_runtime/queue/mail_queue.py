@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from ..model import EnqueueId, Mail
-from ..stores.records import DestinationNote, DomainBounce
+from ..stores.records import DestinationNote
 from .browse_start import BrowseStart
 from .clean_up import ContentCleanUp
 from .context import Delay, QueueBackends, QueueContext
@@ -171,25 +171,6 @@ class MailQueue:
     def note_destination(self, note: DestinationNote) -> None:
         """Record remote delivery's last failure at a domain and its next attempt there."""
         self.overviews.note_destination(note)
-
-    # destination domains: suspend, resume, retry now (KumoMTA's suspend, Postfix's postqueue -s)
-    def suspend(self, domain: str, until: datetime | timedelta | str) -> datetime:
-        return self.suspensions.suspend(domain, until)
-
-    def resume(self, domain: str) -> int:
-        return self.suspensions.resume(domain)
-
-    def retry_domain(self, domain: str) -> int:
-        return self.suspensions.retry(domain)
-
-    def suspended(self) -> dict[str, datetime]:
-        return self.suspensions.suspended()
-
-    def bounce_domain(self, domain: str, reason: str, window: timedelta | str | None = None) -> int:
-        return self.suspensions.bounce(domain, reason, window)
-
-    def bounced_domains(self) -> dict[str, DomainBounce]:
-        return self.suspensions.bounced()
 
     def overview(self) -> QueueOverview:
         """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse

@@ -140,8 +140,8 @@ class RemoteDelivery:
         an operator's control takes effect within that, for the cost of reads a second rather than a
         mail."""
         if time.monotonic() >= self._controls_read_at:
-            self._suspended = set(self.queue.suspended())
-            self._bounced = self.queue.bounced_domains()
+            self._suspended = set(self.queue.suspensions.suspended())
+            self._bounced = self.queue.suspensions.bounced()
             self._controls_read_at = time.monotonic() + CONTROLS_READ
         return self._suspended, self._bounced
 

@@ -35,7 +35,7 @@ def test_a_held_mail_reaches_no_server_until_released(runtime, start_worker, mx_
 
 def test_a_suspended_domain_waits_until_resumed(runtime, start_worker, mx_port, relay_log):
     queue = runtime.queue(QUEUE)
-    queue.suspend("one.test", "1h")
+    queue.suspensions.suspend("one.test", "1h")
     with SmtpSink(mx_port) as sink:
         send(runtime, "bob@one.test", "carol@bare.test")
         worker = start_worker()
@@ -44,7 +44,7 @@ def test_a_suspended_domain_waits_until_resumed(runtime, start_worker, mx_port, 
         assert "4.3.2, status=deferred (delivery to one.test suspended by the operator)" in relay_log.text
         (shape,) = [d for d in queue.by_domain() if d.domain == "one.test"]
         assert shape.suspended_until is not None and shape.total("deferred") == 1
-        queue.resume("one.test")
+        queue.suspensions.resume("one.test")
         wait_until(lambda: len(sink.dumped()) == 2)
         wait_until(lambda: queue.size() == 0)
         worker.stop()
@@ -75,7 +75,7 @@ def test_a_bounced_domain_returns_its_mails_and_new_arrivals_in_the_window(
     queue = runtime.queue(QUEUE)
     with SmtpSink(mx_port) as sink:
         send(runtime, "bob@one.test", "carol@bare.test")
-        queue.bounce_domain("one.test", "one.test closed its doors", "3s")
+        queue.suspensions.bounce("one.test", "one.test closed its doors", "3s")
         send(runtime, "dave@one.test")  # arrives in the window
         worker = start_worker()
         wait_until(lambda: len(inbox(runtime)) == 2)
