@@ -144,7 +144,8 @@ def dead_letters_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime
     URL; none by default) and runs the dead-letter asset. Its first tick only takes the count."""
     with mailq.session() as runtime:
         counts = {
-            name: runtime.queue(name, create=False).overview().dead_letters for name in runtime.queues()
+            name: runtime.queue(name, create=False).overviews.overview().dead_letters
+            for name in runtime.queues()
         }
         now = runtime.clock()
     total = sum(counts.values())

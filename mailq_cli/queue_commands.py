@@ -52,7 +52,7 @@ def _queues(args: argparse.Namespace) -> Report:
         return Report([], ["no queues"])
     with runtime:
         now = to_datetime(runtime.clock())
-        overviews = [existing_queue(runtime, name).overview() for name in runtime.queues()]
+        overviews = [existing_queue(runtime, name).overviews.overview() for name in runtime.queues()]
     queues = [_overview_entry(overview) for overview in overviews]
     if not queues:
         return Report(queues, ["no queues"])

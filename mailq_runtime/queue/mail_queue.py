@@ -7,18 +7,16 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 
 from ..model import EnqueueId, Mail
-from ..stores.records import DestinationNote
 from .browse_start import BrowseStart
 from .clean_up import ContentCleanUp
 from .context import Delay, QueueBackends, QueueContext
 from .dead_letters import DeadLetterItem, DeadLetterOffice
 from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
-from .destinations import DomainShape
 from .enqueuer import Enqueuer, FailedEnqueues
 from .holds import Holds
 from .mail_view import BrowseItem, MailQueueView
-from .overview import Overviews, QueueOverview
+from .overview import Overviews
 from .settlement import Settlement
 from .suspensions import Suspensions
 
@@ -163,34 +161,12 @@ class MailQueue:
     def dequeue_ready(self, limit: int) -> list[MailQueueItem]:
         return self.dequeuer.dequeue_ready(limit)
 
-    def by_domain(self) -> list[DomainShape]:
-        """Per destination domain, the mails by state in qshape's age buckets, from counters kept as
-        mail moves (destinations.py)."""
-        return self.overviews.by_domain()
-
-    def note_destination(self, note: DestinationNote) -> None:
-        """Record remote delivery's last failure at a domain and its next attempt there."""
-        self.overviews.note_destination(note)
-
-    def overview(self) -> QueueOverview:
-        """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse
-        (overview.py says how exact each figure is on each broker)."""
-        return self.overviews.overview()
-
-    def counts(self) -> QueueOverview:
-        """The overview's counts, reading no mail (its oldest ready and in-flight mails `unknown`): what
-        a metrics scrape reads."""
-        return self.overviews.counts()
-
     # the view
     def browse(self) -> Iterator[BrowseItem]:
         return self.mails.browse()
 
     def size(self) -> int:
         return self.mails.size()
-
-    def recount(self) -> int:
-        return self.overviews.recount()
 
     def remove(
         self, *, name: str | None = None, sender: str | None = None, recipient: str | None = None

@@ -154,7 +154,7 @@ class RemoteDelivery:
         now = self.clock()
         retried = not self.schedule.expired(age) and any(not reply.permanent for reply in failed)
         due = now + self.schedule.delay(age) if retried else None
-        self.queue.note_destination(DestinationNote(domain, failed[0].text, now, due))
+        self.queue.overviews.note_destination(DestinationNote(domain, failed[0].text, now, due))
 
     def retry_delay(self, enqueue_id: str) -> int:
         """Microseconds until the next attempt of the mail `enqueue_id`, from its age."""

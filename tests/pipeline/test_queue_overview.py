@@ -98,7 +98,7 @@ def test_the_domain_table_shows_each_destination_by_state_from_the_counters(runt
     assert item.enqueue_id == first
     now = runtime.clock()
     due = now + 600 * MICROS_PER_SECOND
-    outbound.note_destination(DestinationNote("example.net", "451 4.3.0 try later", now, due))
+    outbound.overviews.note_destination(DestinationNote("example.net", "451 4.3.0 try later", now, due))
     item.retry("10m", recipients=["carol@example.net"])
     instance = dg.DagsterInstance.ephemeral()
 
@@ -297,7 +297,9 @@ def test_a_domain_s_own_figures_are_on_its_first_row_only(runtime: Runtime) -> N
     outbound.enqueue(mail("carol@example.net"))
     outbound.enqueue(mail("erin@example.net"), delay="10m")
     now = runtime.clock()
-    outbound.note_destination(DestinationNote("example.net", "451 4.3.0 try later", now, now + 10**9))
+    outbound.overviews.note_destination(
+        DestinationNote("example.net", "451 4.3.0 try later", now, now + 10**9)
+    )
 
     _, rows = domain_run(runtime, dg.DagsterInstance.ephemeral())
 

@@ -21,7 +21,8 @@ DEPLOYMENTS = WITH_EMBEDDED_BROKER
 def counted(queue: MailQueue) -> dict[str, dict[str, int]]:
     """Per domain, the states counting any mail, with their totals."""
     shown = {
-        d.domain: {state: d.total(state) for state in d.buckets if d.total(state)} for d in queue.by_domain()
+        d.domain: {state: d.total(state) for state in d.buckets if d.total(state)}
+        for d in queue.overviews.by_domain()
     }
     return {domain: states for domain, states in shown.items() if states}
 
@@ -33,7 +34,7 @@ def test_a_hold_counts_the_mail_as_held_and_its_release_as_before(clocked):
     assert counted(clocked) == {"a.test": {"held": 1}, "b.test": {"held": 1, "deferred": 1}}
     assert clocked.holds.hold(later) == 1
     assert counted(clocked) == {"a.test": {"held": 1}, "b.test": {"held": 2}}
-    shape = {d.domain: d for d in clocked.by_domain()}["b.test"]
+    shape = {d.domain: d for d in clocked.overviews.by_domain()}["b.test"]
     assert shape.buckets["held"][0] == 2  # both younger than 5 minutes
     assert clocked.holds.release(now) == 1
     assert counted(clocked) == {"a.test": {"queued": 1}, "b.test": {"queued": 1, "held": 1}}
@@ -63,7 +64,7 @@ def test_a_held_mail_removed_leaves_no_count(clocked):
     assert clocked.remove(name="parked") == 1
     assert clocked.remove(name="waiting") == 1
     assert counted(clocked) == {}
-    assert clocked.holds.list() == [] and clocked.overview().held == 0
+    assert clocked.holds.list() == [] and clocked.overviews.overview().held == 0
     assert {parked, waiting}.isdisjoint(item.enqueue_id for item in clocked.browse())
 
 

@@ -32,11 +32,11 @@ def test_a_held_mail_waits_in_view_until_released(clocked):
     assert names(clocked) == ["free"]
     assert [item.name for item in clocked.browse()] == ["held"]
     assert clocked.size() == 1
-    overview = clocked.overview()
+    overview = clocked.overviews.overview()
     assert (overview.held, overview.ready, overview.delayed) == (1, 0, 0)
     assert held_ids(clocked) == [held]
     assert clocked.holds.release(held) == 1
-    assert held_ids(clocked) == [] and clocked.overview().held == 0
+    assert held_ids(clocked) == [] and clocked.overviews.overview().held == 0
     assert names(clocked) == ["held"]
     assert clocked.size() == 0
 
@@ -95,7 +95,7 @@ def test_a_held_mail_removed_leaves_no_hold(clocked):
     clocked.holds.hold(held)
     assert names(clocked) == []
     assert clocked.remove(name="gone") == 1
-    assert held_ids(clocked) == [] and clocked.overview().held == 0
+    assert held_ids(clocked) == [] and clocked.overviews.overview().held == 0
 
 
 @pytest.mark.parametrize(

@@ -166,7 +166,7 @@ CALLS: dict[str, Callable[[MailQueue, Prepared], object]] = {
     "retry now": lambda queue, prepared: prepared.item.retry(),
     "reject": lambda queue, prepared: prepared.item.reject("no such user"),
     "size": lambda queue, prepared: queue.size(),
-    "overview": lambda queue, prepared: queue.overview(),
+    "overview": lambda queue, prepared: queue.overviews.overview(),
     "browse": lambda queue, prepared: list(queue.browse()),
     "browse a mail": lambda queue, prepared: [item.mail for item in queue.browse()],
     "remove": lambda queue, prepared: queue.remove(name="ready"),

@@ -189,7 +189,7 @@ def done_dies_before_its_count(c: Crash, backend) -> None:
     assert c.queue.dequeue(timeout=0) is None
     assert backend.broker_messages() == 0
     assert c.queue.backends.view.size(QUEUE, c.queue.browse_start()) == 0 and c.queue.size() == 0
-    assert c.queue.recount() == 0  # nothing left to correct
+    assert c.queue.overviews.recount() == 0  # nothing left to correct
     c.settled([], set())
 
 
@@ -349,7 +349,7 @@ def release_dies(c: Crash, backend) -> None:
     assert c.drain() == ["free"]  # the held one is parked
     c.crash(RELEASE_AFTER_DELAYED_ROW, lambda: c.queue.holds.release(held))
     # Still held: its payload, published, is parked again; the rerun of the release delivers it.
-    assert c.queue.overview().held == 1
+    assert c.queue.overviews.overview().held == 1
     assert c.drain() == []
     assert c.queue.holds.release(held) == 1
     assert c.drain() == ["held"]

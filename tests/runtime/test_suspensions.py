@@ -21,7 +21,7 @@ def test_suspend_until_a_time_or_for_a_while_then_resume(clocked, clock):
         "dest.test": end,
         "other.test": to_datetime(clock()) + timedelta(minutes=30),
     }
-    (shape,) = [d for d in clocked.by_domain() if d.domain == "dest.test"]
+    (shape,) = [d for d in clocked.overviews.by_domain() if d.domain == "dest.test"]
     assert shape.suspended_until == end
     clock.advance(31 * 60)
     assert list(clocked.suspensions.suspended()) == ["dest.test"]  # the other one ended
