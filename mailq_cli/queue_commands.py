@@ -288,8 +288,8 @@ def add_enqueue_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _update_browse_start(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        browse_start = queue.update_browse_start()
-        content_start = queue.content_start()
+        browse_start = queue.maintenance.update_browse_start()
+        content_start = queue.maintenance.content_start()
     data = {
         "queue": args.queue,
         "browse_start": time_text(browse_start),

@@ -37,7 +37,7 @@ class MailQueue:
         self.clean_up = ContentCleanUp(
             context, view=b.view, blobs=b.blobs, dead_letters=b.dead_letters, faults=b.faults
         )
-        self.browse_starts = BrowseStart(context, view=b.view, faults=b.faults, clean_up=self.clean_up)
+        self.maintenance = BrowseStart(context, view=b.view, faults=b.faults, clean_up=self.clean_up)
         schedule = DueSchedule()
         failed = FailedEnqueues(context, view=b.view, blobs=b.blobs, destinations=b.destinations, work=b.work)
         self.enqueuer = Enqueuer(
@@ -50,7 +50,7 @@ class MailQueue:
             work=b.work,
             faults=b.faults,
             schedule=schedule,
-            browse_start_limit=self.browse_starts.browse_start_limit,
+            browse_start_limit=self.maintenance.browse_start_limit,
             failed=failed,
         )
         self.holds = Holds(
@@ -85,7 +85,7 @@ class MailQueue:
             schedule=schedule,
             drain_dead_letters=self.letters.drain,
         )
-        update = self.browse_starts.maybe_update
+        update = self.maintenance.maybe_update
         self.mails = MailQueueView(
             context,
             view=b.view,
@@ -198,28 +198,5 @@ class MailQueue:
     def drain_dead_letters(self) -> int:
         return self.letters.drain()
 
-    # delays
-    def publish_due(self) -> int:
-        return self.publisher.publish_due()
-
     def flush(self) -> int:
         return self.publisher.flush()
-
-    # record 31's browse_start and record 32's content clean-up
-    def browse_start(self) -> int:
-        return self.browse_starts.browse_start()
-
-    def content_start(self) -> int:
-        return self.browse_starts.content_start()
-
-    def maintenance_due(self) -> bool:
-        return self.browse_starts.due()
-
-    def browse_start_limit(self) -> int:
-        return self.browse_starts.browse_start_limit()
-
-    def update_browse_start(self) -> int:
-        return self.browse_starts.update_browse_start()
-
-    def clean_content(self) -> int:
-        return self.clean_up.clean_content()

@@ -104,10 +104,10 @@ class Crash:
         time.sleep(self.settle)  # what a crash left in the counts settles; a dequeue recounts it
         assert self.queue.dequeue(timeout=0) is None
         self.clock.advance(2)
-        self.queue.update_browse_start()
+        self.queue.maintenance.update_browse_start()
         assert self.queue.size() == 0 and list(self.queue.browse()) == []
         assert self.queue.backends.delayed.all(QUEUE) == []
-        assert self.queue.content_start() == self.queue.browse_start()
+        assert self.queue.maintenance.content_start() == self.queue.maintenance.browse_start()
 
 
 @pytest.fixture(params=["grouped", "ungrouped"])
@@ -182,13 +182,15 @@ def done_dies_before_its_count(c: Crash, backend) -> None:
         c.settled(c.heal(), {"a"})
         return
     assert list(c.queue.browse()) == []
-    assert c.queue.backends.view.size(QUEUE, c.queue.browse_start()) == 1  # the crash's leftover count
+    assert (
+        c.queue.backends.view.size(QUEUE, c.queue.maintenance.browse_start()) == 1
+    )  # the crash's leftover count
     c.clock.advance(LEASE + 1)
     time.sleep(c.settle)
     # The broker's message is acked as not live; the consumer recounts the slice.
     assert c.queue.dequeue(timeout=0) is None
     assert backend.broker_messages() == 0
-    assert c.queue.backends.view.size(QUEUE, c.queue.browse_start()) == 0 and c.queue.size() == 0
+    assert c.queue.backends.view.size(QUEUE, c.queue.maintenance.browse_start()) == 0 and c.queue.size() == 0
     assert c.queue.overviews.recount() == 0  # nothing left to correct
     c.settled([], set())
 
@@ -254,10 +256,10 @@ def publish_dies(flushing: bool) -> Callable[[Crash, object], None]:
     def scenario(c: Crash, backend) -> None:
         c.enqueue("later", delay=5)
         c.clock.advance(5)
-        c.crash(PUBLISH_DUE_AFTER_PUBLISH, c.queue.flush if flushing else c.queue.publish_due)
+        c.crash(PUBLISH_DUE_AFTER_PUBLISH, c.queue.flush if flushing else c.queue.publisher.publish_due)
         # The rerun publishes it: again when the crash left the delayed row (ungrouped), and the second
         # copy is delivered once, the deletion mark absorbing the other.
-        assert c.queue.publish_due() == 1
+        assert c.queue.publisher.publish_due() == 1
         assert backend.broker_messages() == (1 if c.grouped else 2)
         assert c.drain() == ["later"]
         assert backend.broker_messages() == 0
@@ -287,10 +289,10 @@ def clean_dies(point: str) -> Callable[[Crash, object], None]:
         c.clock.advance(1)
         c.enqueue("live")
         c.clock.advance(1)
-        c.crash(point, c.queue.update_browse_start)
-        assert c.queue.content_start() < c.queue.browse_start() or c.grouped
-        c.queue.update_browse_start()  # the rerun
-        assert c.queue.content_start() == c.queue.browse_start()
+        c.crash(point, c.queue.maintenance.update_browse_start)
+        assert c.queue.maintenance.content_start() < c.queue.maintenance.browse_start() or c.grouped
+        c.queue.maintenance.update_browse_start()  # the rerun
+        assert c.queue.maintenance.content_start() == c.queue.maintenance.browse_start()
         assert c.references(gone) == []
         c.settled(c.drain(), {"live"})
 

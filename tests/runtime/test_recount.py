@@ -37,5 +37,5 @@ def test_a_mail_settled_twice_never_shows_a_negative_size(clocked: MailQueue, se
     assert clocked.size() == 0 and clocked.overviews.overview().size == 0
     time.sleep(settling)
     clocked.overviews.recount()
-    assert clocked.backends.view.size(QUEUE, clocked.browse_start()) == 0 and clocked.size() == 0
+    assert clocked.backends.view.size(QUEUE, clocked.maintenance.browse_start()) == 0 and clocked.size() == 0
     assert clocked.overviews.recount() == 0
