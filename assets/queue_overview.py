@@ -226,7 +226,7 @@ def mail_queue_dead_letters(context: dg.AssetExecutionContext, mailq: MailqRunti
     now = runtime.clock()
     groups: dict[tuple[str, str], dict] = {}
     for name in runtime.queues():
-        for reason, died in runtime.queue(name, create=False).dead_letter_reasons():
+        for reason, died in runtime.queue(name, create=False).dead_letters.reasons():
             died_at = from_datetime(died)
             group = groups.setdefault(
                 (name, reason),

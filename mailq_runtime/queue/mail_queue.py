@@ -1,16 +1,16 @@
-"""`MailQueue`, the queue's one face: each operation is its collaborator's (James's RabbitMQMailQueue)."""
+"""`MailQueue`, the queue's one face (James's RabbitMQMailQueue): its own contract as methods, and the
+collaborators that do the rest as sub-facades."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from datetime import datetime
 
 from ..model import EnqueueId, Mail
 from .browse_start import BrowseStart
 from .clean_up import ContentCleanUp
 from .context import Delay, QueueBackends, QueueContext
-from .dead_letters import DeadLetterItem, DeadLetterOffice
+from .dead_letters import DeadLetterOffice
 from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
 from .enqueuer import Enqueuer, FailedEnqueues
@@ -22,7 +22,20 @@ from .suspensions import Suspensions
 
 
 class MailQueue:
-    """Assembles one queue's collaborators, each given the backends it uses, and offers their operations.
+    """Assembles one queue's collaborators, each given the backends it uses. Its methods are the queue's
+    own contract, James's MailQueue and ManageableMailQueue: enqueue, dequeue, browse, size, remove,
+    clear, flush, republish. The rest is the collaborators' own, reached by name (no forwards):
+
+    - `holds`: hold, release, list the held mails (Postfix's postsuper -h and -H);
+    - `dead_letters`: list, reasons, get, requeue, purge, drain;
+    - `suspensions`: suspend, resume, retry, bounce a destination domain, and what is suspended or bounced
+      (KumoMTA's suspend and bounce, Postfix's postqueue -s);
+    - `overviews`: the overview, its counts, the mails by destination domain (qshape) with remote
+      delivery's notes, and the recount of the counters they read;
+    - `maintenance`: records 31 and 32, browse_start, content_start, whether an update is due, the
+      update (with the content clean-up) and browse_start's limit;
+    - `publisher`: the delayed-mail publisher, `publish_due` one round of it.
+
     `backends` are the deployment's, for what reaches past the queue's operations (tests, the faults)."""
 
     def __init__(self, context: QueueContext, backends: QueueBackends) -> None:
@@ -62,7 +75,7 @@ class MailQueue:
             faults=b.faults,
             schedule=schedule,
         )
-        self.letters = DeadLetterOffice(
+        self.dead_letters = DeadLetterOffice(
             context,
             records=b.dead_letters,
             view=b.view,
@@ -83,7 +96,7 @@ class MailQueue:
             work=b.work,
             faults=b.faults,
             schedule=schedule,
-            drain_dead_letters=self.letters.drain,
+            drain_dead_letters=self.dead_letters.drain,
         )
         update = self.maintenance.maybe_update
         self.mails = MailQueueView(
@@ -109,7 +122,7 @@ class MailQueue:
             work=b.work,
             faults=b.faults,
             schedule=schedule,
-            letters=self.letters,
+            letters=self.dead_letters,
             holds=self.holds,
             maybe_update_browse_start=update,
         )
@@ -151,7 +164,6 @@ class MailQueue:
         delayed mails (publisher_lease.py). The runtime calls it as it closes."""
         self.publisher.lease.release()
 
-    # enqueue / dequeue
     def enqueue(self, mail: Mail, delay: Delay = None, priority: int | None = None) -> EnqueueId:
         return self.enqueuer.enqueue(mail, delay, priority)
 
@@ -159,9 +171,9 @@ class MailQueue:
         return self.dequeuer.dequeue(timeout)
 
     def dequeue_ready(self, limit: int) -> list[MailQueueItem]:
+        """Up to `limit` mails ready now, without waiting: the worker's batch after its `dequeue`."""
         return self.dequeuer.dequeue_ready(limit)
 
-    # the view
     def browse(self) -> Iterator[BrowseItem]:
         return self.mails.browse()
 
@@ -176,27 +188,8 @@ class MailQueue:
     def clear(self) -> int:
         return self.mails.clear()
 
-    def republish(self, older_than: Delay) -> int:
-        return self.mails.republish(older_than)
-
-    # dead letters
-    def dead_letters(self) -> list[DeadLetterItem]:
-        return self.letters.list()
-
-    def dead_letter_reasons(self) -> list[tuple[str, datetime]]:
-        return self.letters.reasons()
-
-    def dead_letter(self, enqueue_id: str) -> DeadLetterItem:
-        return self.letters.get(enqueue_id)
-
-    def requeue_dead_letters(self, enqueue_id: str | None = None, *, every: bool = False) -> list[EnqueueId]:
-        return self.letters.requeue(enqueue_id, every=every)
-
-    def purge_dead_letters(self, enqueue_id: str | None = None, *, older_than: Delay = None) -> int:
-        return self.letters.purge(enqueue_id, older_than=older_than)
-
-    def drain_dead_letters(self) -> int:
-        return self.letters.drain()
-
     def flush(self) -> int:
         return self.publisher.flush()
+
+    def republish(self, older_than: Delay) -> int:
+        return self.mails.republish(older_than)

@@ -212,7 +212,7 @@ def test_dead_letters_by_reason_and_age_and_the_check_warns_on_growth(runtime: R
     assert summary["success"]
     assert "check        dead_letters_not_growing: WARNING" in describe_run(summary)
 
-    runtime.queue("outbound").purge_dead_letters(older_than="0s")
+    runtime.queue("outbound").dead_letters.purge(older_than="0s")
     _, check = dead_letter_run(runtime, instance)
     assert check.passed  # fewer
 
@@ -248,7 +248,7 @@ def test_the_sensor_notifies_and_requests_a_run_only_on_growth(runtime: Runtime,
     (news,) = [json.loads(line) for line in notified.read_text().splitlines()]
     assert news == {"event": "dead_letters_grew", "before": 1, "now": 3, "grew": {"outbound": 1, "spool": 1}}
 
-    runtime.queue("spool").purge_dead_letters(older_than="0s")
+    runtime.queue("spool").dead_letters.purge(older_than="0s")
     fewer = evaluate(runtime, grew.cursor)
     assert not fewer.run_requests and json.loads(fewer.cursor)["dead_letters"] == 1
     assert len(notified.read_text().splitlines()) == 1

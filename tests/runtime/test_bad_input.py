@@ -252,7 +252,7 @@ def test_naming_a_queue_and_using_it_before_its_first_enqueue_writes_nothing(
 ):
     before = backend.state()
     fresh = limited_runtime.queue(FRESH)
-    assert (fresh.size(), list(fresh.browse()), fresh.dequeue(timeout=0), fresh.dead_letters()) == (
+    assert (fresh.size(), list(fresh.browse()), fresh.dequeue(timeout=0), fresh.dead_letters.list()) == (
         0,
         [],
         None,

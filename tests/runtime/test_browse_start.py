@@ -225,7 +225,7 @@ def test_dead_letters_keep_their_content_through_the_clean_up(backend, clocked_r
     clock.advance(2)
     clocked.maintenance.update_browse_start()
     assert backend.queue_rows(QUEUE).rows() == 0
-    (letter,) = clocked.dead_letters()
+    (letter,) = clocked.dead_letters.list()
     assert letter.enqueue_id == enqueue_id
     assert references(clocked_runtime, enqueue_id) == 2
 

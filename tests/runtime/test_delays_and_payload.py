@@ -168,7 +168,7 @@ def test_a_record_without_a_required_field_is_dead_lettered(clocked_runtime, clo
         clocked_runtime, clocked, lambda record: {k: v for k, v in record.items() if k != "body_blob_id"}
     )
     assert clocked.dequeue(timeout=0) is None
-    (letter,) = clocked.dead_letters()
+    (letter,) = clocked.dead_letters.list()
     assert letter.enqueue_id == enqueue_id
     assert letter.reason == "unreadable message: mail record without 'body_blob_id'"
 

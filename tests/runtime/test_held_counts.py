@@ -78,7 +78,7 @@ def test_a_mail_held_while_its_delivery_runs_leaves_held_when_it_leaves(clocked,
         item.done()
     else:
         item.reject("550 5.1.1 no such user")
-        assert [letter.enqueue_id for letter in clocked.dead_letters()] == [item.enqueue_id]
+        assert [letter.enqueue_id for letter in clocked.dead_letters.list()] == [item.enqueue_id]
     assert counted(clocked) == {}
     assert clocked.holds.list() == [] and clocked.size() == 0
 

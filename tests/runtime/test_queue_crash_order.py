@@ -230,9 +230,9 @@ def reject_dies(point: str) -> Callable[[Crash, object], None]:
             redelivered.reject("550 no such user")
         else:
             assert redelivered is None  # marked deleted: its message is acked as not live
-        (letter,) = c.queue.dead_letters()
+        (letter,) = c.queue.dead_letters.list()
         assert letter.enqueue_id == enqueue_id
-        assert c.queue.dead_letter(enqueue_id).mail.message == c.accepted["poison"]
+        assert c.queue.dead_letters.get(enqueue_id).mail.message == c.accepted["poison"]
         c.settled(c.heal(), set())
         assert len(c.references(enqueue_id)) == 2, "a dead letter keeps its content"
 
@@ -303,19 +303,19 @@ def requeue_dies(point: str) -> Callable[[Crash, object], None]:
     def scenario(c: Crash, backend) -> None:
         old = c.enqueue("poison")
         c.take("poison").reject("550 no such user")
-        c.crash(point, lambda: c.queue.requeue_dead_letters(old))
+        c.crash(point, lambda: c.queue.dead_letters.requeue(old))
         # Requeued before the fault: it is in the queue, and (after the enqueue) still a dead letter.
         assert [item.name for item in c.queue.browse()] == ["poison"]
-        letters = [letter.enqueue_id for letter in c.queue.dead_letters()]
+        letters = [letter.enqueue_id for letter in c.queue.dead_letters.list()]
         if point == REQUEUE_AFTER_ENQUEUE:
             assert letters == [old]
-            assert len(c.queue.requeue_dead_letters(old)) == 1  # the rerun: a second copy
+            assert len(c.queue.dead_letters.requeue(old)) == 1  # the rerun: a second copy
         else:
             assert letters == []
         delivered = c.heal()
         assert set(delivered) == {"poison"}
         c.settled(delivered, {"poison"})
-        assert c.queue.dead_letters() == []
+        assert c.queue.dead_letters.list() == []
         assert c.references(old) == []  # released with its slice
 
     return scenario
@@ -324,10 +324,10 @@ def requeue_dies(point: str) -> Callable[[Crash, object], None]:
 def purge_dies(c: Crash, backend) -> None:
     old = c.enqueue("poison")
     c.take("poison").reject("550 no such user")
-    c.crash(PURGE_AFTER_REMOVE, lambda: c.queue.purge_dead_letters(old))
+    c.crash(PURGE_AFTER_REMOVE, lambda: c.queue.dead_letters.purge(old))
     if c.grouped:
-        assert c.queue.purge_dead_letters(old) == 1  # the rerun
-    assert c.queue.dead_letters() == []
+        assert c.queue.dead_letters.purge(old) == 1  # the rerun
+    assert c.queue.dead_letters.list() == []
     c.settled(c.heal(), set())
     assert c.references(old) == []  # released by the clean-up when the purge did not
 
