@@ -28,8 +28,9 @@ _.fetch_size
 # An atexit hook, registered by its decorator.
 _close_stores
 
-# Public API whose callers are outside the scanned packages: MailQueue.publish_due (docs/operating.md:
-# one round of the delayed-mail publisher), the fault injector's `armed` (the crash-order tests).
+# Public API whose callers are outside the scanned packages: queue.publisher.publish_due
+# (docs/operating.md: one round of the delayed-mail publisher), the fault injector's `armed` (the
+# crash-order tests).
 _.publish_due
 _.armed
 

@@ -102,9 +102,14 @@ def queue_cleanup_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntim
     mail holds back starts no run: the clean-up could not move it."""
     with mailq.session() as runtime:
         names = runtime.queues()
-        due = [name for name in names if runtime.queue(name).maintenance_due()]
+        due = [name for name in names if runtime.queue(name).maintenance.due()]
         states = [
-            (name, runtime.queue(name).browse_start(), runtime.queue(name).content_start()) for name in due
+            (
+                name,
+                runtime.queue(name).maintenance.browse_start(),
+                runtime.queue(name).maintenance.content_start(),
+            )
+            for name in due
         ]
     if not due:
         return dg.SensorResult(
@@ -144,7 +149,8 @@ def dead_letters_sensor(context: dg.SensorEvaluationContext, mailq: MailqRuntime
     URL; none by default) and runs the dead-letter asset. Its first tick only takes the count."""
     with mailq.session() as runtime:
         counts = {
-            name: runtime.queue(name, create=False).overview().dead_letters for name in runtime.queues()
+            name: runtime.queue(name, create=False).overviews.overview().dead_letters
+            for name in runtime.queues()
         }
         now = runtime.clock()
     total = sum(counts.values())

@@ -128,9 +128,9 @@ def mail_queue_cleanup(mailq: MailqRuntime) -> dg.MaterializeResult:
     report = []
     for name in runtime.queues():
         queue = runtime.queue(name)
-        before = (queue.browse_start(), queue.content_start())
-        queue.update_browse_start()
-        after = (queue.browse_start(), queue.content_start())
+        before = (queue.maintenance.browse_start(), queue.maintenance.content_start())
+        queue.maintenance.update_browse_start()
+        after = (queue.maintenance.browse_start(), queue.maintenance.content_start())
         report.append((name, before, after))
     moved = [r for r in report if r[1] != r[2]]
     return dg.MaterializeResult(

@@ -40,7 +40,7 @@ def mail_queue_overview(mailq: MailqRuntime) -> dg.MaterializeResult:
     slice counters, the delayed mails, the dead letters and the broker's counts, without a browse (the
     same figures as `mailq queues`)."""
     runtime = mailq.runtime
-    overviews = [runtime.queue(name, create=False).overview() for name in runtime.queues()]
+    overviews = [runtime.queue(name, create=False).overviews.overview() for name in runtime.queues()]
     rows = [
         {
             "queue": o.queue,
@@ -152,7 +152,9 @@ def mail_queue_domains(mailq: MailqRuntime) -> dg.MaterializeResult:
     runtime = mailq.runtime
     now = runtime.clock()
     shapes = [
-        (name, shape) for name in runtime.queues() for shape in runtime.queue(name, create=False).by_domain()
+        (name, shape)
+        for name in runtime.queues()
+        for shape in runtime.queue(name, create=False).overviews.by_domain()
     ]
     shapes.sort(key=lambda each: (-_waiting(each[1]), each[0], each[1].domain))
     return dg.MaterializeResult(
@@ -224,7 +226,7 @@ def mail_queue_dead_letters(context: dg.AssetExecutionContext, mailq: MailqRunti
     now = runtime.clock()
     groups: dict[tuple[str, str], dict] = {}
     for name in runtime.queues():
-        for reason, died in runtime.queue(name, create=False).dead_letter_reasons():
+        for reason, died in runtime.queue(name, create=False).dead_letters.reasons():
             died_at = from_datetime(died)
             group = groups.setdefault(
                 (name, reason),

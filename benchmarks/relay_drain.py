@@ -58,7 +58,7 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
 
 def deferred(runtime: Runtime) -> int:
     """The destination's mails waiting for a retry, from the by-domain counters."""
-    shapes = [shape for shape in runtime.queue(QUEUE).by_domain() if shape.domain == DOMAIN]
+    shapes = [shape for shape in runtime.queue(QUEUE).overviews.by_domain() if shape.domain == DOMAIN]
     return shapes[0].total("deferred") if shapes else 0
 
 

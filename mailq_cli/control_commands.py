@@ -32,7 +32,7 @@ def _criterion(args: argparse.Namespace) -> tuple[str, str]:
 def _control(args: argparse.Namespace) -> Report:
     kind, value = _criterion(args)
     with open_queue(args) as queue:
-        act = queue.hold if args.command == "hold" else queue.release
+        act = queue.holds.hold if args.command == "hold" else queue.holds.release
         count = act(value) if kind == "enqueue_id" else act(**{kind: value})
     done = "held" if args.command == "hold" else "released"
     data = {"queue": args.queue, kind: value, done: count}
@@ -51,7 +51,7 @@ def _held_entry(item: HeldItem) -> dict[str, Any]:
 
 def _held(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        entries = [_held_entry(item) for item in queue.held_mails()]
+        entries = [_held_entry(item) for item in queue.holds.list()]
     rows = [
         (e["enqueue_id"], e["enqueued_time"], e["held_at"], e["sender"] or "<>", ",".join(e["recipients"]))
         for e in entries
@@ -100,21 +100,21 @@ def _time(text: str) -> datetime:
 def _suspend(args: argparse.Namespace) -> Report:
     until = _time(args.until) if args.until is not None else args.duration
     with open_queue(args) as queue:
-        end = queue.suspend(args.domain, until)
+        end = queue.suspensions.suspend(args.domain, until)
     data = {"queue": args.queue, "domain": args.domain.lower(), "until": time_text(end)}
     return Report(data, [f"suspended {data['domain']} in {args.queue} until {data['until']}"])
 
 
 def _resume(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        due = queue.resume(args.domain)
+        due = queue.suspensions.resume(args.domain)
     data = {"queue": args.queue, "domain": args.domain.lower(), "retried": due}
     return Report(data, [f"resumed {data['domain']} in {args.queue}: {due} delayed mails due now"])
 
 
 def _retry_domain(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        due = queue.retry_domain(args.domain)
+        due = queue.suspensions.retry(args.domain)
     data = {"queue": args.queue, "domain": args.domain.lower(), "retried": due}
     return Report(data, [f"{due} delayed mails for {data['domain']} in {args.queue} due now"])
 
@@ -150,8 +150,8 @@ def add_retry_domain_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _bounce(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        due = queue.bounce_domain(args.domain, args.reason, args.window)
-        bounce = queue.bounced_domains()[args.domain.lower()]
+        due = queue.suspensions.bounce(args.domain, args.reason, args.window)
+        bounce = queue.suspensions.bounced()[args.domain.lower()]
     until = time_text(to_datetime(bounce.until))
     data = {
         "queue": args.queue,

@@ -26,7 +26,7 @@ def _dead_letter_entry(item: DeadLetterItem) -> dict[str, Any]:
 
 def _dead_letters_list(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        entries = [_dead_letter_entry(item) for item in queue.dead_letters()]
+        entries = [_dead_letter_entry(item) for item in queue.dead_letters.list()]
     rows = [
         (
             e["enqueue_id"],
@@ -45,7 +45,7 @@ def _dead_letters_list(args: argparse.Namespace) -> Report:
 
 def _dead_letters_show(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        item = queue.dead_letter(args.enqueue_id)
+        item = queue.dead_letters.get(args.enqueue_id)
         message = item.mail.message
     # Text for the terminal and JSON; bytes that are not UTF-8 show as U+FFFD.
     data = {**_dead_letter_entry(item), "size": len(message), "message": message.decode(errors="replace")}
@@ -56,14 +56,14 @@ def _dead_letters_show(args: argparse.Namespace) -> Report:
 
 def _dead_letters_requeue(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        requeued = queue.requeue_dead_letters(args.enqueue_id, every=args.all)
+        requeued = queue.dead_letters.requeue(args.enqueue_id, every=args.all)
     data = {"queue": args.queue, "requeued": requeued}
     return Report(data, [f"requeued {len(requeued)} dead letters in {args.queue}", *requeued])
 
 
 def _dead_letters_purge(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        purged = queue.purge_dead_letters(args.enqueue_id, older_than=args.older_than)
+        purged = queue.dead_letters.purge(args.enqueue_id, older_than=args.older_than)
     data = {"queue": args.queue, "purged": purged}
     return Report(data, [f"purged {purged} dead letters of {args.queue}"])
 

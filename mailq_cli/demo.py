@@ -132,8 +132,8 @@ def _queues(runtime: Runtime, rows: dict[str, int]) -> dict[str, dict[str, int]]
     """browse_start, content_start and the stored rows of each queue: what the clean-up moves and deletes."""
     return {
         name: {
-            "browse_start": runtime.queue(name).browse_start(),
-            "content_start": runtime.queue(name).content_start(),
+            "browse_start": runtime.queue(name).maintenance.browse_start(),
+            "content_start": runtime.queue(name).maintenance.content_start(),
             "rows": rows.get(name, 0),
         }
         for name in runtime.queues()

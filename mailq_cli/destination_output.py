@@ -56,7 +56,7 @@ def by_domain_report(args: argparse.Namespace) -> Report:
         shapes = [
             (name, shape)
             for name in runtime.queues()
-            for shape in runtime.queue(name, create=False).by_domain()
+            for shape in runtime.queue(name, create=False).overviews.by_domain()
         ]
     if not shapes:
         return Report([], ["no mails for any domain"])

@@ -52,7 +52,7 @@ def _queues(args: argparse.Namespace) -> Report:
         return Report([], ["no queues"])
     with runtime:
         now = to_datetime(runtime.clock())
-        overviews = [existing_queue(runtime, name).overview() for name in runtime.queues()]
+        overviews = [existing_queue(runtime, name).overviews.overview() for name in runtime.queues()]
     queues = [_overview_entry(overview) for overview in overviews]
     if not queues:
         return Report(queues, ["no queues"])
@@ -288,8 +288,8 @@ def add_enqueue_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _update_browse_start(args: argparse.Namespace) -> Report:
     with open_queue(args) as queue:
-        browse_start = queue.update_browse_start()
-        content_start = queue.content_start()
+        browse_start = queue.maintenance.update_browse_start()
+        content_start = queue.maintenance.content_start()
     data = {
         "queue": args.queue,
         "browse_start": time_text(browse_start),

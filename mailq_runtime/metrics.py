@@ -170,12 +170,20 @@ class DomainCounts(Protocol):
     def total(self, state: str) -> int: ...
 
 
-class CountedQueue(Protocol):
-    """What a scrape reads of a mail queue (queue.MailQueue): its counts by state, each an attribute
-    named as in STATES (None: the deployment cannot tell it now), and its destination domains."""
+class QueueCounts(Protocol):
+    """What a scrape reads of a mail queue's overviews (queue.overview.Overviews): its counts by state,
+    each an attribute named as in STATES (None: the deployment cannot tell it now), and its destination
+    domains."""
 
     def counts(self) -> object: ...
     def by_domain(self) -> Sequence[DomainCounts]: ...
+
+
+class CountedQueue(Protocol):
+    """What a scrape reads of a mail queue (queue.MailQueue): its overviews."""
+
+    @property
+    def overviews(self) -> QueueCounts: ...
 
 
 class CountedQueues(Protocol):
@@ -190,8 +198,9 @@ class CountedQueues(Protocol):
 
 class QueueSizes(Collector):
     """`mailq_queue_mails{queue, state}` read at scrape time from the runtime's counters (each queue's
-    `counts()`, which reads no mail); a state the deployment cannot tell now (RabbitMQ away) is left out.
-    Per destination domain, from the counters kept as mail moves (`by_domain()`, no browse either):
+    `overviews.counts()`, which reads no mail); a state the deployment cannot tell now (RabbitMQ away) is
+    left out. Per destination domain, from the counters kept as mail moves (`overviews.by_domain()`, no
+    browse either):
     `mailq_destination_mails{queue, domain, state}` and the age of its oldest mail waiting (to the start
     of its enqueue slot, five minutes wide)."""
 
@@ -211,12 +220,12 @@ class QueueSizes(Collector):
                 now = time.time()
                 for name in self.runtime.queues():
                     queue = self.runtime.queue(name)
-                    counts = queue.counts()
+                    counts = queue.overviews.counts()
                     for state in STATES:
                         value = getattr(counts, state)
                         if value is not None:
                             sizes.add_metric([name, state], value)
-                    for shape in queue.by_domain():
+                    for shape in queue.overviews.by_domain():
                         for state in shape.buckets:
                             destinations.add_metric([name, shape.domain, state], shape.total(state))
                         if shape.oldest is not None:

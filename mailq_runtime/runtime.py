@@ -84,7 +84,7 @@ class Runtime:
         # Read once, as James does at start-up, to write with: the rules on changes keep what a process
         # holding a stale value writes findable (old slices are multiples of new ones, old buckets a subset
         # of new ones), and browse_start stays behind the slices such a process may still fill
-        # (`MailQueue.browse_start_limit`).
+        # (`queue.maintenance.browse_start_limit`).
         self.view_configuration = self.configuration.current()
         self._queues: dict[str, MailQueue] = {}
 

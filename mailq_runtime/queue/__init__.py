@@ -9,10 +9,12 @@ letters, records of the metadata store that an operator lists, requeues or purge
 
 `MailQueue` is a thin face over collaborators, one module each, as James's queue-rabbitmq: the enqueuer,
 the dequeuer and its items' settlement, hold and release, the delayed-mail publisher, the dead-letter
-office, browse_start and record 32's clean-up, the view (browse, size, remove, clear, republish) and the
-overview. They share a `QueueContext` (the queue's name, clock and configuration) and each takes the
-backends it uses by name, as James's take their DAOs; `MailQueue` assembles them from the deployment's
-`QueueBackends`.
+office, browse_start and record 32's clean-up, the view (browse, size, remove, clear, republish), the
+suspensions and the overviews. They share a `QueueContext` (the queue's name, clock and configuration)
+and each takes the backends it uses by name, as James's take their DAOs; `MailQueue` assembles them from
+the deployment's `QueueBackends`, forwards the queue's own contract to them, and offers the others as
+sub-facades (`queue.holds`, `queue.dead_letters`, `queue.suspensions`, `queue.overviews`,
+`queue.maintenance`, `queue.publisher`).
 
 No path assumes a transaction across its writes: each call to a store or the broker commits on its own,
 and each path writes in an order where a crash leaves only what a later step heals (its docstring says

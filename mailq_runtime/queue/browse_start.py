@@ -1,4 +1,5 @@
-"""Record 31's browse_start: how far it may go, when it moves, and the clean-up that follows it."""
+"""The queue's maintenance (records 31 and 32): browse_start, how far it may go, when it moves, and the
+content clean-up that follows it."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class BrowseStart(QueuePart):
     def content_start(self) -> int:
         return self.context.created(self.view.content_start(self.name))
 
-    def maintenance_due(self) -> bool:
+    def due(self) -> bool:
         """An update has work: a clean-up left unfinished, or browse_start can advance by two slices or
         more. A lag that a live mail holds back is not due: an update could not move browse_start past
         it, and a run asked for again and again would clean nothing."""
@@ -43,7 +44,7 @@ class BrowseStart(QueuePart):
         # operation; content_start stays behind and the next update redoes the clean-up.
         if self.random.random() * self.context.configuration.update_browse_start_pace < 1:
             try:
-                self.update()
+                self.update_browse_start()
             except Exception:
                 log.warning(
                     "browse_start update of queue %s failed; the next one retries it",
@@ -51,7 +52,7 @@ class BrowseStart(QueuePart):
                     exc_info=True,
                 )
 
-    def limit(self) -> int:
+    def browse_start_limit(self) -> int:
         """The newest slice browse_start may reach: the current one minus the clock-skew grace, aligned on
         the widest sliceWindow ever in force. A process still holding an older, wider window writes its mails
         into the slice of that window, which may start before the current slice of a narrower one; were
@@ -64,7 +65,7 @@ class BrowseStart(QueuePart):
     def next_start(self) -> int:
         """Where an update would move browse_start: the first slice from it that holds a live mail, or the
         limit when none before it does."""
-        limit = self.limit()
+        limit = self.browse_start_limit()
         for slice_start in self.view.slices_from(self.name, self.browse_start()):
             if slice_start >= limit:
                 break
@@ -72,7 +73,7 @@ class BrowseStart(QueuePart):
                 return slice_start
         return limit
 
-    def update(self) -> int:
+    def update_browse_start(self) -> int:
         """Advance browse_start to the first slice holding a live mail (never past the current slice minus
         the clock-skew grace), then clean content_start .. browse_start. Returns the new browse_start.
 

@@ -3,6 +3,7 @@ operator lists, requeues or purges, and those the broker gave up on, moved in.""
 
 from __future__ import annotations
 
+import builtins
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,18 +85,18 @@ class DeadLetterOffice(QueuePart):
         self.enqueue = enqueue
         self.leaving = leaving  # a leaving mail's count changes per destination domain (holds.py)
 
-    def dead_letters(self) -> list[DeadLetterItem]:
+    def list(self) -> builtins.list[DeadLetterItem]:
         """The queue's dead letters, in enqueue order (those the broker gave up on moved in first)."""
         self._drain_quietly()
         return [self._item(letter) for letter in self.records.list(self.name)]
 
-    def dead_letter_reasons(self) -> list[tuple[str, datetime]]:
+    def reasons(self) -> builtins.list[tuple[str, datetime]]:
         """The reason and the death time of each dead letter, without reading their messages (those the
         broker gave up on moved in first)."""
         self._drain_quietly()
         return [(reason, to_datetime(died)) for reason, died in self.records.reasons(self.name)]
 
-    def dead_letter(self, enqueue_id: str) -> DeadLetterItem:
+    def get(self, enqueue_id: str) -> DeadLetterItem:
         """One dead letter; its `mail` holds the content. Raises InvalidInput if there is no such letter."""
         return self._item(self._letter(enqueue_id))
 
@@ -120,7 +121,7 @@ class DeadLetterOffice(QueuePart):
             self.blobs,
         )
 
-    def requeue(self, enqueue_id: str | None = None, *, every: bool = False) -> list[EnqueueId]:
+    def requeue(self, enqueue_id: str | None = None, *, every: bool = False) -> builtins.list[EnqueueId]:
         """Put the dead letter `enqueue_id` (or `every` one) back in the queue, deliverable now with its
         priority; returns the new enqueue ids. Each is enqueued anew under a new enqueue id (its view
         row is deleted for good), with the same mail fields.
@@ -171,7 +172,7 @@ class DeadLetterOffice(QueuePart):
                 self.blobs.release(letter.enqueue_id)
         return len(letters)
 
-    def _chosen_letters(self, enqueue_id: str | None, *, every: bool) -> list[DeadLetter]:
+    def _chosen_letters(self, enqueue_id: str | None, *, every: bool) -> builtins.list[DeadLetter]:
         if (enqueue_id is None) == (not every):
             raise InvalidInput("requeue takes exactly one of an enqueue id or every")
         if every:
@@ -207,7 +208,7 @@ class DeadLetterOffice(QueuePart):
             drained += moved
         return drained
 
-    def _keep(self, letters: list[BrokerDeadLetter]) -> None:
+    def _keep(self, letters: builtins.list[BrokerDeadLetter]) -> None:
         for letter in letters:
             row = _readable(letter.payload)
             if row is not None and not self.view.is_live(row):

@@ -29,6 +29,7 @@ A listing drops the row of a mail no longer live, leaving the counts as they are
 
 from __future__ import annotations
 
+import builtins
 import math
 import time
 from collections.abc import Callable
@@ -112,18 +113,25 @@ class Holds(QueuePart):
         # (any held row found, time.monotonic() until which that look is trusted)
         self._any_held: tuple[bool, float] = (True, -math.inf)
 
-    def hold(self, enqueue_id: str | None = None, **criteria: str | None) -> int:
+    def hold(
+        self,
+        enqueue_id: str | None = None,
+        *,
+        sender: str | None = None,
+        recipient: str | None = None,
+        domain: str | None = None,
+    ) -> int:
         """Hold one mail (refused if it is unknown or held already), or every live mail matching one
         criterion (`matcher`); how many were held by this call, each counted once."""
         if enqueue_id is not None:
-            if any(v is not None for v in criteria.values()):
+            if (sender, recipient, domain) != (None, None, None):
                 raise InvalidInput("hold takes an enqueue id or one criterion, not both")
             counted = self._hold(self.live_row(enqueue_id), self.clock())
             if counted is None:
                 raise InvalidInput(f"mail {enqueue_id} of queue {self.name!r} is held already")
             self._until_seen([counted])
             return 1
-        matches = matcher(**criteria)
+        matches = matcher(sender=sender, recipient=recipient, domain=domain)
         now = self.clock()
         held = []
         for row in live_rows(self.view, self.name):
@@ -143,7 +151,7 @@ class Holds(QueuePart):
         self.destinations.count(self.name, moves(counted, -1) + moves(counted, 1, HELD))
         return counted
 
-    def _until_seen(self, rows: list[EnqueuedMail]) -> None:
+    def _until_seen(self, rows: builtins.list[EnqueuedMail]) -> None:
         """Wait until every consumer's look at whether the queue holds anything postdates the holds just
         written (this process's consumers see them at once); then a mail of `rows` (as counted) that left
         the queue meanwhile without dropping its held row was counted out of its state: its row is
@@ -154,7 +162,7 @@ class Holds(QueuePart):
             if not self.view.is_live(counted) and self._drop(self.held.get(self.name, counted.enqueue_id)):
                 self.destinations.count(self.name, moves(counted, -1, HELD) + moves(counted, 1))
 
-    def leaving(self, row: EnqueuedMail, *, from_view: bool = False) -> list[DestinationCount]:
+    def leaving(self, row: EnqueuedMail, *, from_view: bool = False) -> builtins.list[DestinationCount]:
         """The count changes of a mail leaving the queue (delivered, dead-lettered, removed): out of held
         if this call drops its held row, else out of its state. `row` is the copy the counts follow (a
         delivery's), or its view row (`from_view`: a removal), whose `counted` copy is then looked up.
@@ -173,7 +181,7 @@ class Holds(QueuePart):
             payload = None if delayed is None else delayed.payload
         return row if payload is None else EnqueuedMail.from_payload(payload)[0]
 
-    def retried(self, before: EnqueuedMail, after: EnqueuedMail) -> list[DestinationCount]:
+    def retried(self, before: EnqueuedMail, after: EnqueuedMail) -> builtins.list[DestinationCount]:
         """The count changes of a retry from `before` to `after` (its next delivery, its recipients left):
         within held while the mail is held, whose release then moves them to its state."""
         held = self._may_be_held() and self.held.get(self.name, before.enqueue_id) is not None
@@ -189,11 +197,18 @@ class Holds(QueuePart):
             held = self.held.get(held.queue, held.enqueue_id)
         return None
 
-    def release(self, enqueue_id: str | None = None, **criteria: str | None) -> int:
+    def release(
+        self,
+        enqueue_id: str | None = None,
+        *,
+        sender: str | None = None,
+        recipient: str | None = None,
+        domain: str | None = None,
+    ) -> int:
         """Release one held mail (refused if it is unknown or not held), or every held mail matching one
         criterion; how many were released."""
         if enqueue_id is not None:
-            if any(v is not None for v in criteria.values()):
+            if (sender, recipient, domain) != (None, None, None):
                 raise InvalidInput("release takes an enqueue id or one criterion, not both")
             row = self.live_row(enqueue_id)
             held = self.held.get(self.name, EnqueueId(enqueue_id))
@@ -201,7 +216,7 @@ class Holds(QueuePart):
                 raise InvalidInput(f"mail {enqueue_id} of queue {self.name!r} is not held")
             self._release(held, row)
             return 1
-        matches = matcher(**criteria)
+        matches = matcher(sender=sender, recipient=recipient, domain=domain)
         released = 0
         for held, row in self._held_rows():
             if matches(row):
@@ -209,7 +224,8 @@ class Holds(QueuePart):
                 released += 1
         return released
 
-    def held_mails(self) -> list[HeldItem]:
+    def list(self) -> builtins.list[HeldItem]:
+        """The held mails, each with the time it was held."""
         return [
             HeldItem(
                 row.enqueue_id,
@@ -290,7 +306,7 @@ class Holds(QueuePart):
                     return row
         raise InvalidInput(f"queue {self.name!r} holds no mail {enqueue_id}")
 
-    def _held_rows(self) -> list[tuple[HeldMail, EnqueuedMail]]:
+    def _held_rows(self) -> builtins.list[tuple[HeldMail, EnqueuedMail]]:
         """Each held mail with its view row; the held row of a mail no longer live, which its leaving did
         not drop (see the module's docstring), is dropped, its counts left as they are."""
         found = []

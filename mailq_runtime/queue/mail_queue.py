@@ -1,30 +1,41 @@
-"""`MailQueue`, the queue's one face: each operation is its collaborator's (James's RabbitMQMailQueue)."""
+"""`MailQueue`, the queue's one face (James's RabbitMQMailQueue): its own contract as methods, and the
+collaborators that do the rest as sub-facades."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from datetime import datetime, timedelta
 
 from ..model import EnqueueId, Mail
-from ..stores.records import DestinationNote, DomainBounce
 from .browse_start import BrowseStart
 from .clean_up import ContentCleanUp
 from .context import Delay, QueueBackends, QueueContext
-from .dead_letters import DeadLetterItem, DeadLetterOffice
+from .dead_letters import DeadLetterOffice
 from .delays import DelayedMailPublisher, DueSchedule
 from .dequeuer import Dequeuer, MailQueueItem
-from .destinations import DomainShape, by_domain
 from .enqueuer import Enqueuer, FailedEnqueues
-from .holds import HeldItem, Holds
+from .holds import Holds
 from .mail_view import BrowseItem, MailQueueView
-from .overview import Overviews, QueueOverview
+from .overview import Overviews
 from .settlement import Settlement
 from .suspensions import Suspensions
 
 
 class MailQueue:
-    """Assembles one queue's collaborators, each given the backends it uses, and offers their operations.
+    """Assembles one queue's collaborators, each given the backends it uses. Its methods are the queue's
+    own contract, James's MailQueue and ManageableMailQueue: enqueue, dequeue, browse, size, remove,
+    clear, flush, republish. The rest is the collaborators' own, reached by name (no forwards):
+
+    - `holds`: hold, release, list the held mails (Postfix's postsuper -h and -H);
+    - `dead_letters`: list, reasons, get, requeue, purge, drain;
+    - `suspensions`: suspend, resume, retry, bounce a destination domain, and what is suspended or bounced
+      (KumoMTA's suspend and bounce, Postfix's postqueue -s);
+    - `overviews`: the overview, its counts, the mails by destination domain (qshape) with remote
+      delivery's notes, and the recount of the counters they read;
+    - `maintenance`: records 31 and 32, browse_start, content_start, whether an update is due, the
+      update (with the content clean-up) and browse_start's limit;
+    - `publisher`: the delayed-mail publisher, `publish_due` one round of it.
+
     `backends` are the deployment's, for what reaches past the queue's operations (tests, the faults)."""
 
     def __init__(self, context: QueueContext, backends: QueueBackends) -> None:
@@ -39,7 +50,7 @@ class MailQueue:
         self.clean_up = ContentCleanUp(
             context, view=b.view, blobs=b.blobs, dead_letters=b.dead_letters, faults=b.faults
         )
-        self.browse_starts = BrowseStart(context, view=b.view, faults=b.faults, clean_up=self.clean_up)
+        self.maintenance = BrowseStart(context, view=b.view, faults=b.faults, clean_up=self.clean_up)
         schedule = DueSchedule()
         failed = FailedEnqueues(context, view=b.view, blobs=b.blobs, destinations=b.destinations, work=b.work)
         self.enqueuer = Enqueuer(
@@ -52,7 +63,7 @@ class MailQueue:
             work=b.work,
             faults=b.faults,
             schedule=schedule,
-            browse_start_limit=self.browse_starts.limit,
+            browse_start_limit=self.maintenance.browse_start_limit,
             failed=failed,
         )
         self.holds = Holds(
@@ -64,7 +75,7 @@ class MailQueue:
             faults=b.faults,
             schedule=schedule,
         )
-        self.letters = DeadLetterOffice(
+        self.dead_letters = DeadLetterOffice(
             context,
             records=b.dead_letters,
             view=b.view,
@@ -85,9 +96,9 @@ class MailQueue:
             work=b.work,
             faults=b.faults,
             schedule=schedule,
-            drain_dead_letters=self.letters.drain,
+            drain_dead_letters=self.dead_letters.drain,
         )
-        update = self.browse_starts.maybe_update
+        update = self.maintenance.maybe_update
         self.mails = MailQueueView(
             context,
             view=b.view,
@@ -111,7 +122,7 @@ class MailQueue:
             work=b.work,
             faults=b.faults,
             schedule=schedule,
-            letters=self.letters,
+            letters=self.dead_letters,
             holds=self.holds,
             maybe_update_browse_start=update,
         )
@@ -124,6 +135,7 @@ class MailQueue:
             broker=b.broker,
             delayed=b.delayed,
             dead_letters=b.dead_letters,
+            destinations=b.destinations,
             held_counts=self.holds.counts,
         )
         self.dequeuer = Dequeuer(
@@ -134,7 +146,7 @@ class MailQueue:
             work=b.work,
             publisher=self.publisher,
             settlement=settlement,
-            recount=self.mails.recount,
+            recount=self.overviews.recount,
             holds=self.holds,
             failed=failed,
         )
@@ -152,7 +164,6 @@ class MailQueue:
         delayed mails (publisher_lease.py). The runtime calls it as it closes."""
         self.publisher.lease.release()
 
-    # enqueue / dequeue
     def enqueue(self, mail: Mail, delay: Delay = None, priority: int | None = None) -> EnqueueId:
         return self.enqueuer.enqueue(mail, delay, priority)
 
@@ -160,55 +171,14 @@ class MailQueue:
         return self.dequeuer.dequeue(timeout)
 
     def dequeue_ready(self, limit: int) -> list[MailQueueItem]:
+        """Up to `limit` mails ready now, without waiting: the worker's batch after its `dequeue`."""
         return self.dequeuer.dequeue_ready(limit)
 
-    def by_domain(self) -> list[DomainShape]:
-        """Per destination domain, the mails by state in qshape's age buckets, from counters kept as
-        mail moves (destinations.py)."""
-        return by_domain(self.backends.destinations, self.name, self.clock())
-
-    def note_destination(self, note: DestinationNote) -> None:
-        """Record remote delivery's last failure at a domain and its next attempt there."""
-        self.backends.destinations.note(self.name, note)
-
-    # destination domains: suspend, resume, retry now (KumoMTA's suspend, Postfix's postqueue -s)
-    def suspend(self, domain: str, until: datetime | timedelta | str) -> datetime:
-        return self.suspensions.suspend(domain, until)
-
-    def resume(self, domain: str) -> int:
-        return self.suspensions.resume(domain)
-
-    def retry_domain(self, domain: str) -> int:
-        return self.suspensions.retry(domain)
-
-    def suspended(self) -> dict[str, datetime]:
-        return self.suspensions.suspended()
-
-    def bounce_domain(self, domain: str, reason: str, window: timedelta | str | None = None) -> int:
-        return self.suspensions.bounce(domain, reason, window)
-
-    def bounced_domains(self) -> dict[str, DomainBounce]:
-        return self.suspensions.bounced()
-
-    def overview(self) -> QueueOverview:
-        """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse
-        (overview.py says how exact each figure is on each broker)."""
-        return self.overviews.overview()
-
-    def counts(self) -> QueueOverview:
-        """The overview's counts, reading no mail (its oldest ready and in-flight mails `unknown`): what
-        a metrics scrape reads."""
-        return self.overviews.overview(read_oldest=False)
-
-    # the view
     def browse(self) -> Iterator[BrowseItem]:
         return self.mails.browse()
 
     def size(self) -> int:
         return self.mails.size()
-
-    def recount(self) -> int:
-        return self.mails.recount()
 
     def remove(
         self, *, name: str | None = None, sender: str | None = None, recipient: str | None = None
@@ -218,74 +188,8 @@ class MailQueue:
     def clear(self) -> int:
         return self.mails.clear()
 
-    def republish(self, older_than: Delay) -> int:
-        return self.mails.republish(older_than)
-
-    # hold and release (Postfix's postsuper -h and -H)
-    def hold(
-        self,
-        enqueue_id: str | None = None,
-        *,
-        sender: str | None = None,
-        recipient: str | None = None,
-        domain: str | None = None,
-    ) -> int:
-        return self.holds.hold(enqueue_id, sender=sender, recipient=recipient, domain=domain)
-
-    def release(
-        self,
-        enqueue_id: str | None = None,
-        *,
-        sender: str | None = None,
-        recipient: str | None = None,
-        domain: str | None = None,
-    ) -> int:
-        return self.holds.release(enqueue_id, sender=sender, recipient=recipient, domain=domain)
-
-    def held_mails(self) -> list[HeldItem]:
-        return self.holds.held_mails()
-
-    # dead letters
-    def dead_letters(self) -> list[DeadLetterItem]:
-        return self.letters.dead_letters()
-
-    def dead_letter_reasons(self) -> list[tuple[str, datetime]]:
-        return self.letters.dead_letter_reasons()
-
-    def dead_letter(self, enqueue_id: str) -> DeadLetterItem:
-        return self.letters.dead_letter(enqueue_id)
-
-    def requeue_dead_letters(self, enqueue_id: str | None = None, *, every: bool = False) -> list[EnqueueId]:
-        return self.letters.requeue(enqueue_id, every=every)
-
-    def purge_dead_letters(self, enqueue_id: str | None = None, *, older_than: Delay = None) -> int:
-        return self.letters.purge(enqueue_id, older_than=older_than)
-
-    def drain_dead_letters(self) -> int:
-        return self.letters.drain()
-
-    # delays
-    def publish_due(self) -> int:
-        return self.publisher.publish_due()
-
     def flush(self) -> int:
         return self.publisher.flush()
 
-    # record 31's browse_start and record 32's content clean-up
-    def browse_start(self) -> int:
-        return self.browse_starts.browse_start()
-
-    def content_start(self) -> int:
-        return self.browse_starts.content_start()
-
-    def maintenance_due(self) -> bool:
-        return self.browse_starts.maintenance_due()
-
-    def browse_start_limit(self) -> int:
-        return self.browse_starts.limit()
-
-    def update_browse_start(self) -> int:
-        return self.browse_starts.update()
-
-    def clean_content(self) -> int:
-        return self.clean_up.clean_content()
+    def republish(self, older_than: Delay) -> int:
+        return self.mails.republish(older_than)

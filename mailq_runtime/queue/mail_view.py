@@ -1,9 +1,7 @@
-"""The queue as an operator sees it (James's MailQueueView): browse, size and its counters, remove, clear
-and republish."""
+"""The queue as an operator sees it (James's MailQueueView): browse, size, remove, clear and republish."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,9 +24,6 @@ from ..stores.protocols import DelayedMails, Destinations, QueueView
 from ..stores.records import DelayedMail, DestinationCount, EnqueuedMail
 from ..unit_of_work import UnitOfWork
 from .context import Delay, QueueContext, QueuePart, load
-from .destinations import recount_by_domain
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -105,30 +100,6 @@ class MailQueueView(QueuePart):
         if browse_start is None:
             return 0
         return sum(max(live, 0) for _, live in self.view.slice_sizes(self.name, browse_start))
-
-    def recount(self, allowed: Callable[[], bool] = lambda: True) -> int:
-        """Correct the counts of every slice from browse_start on against its rows and deletion marks
-        (the store's `recount`: on Cassandra, of what settled), then the counts by destination domain
-        where no live mail is (`recount_by_domain`); returns the sum of the corrections' sizes (0: the
-        counts were right). `allowed` is asked once the queue is known to be created (a queue named and
-        never enqueued to has nothing to recount, and writes nothing, not even a lease); False: no
-        recount.
-
-        A crash between a write and its count, or two settlements of one mail at once, leaves a slice's
-        count wrong by one. A consumer's process recounts on its own every RECOUNT_INTERVAL seconds,
-        busy or idle (`dequeue`). It costs a browse."""
-        browse_start = self.view.browse_start(self.name)
-        if browse_start is None or not allowed():
-            return 0
-        corrected = 0
-        for slice_start in self.view.slices_from(self.name, browse_start):
-            corrected += self.view.recount(self.name, slice_start)
-        corrected += recount_by_domain(
-            self.destinations, self.name, live_rows(self.view, self.name), self.clock()
-        )
-        if corrected:
-            log.warning("queue %s: counters corrected by %d from the rows", self.name, corrected)
-        return corrected
 
     def remove(
         self, *, name: str | None = None, sender: str | None = None, recipient: str | None = None

@@ -1,5 +1,6 @@
 """What a queue holds, at a glance: ready, in flight, delayed and dead-lettered mails and the oldest of each,
-read without browsing the queue.
+read without browsing the queue; its mails by destination domain (destinations.py); and the recount that
+corrects the counters both read.
 
 Every figure comes from something kept for it: the per-slice counters (the live mails, as `size` reads
 them), the delayed mails and the dead letters (counted by the metadata store, payloads unread), and the
@@ -35,8 +36,11 @@ from ..brokers.base import Broker, BrokerCounts
 from ..clock import to_datetime
 from ..errors import BrokerUnavailable
 from ..model import QueueName, creation_time
-from ..stores.protocols import DeadLetters, DelayedMails, QueueView
+from ..stores.protocols import DeadLetters, DelayedMails, Destinations, QueueView
+from ..stores.records import DestinationNote
 from .context import QueueContext, QueuePart
+from .destinations import DomainShape, by_domain, recount_by_domain
+from .mail_view import live_rows
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,7 @@ class Overviews(QueuePart):
         broker: Broker,
         delayed: DelayedMails,
         dead_letters: DeadLetters,
+        destinations: Destinations,
         held_counts: Callable[[], tuple[int, int]],
     ) -> None:
         super().__init__(context)
@@ -78,11 +83,51 @@ class Overviews(QueuePart):
         self.broker = broker
         self.delayed = delayed
         self.dead_letters = dead_letters
+        self.destinations = destinations
         self.held_counts = held_counts  # held mails, and those of them parked (holds.py)
 
-    def overview(self, *, read_oldest: bool = True) -> QueueOverview:
-        """Without `read_oldest` no mail is read: the oldest ready and in-flight mails are then `unknown`."""
-        return _overview(self, *self.held_counts(), read_oldest=read_oldest)
+    def overview(self) -> QueueOverview:
+        """Ready, in-flight, delayed and dead-lettered mails and the oldest of each, without a browse."""
+        return _overview(self, *self.held_counts(), read_oldest=True)
+
+    def counts(self) -> QueueOverview:
+        """The overview's counts, reading no mail (its oldest ready and in-flight mails `unknown`): what
+        a metrics scrape reads."""
+        return _overview(self, *self.held_counts(), read_oldest=False)
+
+    def by_domain(self) -> list[DomainShape]:
+        """Per destination domain, the mails by state in qshape's age buckets, from counters kept as
+        mail moves (destinations.py)."""
+        return by_domain(self.destinations, self.name, self.clock())
+
+    def note_destination(self, note: DestinationNote) -> None:
+        """Record remote delivery's last failure at a domain and its next attempt, which `by_domain`
+        shows."""
+        self.destinations.note(self.name, note)
+
+    def recount(self, allowed: Callable[[], bool] = lambda: True) -> int:
+        """Correct the counts of every slice from browse_start on against its rows and deletion marks
+        (the store's `recount`: on Cassandra, of what settled), then the counts by destination domain
+        where no live mail is (`recount_by_domain`); returns the sum of the corrections' sizes (0: the
+        counts were right). `allowed` is asked once the queue is known to be created (a queue named and
+        never enqueued to has nothing to recount, and writes nothing, not even a lease); False: no
+        recount.
+
+        A crash between a write and its count, or two settlements of one mail at once, leaves a slice's
+        count wrong by one. A consumer's process recounts on its own every RECOUNT_INTERVAL seconds,
+        busy or idle (`dequeue`). It costs a browse."""
+        browse_start = self.view.browse_start(self.name)
+        if browse_start is None or not allowed():
+            return 0
+        corrected = 0
+        for slice_start in self.view.slices_from(self.name, browse_start):
+            corrected += self.view.recount(self.name, slice_start)
+        corrected += recount_by_domain(
+            self.destinations, self.name, live_rows(self.view, self.name), self.clock()
+        )
+        if corrected:
+            log.warning("queue %s: counters corrected by %d from the rows", self.name, corrected)
+        return corrected
 
 
 def _overview(parts: Overviews, held: int, parked: int, *, read_oldest: bool) -> QueueOverview:
@@ -91,7 +136,7 @@ def _overview(parts: Overviews, held: int, parked: int, *, read_oldest: bool) ->
     now = parts.clock()
     view = parts.view
     browse_start = parts.context.created(view.browse_start(name))
-    # A slice counted below zero (a double count not yet recounted: mail_view.py's `recount`) holds none.
+    # A slice counted below zero (a double count not yet recounted: `recount`) holds none.
     sizes = [(start, max(live, 0)) for start, live in view.slice_sizes(name, browse_start)]
     size = sum(live for _, live in sizes)
     delayed = parts.delayed.summary(name, now)

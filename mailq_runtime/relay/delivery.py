@@ -140,8 +140,8 @@ class RemoteDelivery:
         an operator's control takes effect within that, for the cost of reads a second rather than a
         mail."""
         if time.monotonic() >= self._controls_read_at:
-            self._suspended = set(self.queue.suspended())
-            self._bounced = self.queue.bounced_domains()
+            self._suspended = set(self.queue.suspensions.suspended())
+            self._bounced = self.queue.suspensions.bounced()
             self._controls_read_at = time.monotonic() + CONTROLS_READ
         return self._suspended, self._bounced
 
@@ -154,7 +154,7 @@ class RemoteDelivery:
         now = self.clock()
         retried = not self.schedule.expired(age) and any(not reply.permanent for reply in failed)
         due = now + self.schedule.delay(age) if retried else None
-        self.queue.note_destination(DestinationNote(domain, failed[0].text, now, due))
+        self.queue.overviews.note_destination(DestinationNote(domain, failed[0].text, now, due))
 
     def retry_delay(self, enqueue_id: str) -> int:
         """Microseconds until the next attempt of the mail `enqueue_id`, from its age."""

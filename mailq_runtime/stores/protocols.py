@@ -124,7 +124,7 @@ class DeadLetters(Protocol):
 class DelayedMails(Protocol):
     """Delayed mails as records of the metadata store (delayed_mails), so that every broker offers delays
     of any length and a working flush: a mail is held here, keyed by its due time, until a publisher hands
-    it to the broker (`MailQueue.publish_due`). A delayed mail is keyed by (queue, due, enqueue id): the
+    it to the broker (`queue.publisher.publish_due`). A delayed mail is keyed by (queue, due, enqueue id): the
     same mail delayed again (a retry) is a second record."""
 
     def add(self, mail: DelayedMail) -> None:

@@ -257,7 +257,7 @@ def _read_of_a_dead_replica(error: MailqError) -> bool:
 
 def _assert_counts_match_browse(queue: MailQueue) -> None:
     browsed = [item.name for item in queue.browse()]
-    overview = queue.overview()
+    overview = queue.overviews.overview()
     assert queue.size() == len(browsed)
     assert overview.size == len(browsed)
     assert (overview.ready or 0) + (overview.in_flight or 0) + overview.delayed == len(browsed)
@@ -316,7 +316,7 @@ def test_one_node_killed_mid_run_then_restarted_loses_no_mail_and_keeps_counts_e
         # counts"); the consumers have stopped, so the test runs the recount their schedule runs.
         time.sleep(BOUND + 1)
         for queue, expected in ((work.queue, 0), (kept.queue, len(kept.accepted))):
-            queue.recount()
+            queue.overviews.recount()
             assert queue.size() == expected, _counter_drift(runtime, queue.name)
             _assert_counts_match_browse(queue)
         assert sorted(item.name for item in kept.queue.browse()) == sorted(kept.accepted)

@@ -405,7 +405,7 @@ def test_worker_delivers_local_recipients_and_dead_letters_the_rest(mailq, mailq
     with Runtime.open(url) as runtime:
         inboxes = {m.user: runtime.mailboxes.counters(m.id).count for m in runtime.mailboxes.list()}
         assert inboxes == {BOB: 1, DAVE: 1}
-        (dead,) = runtime.queue("spool").dead_letters()
+        (dead,) = runtime.queue("spool").dead_letters.list()
         assert CAROL in dead.reason
 
 

@@ -339,7 +339,7 @@ def test_queue_cleanup_advances_browse_start_and_deletes_old_slices(url, mailq_j
             queue.enqueue(Mail(recipients=(USERS[0],), message=message("d", USERS[0], f"{n}")))
         while (item := queue.dequeue(timeout=0)) is not None:
             item.done()
-        before = queue.browse_start()
+        before = queue.maintenance.browse_start()
     assert probes(url).queue_rows("spool").rows() == 4
 
     report = mailq_json("queue", "cleanup")
@@ -353,7 +353,7 @@ def test_queue_cleanup_advances_browse_start_and_deletes_old_slices(url, mailq_j
     }
     assert probes(url).queue_rows("spool").rows() == 0
     with Runtime.open(url) as runtime:
-        assert runtime.queue("spool").browse_start() > before
+        assert runtime.queue("spool").maintenance.browse_start() > before
 
 
 def test_demo_end_to_end(tmp_path, capsys):

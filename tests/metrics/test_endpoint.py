@@ -72,7 +72,7 @@ def test_queue_counters_histograms_and_sizes(runtime: Runtime) -> None:
         for state in ("ready", "in_flight", "delayed", "dead_letters")
     }
     assert sizes == {"ready": 1, "in_flight": 1, "delayed": 1, "dead_letters": 1}
-    overview = queue.overview()
+    overview = queue.overviews.overview()
     assert (overview.ready, overview.in_flight, overview.delayed, overview.dead_letters) == (1, 1, 1, 1)
     assert value(after, "mailq_queue_enqueue_duration_seconds_sum", queue=name) > 0
 

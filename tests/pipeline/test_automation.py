@@ -163,7 +163,11 @@ def test_queue_cleanup_sensor_requests_a_run_only_for_a_queue_to_clean(
     assert result.success
     assert not requested(evaluate(automation.queue_cleanup_sensor, runtime))
     reachable = reachable_slice(runtime)
-    assert runtime.queue("other").browse_start() == runtime.queue("other").content_start() >= reachable - HOUR
+    assert (
+        runtime.queue("other").maintenance.browse_start()
+        == runtime.queue("other").maintenance.content_start()
+        >= reachable - HOUR
+    )
 
 
 def test_queue_cleanup_sensor_asks_for_no_run_that_a_live_mail_holds_back(
@@ -191,7 +195,7 @@ def test_queue_cleanup_sensor_asks_for_no_run_that_a_live_mail_holds_back(
     )
     assert requested(evaluate_at(runtime, starts(-2)))
     assert dg.materialize([queue.mail_queue_cleanup], resources=resources(runtime)).success
-    assert runtime.queue("spool").browse_start() == held_at
+    assert runtime.queue("spool").maintenance.browse_start() == held_at
     # Two slices behind the current one, and held there by the live mail: no run.
     assert not requested(evaluate(automation.queue_cleanup_sensor, runtime))
 

@@ -145,8 +145,11 @@ def test_cleanup_finishes_a_clean_up_left_half_done(
 
         monkeypatch.setattr(spool.clean_up, "clean_content", disk_went_away)
         with pytest.raises(OSError, match="disk went away"):
-            spool.update_browse_start()
-        assert (spool.browse_start(), spool.content_start()) == (start + 3 * SLICE, start)
+            spool.maintenance.update_browse_start()
+        assert (spool.maintenance.browse_start(), spool.maintenance.content_start()) == (
+            start + 3 * SLICE,
+            start,
+        )
         assert backend.queue_rows("spool").rows() == 4
 
     result = dg.materialize([queue_assets.mail_queue_cleanup], resources=deployment_resources)
@@ -156,8 +159,14 @@ def test_cleanup_finishes_a_clean_up_left_half_done(
     assert (figures["queues"], figures["queues_cleaned"]) == (2, 1)
     with Runtime.open(backend.url()) as runtime:
         spool, quiet = runtime.queue("spool"), runtime.queue("quiet")
-        assert (spool.browse_start(), spool.content_start()) == (start + 3 * SLICE, start + 3 * SLICE)
-        assert (quiet.browse_start(), quiet.content_start()) == (start + 5 * SLICE, start + 5 * SLICE)
+        assert (spool.maintenance.browse_start(), spool.maintenance.content_start()) == (
+            start + 3 * SLICE,
+            start + 3 * SLICE,
+        )
+        assert (quiet.maintenance.browse_start(), quiet.maintenance.content_start()) == (
+            start + 5 * SLICE,
+            start + 5 * SLICE,
+        )
         # The delivered mails' rows, deletion marks and counters are gone; the live mail is intact.
         rows = backend.queue_rows("spool")
         assert (rows.rows(), rows.rows(slices_before=start + 3 * SLICE)) == (1, 0)

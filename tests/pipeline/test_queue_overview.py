@@ -98,7 +98,7 @@ def test_the_domain_table_shows_each_destination_by_state_from_the_counters(runt
     assert item.enqueue_id == first
     now = runtime.clock()
     due = now + 600 * MICROS_PER_SECOND
-    outbound.note_destination(DestinationNote("example.net", "451 4.3.0 try later", now, due))
+    outbound.overviews.note_destination(DestinationNote("example.net", "451 4.3.0 try later", now, due))
     item.retry("10m", recipients=["carol@example.net"])
     instance = dg.DagsterInstance.ephemeral()
 
@@ -139,7 +139,7 @@ def test_the_domain_table_shows_each_destination_by_state_from_the_counters(runt
     assert sorted(waiting) == [1, 2]
 
     # carol's mail held by the operator: it waits as held, no longer deferred.
-    assert outbound.hold(domain="example.net") == 1
+    assert outbound.holds.hold(domain="example.net") == 1
     figures, rows = domain_run(runtime, instance)
     assert (figures["waiting_by_domain"], figures["deferred_by_domain"], figures["held_by_domain"]) == (
         1,
@@ -212,7 +212,7 @@ def test_dead_letters_by_reason_and_age_and_the_check_warns_on_growth(runtime: R
     assert summary["success"]
     assert "check        dead_letters_not_growing: WARNING" in describe_run(summary)
 
-    runtime.queue("outbound").purge_dead_letters(older_than="0s")
+    runtime.queue("outbound").dead_letters.purge(older_than="0s")
     _, check = dead_letter_run(runtime, instance)
     assert check.passed  # fewer
 
@@ -248,7 +248,7 @@ def test_the_sensor_notifies_and_requests_a_run_only_on_growth(runtime: Runtime,
     (news,) = [json.loads(line) for line in notified.read_text().splitlines()]
     assert news == {"event": "dead_letters_grew", "before": 1, "now": 3, "grew": {"outbound": 1, "spool": 1}}
 
-    runtime.queue("spool").purge_dead_letters(older_than="0s")
+    runtime.queue("spool").dead_letters.purge(older_than="0s")
     fewer = evaluate(runtime, grew.cursor)
     assert not fewer.run_requests and json.loads(fewer.cursor)["dead_letters"] == 1
     assert len(notified.read_text().splitlines()) == 1
@@ -297,7 +297,9 @@ def test_a_domain_s_own_figures_are_on_its_first_row_only(runtime: Runtime) -> N
     outbound.enqueue(mail("carol@example.net"))
     outbound.enqueue(mail("erin@example.net"), delay="10m")
     now = runtime.clock()
-    outbound.note_destination(DestinationNote("example.net", "451 4.3.0 try later", now, now + 10**9))
+    outbound.overviews.note_destination(
+        DestinationNote("example.net", "451 4.3.0 try later", now, now + 10**9)
+    )
 
     _, rows = domain_run(runtime, dg.DagsterInstance.ephemeral())
 

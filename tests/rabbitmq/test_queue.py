@@ -26,14 +26,14 @@ def test_a_mail_whose_consumers_never_settle_it_is_dead_lettered_with_the_broker
             assert (item.enqueue_id, item.attempts) == (enqueue_id, attempt)
             clock.advance(11)  # its consumer died: the lease ends unsettled
         assert queue.dequeue(timeout=1) is None
-        (letter,) = queue.dead_letters()
+        (letter,) = queue.dead_letters.list()
         assert letter.enqueue_id == enqueue_id and letter.name == "poison"
         assert f"delivered {limit} times without being settled" in letter.reason
         assert letter.died_at == to_datetime(clock())
         assert queue.size() == 0 and list(queue.browse()) == []
 
-        (requeued,) = queue.requeue_dead_letters(enqueue_id)
+        (requeued,) = queue.dead_letters.requeue(enqueue_id)
         item = queue.dequeue(timeout=5)
         assert (item.enqueue_id, item.attempts, item.mail.name) == (requeued, 1, "poison")
         item.done()
-        assert queue.dead_letters() == [] and queue.size() == 0
+        assert queue.dead_letters.list() == [] and queue.size() == 0

@@ -15,36 +15,36 @@ def test_a_held_mail_reaches_no_server_until_released(runtime, start_worker, mx_
     queue = runtime.queue(QUEUE)
     with SmtpSink(mx_port) as sink:
         held = send(runtime, "bob@one.test")
-        assert queue.hold(held) == 1
+        assert queue.holds.hold(held) == 1
         free = send(runtime, "carol@one.test")
         worker = start_worker()
         wait_until(lambda: len(sink.dumped()) == 1)
         time.sleep(1.5)  # the held mail was dequeued and parked meanwhile: nothing more arrives
         assert [d.recipients for d in sink.dumped()] == [("<carol@one.test>",)]
         assert [item.enqueue_id for item in queue.browse()] == [held]
-        assert queue.overview().held == 1 and free not in {i.enqueue_id for i in queue.held_mails()}
-        (shape,) = queue.by_domain()
+        assert queue.overviews.overview().held == 1 and free not in {i.enqueue_id for i in queue.holds.list()}
+        (shape,) = queue.overviews.by_domain()
         assert (shape.domain, shape.total("held"), shape.total("queued")) == ("one.test", 1, 0)
-        assert queue.release(held) == 1
+        assert queue.holds.release(held) == 1
         wait_until(lambda: len(sink.dumped()) == 2)
         wait_until(lambda: queue.size() == 0)
         worker.stop()
     assert statuses(relay_log, "bob@one.test") == ["sent"]
-    assert sum(shape.total(state) for shape in queue.by_domain() for state in STATES) == 0
+    assert sum(shape.total(state) for shape in queue.overviews.by_domain() for state in STATES) == 0
 
 
 def test_a_suspended_domain_waits_until_resumed(runtime, start_worker, mx_port, relay_log):
     queue = runtime.queue(QUEUE)
-    queue.suspend("one.test", "1h")
+    queue.suspensions.suspend("one.test", "1h")
     with SmtpSink(mx_port) as sink:
         send(runtime, "bob@one.test", "carol@bare.test")
         worker = start_worker()
         wait_until(lambda: statuses(relay_log, "bob@one.test") == ["deferred"])
         wait_until(lambda: len(sink.dumped()) == 1)  # the other domain is not suspended
         assert "4.3.2, status=deferred (delivery to one.test suspended by the operator)" in relay_log.text
-        (shape,) = [d for d in queue.by_domain() if d.domain == "one.test"]
+        (shape,) = [d for d in queue.overviews.by_domain() if d.domain == "one.test"]
         assert shape.suspended_until is not None and shape.total("deferred") == 1
-        queue.resume("one.test")
+        queue.suspensions.resume("one.test")
         wait_until(lambda: len(sink.dumped()) == 2)
         wait_until(lambda: queue.size() == 0)
         worker.stop()
@@ -62,7 +62,7 @@ def test_by_domain_shows_a_deferred_destination_with_its_error_and_next_attempt(
         worker = start_worker()
         wait_until(lambda: statuses(relay_log, "carol@one.test")[:1] == ["deferred"])
         worker.stop()
-    (shape,) = queue.by_domain()
+    (shape,) = queue.overviews.by_domain()
     assert (shape.domain, shape.total("deferred"), shape.total("queued")) == ("one.test", 2, 0)
     assert shape.buckets["deferred"][0] == 2  # younger than 5 minutes
     assert shape.last_error == "450 4.3.0 Error: command failed"
@@ -75,7 +75,7 @@ def test_a_bounced_domain_returns_its_mails_and_new_arrivals_in_the_window(
     queue = runtime.queue(QUEUE)
     with SmtpSink(mx_port) as sink:
         send(runtime, "bob@one.test", "carol@bare.test")
-        queue.bounce_domain("one.test", "one.test closed its doors", "3s")
+        queue.suspensions.bounce("one.test", "one.test closed its doors", "3s")
         send(runtime, "dave@one.test")  # arrives in the window
         worker = start_worker()
         wait_until(lambda: len(inbox(runtime)) == 2)

@@ -115,9 +115,10 @@ class Traffic:
         self._pause()
         try:
             browsed = [item.name for item in self.queue.browse()]
-            overview = self.queue.overview()
+            overview = self.queue.overviews.overview()
             by_domain = {
-                shape.domain: sum(map(shape.total, shape.buckets)) for shape in self.queue.by_domain()
+                shape.domain: sum(map(shape.total, shape.buckets))
+                for shape in self.queue.overviews.by_domain()
             }
             report = (
                 f"browse {len(browsed)}, size {self.queue.size()}, overview {overview.size}, "

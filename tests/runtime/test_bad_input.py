@@ -252,14 +252,18 @@ def test_naming_a_queue_and_using_it_before_its_first_enqueue_writes_nothing(
 ):
     before = backend.state()
     fresh = limited_runtime.queue(FRESH)
-    assert (fresh.size(), list(fresh.browse()), fresh.dequeue(timeout=0), fresh.dead_letters()) == (
+    assert (fresh.size(), list(fresh.browse()), fresh.dequeue(timeout=0), fresh.dead_letters.list()) == (
         0,
         [],
         None,
         [],
     )
     assert (fresh.remove(name="x"), fresh.clear(), fresh.flush(), fresh.republish("0s")) == (0, 0, 0, 0)
-    for operation in (fresh.browse_start, fresh.content_start, fresh.update_browse_start):
+    for operation in (
+        fresh.maintenance.browse_start,
+        fresh.maintenance.content_start,
+        fresh.maintenance.update_browse_start,
+    ):
         with pytest.raises(UnknownQueue, match="created by its first enqueue"):
             operation()
     assert_no_queue_created(backend, limited_runtime, before)

@@ -16,7 +16,7 @@ SECOND = MICROS_PER_SECOND
 
 
 def starts(queue) -> tuple[int, int]:
-    return queue.browse_start(), queue.content_start()
+    return queue.maintenance.browse_start(), queue.maintenance.content_start()
 
 
 def references(runtime, owner: str) -> int:
@@ -50,10 +50,10 @@ def test_browse_start_moves_to_the_first_live_slice_and_the_content_behind_it_go
     clock.advance(1)
     clocked.enqueue(make_mail("c"))
     clock.advance(3)  # t0 + 5.5 s
-    assert clocked.update_browse_start() == t0  # a is live
+    assert clocked.maintenance.update_browse_start() == t0  # a is live
     take(clocked).done()
     assert backend.queue_rows(QUEUE).deletion_marks == 1
-    assert clocked.update_browse_start() == t0 + SECOND
+    assert clocked.maintenance.update_browse_start() == t0 + SECOND
     assert starts(clocked) == (t0 + SECOND, t0 + SECOND)
     assert backend.queue_rows(QUEUE).rows(slices_before=t0 + SECOND) == 0
     assert backend.queue_rows(QUEUE).deletion_marks == 0
@@ -62,7 +62,7 @@ def test_browse_start_moves_to_the_first_live_slice_and_the_content_behind_it_go
     take(clocked).done()
     take(clocked).done()
     # Nothing live: as far as the current slice allows.
-    assert clocked.update_browse_start() == t0 + 5 * SECOND
+    assert clocked.maintenance.update_browse_start() == t0 + 5 * SECOND
     assert starts(clocked) == (t0 + 5 * SECOND, t0 + 5 * SECOND)
     rows = backend.queue_rows(QUEUE)
     assert (rows.rows(), rows.deletion_marks, rows.counted_slices) == (0, 0, [])
@@ -78,12 +78,12 @@ def test_browse_start_never_passes_the_current_slice_minus_the_clock_skew_grace(
     t0 = clock()
     created(queue)
     clock.advance(10.5)
-    assert queue.update_browse_start() == t0 + 7 * SECOND
+    assert queue.maintenance.update_browse_start() == t0 + 7 * SECOND
     clock.advance(0.4)
-    assert queue.update_browse_start() == t0 + 7 * SECOND
+    assert queue.maintenance.update_browse_start() == t0 + 7 * SECOND
     queue.enqueue(make_mail("late"))  # at t0 + 10.9 s
     clock.advance(100)
-    assert queue.update_browse_start() == t0 + 10 * SECOND
+    assert queue.maintenance.update_browse_start() == t0 + 10 * SECOND
     assert [item.name for item in queue.browse()] == ["late"]
 
 
@@ -91,8 +91,8 @@ def test_browse_start_never_moves_back(clocked, clock):
     t0 = clock()
     created(clocked)
     clock.advance(5)
-    assert clocked.update_browse_start() == t0 + 5 * SECOND
-    assert clocked.update_browse_start() == t0 + 5 * SECOND
+    assert clocked.maintenance.update_browse_start() == t0 + 5 * SECOND
+    assert clocked.maintenance.update_browse_start() == t0 + 5 * SECOND
 
 
 def test_clean_up_releases_what_a_delete_left_referenced_and_spares_other_queues(
@@ -109,7 +109,7 @@ def test_clean_up_releases_what_a_delete_left_referenced_and_spares_other_queues
     assert references(clocked_runtime, enqueue_id) == 2
     deletions = len(backend.blob_state().deletions)
     clock.advance(2)
-    clocked.update_browse_start()
+    clocked.maintenance.update_browse_start()
     assert references(clocked_runtime, enqueue_id) == 0
     assert len(backend.blob_state().deletions) == deletions + 2
     assert backend.queue_rows("other").rows() == 1
@@ -121,7 +121,7 @@ def test_a_removed_mail_is_not_delivered_after_its_slice_is_cleaned(backend, clo
     clocked.enqueue(make_mail("removed"))
     assert clocked.remove(name="removed") == 1  # its broker message stays, as with RabbitMQ
     clock.advance(2)
-    clocked.update_browse_start()
+    clocked.maintenance.update_browse_start()
     assert backend.queue_rows(QUEUE).deletion_marks == 0  # the clean-up dropped the mark with the slice
     assert backend.broker_messages() == 1
     assert clocked.dequeue(timeout=0.2) is None
@@ -136,7 +136,7 @@ def test_a_mail_enqueued_into_an_already_cleaned_slice_is_still_delivered(backen
     t0 = clock()
     created(clocked)
     clock.advance(3)
-    clocked.update_browse_start()
+    clocked.maintenance.update_browse_start()
     clock.now = t0 + 1  # the lagging writer
     clocked.enqueue(make_mail("late"))
     clock.advance(3)
@@ -161,12 +161,12 @@ def test_a_failed_clean_up_leaves_content_start_behind_and_the_next_update_redoe
 
     monkeypatch.setattr(clocked.backends.blobs, "release", release_failing_once)
     with pytest.raises(OSError, match="unavailable"):
-        clocked.update_browse_start()
+        clocked.maintenance.update_browse_start()
     assert starts(clocked) == (t0 + 2 * SECOND, t0)
     assert backend.queue_rows(QUEUE).rows(slices_before=t0 + 2 * SECOND) == 1
     assert references(clocked_runtime, enqueue_id) == 2
     assert list(clocked.browse()) == [] and clocked.size() == 0
-    clocked.update_browse_start()
+    clocked.maintenance.update_browse_start()
     assert starts(clocked) == (t0 + 2 * SECOND, t0 + 2 * SECOND)
     assert backend.queue_rows(QUEUE).rows(slices_before=t0 + 2 * SECOND) == 0
     assert references(clocked_runtime, enqueue_id) == 0
@@ -223,9 +223,9 @@ def test_dead_letters_keep_their_content_through_the_clean_up(backend, clocked_r
     enqueue_id = clocked.enqueue(make_mail("poison"))
     take(clocked).reject("bad")
     clock.advance(2)
-    clocked.update_browse_start()
+    clocked.maintenance.update_browse_start()
     assert backend.queue_rows(QUEUE).rows() == 0
-    (letter,) = clocked.dead_letters()
+    (letter,) = clocked.dead_letters.list()
     assert letter.enqueue_id == enqueue_id
     assert references(clocked_runtime, enqueue_id) == 2
 
@@ -250,7 +250,7 @@ def test_size_matches_browse_after_random_operations(backend, clock, seed):
     queue = backend.open(
         clock, slice_window="1s", clock_skew_grace="0s", update_browse_start_pace=7, bucket_count=3
     ).queue(QUEUE)
-    queue.browse_starts.random.seed(seed)  # the pace's draws too, so that a failing seed replays exactly
+    queue.maintenance.random.seed(seed)  # the pace's draws too, so that a failing seed replays exactly
     chance = random.Random(seed)
     live: dict[str, dict] = {}  # enqueue id -> what the model knows of the mail
     sequence = 0
@@ -314,7 +314,7 @@ def test_size_matches_browse_after_random_operations(backend, clock, seed):
             for known in live.values():
                 known["at"] = min(known["at"], now)
         else:
-            browse_start = queue.update_browse_start()
+            browse_start = queue.maintenance.update_browse_start()
             first_live = min((m["enqueued"] for m in live.values()), default=None)
             if first_live is not None:
                 assert browse_start <= first_live, f"step {step}: browse_start passed a live mail"

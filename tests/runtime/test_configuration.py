@@ -62,10 +62,10 @@ def test_slice_window_may_shrink_to_a_divisor_and_old_mails_stay_browsable(backe
     item = second.dequeue(timeout=0)
     assert item.mail.name == "old1"
     item.done()
-    assert second.update_browse_start() == t0 + 4 * MICROS_PER_SECOND
+    assert second.maintenance.update_browse_start() == t0 + 4 * MICROS_PER_SECOND
     assert [item.name for item in second.browse()] == ["old2", "new"]
     assert drain(second) == ["old2", "new"]
-    assert second.update_browse_start() == t0 + 16 * MICROS_PER_SECOND
+    assert second.maintenance.update_browse_start() == t0 + 16 * MICROS_PER_SECOND
     assert backend.queue_rows(QUEUE).rows() == 0
     assert [c.slice_window for c in history(backend)] == [4 * MICROS_PER_SECOND, 2 * MICROS_PER_SECOND]
 
@@ -166,7 +166,7 @@ def test_a_process_holding_the_old_slice_window_never_writes_behind_browse_start
     item = b.dequeue(timeout=0)
     item.done()
     clock.advance(30 * 60)  # 00:35
-    b.update_browse_start()
+    b.maintenance.update_browse_start()
     clock.advance(60)  # 00:36: A, with its stale 1h window, writes into the slice starting 00:00
     for index in range(5):
         a.enqueue(make_mail(f"late{index}"))
@@ -179,7 +179,7 @@ def test_a_process_holding_the_old_slice_window_never_writes_behind_browse_start
     assert b.clear() == 4
     assert b.size() == a.size() == 0
     clock.advance(2 * 3600)
-    b.update_browse_start()
+    b.maintenance.update_browse_start()
     rows = backend.queue_rows(QUEUE)
     assert (rows.rows(), rows.deletion_marks) == (0, 0)
     assert b.dequeue(timeout=0) is None
@@ -210,14 +210,14 @@ def test_processes_holding_old_and_new_slice_windows_keep_every_mail_visible(bac
         # its row, and browse and size are two reads), never one fewer.
         assert len(visible) <= new.size() <= len(visible) + 1
         consumed.update(drain(new))  # an empty queue lets browse_start advance as far as it may
-        new.update_browse_start()
+        new.maintenance.update_browse_start()
     assert writer.wait() == 0, writer.stderr.read()
     assert len(enqueued) == 40
     enqueued.add("seed")
     consumed.update(drain(new))
     assert consumed == enqueued
     time.sleep(4.1 + GRACE_S)
-    new.update_browse_start()
+    new.maintenance.update_browse_start()
     assert backend.queue_rows(QUEUE).rows() == 0
 
 

@@ -43,7 +43,7 @@ def test_a_delayed_mail_waits_in_the_delayed_mails_not_in_the_broker(backend, cl
     (delayed,) = clocked.backends.delayed.all(QUEUE)
     assert (delayed.enqueue_id, delayed.due) == (enqueue_id, int(item.next_delivery.timestamp() * 1e6))
     assert backend.broker_messages() == 0
-    assert clocked.publish_due() == 0
+    assert clocked.publisher.publish_due() == 0
     assert clocked.flush() == 1
     assert (backend.broker_messages(), clocked.backends.delayed.all(QUEUE)) == (1, [])
     assert clocked.dequeue(timeout=0).mail.name == "later"
@@ -168,7 +168,7 @@ def test_a_record_without_a_required_field_is_dead_lettered(clocked_runtime, clo
         clocked_runtime, clocked, lambda record: {k: v for k, v in record.items() if k != "body_blob_id"}
     )
     assert clocked.dequeue(timeout=0) is None
-    (letter,) = clocked.dead_letters()
+    (letter,) = clocked.dead_letters.list()
     assert letter.enqueue_id == enqueue_id
     assert letter.reason == "unreadable message: mail record without 'body_blob_id'"
 

@@ -15,7 +15,7 @@ MINUTE = 60
 
 
 def shape(queue: MailQueue) -> dict[str, dict[str, tuple[int, ...]]]:
-    return {d.domain: {s: c for s, c in d.buckets.items() if any(c)} for d in queue.by_domain()}
+    return {d.domain: {s: c for s, c in d.buckets.items() if any(c)} for d in queue.overviews.by_domain()}
 
 
 def test_counts_by_domain_and_age_as_mail_moves(clocked, clock):
@@ -46,12 +46,14 @@ def test_counts_by_domain_and_age_as_mail_moves(clocked, clock):
 
 def test_the_last_failure_and_next_attempt_per_domain(clocked, clock):
     now = clock()
-    clocked.note_destination(DestinationNote("b.test", "451 try later", now, now + 300 * MICROS_PER_SECOND))
+    clocked.overviews.note_destination(
+        DestinationNote("b.test", "451 try later", now, now + 300 * MICROS_PER_SECOND)
+    )
     clocked.enqueue(make_mail("b", recipients=("z@b.test",)))
-    (domain,) = clocked.by_domain()
+    (domain,) = clocked.overviews.by_domain()
     assert (domain.domain, domain.total("queued"), domain.last_error) == ("b.test", 1, "451 try later")
     assert domain.last_error_at == to_datetime(now)
     assert domain.next_attempt == to_datetime(now) + timedelta(minutes=5)
-    clocked.note_destination(DestinationNote("b.test", "550 gone", now + 1, None))
-    (domain,) = clocked.by_domain()
+    clocked.overviews.note_destination(DestinationNote("b.test", "550 gone", now + 1, None))
+    (domain,) = clocked.overviews.by_domain()
     assert (domain.last_error, domain.next_attempt) == ("550 gone", None)

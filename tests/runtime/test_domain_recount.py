@@ -53,7 +53,7 @@ def test_the_recount_zeroes_a_count_where_no_mail_is_and_keeps_the_live_mails(
     recent = slot_of(clock())
     store.count(QUEUE, [DestinationCount("e.test", "queued", recent, 1)])
     wrong = counts(clocked)
-    assert clocked.recount() == 4
+    assert clocked.overviews.recount() == 4
     assert counts(clocked) == {
         ("a.test", "queued", first_slot): 1,
         ("a.test", "held", first_slot): 1,  # a live mail's domain and slot: left as it is
@@ -64,7 +64,7 @@ def test_the_recount_zeroes_a_count_where_no_mail_is_and_keeps_the_live_mails(
         ("c.test", "deferred", first_slot),
         ("d.test", "held", first_slot),
     }
-    assert clocked.recount() == 0
+    assert clocked.overviews.recount() == 0
 
 
 def test_an_idle_consumer_zeroes_the_counts_of_an_empty_queue_by_itself(
@@ -77,8 +77,8 @@ def test_an_idle_consumer_zeroes_the_counts_of_an_empty_queue_by_itself(
     item.done()
     clocked.backends.destinations.count(QUEUE, [DestinationCount("a.test", "queued", first_slot, 1)])
     clock.advance(11 * 60)
-    assert {d.domain: d.total("queued") for d in clocked.by_domain()} == {"a.test": 1}
+    assert {d.domain: d.total("queued") for d in clocked.overviews.by_domain()} == {"a.test": 1}
     assert clocked.size() == 0
     assert clocked.dequeue(timeout=0) is None
     assert counts(clocked) == {}
-    assert all(not d.total("queued") for d in clocked.by_domain())
+    assert all(not d.total("queued") for d in clocked.overviews.by_domain())

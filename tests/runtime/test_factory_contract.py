@@ -21,7 +21,7 @@ def test_a_queue_is_created_by_its_first_enqueue_and_then_the_same(backend, runt
     with pytest.raises(UnknownQueue, match="unknown queue 'spool'"):
         runtime.queue("spool", create=False)
     with pytest.raises(UnknownQueue, match="created by its first enqueue"):
-        queue.browse_start()
+        queue.maintenance.browse_start()
     queue.enqueue(make_mail("first"))
     assert runtime.queues() == ["spool"]
     assert runtime.queue("spool", create=False) is queue

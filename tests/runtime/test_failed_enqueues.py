@@ -74,6 +74,6 @@ def test_a_failed_enqueue_is_withdrawn_once_the_store_answers(
     live = withdrawer(queue)
 
     assert sorted(item.name for item in queue.browse()) == live
-    assert queue.size() == len(live) and queue.overview().size == len(live)
+    assert queue.size() == len(live) and queue.overviews.overview().size == len(live)
     assert view.row.enqueue_id not in backend.blob_state().held(), "its content is still referenced"
     assert queue.republish("0s") == 0

@@ -21,7 +21,8 @@ DEPLOYMENTS = WITH_EMBEDDED_BROKER
 def counted(queue: MailQueue) -> dict[str, dict[str, int]]:
     """Per domain, the states counting any mail, with their totals."""
     shown = {
-        d.domain: {state: d.total(state) for state in d.buckets if d.total(state)} for d in queue.by_domain()
+        d.domain: {state: d.total(state) for state in d.buckets if d.total(state)}
+        for d in queue.overviews.by_domain()
     }
     return {domain: states for domain, states in shown.items() if states}
 
@@ -29,41 +30,41 @@ def counted(queue: MailQueue) -> dict[str, dict[str, int]]:
 def test_a_hold_counts_the_mail_as_held_and_its_release_as_before(clocked):
     now = clocked.enqueue(make_mail("now", recipients=("x@a.test", "y@B.test")))
     later = clocked.enqueue(make_mail("later", recipients=("z@b.test",)), delay=600)
-    assert clocked.hold(now) == 1
+    assert clocked.holds.hold(now) == 1
     assert counted(clocked) == {"a.test": {"held": 1}, "b.test": {"held": 1, "deferred": 1}}
-    assert clocked.hold(later) == 1
+    assert clocked.holds.hold(later) == 1
     assert counted(clocked) == {"a.test": {"held": 1}, "b.test": {"held": 2}}
-    shape = {d.domain: d for d in clocked.by_domain()}["b.test"]
+    shape = {d.domain: d for d in clocked.overviews.by_domain()}["b.test"]
     assert shape.buckets["held"][0] == 2  # both younger than 5 minutes
-    assert clocked.release(now) == 1
+    assert clocked.holds.release(now) == 1
     assert counted(clocked) == {"a.test": {"queued": 1}, "b.test": {"queued": 1, "held": 1}}
-    assert clocked.release(domain="b.test") == 1
+    assert clocked.holds.release(domain="b.test") == 1
     assert counted(clocked) == {"a.test": {"queued": 1}, "b.test": {"queued": 1, "deferred": 1}}
 
 
 def test_a_mail_named_by_several_holds_counts_once(clocked):
     mail = clocked.enqueue(make_mail("one", sender="alice@one.test", recipients=("x@a.test", "y@a.test")))
-    assert clocked.hold(domain="a.test") == 1
-    assert clocked.hold(sender="alice@one.test") == 0
-    assert clocked.hold(recipient="y@a.test") == 0
+    assert clocked.holds.hold(domain="a.test") == 1
+    assert clocked.holds.hold(sender="alice@one.test") == 0
+    assert clocked.holds.hold(recipient="y@a.test") == 0
     with pytest.raises(InvalidInput, match="held already"):
-        clocked.hold(mail)
+        clocked.holds.hold(mail)
     assert counted(clocked) == {"a.test": {"held": 1}}
-    assert clocked.release(recipient="x@a.test") == 1
-    assert clocked.release(domain="a.test") == 0
+    assert clocked.holds.release(recipient="x@a.test") == 1
+    assert clocked.holds.release(domain="a.test") == 0
     assert counted(clocked) == {"a.test": {"queued": 1}}
 
 
 def test_a_held_mail_removed_leaves_no_count(clocked):
     parked = clocked.enqueue(make_mail("parked", recipients=("x@a.test",)))
     waiting = clocked.enqueue(make_mail("waiting", recipients=("y@a.test",)), delay=600)
-    clocked.hold(domain="a.test")
+    clocked.holds.hold(domain="a.test")
     assert clocked.dequeue(timeout=0) is None  # the consumer parks the first one
     assert counted(clocked) == {"a.test": {"held": 2}}
     assert clocked.remove(name="parked") == 1
     assert clocked.remove(name="waiting") == 1
     assert counted(clocked) == {}
-    assert clocked.held_mails() == [] and clocked.overview().held == 0
+    assert clocked.holds.list() == [] and clocked.overviews.overview().held == 0
     assert {parked, waiting}.isdisjoint(item.enqueue_id for item in clocked.browse())
 
 
@@ -71,26 +72,26 @@ def test_a_held_mail_removed_leaves_no_count(clocked):
 def test_a_mail_held_while_its_delivery_runs_leaves_held_when_it_leaves(clocked, ending):
     clocked.enqueue(make_mail("under way", recipients=("x@a.test",)))
     item = clocked.dequeue(timeout=0)
-    assert clocked.hold(item.enqueue_id) == 1  # the delivery had started: it goes on
+    assert clocked.holds.hold(item.enqueue_id) == 1  # the delivery had started: it goes on
     assert counted(clocked) == {"a.test": {"held": 1}}
     if ending == "done":
         item.done()
     else:
         item.reject("550 5.1.1 no such user")
-        assert [letter.enqueue_id for letter in clocked.dead_letters()] == [item.enqueue_id]
+        assert [letter.enqueue_id for letter in clocked.dead_letters.list()] == [item.enqueue_id]
     assert counted(clocked) == {}
-    assert clocked.held_mails() == [] and clocked.size() == 0
+    assert clocked.holds.list() == [] and clocked.size() == 0
 
 
 def test_a_mail_held_while_its_delivery_runs_stays_held_through_a_retry(clocked, clock):
     clocked.enqueue(make_mail("retried", recipients=("x@a.test", "y@b.test")))
     item = clocked.dequeue(timeout=0)
-    clocked.hold(item.enqueue_id)
+    clocked.holds.hold(item.enqueue_id)
     item.retry(delay=60, recipients=["y@b.test"])  # a.test took it
     assert counted(clocked) == {"b.test": {"held": 1}}
     clock.advance(61)
     assert clocked.dequeue(timeout=0) is None  # due, and parked
-    assert clocked.release(item.enqueue_id) == 1
+    assert clocked.holds.release(item.enqueue_id) == 1
     assert counted(clocked) == {"b.test": {"deferred": 1}}
     again = clocked.dequeue(timeout=0)
     assert again.mail.recipients == ("y@b.test",)
@@ -104,10 +105,10 @@ def test_a_partly_delivered_mail_is_held_for_the_recipients_left(clocked, leavin
     mail = clocked.enqueue(make_mail("partly", recipients=("x@a.test", "y@b.test")))
     clocked.dequeue(timeout=0).retry(delay=60, recipients=["y@b.test"])  # a.test took it
     assert counted(clocked) == {"b.test": {"deferred": 1}}
-    assert clocked.hold(domain="b.test") == 1
+    assert clocked.holds.hold(domain="b.test") == 1
     assert counted(clocked) == {"b.test": {"held": 1}}
     if leaving == "released":
-        assert clocked.release(mail) == 1
+        assert clocked.holds.release(mail) == 1
         assert counted(clocked) == {"b.test": {"deferred": 1}}
     else:
         assert clocked.remove(name="partly") == 1
@@ -121,7 +122,7 @@ def test_a_delivery_done_while_the_hold_is_placed_leaves_no_count(backend, queue
     operator = backend.open().queue(QUEUE)
     queue.enqueue(make_mail("quick", recipients=("x@a.test",)))
     item = queue.dequeue(timeout=5)  # its look finds nothing held, trusted for half a second
-    holding = threading.Thread(target=operator.hold, args=(item.enqueue_id,))
+    holding = threading.Thread(target=operator.holds.hold, args=(item.enqueue_id,))
     holding.start()
     try:
         deadline = time.monotonic() + 10
@@ -131,4 +132,4 @@ def test_a_delivery_done_while_the_hold_is_placed_leaves_no_count(backend, queue
     finally:
         holding.join()
     assert counted(queue) == {}
-    assert operator.held_mails() == [] and queue.size() == 0
+    assert operator.holds.list() == [] and queue.size() == 0

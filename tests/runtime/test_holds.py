@@ -22,39 +22,39 @@ def names(queue: MailQueue) -> list[str]:
 
 
 def held_ids(queue: MailQueue) -> list[str]:
-    return [item.enqueue_id for item in queue.held_mails()]
+    return [item.enqueue_id for item in queue.holds.list()]
 
 
 def test_a_held_mail_waits_in_view_until_released(clocked):
     held = clocked.enqueue(make_mail("held"))
     clocked.enqueue(make_mail("free"))
-    assert clocked.hold(held) == 1
+    assert clocked.holds.hold(held) == 1
     assert names(clocked) == ["free"]
     assert [item.name for item in clocked.browse()] == ["held"]
     assert clocked.size() == 1
-    overview = clocked.overview()
+    overview = clocked.overviews.overview()
     assert (overview.held, overview.ready, overview.delayed) == (1, 0, 0)
     assert held_ids(clocked) == [held]
-    assert clocked.release(held) == 1
-    assert held_ids(clocked) == [] and clocked.overview().held == 0
+    assert clocked.holds.release(held) == 1
+    assert held_ids(clocked) == [] and clocked.overviews.overview().held == 0
     assert names(clocked) == ["held"]
     assert clocked.size() == 0
 
 
 def test_a_delayed_mail_held_is_not_delivered_when_due_nor_flushed(clocked, clock):
     held = clocked.enqueue(make_mail("later"), delay=30)
-    assert clocked.hold(held) == 1
+    assert clocked.holds.hold(held) == 1
     clock.advance(31)
     clocked.flush()
     assert names(clocked) == []
-    assert clocked.release(held) == 1
+    assert clocked.holds.release(held) == 1
     assert names(clocked) == ["later"]
 
 
 def test_a_mail_held_and_released_before_any_consumer_saw_it_is_delivered_once(clocked):
     mail = clocked.enqueue(make_mail("quick"))
-    clocked.hold(mail)
-    clocked.release(mail)
+    clocked.holds.hold(mail)
+    clocked.holds.release(mail)
     assert names(clocked) == ["quick"]
     assert clocked.dequeue(timeout=0) is None
 
@@ -64,15 +64,15 @@ def test_hold_and_release_by_sender_recipient_and_domain(clocked):
     b = clocked.enqueue(make_mail("b", sender="bob@one.test", recipients=("y@other.test", "z@dest.test")))
     c = clocked.enqueue(make_mail("c", sender=None, recipients=("x@third.test",)))
     clocked.enqueue(make_mail("d", sender="carol@one.test", recipients=("w@fourth.test",)))
-    assert clocked.hold(domain="DEST.test") == 2
-    assert clocked.hold(sender="<>") == 1
-    assert clocked.hold(recipient="x@third.test") == 0  # held already
+    assert clocked.holds.hold(domain="DEST.test") == 2
+    assert clocked.holds.hold(sender="<>") == 1
+    assert clocked.holds.hold(recipient="x@third.test") == 0  # held already
     assert sorted(held_ids(clocked)) == sorted([a, b, c])
     assert names(clocked) == ["d"]
-    assert clocked.release(sender="alice@ONE.test") == 1
-    assert clocked.release(recipient="y@other.test") == 1
+    assert clocked.holds.release(sender="alice@ONE.test") == 1
+    assert clocked.holds.release(recipient="y@other.test") == 1
     assert names(clocked) == ["a", "b"]
-    assert clocked.release(domain="third.test") == 1
+    assert clocked.holds.release(domain="third.test") == 1
     assert names(clocked) == ["c"]
 
 
@@ -85,42 +85,42 @@ def test_a_hold_by_another_process_is_honoured_once_it_returns(backend, queue):
     free = queue.dequeue(timeout=5)
     assert free is not None and free.mail.name == "first"  # its look found no held row
     free.done()
-    assert other.hold(held) == 1
+    assert other.holds.hold(held) == 1
     assert queue.dequeue(timeout=1) is None
     assert held_ids(queue) == [held]
 
 
 def test_a_held_mail_removed_leaves_no_hold(clocked):
     held = clocked.enqueue(make_mail("gone"))
-    clocked.hold(held)
+    clocked.holds.hold(held)
     assert names(clocked) == []
     assert clocked.remove(name="gone") == 1
-    assert held_ids(clocked) == [] and clocked.overview().held == 0
+    assert held_ids(clocked) == [] and clocked.overviews.overview().held == 0
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda q, known: q.hold("0" * 32), "holds no mail"),
-        (lambda q, known: q.hold("not-an-id"), "invalid enqueue id"),
-        (lambda q, known: q.hold(known), "is held already"),
-        (lambda q, known: q.hold(domain="bad..domain"), "invalid domain"),
-        (lambda q, known: q.hold(sender="no at sign"), "invalid mail address"),
-        (lambda q, known: q.hold(), "exactly one of"),
-        (lambda q, known: q.hold(sender="a@b.test", domain="b.test"), "exactly one of"),
-        (lambda q, known: q.hold(known, domain="b.test"), "not both"),
-        (lambda q, known: q.release("0" * 32), "holds no mail"),
-        (lambda q, known: q.release(domain="-x.test"), "invalid domain"),
+        (lambda q, known: q.holds.hold("0" * 32), "holds no mail"),
+        (lambda q, known: q.holds.hold("not-an-id"), "invalid enqueue id"),
+        (lambda q, known: q.holds.hold(known), "is held already"),
+        (lambda q, known: q.holds.hold(domain="bad..domain"), "invalid domain"),
+        (lambda q, known: q.holds.hold(sender="no at sign"), "invalid mail address"),
+        (lambda q, known: q.holds.hold(), "exactly one of"),
+        (lambda q, known: q.holds.hold(sender="a@b.test", domain="b.test"), "exactly one of"),
+        (lambda q, known: q.holds.hold(known, domain="b.test"), "not both"),
+        (lambda q, known: q.holds.release("0" * 32), "holds no mail"),
+        (lambda q, known: q.holds.release(domain="-x.test"), "invalid domain"),
     ],
 )
 def test_bad_input_is_refused_and_changes_nothing(clocked, call, message):
     known = clocked.enqueue(make_mail("known"))
     free = clocked.enqueue(make_mail("free"))
-    clocked.hold(known)
+    clocked.holds.hold(known)
     with pytest.raises(InvalidInput, match=message) as refused:
         call(clocked, known)
     assert "\n" not in str(refused.value)
     assert held_ids(clocked) == [known]
     with pytest.raises(InvalidInput, match="is not held"):
-        clocked.release(free)
+        clocked.holds.release(free)
     assert names(clocked) == ["free"]

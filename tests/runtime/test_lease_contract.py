@@ -48,7 +48,7 @@ def assert_gone(backend, leased, enqueue_id) -> None:
     assert leased.size() == 0
     assert leased.dequeue(timeout=0) is None
     assert backend.broker_messages() == 0
-    assert leased.dead_letters() == []
+    assert leased.dead_letters.list() == []
     assert backend.open().blobs.references_of(enqueue_id) == []
 
 

@@ -400,7 +400,7 @@ def test_enqueues_written_in_one_group_are_each_its_own_mail(queue):
     enqueue_ids = queue.enqueuer._write_all([(mail, None, NORMAL_PRIORITY) for mail in sent])
     assert len(set(enqueue_ids)) == 3
     assert queue.size() == 3
-    counts = {domain.domain: domain.total("queued") for domain in queue.by_domain()}
+    counts = {domain.domain: domain.total("queued") for domain in queue.overviews.by_domain()}
     assert counts == {"example.com": 2, "example.org": 2, "[192.0.2.1]": 2, "example.net": 1}
     received = []
     for _ in sent:

@@ -286,7 +286,7 @@ def test_reject_moves_the_mail_to_the_dead_letters(runtime, queue):
     enqueue_id = queue.enqueue(make_mail("poison"))
     queue.enqueue(make_mail("fine"))
     queue.dequeue(timeout=5).reject("unparseable")
-    assert [(d.enqueue_id, d.reason) for d in queue.dead_letters()] == [(enqueue_id, "unparseable")]
+    assert [(d.enqueue_id, d.reason) for d in queue.dead_letters.list()] == [(enqueue_id, "unparseable")]
     assert names(queue) == ["fine"]
     assert queue.size() == 1
     queue.dequeue(timeout=5).done()
@@ -299,7 +299,7 @@ def test_rejecting_a_mail_removed_while_in_flight_leaves_no_dead_letter(backend,
     item = queue.dequeue(timeout=5)
     assert queue.remove(name="poison") == 1  # its content is released
     item.reject("unparseable")
-    assert queue.dead_letters() == []  # a dead letter would have no content
+    assert queue.dead_letters.list() == []  # a dead letter would have no content
     assert backend.broker_messages() == 0
     assert queue.dequeue(timeout=0.3) is None
 
@@ -314,7 +314,7 @@ def test_a_mail_whose_content_is_lost_is_dead_lettered_not_retried(backend, runt
     assert item.mail.name == "fine"
     item.done()
     assert queue.dequeue(timeout=0.2) is None
-    (letter,) = queue.dead_letters()
+    (letter,) = queue.dead_letters.list()
     assert letter.enqueue_id == enqueue_id and "content missing" in letter.reason
 
 
@@ -326,7 +326,7 @@ def test_an_unreadable_broker_message_is_dead_lettered_and_does_not_stop_the_que
     assert item.mail.name == "fine"
     item.done()
     assert queue.dequeue(timeout=0.2) is None
-    (letter,) = queue.dead_letters()
+    (letter,) = queue.dead_letters.list()
     assert letter.enqueue_id == enqueue_id and "unreadable" in letter.reason
     assert backend.broker_messages() == 0
 

@@ -78,7 +78,7 @@ def cables(
 def pending(queue: MailQueue) -> bool:
     """Whether mails wait in the queue (or the store cannot tell yet: the driver is back within seconds)."""
     try:
-        return queue.overview().size > 0
+        return queue.overviews.overview().size > 0
     except BACKEND_FAILURES:
         return True
 
@@ -140,7 +140,7 @@ def test_mails_in_flight_go_out_once_the_backend_is_back_not_once_their_lease_en
 
         while time.monotonic() < back_at + BACK_WITHIN and (pending(queue) or delivered() < len(accepted)):
             time.sleep(0.2)
-        overview = queue.overview()
+        overview = queue.overviews.overview()
         assert (overview.size, overview.dead_letters) == (0, 0), overview
         # A mail in hand at the outage may be appended twice (at-least-once), never missing.
         assert delivered() >= len(accepted), (delivered(), len(accepted))

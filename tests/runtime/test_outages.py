@@ -166,17 +166,17 @@ CALLS: dict[str, Callable[[MailQueue, Prepared], object]] = {
     "retry now": lambda queue, prepared: prepared.item.retry(),
     "reject": lambda queue, prepared: prepared.item.reject("no such user"),
     "size": lambda queue, prepared: queue.size(),
-    "overview": lambda queue, prepared: queue.overview(),
+    "overview": lambda queue, prepared: queue.overviews.overview(),
     "browse": lambda queue, prepared: list(queue.browse()),
     "browse a mail": lambda queue, prepared: [item.mail for item in queue.browse()],
     "remove": lambda queue, prepared: queue.remove(name="ready"),
     "clear": lambda queue, prepared: queue.clear(),
     "flush": lambda queue, prepared: queue.flush(),
     "republish": lambda queue, prepared: queue.republish("0s"),
-    "dead letters": lambda queue, prepared: queue.dead_letters(),
-    "a dead letter's mail": lambda queue, prepared: queue.dead_letter(prepared.dead).mail,
-    "requeue dead letters": lambda queue, prepared: queue.requeue_dead_letters(every=True),
-    "purge dead letters": lambda queue, prepared: queue.purge_dead_letters(older_than="0s"),
+    "dead letters": lambda queue, prepared: queue.dead_letters.list(),
+    "a dead letter's mail": lambda queue, prepared: queue.dead_letters.get(prepared.dead).mail,
+    "requeue dead letters": lambda queue, prepared: queue.dead_letters.requeue(every=True),
+    "purge dead letters": lambda queue, prepared: queue.dead_letters.purge(older_than="0s"),
 }
 ITEM_CALLS = ("done", "retry later", "retry now", "reject")
 

@@ -104,10 +104,10 @@ class Crash:
         time.sleep(self.settle)  # what a crash left in the counts settles; a dequeue recounts it
         assert self.queue.dequeue(timeout=0) is None
         self.clock.advance(2)
-        self.queue.update_browse_start()
+        self.queue.maintenance.update_browse_start()
         assert self.queue.size() == 0 and list(self.queue.browse()) == []
         assert self.queue.backends.delayed.all(QUEUE) == []
-        assert self.queue.content_start() == self.queue.browse_start()
+        assert self.queue.maintenance.content_start() == self.queue.maintenance.browse_start()
 
 
 @pytest.fixture(params=["grouped", "ungrouped"])
@@ -182,14 +182,16 @@ def done_dies_before_its_count(c: Crash, backend) -> None:
         c.settled(c.heal(), {"a"})
         return
     assert list(c.queue.browse()) == []
-    assert c.queue.backends.view.size(QUEUE, c.queue.browse_start()) == 1  # the crash's leftover count
+    assert (
+        c.queue.backends.view.size(QUEUE, c.queue.maintenance.browse_start()) == 1
+    )  # the crash's leftover count
     c.clock.advance(LEASE + 1)
     time.sleep(c.settle)
     # The broker's message is acked as not live; the consumer recounts the slice.
     assert c.queue.dequeue(timeout=0) is None
     assert backend.broker_messages() == 0
-    assert c.queue.backends.view.size(QUEUE, c.queue.browse_start()) == 0 and c.queue.size() == 0
-    assert c.queue.recount() == 0  # nothing left to correct
+    assert c.queue.backends.view.size(QUEUE, c.queue.maintenance.browse_start()) == 0 and c.queue.size() == 0
+    assert c.queue.overviews.recount() == 0  # nothing left to correct
     c.settled([], set())
 
 
@@ -228,9 +230,9 @@ def reject_dies(point: str) -> Callable[[Crash, object], None]:
             redelivered.reject("550 no such user")
         else:
             assert redelivered is None  # marked deleted: its message is acked as not live
-        (letter,) = c.queue.dead_letters()
+        (letter,) = c.queue.dead_letters.list()
         assert letter.enqueue_id == enqueue_id
-        assert c.queue.dead_letter(enqueue_id).mail.message == c.accepted["poison"]
+        assert c.queue.dead_letters.get(enqueue_id).mail.message == c.accepted["poison"]
         c.settled(c.heal(), set())
         assert len(c.references(enqueue_id)) == 2, "a dead letter keeps its content"
 
@@ -254,10 +256,10 @@ def publish_dies(flushing: bool) -> Callable[[Crash, object], None]:
     def scenario(c: Crash, backend) -> None:
         c.enqueue("later", delay=5)
         c.clock.advance(5)
-        c.crash(PUBLISH_DUE_AFTER_PUBLISH, c.queue.flush if flushing else c.queue.publish_due)
+        c.crash(PUBLISH_DUE_AFTER_PUBLISH, c.queue.flush if flushing else c.queue.publisher.publish_due)
         # The rerun publishes it: again when the crash left the delayed row (ungrouped), and the second
         # copy is delivered once, the deletion mark absorbing the other.
-        assert c.queue.publish_due() == 1
+        assert c.queue.publisher.publish_due() == 1
         assert backend.broker_messages() == (1 if c.grouped else 2)
         assert c.drain() == ["later"]
         assert backend.broker_messages() == 0
@@ -287,10 +289,10 @@ def clean_dies(point: str) -> Callable[[Crash, object], None]:
         c.clock.advance(1)
         c.enqueue("live")
         c.clock.advance(1)
-        c.crash(point, c.queue.update_browse_start)
-        assert c.queue.content_start() < c.queue.browse_start() or c.grouped
-        c.queue.update_browse_start()  # the rerun
-        assert c.queue.content_start() == c.queue.browse_start()
+        c.crash(point, c.queue.maintenance.update_browse_start)
+        assert c.queue.maintenance.content_start() < c.queue.maintenance.browse_start() or c.grouped
+        c.queue.maintenance.update_browse_start()  # the rerun
+        assert c.queue.maintenance.content_start() == c.queue.maintenance.browse_start()
         assert c.references(gone) == []
         c.settled(c.drain(), {"live"})
 
@@ -301,19 +303,19 @@ def requeue_dies(point: str) -> Callable[[Crash, object], None]:
     def scenario(c: Crash, backend) -> None:
         old = c.enqueue("poison")
         c.take("poison").reject("550 no such user")
-        c.crash(point, lambda: c.queue.requeue_dead_letters(old))
+        c.crash(point, lambda: c.queue.dead_letters.requeue(old))
         # Requeued before the fault: it is in the queue, and (after the enqueue) still a dead letter.
         assert [item.name for item in c.queue.browse()] == ["poison"]
-        letters = [letter.enqueue_id for letter in c.queue.dead_letters()]
+        letters = [letter.enqueue_id for letter in c.queue.dead_letters.list()]
         if point == REQUEUE_AFTER_ENQUEUE:
             assert letters == [old]
-            assert len(c.queue.requeue_dead_letters(old)) == 1  # the rerun: a second copy
+            assert len(c.queue.dead_letters.requeue(old)) == 1  # the rerun: a second copy
         else:
             assert letters == []
         delivered = c.heal()
         assert set(delivered) == {"poison"}
         c.settled(delivered, {"poison"})
-        assert c.queue.dead_letters() == []
+        assert c.queue.dead_letters.list() == []
         assert c.references(old) == []  # released with its slice
 
     return scenario
@@ -322,22 +324,22 @@ def requeue_dies(point: str) -> Callable[[Crash, object], None]:
 def purge_dies(c: Crash, backend) -> None:
     old = c.enqueue("poison")
     c.take("poison").reject("550 no such user")
-    c.crash(PURGE_AFTER_REMOVE, lambda: c.queue.purge_dead_letters(old))
+    c.crash(PURGE_AFTER_REMOVE, lambda: c.queue.dead_letters.purge(old))
     if c.grouped:
-        assert c.queue.purge_dead_letters(old) == 1  # the rerun
-    assert c.queue.dead_letters() == []
+        assert c.queue.dead_letters.purge(old) == 1  # the rerun
+    assert c.queue.dead_letters.list() == []
     c.settled(c.heal(), set())
     assert c.references(old) == []  # released by the clean-up when the purge did not
 
 
 def park_dies(c: Crash, backend) -> None:
     held = c.enqueue("held")
-    assert c.queue.hold(held) == 1
+    assert c.queue.holds.hold(held) == 1
     c.crash(PARK_AFTER_PAYLOAD, lambda: c.queue.dequeue(timeout=0))
     # Its broker message comes back once the lease expires, and is parked again, not delivered.
     assert c.heal() == []
-    assert [item.enqueue_id for item in c.queue.held_mails()] == [held]
-    assert c.queue.release(held) == 1
+    assert [item.enqueue_id for item in c.queue.holds.list()] == [held]
+    assert c.queue.holds.release(held) == 1
     assert c.drain() == ["held"]
     c.settled(["held"], {"held"})
 
@@ -345,13 +347,13 @@ def park_dies(c: Crash, backend) -> None:
 def release_dies(c: Crash, backend) -> None:
     held = c.enqueue("held")
     c.enqueue("free")
-    assert c.queue.hold(held) == 1
+    assert c.queue.holds.hold(held) == 1
     assert c.drain() == ["free"]  # the held one is parked
-    c.crash(RELEASE_AFTER_DELAYED_ROW, lambda: c.queue.release(held))
+    c.crash(RELEASE_AFTER_DELAYED_ROW, lambda: c.queue.holds.release(held))
     # Still held: its payload, published, is parked again; the rerun of the release delivers it.
-    assert c.queue.overview().held == 1
+    assert c.queue.overviews.overview().held == 1
     assert c.drain() == []
-    assert c.queue.release(held) == 1
+    assert c.queue.holds.release(held) == 1
     assert c.drain() == ["held"]
     c.settled(["free", "held"], {"free", "held"})
 

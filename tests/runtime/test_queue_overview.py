@@ -1,4 +1,4 @@
-"""What a queue holds, at a glance (`MailQueue.overview`): ready, in-flight, delayed and dead-lettered
+"""What a queue holds, at a glance (`queue.overviews.overview`): ready, in-flight, delayed and dead-lettered
 mails and the oldest of each, exact against known traffic on every deployment, read without a browse."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def settled(queue, expected: QueueOverview) -> QueueOverview:
     """The overview once it equals `expected`, or the last one read after the settling time."""
     deadline = time.monotonic() + _SETTLE_SECONDS
     while True:
-        found = queue.overview()
+        found = queue.overviews.overview()
         if found == expected or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
@@ -86,7 +86,7 @@ def test_every_state_is_counted_with_its_oldest(backend, traffic, clock):
     clock.advance(600)
     expected = replace(expected, ready=2, delayed=1, oldest_delayed=at(t3), next_due=at(t3 + 3_600_000_000))
     assert settled(traffic, expected) == expected
-    assert traffic.publish_due() == 1
+    assert traffic.publisher.publish_due() == 1
     assert settled(traffic, expected) == expected
 
     # Delivered: nothing in flight, and the oldest of the ready mails is known on every broker.
@@ -129,12 +129,12 @@ def test_dead_letter_reasons_without_their_messages(traffic, clock):
         traffic.enqueue(make_mail())
         traffic.dequeue(timeout=5).reject(reason)
         clock.advance(60)
-    died = [when for _, when in traffic.dead_letter_reasons()]
-    assert sorted(reason for reason, _ in traffic.dead_letter_reasons()) == [
+    died = [when for _, when in traffic.dead_letters.reasons()]
+    assert sorted(reason for reason, _ in traffic.dead_letters.reasons()) == [
         "550 no such user",
         "550 no such user",
         "552 mailbox full",
     ]
     assert sorted(died) == [at(clock() - seconds * 1_000_000) for seconds in (180, 120, 60)]
-    assert traffic.overview().dead_letters == 3
-    assert traffic.overview().oldest_dead_letter == at(clock() - 180_000_000)
+    assert traffic.overviews.overview().dead_letters == 3
+    assert traffic.overviews.overview().oldest_dead_letter == at(clock() - 180_000_000)

@@ -26,16 +26,16 @@ def test_a_mail_settled_twice_never_shows_a_negative_size(clocked: MailQueue, se
     # A consumer whose lease had expired settles the same mail as well (Cassandra counts it again).
     clocked.backends.view.mark_done(QUEUE, row.enqueue_id, row.slice_start, row.bucket, _no_fault)
     time.sleep(settling)
-    clocked.recount()
-    assert clocked.size() == 1 and clocked.overview().size == 1
+    clocked.overviews.recount()
+    assert clocked.size() == 1 and clocked.overviews.overview().size == 1
     other = clocked.dequeue(timeout=0)
     assert other is not None
     other.done()
     row = other._row
     clocked.backends.view.mark_done(QUEUE, row.enqueue_id, row.slice_start, row.bucket, _no_fault)
     # Counted below zero (Cassandra) until the recount folds it: size() shows the queue empty meanwhile.
-    assert clocked.size() == 0 and clocked.overview().size == 0
+    assert clocked.size() == 0 and clocked.overviews.overview().size == 0
     time.sleep(settling)
-    clocked.recount()
-    assert clocked.backends.view.size(QUEUE, clocked.browse_start()) == 0 and clocked.size() == 0
-    assert clocked.recount() == 0
+    clocked.overviews.recount()
+    assert clocked.backends.view.size(QUEUE, clocked.maintenance.browse_start()) == 0 and clocked.size() == 0
+    assert clocked.overviews.recount() == 0

@@ -95,7 +95,7 @@ def test_two_worker_threads_deliver_everything_once(runtime: Runtime, backend: B
     stats = total(run_threads(runtime, 2, idle_timeout=1.0))
 
     assert stats == WorkerStats(delivered=13, retried=0, dead_lettered=2, appended=12 + 2 + 1)
-    dead = {letter.enqueue_id: letter.reason for letter in runtime.queue(QUEUE).dead_letters()}
+    dead = {letter.enqueue_id: letter.reason for letter in runtime.queue(QUEUE).dead_letters.list()}
     assert set(dead) == {mixed, unknown}
     assert dead[mixed] == "unknown recipients: eve@elsewhere.net"
     assert dead[unknown] == "unknown recipients: dave@elsewhere.net"
@@ -229,7 +229,7 @@ def test_a_failed_delivery_is_retried_then_dead_lettered_after_max_attempts(
         "sent (delivered to INBOX)",
     ]
     assert all(": to=<" in line and ", delay=" in line for line in lines)
-    (letter,) = runtime.queue(QUEUE).dead_letters()
+    (letter,) = runtime.queue(QUEUE).dead_letters.list()
     assert letter.enqueue_id == broken
     assert letter.reason == "gave up after 3 attempts: OSError: disk hiccup"
     assert runtime.mailboxes.counters(inbox_of(runtime, "alice@example.org")) == Counters(1, 1)
@@ -484,7 +484,7 @@ def test_a_local_address_without_a_mailbox_is_bounced_to_its_sender_with_5_1_1(
 
     # The three mails, then carol's notification, delivered to her INBOX; none for the null sender.
     assert stats == WorkerStats(delivered=4, appended=3, bounced=2)
-    assert not queue.dead_letters() and queue.size() == 0
+    assert not queue.dead_letters.list() and queue.size() == 0
     assert {m.user for m in runtime.mailboxes.list()} == {
         "alice@example.org",
         "carol@example.org",
