@@ -532,8 +532,8 @@ class Workload:
         """Every count of the queue and of the INBOXes against a browse and a recount, and what differs."""
         queue = runtime.queue(QUEUE)
         browsed = sum(1 for _ in queue.browse())
-        overview = queue.overview()
-        by_domain = {shape.domain: sum(map(shape.total, shape.buckets)) for shape in queue.by_domain()}
+        overview = queue.overviews.overview()
+        by_domain = {shape.domain: sum(map(shape.total, shape.buckets)) for shape in queue.overviews.by_domain()}
         counts: dict[str, object] = {
             "browse": browsed,
             "size": queue.size(),
