@@ -533,7 +533,8 @@ class Workload:
         queue = runtime.queue(QUEUE)
         browsed = sum(1 for _ in queue.browse())
         overview = queue.overviews.overview()
-        by_domain = {shape.domain: sum(map(shape.total, shape.buckets)) for shape in queue.overviews.by_domain()}
+        shapes = queue.overviews.by_domain()
+        by_domain = {shape.domain: sum(map(shape.total, shape.buckets)) for shape in shapes}
         counts: dict[str, object] = {
             "browse": browsed,
             "size": queue.size(),
