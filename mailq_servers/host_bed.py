@@ -258,9 +258,10 @@ class HostBed(Server):
 
     # The faults of a network, by host name, for the tests of a cluster's failures (hosts.py has how).
 
-    def partition(self, name: str, others: Sequence[str]) -> None:
-        """Cut host `name` off from the hosts `others`, both ways, until `heal(name, others)`."""
-        network.partition(self.host(name), [self.host(other) for other in others])
+    def partition(self, name: str, others: Sequence[str], *, from_here: bool = False) -> None:
+        """Cut host `name` off from the hosts `others`, both ways, until `heal(name, others)`; with
+        `from_here`, from this machine's own processes too (they are on the others' side)."""
+        network.partition(self.host(name), [self.host(other) for other in others], from_here=from_here)
 
     def heal(self, name: str, others: Sequence[str]) -> None:
         network.heal(self.host(name), [self.host(other) for other in others])

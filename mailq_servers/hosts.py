@@ -159,23 +159,29 @@ def remove_all() -> None:
             etc.rmdir()
     for link in links():
         _ip("link", "delete", link, check=False)
+    # A partition that also cut this machine off from a host, left by a harness that died in it.
+    _ip("route", "flush", "root", f"{NETWORK_PREFIX}0/{PREFIX_LENGTH}", "type", "blackhole", check=False)
 
 
 # Faults of the network: partitions and unplugged links.
 
 
-def partition(host: Host, others: Sequence[Host]) -> None:
-    """Cut `host` off from `others` both ways: their packets to each other vanish."""
+def partition(host: Host, others: Sequence[Host], *, from_here: bool = False) -> None:
+    """Cut `host` off from `others` both ways: their packets to each other vanish. `from_here`: from this
+    machine's root namespace too, whose processes (a test's own clients) are then on the others' side."""
     for other in others:
         _ip("-n", host.namespace, "route", "add", "blackhole", f"{other.address}/32")
         _ip("-n", other.namespace, "route", "add", "blackhole", f"{host.address}/32")
+    if from_here:
+        _ip("route", "add", "blackhole", f"{host.address}/32")
 
 
 def heal(host: Host, others: Sequence[Host]) -> None:
-    """Undo `partition(host, others)`."""
+    """Undo `partition(host, others)`, from this machine too."""
     for other in others:
         _ip("-n", host.namespace, "route", "delete", "blackhole", f"{other.address}/32", check=False)
         _ip("-n", other.namespace, "route", "delete", "blackhole", f"{host.address}/32", check=False)
+    _ip("route", "delete", "blackhole", f"{host.address}/32", check=False)
 
 
 def link_down(host: Host) -> None:

@@ -1,8 +1,15 @@
 """Partitions of the bed's server hosts under the fault workload (fault_workload.py): `mailq smtp` on the
 smtp host, `mailq worker`s on worker1 and worker2, producers through SMTP and the API, while one server
-host (its Cassandra node and its RabbitMQ node) is cut off from every other host of the bed for 30 s,
-then healed. With replication 3, LOCAL_QUORUM and quorum queues, two hosts of three keep a quorum of
-both: no mail is lost, none fails, and the counts equal a browse once the bound has passed."""
+host (its Cassandra node and its RabbitMQ node) is cut off from every other host of the bed, and from this
+machine's own clients, for 30 s, then healed. With replication 3, LOCAL_QUORUM and quorum queues, two
+hosts of three keep a quorum of both: no mail is lost, none fails, and the counts equal a browse once the
+bound has passed.
+
+The replies are slower than the 1 s at the 99th percentile that the scenarios aim for: a node cut off
+costs a Cassandra request its speculative resend (0.5 s) and a connection its failure detection, and the
+quorum queues' leader cut off holds every publish to them until its followers elect another or the
+partition heals (RabbitMQ's failure detection, `net_ticktime`), up to the broker's publish timeout. Here
+the tests hold mailq to that, the bound it has today (docs/hosts.md, "Partitions")."""
 
 from __future__ import annotations
 
@@ -18,6 +25,8 @@ from .fault_workload import Workload
 
 PARTITION_SECONDS = 30.0
 SMTP_PORT = 2527
+# The broker's publish timeout (brokers/rabbitmq/options.py) and the scenarios' 10 s of slack.
+REPLY_BOUND = 30.0 + 10.0
 
 
 def leaders_by_host(bed: HostBed, url: str) -> Counter[str]:
@@ -44,7 +53,8 @@ class HostPartition:
         led = leaders_by_host(self.bed, self.url)
         self.leaders = dict(led)
         self.host = self.choose(led)
-        self.bed.partition(self.host, self.others())
+        # This process's producers are the workload's clients too: on the others' side.
+        self.bed.partition(self.host, self.others(), from_here=True)
         return time.time()
 
     def heal(self) -> None:
@@ -67,7 +77,7 @@ def partitioned(
     report = workload.run(partition.fault, partition.heal, fault_seconds=PARTITION_SECONDS)
     print(f"partitioned {partition.host}, queues led by host {partition.leaders}")
     print(report.to_json())
-    report.check(PARTITION_SECONDS)
+    report.check(PARTITION_SECONDS, reply_bound=REPLY_BOUND)
     bed.cassandra.wait_ring(timeout=120)  # the node back in every node's gossip
     assert sorted(bed.rabbitmq.members()) == [f"rabbit@{name}" for name in SERVER_HOSTS]
     return partition
