@@ -5,11 +5,10 @@ machine's own clients, for 30 s, then healed. With replication 3, LOCAL_QUORUM a
 hosts of three keep a quorum of both: no mail is lost, none fails, and the counts equal a browse once the
 bound has passed.
 
-The replies are slower than the 1 s at the 99th percentile that the scenarios aim for: a node cut off
-costs a Cassandra request its speculative resend (0.5 s) and a connection its failure detection, and the
+They hold mailq to the scenarios' targets, which it misses today (docs/hosts.md, "Partitions"): the
 quorum queues' leader cut off holds every publish to them until its followers elect another or the
-partition heals (RabbitMQ's failure detection, `net_ticktime`), up to the broker's publish timeout. Here
-the tests hold mailq to that, the bound it has today (docs/hosts.md, "Partitions")."""
+partition heals, up to the broker's publish timeout, so a reply takes seconds and a mail kept after
+that timeout can wait past the fault plus 10 s. `make faults` runs them; `make test` leaves them out."""
 
 from __future__ import annotations
 
@@ -25,13 +24,9 @@ from mailq_servers.host_bed import SERVER_HOSTS, HostBed
 from .conftest import run_on
 from .fault_workload import Workload
 
-# Not in `make test`: the quorum queues' leader cut off can hold a mail past the fault's length plus 10 s
-# (66 s once, its publish timed out and kept as a delayed mail), and the replies miss their 1 s.
 pytestmark = pytest.mark.faults
 PARTITION_SECONDS = 30.0
 SMTP_PORT = 2527
-# The broker's publish timeout (brokers/rabbitmq/options.py) and the scenarios' 10 s of slack.
-REPLY_BOUND = 30.0 + 10.0
 
 
 def leaders_by_host(bed: HostBed, url: str) -> Counter[str]:
@@ -82,7 +77,7 @@ def partitioned(
     report = workload.run(partition.fault, partition.heal, fault_seconds=PARTITION_SECONDS)
     print(f"partitioned {partition.host}, queues led by host {partition.leaders}")
     print(report.to_json())
-    report.check(PARTITION_SECONDS, reply_bound=REPLY_BOUND)
+    report.check(PARTITION_SECONDS)
     bed.cassandra.wait_ring(timeout=120)  # the node back in every node's gossip
     assert sorted(bed.rabbitmq.members()) == [f"rabbit@{name}" for name in SERVER_HOSTS]
     return partition
